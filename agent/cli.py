@@ -1,0 +1,123 @@
+"""Command line: `edge-agent run`, `edge-agent status`, `edge-agent check-config`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import __version__, config as cfgmod, logs, status
+
+EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        sys.stderr.write(f"edge-agent: {message} (see edge-agent --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="edge-agent",
+                description="Keeps this screen linked to its fleet server and heals the link "
+                            "when the network silently drops it.")
+    p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    conf_help = f"configuration file (default {cfgmod.DEFAULT_PATH})"
+
+    run = sub.add_parser("run", help="run the agent in the foreground (what systemd starts)")
+    run.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+
+    st = sub.add_parser("status", help="show the running agent's link state; "
+                                       "exit 0 online, 1 degraded, 3 not running")
+    st.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    st.add_argument("--json", action="store_true", help="print the raw status as JSON")
+
+    chk = sub.add_parser("check-config", help="validate the configuration and exit")
+    chk.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    return p
+
+
+def _load(path: str) -> cfgmod.Config:
+    try:
+        return cfgmod.load(path)
+    except cfgmod.ConfigError as e:
+        sys.stderr.write(f"edge-agent: config error: {e}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def cmd_run(args) -> int:
+    config = _load(args.config)
+    logs.setup(config.log_level)
+    from .daemon import Agent  # imports socketio; keep `status` light
+    return Agent(config).run()
+
+
+def _status_path(args) -> str:
+    try:
+        return cfgmod.load(args.config).status_path
+    except cfgmod.ConfigError:
+        # status must work for an operator even if the config is unreadable to them
+        base = os.environ.get("RUNTIME_DIRECTORY", "/run/edge-agent").split(":")[0]
+        return os.path.join(base, "status.json")
+
+
+def cmd_status(args) -> int:
+    path = _status_path(args)
+    try:
+        doc = status.read(path)
+    except status.StatusFileError as e:
+        sys.stderr.write(f"edge-agent: {e}\n")
+        return EXIT_NOT_RUNNING
+    running = status.pid_alive(doc.get("pid"))
+    link = doc.get("link") if isinstance(doc.get("link"), dict) else {}
+    online = running and link.get("state") == "online"
+    if args.json:
+        print(json.dumps({**doc, "running": running}, indent=1, sort_keys=True))
+    else:
+        print(_render(doc, link, running))
+    if not running:
+        return EXIT_NOT_RUNNING
+    return EXIT_OK if online else EXIT_DEGRADED
+
+
+def _render(doc: dict, link: dict, running: bool) -> str:
+    state = link.get("state", "unknown") if running else "not running"
+    lines = [f"edge-agent {doc.get('version', '?')}  device {doc.get('device_id', '?')}",
+             f"server      {doc.get('server', '?')}",
+             f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
+    if link.get("rtt_ms") is not None:
+        lines.append(f"rtt         {link['rtt_ms']} ms, last ack {link.get('last_ack_age_s')} s ago")
+    if link.get("next_attempt_in_s") is not None:
+        lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
+    losses = link.get("losses_last_hour") or []
+    if isinstance(losses, list):
+        counts: dict = {}
+        for r in losses:
+            counts[str(r)] = counts.get(str(r), 0) + 1
+        summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
+        lines.append(f"losses/hour {summary}")
+    return "\n".join(lines)
+
+
+def cmd_check_config(args) -> int:
+    config = _load(args.config)
+    print(f"{config.source}: ok (device {config.device_id}, server {config.server_url})")
+    return EXIT_OK
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    handlers = {"run": cmd_run, "status": cmd_status, "check-config": cmd_check_config}
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

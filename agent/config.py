@@ -1,0 +1,256 @@
+"""Configuration: one TOML file, environment overrides, validated before anything starts.
+
+Every problem is reported as one line naming the key (``link.ack_timeout_s: ...``);
+the CLI turns a ConfigError into exit code 2, never a traceback.
+
+Environment overrides are ``EDGE_AGENT_<SECTION>_<KEY>`` with dots as underscores,
+e.g. ``EDGE_AGENT_LINK_BACKOFF_BASE_S=2`` for ``[link.backoff] base_s``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+from .link.backoff import JITTER_MODES, BackoffPolicy
+from .link.liveness import LivenessPolicy
+from .link.sockopts import KeepalivePolicy
+
+DEFAULT_PATH = "/etc/edge-agent/agent.toml"
+ENV_PREFIX = "EDGE_AGENT_"
+DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+PROFILES = ("edge-agent",)
+
+
+class ConfigError(Exception):
+    """A one-line, user-facing description of what is wrong and where."""
+
+
+# -- schema -------------------------------------------------------------------
+# Each key: (type, default). ``None`` default means optional-and-unset; REQUIRED
+# means the key must be given (in the file or the environment).
+REQUIRED = object()
+
+SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
+    "server": {
+        "url": (str, REQUIRED),
+        "ca_file": (str, None),
+        "profile": (str, "edge-agent"),
+        "connect_timeout_s": (float, 10.0),
+    },
+    "identity": {
+        "device_id": (str, REQUIRED),
+        "token": (str, REQUIRED),
+        "state_dir": (str, "/var/lib/edge-agent"),
+    },
+    "runtime": {
+        # systemd's RuntimeDirectory= sets $RUNTIME_DIRECTORY; tmpfs, never the SD card.
+        "dir": (str, None),
+    },
+    "link": {
+        "heartbeat_interval_s": (float, 15.0),
+        "ack_timeout_s": (float, 5.0),
+        "missed_acks": (int, 1),
+        "silence_timeout_s": (float, None),
+        "stable_after_s": (float, 60.0),
+        "wake_min_interval_s": (float, 5.0),
+    },
+    "link.backoff": {
+        "base_s": (float, 1.0),
+        "cap_s": (float, 60.0),
+        "jitter": (str, "full"),
+    },
+    "link.keepalive": {
+        "idle_s": (int, 15),
+        "interval_s": (int, 5),
+        "count": (int, 3),
+        "user_timeout_s": (float, 20.0),
+    },
+    "log": {
+        "level": (str, "info"),
+    },
+}
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Config:
+    server_url: str
+    ca_file: str | None
+    profile: str
+    connect_timeout_s: float
+    device_id: str
+    token: str = field(repr=False)
+    state_dir: str
+    runtime_dir: str
+    liveness: LivenessPolicy
+    backoff: BackoffPolicy
+    keepalive: KeepalivePolicy
+    stable_after_s: float
+    wake_min_interval_s: float
+    log_level: str
+    source: str = ""
+
+    @property
+    def status_path(self) -> str:
+        return os.path.join(self.runtime_dir, "status.json")
+
+
+def env_name(section: str, key: str) -> str:
+    return ENV_PREFIX + (section.replace(".", "_") + "_" + key).upper()
+
+
+def _flatten(table: dict, path: str, out: dict[str, dict]) -> dict[str, dict]:
+    """TOML nests [link.backoff] inside [link]; split it back into schema sections."""
+    for name, value in table.items():
+        sub = f"{path}.{name}" if path else name
+        if isinstance(value, dict):
+            if sub not in SCHEMA:
+                raise ConfigError(f"{sub}: unknown section")
+            out.setdefault(sub, {})
+            _flatten(value, sub, out)
+        elif not path:
+            raise ConfigError(f"{sub}: unknown key (keys belong in a [section])")
+        else:
+            out[path][name] = value
+    return out
+
+
+def _coerce(name: str, typ: type, value: Any, from_env: bool) -> Any:
+    if from_env:
+        try:
+            if typ is int:
+                return int(value.strip())
+            if typ is float:
+                return float(value.strip())
+        except ValueError:
+            raise ConfigError(f"{name}: expected a {typ.__name__}, got {value!r}") from None
+        return value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a {typ.__name__}, got {type(value).__name__}")
+    return value
+
+
+def load(path: str | None = None, env: dict[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    path = path or DEFAULT_PATH
+    doc: dict = {}
+    if path != "-":
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except PermissionError:
+            raise ConfigError(f"{path}: permission denied") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path}: is a directory") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not valid UTF-8") from None
+    sections = _flatten(doc, "", {})
+
+    values: dict[str, Any] = {}
+    for section, keys in SCHEMA.items():
+        given = sections.get(section, {})
+        for key in given:
+            if key not in keys:
+                raise ConfigError(f"{section}.{key}: unknown key")
+        for key, (typ, default) in keys.items():
+            name = f"{section}.{key}"
+            ename = env_name(section, key)
+            if ename in env:
+                values[name] = _coerce(f"{name} (from {ename})", typ, env[ename], True)
+            elif key in given:
+                values[name] = _coerce(name, typ, given[key], False)
+            elif default is REQUIRED:
+                raise ConfigError(f"{name}: required (set it in {path} or {ename})")
+            else:
+                values[name] = default
+    for ename in env:
+        if ename.startswith(ENV_PREFIX) and not any(
+                ename == env_name(s, k) for s, ks in SCHEMA.items() for k in ks):
+            raise ConfigError(f"{ename}: unknown environment override")
+    return _validate(values, env, path)
+
+
+def _positive(values: dict, name: str, allow_zero: bool = False) -> None:
+    v = values[name]
+    if v is None:
+        return
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(f"{name}: must be a finite number")
+    if v < 0 or (v == 0 and not allow_zero):
+        raise ConfigError(f"{name}: must be {'>= 0' if allow_zero else '> 0'}, got {v}")
+
+
+def _validate(v: dict, env: dict, path: str) -> Config:
+    url = v["server.url"]
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"server.url: must be an http:// or https:// URL, got {url!r}")
+    try:
+        parsed.port
+    except ValueError:
+        raise ConfigError(f"server.url: bad port in {url!r}") from None
+    if v["server.ca_file"] is not None and not os.path.isfile(v["server.ca_file"]):
+        raise ConfigError(f"server.ca_file: no such file: {v['server.ca_file']}")
+    if v["server.profile"] not in PROFILES:
+        raise ConfigError(f"server.profile: must be one of {', '.join(PROFILES)}")
+    if not DEVICE_ID_RE.match(v["identity.device_id"]):
+        raise ConfigError("identity.device_id: 1-128 characters of A-Z a-z 0-9 . _ : -")
+    token = v["identity.token"]
+    if not token or len(token) > 4096 or any(c.isspace() for c in token):
+        raise ConfigError("identity.token: must be 1-4096 non-space characters")
+
+    for name in ("server.connect_timeout_s", "link.heartbeat_interval_s", "link.ack_timeout_s",
+                 "link.silence_timeout_s", "link.stable_after_s", "link.backoff.base_s",
+                 "link.backoff.cap_s", "link.keepalive.idle_s", "link.keepalive.interval_s",
+                 "link.keepalive.count", "link.keepalive.user_timeout_s", "link.missed_acks"):
+        _positive(v, name)
+    _positive(v, "link.wake_min_interval_s", allow_zero=True)
+    hb, ack = v["link.heartbeat_interval_s"], v["link.ack_timeout_s"]
+    if ack >= hb:
+        raise ConfigError(f"link.ack_timeout_s: must be less than link.heartbeat_interval_s ({hb})")
+    silence = v["link.silence_timeout_s"]
+    if silence is not None and silence <= hb:
+        raise ConfigError(
+            f"link.silence_timeout_s: must be greater than link.heartbeat_interval_s ({hb})")
+    if v["link.backoff.cap_s"] < v["link.backoff.base_s"]:
+        raise ConfigError("link.backoff.cap_s: must be >= link.backoff.base_s")
+    if v["link.backoff.jitter"] not in JITTER_MODES:
+        raise ConfigError(f"link.backoff.jitter: must be one of {', '.join(JITTER_MODES)}")
+    if v["log.level"] not in LOG_LEVELS:
+        raise ConfigError(f"log.level: must be one of {', '.join(LOG_LEVELS)}")
+
+    runtime_dir = v["runtime.dir"] or env.get("RUNTIME_DIRECTORY") or "/run/edge-agent"
+    return Config(
+        server_url=url.rstrip("/"),
+        ca_file=v["server.ca_file"],
+        profile=v["server.profile"],
+        connect_timeout_s=v["server.connect_timeout_s"],
+        device_id=v["identity.device_id"],
+        token=token,
+        state_dir=v["identity.state_dir"],
+        runtime_dir=runtime_dir.split(":")[0],
+        liveness=LivenessPolicy(
+            heartbeat_interval_s=hb, ack_timeout_s=ack, missed_acks=v["link.missed_acks"],
+            silence_timeout_s=silence),
+        backoff=BackoffPolicy(base_s=v["link.backoff.base_s"], cap_s=v["link.backoff.cap_s"],
+                              jitter=v["link.backoff.jitter"]),
+        keepalive=KeepalivePolicy(
+            idle_s=v["link.keepalive.idle_s"], interval_s=v["link.keepalive.interval_s"],
+            count=v["link.keepalive.count"], user_timeout_s=v["link.keepalive.user_timeout_s"]),
+        stable_after_s=v["link.stable_after_s"],
+        wake_min_interval_s=v["link.wake_min_interval_s"],
+        log_level=v["log.level"],
+        source=path,
+    )

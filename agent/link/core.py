@@ -1,0 +1,238 @@
+"""The link's state machine, sans I/O.
+
+It owns every timing rule of the live link: when to connect, when to send a
+heartbeat, when a connection is dead, how long to back off, when a link counts as
+stable, how a server throttle and a network-up wake-up bend the schedule. The I/O
+shell (runner.py) feeds it events with monotonic timestamps and executes the actions
+it returns; nothing here sleeps, reads a clock or touches a socket.
+
+Exactly one connection exists at a time by construction: ``Connect`` is only ever
+returned from the WAITING state, and every way out of ONLINE goes through WAITING.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from enum import Enum
+
+from . import journal as J
+from .backoff import Backoff, BackoffPolicy
+from .journal import ConnectionJournal
+from .liveness import LivenessPolicy, LivenessWatchdog
+
+THROTTLE_MIN_S = 1.0
+THROTTLE_MAX_S = 15 * 60.0
+
+
+class LinkState(str, Enum):
+    WAITING = "waiting"        # no connection; next attempt scheduled
+    CONNECTING = "connecting"  # the shell is opening a connection
+    ONLINE = "online"          # connected; heartbeats flowing
+    STOPPED = "stopped"
+
+
+# -- actions the shell executes ------------------------------------------------
+@dataclass(frozen=True)
+class Connect:
+    attempt: int
+
+
+@dataclass(frozen=True)
+class SendHeartbeat:
+    seq: int
+
+
+@dataclass(frozen=True)
+class Abort:
+    reason: str
+
+
+@dataclass(frozen=True)
+class SendReport:
+    upto_n: int
+    connections: list = field(hash=False)
+
+
+@dataclass(frozen=True)
+class LinkPolicy:
+    liveness: LivenessPolicy = LivenessPolicy()
+    backoff: BackoffPolicy = BackoffPolicy()
+    stable_after_s: float = 60.0
+    wake_min_interval_s: float = 5.0
+
+
+class LinkCore:
+    def __init__(self, policy: LinkPolicy, rng: random.Random | None = None):
+        self.policy = policy
+        self.state = LinkState.WAITING
+        self.since = 0.0
+        self.watchdog = LivenessWatchdog(policy.liveness)
+        self.backoff = Backoff(policy.backoff, rng)
+        self.journal = ConnectionJournal()
+        self.last_reason: str | None = None
+        self.next_attempt_at = 0.0
+        self.hold_until = 0.0          # a server throttle; nothing connects before it
+        self.seq = 0
+        self.connected_at: float | None = None
+        self.stable = False
+        self._next_heartbeat_at = math.inf
+        self._last_wake = -math.inf
+        self._report_sent_on: int | None = None  # connection number a report went out on
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self, now: float, resume_at: float | None = None, attempts: int = 0) -> None:
+        """Begin; ``resume_at``/``attempts`` continue a schedule from before a restart."""
+        self.since = now
+        self.backoff.attempts = max(0, attempts)
+        self.next_attempt_at = now if resume_at is None else max(now, resume_at)
+
+    def stop(self, now: float) -> list:
+        was_online = self.state == LinkState.ONLINE
+        if was_online:
+            self.journal.closed(now, J.SHUTDOWN)
+        self._enter(LinkState.STOPPED, now)
+        return [Abort(J.SHUTDOWN)] if was_online else []
+
+    # -- time -------------------------------------------------------------------
+    def attempt_at(self) -> float:
+        return max(self.next_attempt_at, self.hold_until)
+
+    def next_wakeup(self) -> float:
+        if self.state == LinkState.WAITING:
+            return self.attempt_at()
+        if self.state == LinkState.ONLINE:
+            t = min(self._next_heartbeat_at, self.watchdog.next_deadline())
+            if not self.stable and self.connected_at is not None:
+                t = min(t, self.connected_at + self.policy.stable_after_s)
+            return t
+        return math.inf
+
+    def poll(self, now: float) -> list:
+        if self.state == LinkState.WAITING and now >= self.attempt_at():
+            self._enter(LinkState.CONNECTING, now)
+            return [Connect(attempt=self.backoff.attempts)]
+        if self.state != LinkState.ONLINE:
+            return []
+        reason = self.watchdog.check(now)
+        if reason is not None:
+            self._lose(now, reason)
+            return [Abort(reason)]
+        actions: list = []
+        if not self.stable and now - self.connected_at >= self.policy.stable_after_s:
+            # Only a link that stayed alive this long resets the schedule: a connect
+            # that dies at once must keep backing off.
+            self.stable = True
+            self.backoff.reset()
+        if now >= self._next_heartbeat_at:
+            self.seq += 1
+            self.watchdog.on_heartbeat_sent(self.seq, now)
+            interval = self.policy.liveness.heartbeat_interval_s
+            self._next_heartbeat_at += interval
+            if self._next_heartbeat_at <= now:  # we were late; don't burst to catch up
+                self._next_heartbeat_at = now + interval
+            actions.append(SendHeartbeat(self.seq))
+        if self._report_sent_on != self.journal.total_connections and self.watchdog.acked:
+            pending = self.journal.unreported()
+            self._report_sent_on = self.journal.total_connections
+            if pending:
+                actions.append(SendReport(upto_n=pending[-1].n,
+                                          connections=[r.to_dict() for r in pending]))
+        return actions
+
+    # -- events from the shell --------------------------------------------------
+    def on_connected(self, now: float, wall: float, server_ping_interval_s: float | None = None,
+                     local_addr: str = "") -> None:
+        if self.state != LinkState.CONNECTING:
+            return
+        self._enter(LinkState.ONLINE, now)
+        self.connected_at = now
+        self.stable = False
+        self.watchdog.reset(now, server_ping_interval_s)
+        self.journal.opened(now, wall, local_addr)
+        self._next_heartbeat_at = now
+
+    def on_connect_failed(self, now: float, reason: str) -> None:
+        if self.state != LinkState.CONNECTING:
+            return
+        self.journal.attempt_failed(now, reason)
+        self._schedule_retry(now, reason)
+
+    def on_closed(self, now: float, reason: str) -> None:
+        """The transport ended by itself (server disconnect, socket error)."""
+        if self.state == LinkState.ONLINE:
+            self._lose(now, reason)
+
+    def on_inbound(self, now: float) -> None:
+        if self.state == LinkState.ONLINE:
+            self.watchdog.on_inbound(now)
+
+    def on_ack(self, seq: int, now: float) -> float | None:
+        if self.state != LinkState.ONLINE:
+            return None
+        rtt = self.watchdog.on_ack(seq, now)
+        if rtt is not None and self.journal.current is not None:
+            self.journal.current.add_rtt(rtt)
+        return rtt
+
+    def on_report_acked(self, upto_n: int) -> None:
+        self.journal.mark_reported(upto_n)
+
+    def on_throttle(self, retry_after_s: float, now: float) -> float:
+        """The server asked us to hold off; returns the hold applied, clamped."""
+        hold = min(THROTTLE_MAX_S, max(THROTTLE_MIN_S, retry_after_s))
+        self.hold_until = max(self.hold_until, now + hold)
+        return hold
+
+    def on_network_up(self, now: float) -> bool:
+        """The network came back: try now instead of waiting out the backoff.
+
+        Rate-limited so a flapping cable cannot become a connect storm, and never
+        ahead of a server throttle.
+        """
+        if self.state != LinkState.WAITING or self.next_attempt_at <= now:
+            return False
+        if now - self._last_wake < self.policy.wake_min_interval_s:
+            return False
+        self._last_wake = now
+        self.next_attempt_at = now
+        return True
+
+    # -- status -----------------------------------------------------------------
+    def snapshot(self, now: float) -> dict:
+        wd = self.watchdog
+        online = self.state == LinkState.ONLINE
+        cur = self.journal.current
+        return {
+            "state": self.state.value,
+            "since_s": round(now - self.since, 1),
+            "reason": self.last_reason,
+            "attempts": self.backoff.attempts,
+            "next_attempt_in_s": (round(max(0.0, self.attempt_at() - now), 1)
+                                  if self.state == LinkState.WAITING else None),
+            "rtt_ms": round(wd.last_rtt_s * 1000, 1) if online and wd.last_rtt_s is not None else None,
+            "last_ack_age_s": (round(now - wd.last_ack_at, 1)
+                               if online and wd.last_ack_at is not None else None),
+            "proven_live": online and wd.proven_live(now),
+            "connection": cur.n if cur else None,
+            "local_addr": cur.local_addr if cur else None,
+            "connections_total": self.journal.total_connections,
+            "losses_last_hour": self.journal.losses_since(now - 3600),
+        }
+
+    # -- internals --------------------------------------------------------------
+    def _enter(self, state: LinkState, now: float) -> None:
+        if state != self.state:
+            self.state = state
+            self.since = now
+
+    def _lose(self, now: float, reason: str) -> None:
+        self.journal.closed(now, reason)
+        self.connected_at = None
+        self._next_heartbeat_at = math.inf
+        self._schedule_retry(now, reason)
+
+    def _schedule_retry(self, now: float, reason: str) -> None:
+        self.last_reason = reason
+        self.next_attempt_at = now + self.backoff.next_delay()
+        self._enter(LinkState.WAITING, now)

@@ -1,0 +1,116 @@
+"""Half-open watchdog: decides, from ACKs and inbound traffic alone, that a link is dead.
+
+A silently dropped TCP flow (no FIN, no RST) leaves the client library saying
+"connected" for as long as its ping timeout allows (45-60 s with common server
+settings). The agent does not wait for that: every heartbeat carries a sequence
+number the server must ACK, and any inbound packet counts as proof of life.
+
+Two independent verdicts:
+- ``ack-timeout``: ``missed_acks`` consecutive heartbeats not ACKed within
+  ``ack_timeout_s``. Armed only after the first ACK of a connection, so a server
+  that never ACKs (an older peer) cannot make the agent flap.
+- ``silence``: nothing at all received for ``silence_timeout``. Always armed. When
+  not configured it is derived from the traffic the link must carry: heartbeat ACKs
+  once armed, the server's Engine.IO pings otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ACK_TIMEOUT = "ack-timeout"
+SILENCE = "silence"
+
+# Engine.IO's own default, used when a handshake did not say.
+DEFAULT_SERVER_PING_INTERVAL_S = 25.0
+MAX_PENDING = 64
+
+
+@dataclass(frozen=True)
+class LivenessPolicy:
+    heartbeat_interval_s: float = 15.0
+    ack_timeout_s: float = 5.0
+    missed_acks: int = 1
+    silence_timeout_s: float | None = None
+
+
+class LivenessWatchdog:
+    def __init__(self, policy: LivenessPolicy):
+        self.policy = policy
+        self._server_ping_interval_s = DEFAULT_SERVER_PING_INTERVAL_S
+        self.reset(0.0)
+
+    def reset(self, now: float, server_ping_interval_s: float | None = None) -> None:
+        """A fresh connection starts with a clean slate."""
+        if server_ping_interval_s and server_ping_interval_s > 0:
+            self._server_ping_interval_s = server_ping_interval_s
+        self.last_inbound = now
+        self.armed = False
+        self.last_ack_at: float | None = None
+        self.last_rtt_s: float | None = None
+        self.acked = 0
+        self.consecutive_misses = 0
+        self._pending: dict[int, float] = {}  # seq -> sent_at
+
+    # -- inputs -----------------------------------------------------------------
+    def on_inbound(self, now: float) -> None:
+        if now > self.last_inbound:
+            self.last_inbound = now
+
+    def on_heartbeat_sent(self, seq: int, now: float) -> None:
+        self._pending[seq] = now
+        # A server that never ACKs must not grow this without bound.
+        while len(self._pending) > MAX_PENDING:
+            del self._pending[min(self._pending)]
+
+    def on_ack(self, seq: int, now: float) -> float | None:
+        """Records the ACK of ``seq``; returns its RTT, or None for an unknown seq."""
+        sent_at = self._pending.pop(seq, None)
+        self.on_inbound(now)
+        if sent_at is None:
+            return None
+        # Older unACKed seqs are superseded: the link carried a later round trip.
+        for older in [s for s in self._pending if s < seq]:
+            del self._pending[older]
+        self.armed = True
+        self.acked += 1
+        self.consecutive_misses = 0
+        self.last_ack_at = now
+        self.last_rtt_s = max(0.0, now - sent_at)
+        return self.last_rtt_s
+
+    # -- verdicts ---------------------------------------------------------------
+    def silence_timeout(self) -> float:
+        p = self.policy
+        if p.silence_timeout_s is not None:
+            return p.silence_timeout_s
+        expected_gap = max(p.heartbeat_interval_s, self._server_ping_interval_s)
+        if self.armed:
+            expected_gap = max(expected_gap, p.heartbeat_interval_s * p.missed_acks)
+        return expected_gap + p.ack_timeout_s
+
+    def check(self, now: float) -> str | None:
+        """Returns the reason the link is dead, or None while it is alive."""
+        if self.armed:
+            expired = [s for s, sent in self._pending.items()
+                       if now >= sent + self.policy.ack_timeout_s]
+            for seq in expired:
+                del self._pending[seq]
+                self.consecutive_misses += 1
+            if self.consecutive_misses >= self.policy.missed_acks:
+                return ACK_TIMEOUT
+        if now >= self.last_inbound + self.silence_timeout():
+            return SILENCE
+        return None
+
+    def next_deadline(self) -> float:
+        """The earliest time ``check`` could change its answer."""
+        deadline = self.last_inbound + self.silence_timeout()
+        if self.armed and self._pending:
+            deadline = min(deadline, min(self._pending.values()) + self.policy.ack_timeout_s)
+        return deadline
+
+    def proven_live(self, now: float) -> bool:
+        """An ACK within one heartbeat interval plus the ACK timeout."""
+        p = self.policy
+        return (self.last_ack_at is not None
+                and now - self.last_ack_at <= p.heartbeat_interval_s + p.ack_timeout_s)

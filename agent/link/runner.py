@@ -1,0 +1,234 @@
+"""The link thread: drives LinkCore with a real clock and a real Socket.IO transport.
+
+All decisions live in the core; this loop only sleeps until the core's next
+deadline or the next event, executes the actions the core returns, and routes the
+library's callbacks (which arrive on its own threads) back through one queue.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import time
+from typing import Callable
+
+from .. import __version__
+from ..clock import Clock, SystemClock
+from . import journal as J
+from . import protocol
+from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
+from .transport import SocketIOTransport, TransportError
+
+log = logging.getLogger("edge_agent.link")
+
+# The loop re-reads the transport's inbound timestamp at least this often.
+MAX_WAIT_S = 1.0
+
+TransportFactory = Callable[[int, Callable], SocketIOTransport]
+
+
+class LinkRunner:
+    def __init__(self, config, *, clock: Clock | None = None,
+                 transport_factory: TransportFactory | None = None,
+                 on_status: Callable[[dict], None] | None = None,
+                 rng: random.Random | None = None):
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.core = LinkCore(LinkPolicy(liveness=config.liveness, backoff=config.backoff,
+                                        stable_after_s=config.stable_after_s,
+                                        wake_min_interval_s=config.wake_min_interval_s), rng)
+        self.events: queue.Queue = queue.Queue()
+        self.transport: SocketIOTransport | None = None
+        self.generation = 0
+        self._factory = transport_factory or self._default_transport
+        self._on_status = on_status
+        self._started = self.clock.monotonic()
+        self._published: tuple | None = None
+        self._warned: set[str] = set()
+
+    # -- called from any thread -------------------------------------------------
+    def sink(self, generation: int | None, kind: str, *args) -> None:
+        self.events.put((generation, kind, args))
+
+    def request_stop(self) -> None:
+        self.sink(None, "stop")
+
+    def network_up(self) -> None:
+        self.sink(None, "network-up")
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self) -> None:
+        self.core.start(self.clock.monotonic())
+        while self.core.state != LinkState.STOPPED:
+            now = self.clock.monotonic()
+            if self.transport is not None:
+                self.core.on_inbound(self.transport.last_inbound)
+            for action in self.core.poll(now):
+                self._execute(action)
+            self._publish()
+            wait = self.core.next_wakeup() - self.clock.monotonic()
+            try:
+                event = self.events.get(timeout=min(max(wait, 0.0), MAX_WAIT_S))
+            except queue.Empty:
+                continue
+            while event is not None:
+                self._handle(*event)
+                try:
+                    event = self.events.get_nowait()
+                except queue.Empty:
+                    event = None
+        self._publish()
+
+    # -- actions ----------------------------------------------------------------
+    def _execute(self, action) -> None:
+        if isinstance(action, Connect):
+            self._connect(action.attempt)
+        elif isinstance(action, SendHeartbeat):
+            self._send_heartbeat(action.seq)
+        elif isinstance(action, SendReport):
+            self._send_report(action)
+        elif isinstance(action, Abort):
+            self._abort(action.reason)
+
+    def _connect(self, attempt: int) -> None:
+        self.generation += 1
+        transport = self._factory(self.generation, self.sink)
+        try:
+            transport.open()
+        except TransportError as e:
+            now = self.clock.monotonic()
+            self.core.on_connect_failed(now, e.reason)
+            delay = self.core.attempt_at() - now
+            log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",
+                        self.config.server_url, e.reason, e.detail, delay, attempt + 1)
+            return
+        self.transport = transport
+        now = self.clock.monotonic()
+        self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
+                               transport.local_addr())
+        log.info("link up: connected to %s from %s (connection %d)", self.config.server_url,
+                 transport.local_addr(), self.core.journal.total_connections)
+
+    def _send_heartbeat(self, seq: int) -> None:
+        gen = self.generation
+        payload = protocol.heartbeat(seq, self.clock.wall(), self.clock.monotonic() - self._started)
+
+        def on_ack(*args):
+            self.sink(gen, "ack", seq, args, self.clock.monotonic())
+
+        self._emit(protocol.HEARTBEAT, payload, on_ack)
+
+    def _send_report(self, action: SendReport) -> None:
+        gen = self.generation
+        body = protocol.report(self.config.device_id, action.connections, self.clock.wall())
+
+        def on_ack(*args):
+            self.sink(gen, "report-ack", action.upto_n, args)
+
+        self._emit(protocol.REPORT, body, on_ack)
+
+    def _emit(self, event: str, payload, callback) -> None:
+        if self.transport is None:
+            return
+        try:
+            self.transport.emit(event, payload, callback)
+        except TransportError as e:
+            self._closed(e.reason, e.detail)
+
+    def _abort(self, reason: str) -> None:
+        transport, self.transport = self.transport, None
+        if reason == J.SHUTDOWN:
+            log.info("link closed: shutting down")
+            if transport is not None:
+                transport.close()
+            return
+        log.warning("link lost: %s, reconnecting in %.1fs", self._why(reason),
+                    self.core.attempt_at() - self.clock.monotonic())
+        if transport is not None:
+            transport.abort()
+
+    def _why(self, reason: str) -> str:
+        wd = self.core.watchdog
+        if reason == J.ACK_TIMEOUT:
+            return (f"no heartbeat ack for {self.config.liveness.ack_timeout_s:.1f}s "
+                    f"(seq {self.core.seq}, {wd.consecutive_misses} missed)")
+        if reason == J.SILENCE:
+            return f"nothing received for {wd.silence_timeout():.1f}s"
+        return reason
+
+    def _closed(self, reason: str, detail: str) -> None:
+        if self.core.state != LinkState.ONLINE:
+            return
+        self.core.on_closed(self.clock.monotonic(), reason)
+        transport, self.transport = self.transport, None
+        log.warning("link lost: %s%s, reconnecting in %.1fs", reason,
+                    f" ({detail})" if detail else "",
+                    self.core.attempt_at() - self.clock.monotonic())
+        if transport is not None:
+            transport.abort()
+
+    # -- events -----------------------------------------------------------------
+    def _handle(self, generation, kind: str, args: tuple) -> None:
+        if kind == "stop":
+            for action in self.core.stop(self.clock.monotonic()):
+                self._execute(action)
+            return
+        if kind == "network-up":
+            if self.core.on_network_up(self.clock.monotonic()):
+                log.info("network is back: connecting now instead of waiting out the backoff")
+            return
+        if generation != self.generation or self.transport is None:
+            return  # from a connection already torn down
+        if kind == "ack":
+            seq, payload, at = args
+            ok, why = protocol.parse_heartbeat_ack(payload, seq)
+            if ok:
+                self.core.on_ack(seq, at)
+            else:
+                self._warn_once("ack", f"ignoring malformed heartbeat ack: {why}")
+        elif kind == "report-ack":
+            upto_n, payload = args
+            if protocol.parse_ok(payload):
+                self.core.on_report_acked(upto_n)
+        elif kind == "closed":
+            self._closed(*args)
+        elif kind == "throttle":
+            retry_after = protocol.parse_throttle(args[0])
+            if retry_after is None:
+                self._warn_once("throttle", "ignoring malformed server:throttle message")
+                return
+            hold = self.core.on_throttle(retry_after, self.clock.monotonic())
+            log.warning("server asked to hold off: no new connection for %.0fs", hold)
+        elif kind == "unknown":
+            self._warn_once("unknown:" + str(args[0])[:64],
+                            f"ignoring unknown server event {str(args[0])[:64]!r}")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned and len(self._warned) < 256:
+            self._warned.add(key)
+            log.warning(message)
+
+    # -- status -----------------------------------------------------------------
+    def snapshot(self) -> dict:
+        return self.core.snapshot(self.clock.monotonic())
+
+    def _publish(self) -> None:
+        if self._on_status is None:
+            return
+        snap = self.snapshot()
+        # Only what an operator would call a change; RTT jitter is not one.
+        key = (snap["state"], snap["reason"], snap["connection"], snap["proven_live"],
+               snap["attempts"], self.core.hold_until)
+        if key != self._published:
+            self._published = key
+            self._on_status(snap)
+
+    # -- wiring -----------------------------------------------------------------
+    def _default_transport(self, generation: int, sink: Callable) -> SocketIOTransport:
+        cfg = self.config
+        return SocketIOTransport(
+            url=cfg.server_url,
+            auth=protocol.connect_auth(cfg.device_id, cfg.token, __version__),
+            namespace="/", keepalive=cfg.keepalive, connect_timeout_s=cfg.connect_timeout_s,
+            ca_file=cfg.ca_file, generation=generation, sink=sink,
+            handlers={protocol.THROTTLE: lambda t, *a: sink(t.generation, "throttle", a)})

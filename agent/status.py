@@ -1,0 +1,64 @@
+"""The status file: what `edge-agent status` reads.
+
+It lives in the runtime directory (tmpfs under systemd) and is rewritten only when
+something an operator cares about changes, never per heartbeat.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+MAX_STATUS_BYTES = 1 << 20
+
+
+class StatusFileError(Exception):
+    pass
+
+
+def write(path: str, status: dict) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".status.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(status, f, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)  # readers see the old file or the new one, never half
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_STATUS_BYTES + 1)
+    except FileNotFoundError:
+        raise StatusFileError(f"{path}: no status file (is the agent running?)") from None
+    except OSError as e:
+        raise StatusFileError(f"{path}: {e.strerror}") from None
+    if len(raw) > MAX_STATUS_BYTES:
+        raise StatusFileError(f"{path}: too large to be a status file")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise StatusFileError(f"{path}: not a valid status file") from None
+    if not isinstance(data, dict):
+        raise StatusFileError(f"{path}: not a valid status file")
+    return data
+
+
+def pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

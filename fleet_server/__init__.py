@@ -1,0 +1,1 @@
+"""The reference fleet server: implements docs/PROTOCOL.md on loopback for the demo and tests."""

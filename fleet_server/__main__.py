@@ -1,0 +1,75 @@
+"""`scripts/fleet-server`: run the reference fleet server on loopback."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from .server import Behaviour, FleetServer
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="fleet-server", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8470, help="0 picks a free port")
+    p.add_argument("--port-file", help="write the bound port here once listening")
+    p.add_argument("--device", action="append", default=[], metavar="ID:TOKEN",
+                   help="a pre-provisioned device (repeatable)")
+    p.add_argument("--accept-any", action="store_true", help="accept any device and token")
+    p.add_argument("--ping-interval", type=float, default=25.0)
+    p.add_argument("--ping-timeout", type=float, default=20.0)
+    p.add_argument("--heartbeat-timeout", type=float, default=45.0)
+    p.add_argument("--ack-delay", type=float, default=0.0)
+    p.add_argument("--connect-delay", type=float, default=0.0)
+    p.add_argument("--no-ack", action="store_true", help="never ACK heartbeats (an old server)")
+    args = p.parse_args(argv)
+    tokens = {}
+    for item in args.device:
+        device_id, sep, token = item.partition(":")
+        if not sep or not device_id or not token:
+            p.error(f"--device: expected ID:TOKEN, got {item!r}")
+        tokens[device_id] = token
+    return args, tokens
+
+
+async def serve(args, tokens) -> None:
+    server = FleetServer(tokens, accept_any=args.accept_any, ping_interval=args.ping_interval,
+                         ping_timeout=args.ping_timeout,
+                         behaviour=Behaviour(ack=not args.no_ack, ack_delay_s=args.ack_delay,
+                                             connect_delay_s=args.connect_delay,
+                                             heartbeat_timeout_s=args.heartbeat_timeout))
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    logging.getLogger("fleet_server").info("fleet server listening on http://%s:%d", args.host, port)
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(port))
+        os.replace(tmp, args.port_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv=None) -> int:
+    args, tokens = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s fleet-server %(message)s")
+    asyncio.run(serve(args, tokens))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,247 @@
+"""Reference fleet server (python-socketio on aiohttp).
+
+It implements the server side of docs/PROTOCOL.md and behaves the way the field
+reports say a fleet server should: SO_KEEPALIVE on every accepted socket, and when
+it marks a device offline it also closes that device's socket, so "offline" and
+"connected" never disagree. Identity, never the source address, keys everything:
+a whole site behind one SNAT address is normal.
+
+Admin endpoints (loopback, for the demo and tests) expose what it saw and let a test
+bend its behaviour: slow ACKs, no ACKs, a slow namespace CONNECT, throttling.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+
+import socketio
+from aiohttp import web
+
+log = logging.getLogger("fleet_server")
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+
+
+@dataclass
+class Behaviour:
+    ack: bool = True             # answer heartbeats
+    ack_delay_s: float = 0.0     # answer them this late
+    connect_delay_s: float = 0.0 # accept the namespace CONNECT this late
+    heartbeat_timeout_s: float = 45.0
+
+
+@dataclass
+class Device:
+    device_id: str
+    sids: set = field(default_factory=set)
+    online: bool = False
+    connects: int = 0
+    refused: int = 0
+    max_concurrent: int = 0
+    ghosts_closed: int = 0
+    heartbeats: int = 0
+    last_seq: int | None = None
+    last_heartbeat: float | None = None   # monotonic
+    reports: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    connect_times: list = field(default_factory=list)  # wall time of each accepted connect
+
+    def view(self, now: float) -> dict:
+        return {
+            "online": self.online, "sockets": len(self.sids), "connects": self.connects,
+            "refused": self.refused, "max_concurrent": self.max_concurrent,
+            "ghosts_closed": self.ghosts_closed, "heartbeats": self.heartbeats,
+            "last_seq": self.last_seq,
+            "last_heartbeat_age_s": (round(now - self.last_heartbeat, 3)
+                                     if self.last_heartbeat is not None else None),
+            "reports": self.reports[-50:], "events": self.events[-50:],
+            "connect_times": self.connect_times[-50:],
+        }
+
+
+class FleetServer:
+    def __init__(self, tokens: dict[str, str] | None = None, accept_any: bool = False,
+                 ping_interval: float = 25, ping_timeout: float = 20,
+                 behaviour: Behaviour | None = None):
+        self.tokens = dict(tokens or {})
+        self.accept_any = accept_any
+        self.behaviour = behaviour or Behaviour()
+        self.devices: dict[str, Device] = {}
+        self.by_sid: dict[str, str] = {}
+        self.transports: dict[str, asyncio.BaseTransport] = {}
+        self.sio = socketio.AsyncServer(async_mode="aiohttp", ping_interval=ping_interval,
+                                        ping_timeout=ping_timeout,
+                                        max_http_buffer_size=MAX_PAYLOAD_BYTES,
+                                        cors_allowed_origins=[])
+        self.app = web.Application(client_max_size=MAX_PAYLOAD_BYTES)
+        self.sio.attach(self.app)
+        self._routes()
+        self._handlers()
+        self.app.on_startup.append(self._start_reaper)
+
+    # -- socket.io --------------------------------------------------------------
+    def _handlers(self) -> None:
+        sio = self.sio
+
+        @sio.event
+        async def connect(sid, environ, auth=None):
+            device_id = self._authenticate(auth)
+            if self.behaviour.connect_delay_s:
+                await asyncio.sleep(self.behaviour.connect_delay_s)
+            request = environ.get("aiohttp.request")
+            transport = request.transport if request is not None else None
+            if transport is not None:
+                sock = transport.get_extra_info("socket")
+                if sock is not None:
+                    # The server must notice dead peers by itself too.
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+                self.transports[sid] = transport
+            dev = self.devices.setdefault(device_id, Device(device_id))
+            for old in list(dev.sids):
+                # A device has one link; an older one still open here is a half-open ghost.
+                dev.ghosts_closed += 1
+                log.info("device %s reconnected; closing its stale socket %s", device_id, old)
+                self._close_sid(old)
+            dev.sids.add(sid)
+            dev.max_concurrent = max(dev.max_concurrent, len(dev.sids))
+            dev.connects += 1
+            dev.connect_times.append(round(time.time(), 3))
+            dev.online = True
+            dev.last_heartbeat = time.monotonic()
+            self.by_sid[sid] = device_id
+            log.info("device %s connected (sid %s, connect #%d)", device_id, sid, dev.connects)
+
+        @sio.event
+        async def disconnect(sid, *args):
+            device_id = self.by_sid.pop(sid, None)
+            self.transports.pop(sid, None)
+            if device_id is None:
+                return
+            dev = self.devices[device_id]
+            dev.sids.discard(sid)
+            if not dev.sids:
+                dev.online = False
+            log.info("device %s disconnected (sid %s)", device_id, sid)
+
+        @sio.on("device:heartbeat")
+        async def heartbeat(sid, data=None):
+            dev = self._device(sid)
+            if dev is None or not isinstance(data, dict):
+                return None
+            seq = data.get("seq")
+            if isinstance(seq, bool) or not isinstance(seq, int):
+                return None
+            dev.heartbeats += 1
+            dev.last_seq = seq
+            dev.last_heartbeat = time.monotonic()
+            dev.online = True
+            if not self.behaviour.ack:
+                return None
+            if self.behaviour.ack_delay_s:
+                await asyncio.sleep(self.behaviour.ack_delay_s)
+            return {"seq": seq, "server_ts": round(time.time(), 3)}
+
+        @sio.on("device:report")
+        async def report(sid, data=None):
+            dev = self._device(sid)
+            if dev is None or not isinstance(data, dict) or not isinstance(
+                    data.get("connections"), list):
+                return {"ok": False, "error": "bad report"}
+            dev.reports.extend(c for c in data["connections"][:100] if isinstance(c, dict))
+            return {"ok": True}
+
+        @sio.on("device:event")
+        async def event(sid, data=None):
+            dev = self._device(sid)
+            if dev is None or not isinstance(data, dict) or not isinstance(data.get("type"), str):
+                return {"ok": False, "error": "bad event"}
+            dev.events.append(data)
+            return {"ok": True}
+
+    def _authenticate(self, auth) -> str:
+        if not isinstance(auth, dict):
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+        device_id, token = auth.get("device_id"), auth.get("token")
+        if not isinstance(device_id, str) or not isinstance(token, str) or not device_id:
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+        if not self.accept_any and self.tokens.get(device_id) != token:
+            dev = self.devices.setdefault(device_id, Device(device_id))
+            dev.refused += 1
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+        return device_id
+
+    def _device(self, sid) -> Device | None:
+        device_id = self.by_sid.get(sid)
+        return self.devices.get(device_id) if device_id else None
+
+    def _close_sid(self, sid: str) -> None:
+        """Close now, without a handshake a dead peer would never answer."""
+        transport = self.transports.pop(sid, None)
+        if transport is not None:
+            transport.abort()
+        device_id = self.by_sid.pop(sid, None)
+        if device_id is not None:
+            self.devices[device_id].sids.discard(sid)
+
+    async def _start_reaper(self, _app) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for dev in self.devices.values():
+                if (dev.online and dev.last_heartbeat is not None
+                        and now - dev.last_heartbeat > self.behaviour.heartbeat_timeout_s):
+                    dev.online = False
+                    log.info("device %s offline: no heartbeat for %.0fs; closing its socket",
+                             dev.device_id, now - dev.last_heartbeat)
+                    for sid in list(dev.sids):
+                        self._close_sid(sid)
+
+    # -- admin ------------------------------------------------------------------
+    def _routes(self) -> None:
+        r = self.app.router
+        r.add_get("/healthz", lambda _req: web.json_response({"ok": True}))
+        r.add_get("/admin/devices", self._admin_devices)
+        r.add_post("/admin/behaviour", self._admin_behaviour)
+        r.add_post("/admin/throttle", self._admin_throttle)
+
+    async def _admin_devices(self, _request) -> web.Response:
+        now = time.monotonic()
+        return web.json_response({d: dev.view(now) for d, dev in self.devices.items()})
+
+    async def _admin_behaviour(self, request) -> web.Response:
+        body = await _json(request)
+        for key in ("ack", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s"):
+            if key in body:
+                setattr(self.behaviour, key, type(getattr(self.behaviour, key))(body[key]))
+        return web.json_response(vars(self.behaviour))
+
+    async def _admin_throttle(self, request) -> web.Response:
+        body = await _json(request)
+        dev = self.devices.get(str(body.get("device_id")))
+        if dev is None:
+            raise web.HTTPNotFound(text="no such device")
+        retry_after = float(body.get("retry_after_s", 30))
+        for sid in list(dev.sids):
+            await self.sio.emit("server:throttle", {"retry_after_s": retry_after}, to=sid)
+            if body.get("disconnect", True):
+                await self.sio.disconnect(sid)
+        return web.json_response({"ok": True})
+
+
+async def _json(request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="body must be JSON") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="body must be a JSON object")
+    return body
