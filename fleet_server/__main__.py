@@ -27,7 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--heartbeat-timeout", type=float, default=45.0)
     p.add_argument("--ack-delay", type=float, default=0.0)
     p.add_argument("--connect-delay", type=float, default=0.0)
-    p.add_argument("--no-ack", action="store_true", help="never ACK heartbeats (an old server)")
+    p.add_argument("--ack-mode", default="ok", choices=["ok", "none", "wrong-seq", "garbage"],
+                   help="how heartbeats are answered; none is an old server")
     args = p.parse_args(argv)
     tokens = {}
     for item in args.device:
@@ -41,7 +42,7 @@ def parse_args(argv=None):
 async def serve(args, tokens) -> None:
     server = FleetServer(tokens, accept_any=args.accept_any, ping_interval=args.ping_interval,
                          ping_timeout=args.ping_timeout,
-                         behaviour=Behaviour(ack=not args.no_ack, ack_delay_s=args.ack_delay,
+                         behaviour=Behaviour(ack_mode=args.ack_mode, ack_delay_s=args.ack_delay,
                                              connect_delay_s=args.connect_delay,
                                              heartbeat_timeout_s=args.heartbeat_timeout))
     runner = web.AppRunner(server.app, access_log=None, handle_signals=False)

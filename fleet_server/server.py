@@ -27,7 +27,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 
 @dataclass
 class Behaviour:
-    ack: bool = True             # answer heartbeats
+    ack_mode: str = "ok"         # ok | none (an old server) | wrong-seq | garbage
     ack_delay_s: float = 0.0     # answer them this late
     connect_delay_s: float = 0.0 # accept the namespace CONNECT this late
     heartbeat_timeout_s: float = 45.0
@@ -141,10 +141,15 @@ class FleetServer:
             dev.last_seq = seq
             dev.last_heartbeat = time.monotonic()
             dev.online = True
-            if not self.behaviour.ack:
-                return None
+            mode = self.behaviour.ack_mode
             if self.behaviour.ack_delay_s:
                 await asyncio.sleep(self.behaviour.ack_delay_s)
+            if mode == "none":
+                return None
+            if mode == "wrong-seq":
+                return {"seq": seq + 1000, "server_ts": round(time.time(), 3)}
+            if mode == "garbage":
+                return "not-an-ack", [1, 2]
             return {"seq": seq, "server_ts": round(time.time(), 3)}
 
         @sio.on("device:report")
@@ -212,6 +217,7 @@ class FleetServer:
         r.add_get("/admin/devices", self._admin_devices)
         r.add_post("/admin/behaviour", self._admin_behaviour)
         r.add_post("/admin/throttle", self._admin_throttle)
+        r.add_post("/admin/emit", self._admin_emit)
 
     async def _admin_devices(self, _request) -> web.Response:
         now = time.monotonic()
@@ -219,7 +225,7 @@ class FleetServer:
 
     async def _admin_behaviour(self, request) -> web.Response:
         body = await _json(request)
-        for key in ("ack", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s"):
+        for key in ("ack_mode", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s"):
             if key in body:
                 setattr(self.behaviour, key, type(getattr(self.behaviour, key))(body[key]))
         return web.json_response(vars(self.behaviour))
@@ -235,6 +241,20 @@ class FleetServer:
             if body.get("disconnect", True):
                 await self.sio.disconnect(sid)
         return web.json_response({"ok": True})
+
+
+    async def _admin_emit(self, request) -> web.Response:
+        """Send any event to a device: how tests feed the agent hostile messages."""
+        body = await _json(request)
+        dev = self.devices.get(str(body.get("device_id")))
+        if dev is None:
+            raise web.HTTPNotFound(text="no such device")
+        data = body.get("data")
+        if isinstance(body.get("pad_bytes"), int):
+            data = {"pad": "x" * body["pad_bytes"]}
+        for sid in list(dev.sids):
+            await self.sio.emit(str(body.get("event")), data, to=sid)
+        return web.json_response({"ok": True, "sockets": len(dev.sids)})
 
 
 async def _json(request) -> dict:

@@ -128,17 +128,18 @@ class SocketIOTransport:
         self._release()
 
     def close(self, grace_s: float = 1.0) -> None:
-        """Polite goodbye for shutdown: a CLOSE packet, a short grace, then abort."""
+        """Polite goodbye for shutdown, bounded: the library's disconnect() gets
+        ``grace_s`` on a side thread (it can block ~45 s on a dead socket), then abort."""
+        bye = threading.Thread(target=self._disconnect_quietly, daemon=True)
+        bye.start()
+        bye.join(grace_s)
+        self.abort()
+
+    def _disconnect_quietly(self) -> None:
         try:
-            eio = self.client.eio
-            if eio.state == "connected":
-                eio._send_packet(_close_packet())
-                deadline = time.monotonic() + grace_s
-                while eio.state == "connected" and time.monotonic() < deadline:
-                    time.sleep(0.05)
+            self.client.disconnect()
         except Exception:
             pass
-        self.abort()
 
     # -- internals --------------------------------------------------------------
     def _release(self) -> None:
@@ -195,11 +196,6 @@ def _is_goodbye(pkt) -> bool:
         return True
     return (pkt.packet_type == packet.MESSAGE and isinstance(pkt.data, str)
             and pkt.data.startswith("1"))
-
-
-def _close_packet():
-    from engineio import packet
-    return packet.Packet(packet.CLOSE)
 
 
 def _describe(data: Any) -> str:

@@ -1,0 +1,108 @@
+"""The demo: a local fleet server, one agent, and a silent drop healed, end to end.
+
+Runs in a private network namespace (root needed, as for the tests), so the forced
+drop is a real nftables DROP of the live TCP flow: no FIN, no RST, the kind of
+failure a firewall or DPI box inflicts on a signage player.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from devtools.harness import REPO, AgentProcess, FleetServerProcess, agent_config, wait_for
+from devtools.netns import NetNS
+
+
+def say(text: str) -> None:
+    print(f"\033[1m[demo]\033[0m {text}" if sys.stdout.isatty() else f"[demo] {text}", flush=True)
+
+
+def follow(path: Path, offset: int, prefix: str) -> int:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return offset
+    for line in data[offset:].decode(errors="replace").splitlines():
+        print(f"    {prefix} {line}", flush=True)
+    return len(data)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="demo", description=__doc__)
+    p.add_argument("--heartbeat", type=float, default=3.0, help="heartbeat_interval_s for the demo")
+    p.add_argument("--ack-timeout", type=float, default=1.5)
+    p.add_argument("--agent-python", default=sys.executable)
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        say("needs root: it makes a private network namespace to drop the link for real")
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="edge-agent-demo-"))
+    with NetNS() as ns:
+        server = FleetServerProcess(work, "--ping-interval", "25", "--ping-timeout", "20").start()
+        say(f"reference fleet server on {server.url} (Engine.IO ping 25 s / timeout 20 s, "
+            "the stock defaults)")
+        cfg = agent_config(server, work, link={"heartbeat_interval_s": args.heartbeat,
+                                               "ack_timeout_s": args.ack_timeout,
+                                               "backoff": {"base_s": 1.0, "cap_s": 60.0}})
+        agent = AgentProcess(args.agent_python, cfg, work).start()
+        say(f"agent started: heartbeat every {args.heartbeat:g} s, ACK timeout {args.ack_timeout:g} s "
+            f"(config {cfg})")
+        offsets = {"agent": 0, "server": 0}
+
+        def pump(seconds: float, show_rtt: bool = True) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                offsets["agent"] = follow(agent.log_path, offsets["agent"], "agent  |")
+                offsets["server"] = follow(work / "server.log", offsets["server"], "server |")
+                link = agent.link()
+                if show_rtt and link.get("proven_live"):
+                    dev = server.device()
+                    say(f"online: connection {link['connection']}, heartbeats ACKed "
+                        f"{dev.get('heartbeats')}, last seq {dev.get('last_seq')}, "
+                        f"rtt {link.get('rtt_ms')} ms")
+                time.sleep(1.0)
+
+        try:
+            link = agent.wait_live(20, connection=1)
+            pump(2 * args.heartbeat)
+            link = agent.link()
+            local_port = int(link["local_addr"].rsplit(":", 1)[1])
+            say(f"forcing a SILENT drop: nftables DROP on 127.0.0.1:{local_port} <-> "
+                f"127.0.0.1:{server.port}, both directions; new connections still pass")
+            ns.drop_flow(local_port, server.port)
+            t_drop = time.monotonic()
+            pump(0.1, show_rtt=False)
+            agent.wait_live(args.heartbeat + args.ack_timeout + 65, connection=2)
+            healed = time.monotonic() - t_drop
+            pump(0.5, show_rtt=False)
+            say(f"healed: heartbeats ACKed on a fresh connection {healed:.1f} s after the drop "
+                f"(bound {args.heartbeat + args.ack_timeout:g} s + backoff jitter); a stock "
+                "python-socketio client on these server settings notices only at its ping "
+                "timeout, 20-45 s after the drop")
+            pump(args.heartbeat)
+            reports = server.device().get("reports") or []
+            if reports:
+                r = reports[-1]
+                say(f"the server got the agent's journal: connection {r['n']} ended by "
+                    f"{r['ended_reason']} after {r['lived_s']} s, rtt avg {r['rtt_ms_avg']} ms")
+            say("edge-agent status:")
+            status = subprocess.run([args.agent_python, "-m", "agent", "status", "--config",
+                                     str(cfg)], cwd=REPO, capture_output=True, text=True,
+                                    env={**os.environ, "PYTHONPATH": str(REPO)})
+            for line in status.stdout.splitlines():
+                print("    " + line)
+        finally:
+            agent.stop()
+            server.stop()
+            offsets["agent"] = follow(agent.log_path, offsets["agent"], "agent  |")
+    say(f"done; logs in {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,200 @@
+"""Real processes for end-to-end tests: the reference fleet server and the agent."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from devtools import netns
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class FleetServerProcess:
+    def __init__(self, workdir: Path, *args: str, devices: dict[str, str] | None = None):
+        self.workdir = workdir
+        self.args = list(args)
+        self.devices = devices or {"screen-1": "s3cret-token"}
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> "FleetServerProcess":
+        port_file = self.workdir / f"server-port-{self.starts}"
+        cmd = [sys.executable, "-m", "fleet_server", "--port", str(self.port),
+               "--port-file", str(port_file), *self.args]
+        for d, t in self.devices.items():
+            cmd += ["--device", f"{d}:{t}"]
+        self.log = open(self.workdir / "server.log", "ab")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
+        self.starts += 1
+        wait_for(port_file.exists, 15, what="fleet server to listen")
+        self.port = int(port_file.read_text())
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def admin(self, path: str, body: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read())
+
+    def device(self, device_id: str = "screen-1") -> dict:
+        return self.admin("/admin/devices").get(device_id, {})
+
+
+def agent_config(server: FleetServerProcess, workdir: Path, /, **sections) -> Path:
+    doc = {
+        "server": {"url": server.url, "connect_timeout_s": 2.0},
+        "identity": {"device_id": "screen-1", "token": server.devices.get("screen-1", "x"),
+                     "state_dir": str(workdir / "state")},
+        "runtime": {"dir": str(workdir / "run")},
+        "link": {"heartbeat_interval_s": 2.0, "ack_timeout_s": 1.0, "stable_after_s": 30.0,
+                 "backoff": {"base_s": 0.5, "cap_s": 2.0},
+                 "keepalive": {"idle_s": 7, "interval_s": 3, "count": 4, "user_timeout_s": 6.5}},
+        "log": {"level": "info"},
+    }
+    for name, values in sections.items():
+        node = doc
+        for part in name.split("__"):
+            node = node.setdefault(part, {})
+        node.update(values)
+    path = workdir / "agent.toml"
+    path.write_text(_toml(doc))
+    return path
+
+
+def _toml(doc: dict, prefix: str = "") -> str:
+    out = ""
+    plain = {k: v for k, v in doc.items() if not isinstance(v, dict)}
+    if plain:
+        if prefix:
+            out += f"[{prefix}]\n"
+        for k, v in plain.items():
+            out += f"{k} = {json.dumps(v)}\n"
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            out += _toml(v, f"{prefix}.{k}" if prefix else k)
+    return out
+
+
+class AgentProcess:
+    def __init__(self, python: str, config: Path, workdir: Path):
+        self.python = python
+        self.config = config
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.status_path = workdir / "run" / "status.json"
+
+    def start(self) -> "AgentProcess":
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
+        env["PYTHONPATH"] = str(REPO)
+        env.pop("NOTIFY_SOCKET", None)
+        self.log_path = self.workdir / "agent.log"
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([self.python, "-m", "agent", "run", "--config",
+                                      str(self.config)], cwd=self.workdir, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def status(self) -> dict:
+        try:
+            return json.loads(self.status_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def link(self) -> dict:
+        return self.status().get("link", {})
+
+    def wait_live(self, timeout: float = 10.0, connection: int | None = None) -> dict:
+        def live():
+            link = self.link()
+            if link.get("state") == "online" and link.get("proven_live") and (
+                    connection is None or link.get("connection") == connection):
+                return link
+            return None
+        return wait_for(live, timeout, what=f"agent online and ACKed (connection {connection})")
+
+    def sockets(self, server_port: int) -> list[dict]:
+        return [s for s in netns.tcp_sockets(self.pid, server_port)
+                if s["state"] not in ("TIME_WAIT", "CLOSE")]
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class SocketSampler:
+    """Samples the agent's sockets to the server in the background: the max ever held."""
+
+    def __init__(self, agent: AgentProcess, server_port_fn, interval: float = 0.01):
+        self.agent, self.port_fn, self.interval = agent, server_port_fn, interval
+        self.max_seen = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self):
+        while not self._stop.is_set():
+            n = len(self.agent.sockets(self.port_fn()))
+            self.max_seen = max(self.max_seen, n)
+            self.samples += 1
+            self._stop.wait(self.interval)

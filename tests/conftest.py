@@ -1,0 +1,65 @@
+import os
+import shutil
+import sys
+
+import pytest
+
+from devtools.harness import AgentProcess, FleetServerProcess
+from devtools.netns import NetNS
+
+
+def _agent_pythons() -> list[tuple[str, str]]:
+    """Interpreters to run the agent under: the test venv, plus bookworm's pinned stack.
+
+    scripts/test sets AGENT_TEST_PYTHONS="latest=/path/python bookworm=/path/python".
+    """
+    spec = os.environ.get("AGENT_TEST_PYTHONS", "").split()
+    pythons = [tuple(item.split("=", 1)) for item in spec if "=" in item]
+    return pythons or [("current", sys.executable)]
+
+
+def pytest_generate_tests(metafunc):
+    if "agent_python" in metafunc.fixturenames:
+        pythons = _agent_pythons()
+        metafunc.parametrize("agent_python", [p for _, p in pythons],
+                             ids=[name for name, _ in pythons])
+
+
+@pytest.fixture
+def netns():
+    missing = [tool for tool in ("nft", "ip") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        # Not a skip: CI installs these and runs as root, so a missing one is a broken setup.
+        pytest.fail(f"network-namespace tests need root and {', '.join(missing) or 'nothing'}")
+    with NetNS() as ns:
+        yield ns
+
+
+@pytest.fixture
+def fleet(netns, tmp_path):
+    servers = []
+
+    def start(*args, **kw):
+        s = FleetServerProcess(tmp_path, *args, **kw).start()
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def spawn_agent(tmp_path):
+    agents = []
+
+    def spawn(python, config):
+        a = AgentProcess(python, config, tmp_path).start()
+        agents.append(a)
+        return a
+
+    yield spawn
+    for a in agents:
+        a.stop()
+        if os.environ.get("AGENT_TEST_SHOW_LOGS"):
+            sys.stderr.write(a.log_text())

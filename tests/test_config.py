@@ -1,0 +1,145 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agent import config as C
+
+GOOD = """
+[server]
+url = "http://127.0.0.1:8470"
+[identity]
+device_id = "screen-1"
+token = "t0ken"
+[link]
+heartbeat_interval_s = 15
+[link.backoff]
+base_s = 2
+[link.keepalive]
+idle_s = 10
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "agent.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults_and_values(tmp_path):
+    cfg = C.load(write(tmp_path, GOOD), env={})
+    assert cfg.liveness.heartbeat_interval_s == 15.0
+    assert cfg.liveness.ack_timeout_s == 5.0
+    assert cfg.liveness.missed_acks == 1
+    assert cfg.liveness.silence_timeout_s is None
+    assert cfg.stable_after_s == 60.0
+    assert cfg.backoff.base_s == 2.0 and cfg.backoff.cap_s == 60.0 and cfg.backoff.jitter == "full"
+    assert cfg.keepalive.idle_s == 10
+    assert cfg.runtime_dir == "/run/edge-agent"
+    assert "t0ken" not in repr(cfg)  # never in a log line by accident
+
+
+def test_env_overrides_win(tmp_path):
+    env = {"EDGE_AGENT_LINK_BACKOFF_BASE_S": "0.5", "EDGE_AGENT_SERVER_URL": "https://fleet.example:9443",
+           "EDGE_AGENT_LINK_MISSED_ACKS": "2", "RUNTIME_DIRECTORY": "/run/edge-agent"}
+    cfg = C.load(write(tmp_path, GOOD), env=env)
+    assert cfg.backoff.base_s == 0.5
+    assert cfg.server_url == "https://fleet.example:9443"
+    assert cfg.liveness.missed_acks == 2
+
+
+BASE = {"server": {"url": "http://127.0.0.1:8470"},
+        "identity": {"device_id": "screen-1", "token": "t0ken"}}
+
+
+def to_toml(doc: dict, prefix: str = "") -> str:
+    plain = {k: v for k, v in doc.items() if not isinstance(v, dict)}
+    out = "".join(f"{k} = {_lit(v)}\n" for k, v in plain.items())
+    if prefix and plain:
+        out = f"[{prefix}]\n" + out
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            out += to_toml(v, f"{prefix}.{k}" if prefix else k)
+    return out
+
+
+def _lit(v):
+    if isinstance(v, str):
+        return '"' + v + '"'
+    return repr(v).lower() if isinstance(v, bool) else repr(v)
+
+
+@pytest.mark.parametrize("section, key, value, expect", [
+    ("link", "heartbeat_interval_s", -1, "link.heartbeat_interval_s"),
+    ("link", "ack_timeout_s", 20, "link.ack_timeout_s"),
+    ("link", "missed_acks", 0, "link.missed_acks"),
+    ("link", "missed_acks", 1.5, "link.missed_acks"),
+    ("link", "silence_timeout_s", 3, "link.silence_timeout_s"),
+    ("link", "bogus", 1, "link.bogus"),
+    ("nope", "x", 1, "nope"),
+    ("link.backoff", "cap_s", 0.5, "link.backoff.cap_s"),
+    ("link.backoff", "jitter", "some", "link.backoff.jitter"),
+    ("link.keepalive", "count", "three", "link.keepalive.count"),
+    ("server", "url", "ftp://x", "server.url"),
+    ("server", "url", "http://", "server.url"),
+    ("server", "url", "http://h:99999", "server.url"),
+    ("server", "ca_file", "/nonexistent/ca.pem", "server.ca_file"),
+    ("identity", "device_id", "a b", "identity.device_id"),
+    ("identity", "token", "", "identity.token"),
+    ("log", "level", "loud", "log.level"),
+    ("link", "stable_after_s", float("inf"), "link.stable_after_s"),
+])
+def test_bad_values_name_the_key(tmp_path, section, key, value, expect):
+    doc = {k: dict(v) for k, v in BASE.items()}
+    node = doc
+    for part in section.split("."):
+        node = node.setdefault(part, {})
+    node[key] = value
+    text = to_toml(doc).replace("inf", "inf")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(write(tmp_path, text), env={})
+    assert str(e.value).startswith(expect), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_stray_top_level_key(tmp_path):
+    with pytest.raises(C.ConfigError, match=r"^stray: unknown key"):
+        C.load(write(tmp_path, "stray = 1\n" + GOOD), env={})
+
+
+def test_missing_required_and_bad_env(tmp_path):
+    with pytest.raises(C.ConfigError, match=r"^identity.token: required"):
+        C.load(write(tmp_path, GOOD.replace('token = "t0ken"\n', "")), env={})
+    with pytest.raises(C.ConfigError, match=r"^link.ack_timeout_s \(from EDGE_AGENT_LINK_ACK_TIMEOUT_S\)"):
+        C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_LINK_ACK_TIMEOUT_S": "soon"})
+    with pytest.raises(C.ConfigError, match=r"^EDGE_AGENT_LINK_TYPO: unknown"):
+        C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_LINK_TYPO": "1"})
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(C.ConfigError, match="no such file"):
+        C.load(str(tmp_path / "missing.toml"), env={})
+    with pytest.raises(C.ConfigError, match="not valid TOML"):
+        C.load(write(tmp_path, "[server\nurl="), env={})
+    bad = tmp_path / "bin.toml"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(C.ConfigError):
+        C.load(str(bad), env={})
+
+
+def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("EDGE_AGENT_")]:
+        monkeypatch.delenv(name)
+    path = write(tmp_path, GOOD.replace("heartbeat_interval_s = 15", "heartbeat_interval_s = 4"))
+    r = subprocess.run([sys.executable, "-m", "agent", "run", "--config", path],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0
+    assert "link.ack_timeout_s" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "agent", "run", "--bogus"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "agent", "check-config", "--config",
+                        write(tmp_path, GOOD)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr

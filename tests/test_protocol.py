@@ -1,0 +1,36 @@
+import math
+
+import pytest
+
+from agent.link import protocol as P
+
+
+@pytest.mark.parametrize("args", [
+    (), (None,), ("ok",), ([1],), ({},), ({"seq": "1"},), ({"seq": True},), ({"seq": 1.0},),
+    ({"seq": 2},), ({"seq": 1}, {"extra": 1}), ({"seq": 10 ** 30},),
+    ({"x": "y" * 5_000_000},),
+])
+def test_malformed_or_foreign_acks_do_not_count(args):
+    ok, why = P.parse_heartbeat_ack(args, 1)
+    assert not ok and why
+    assert len(why) < 300  # a 5 MB payload must not become a 5 MB log line
+
+
+def test_the_real_ack_counts():
+    assert P.parse_heartbeat_ack(({"seq": 1, "server_ts": 1.5},), 1) == (True, "")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (({"retry_after_s": 30},), 30.0), (({"retry_after_s": 0.5},), 0.5),
+    (({"retry_after_s": "30"},), None), (({"retry_after_s": math.nan},), None),
+    (({"retry_after_s": math.inf},), None), (({},), None), ((), None), (("x",), None),
+    (({"retry_after_s": True},), None),
+])
+def test_throttle_parsing(args, expected):
+    assert P.parse_throttle(args) == expected
+
+
+def test_heartbeat_payload_shape():
+    hb = P.heartbeat(5, 1_700_000_000.123456, 42.04)
+    assert hb == {"seq": 5, "ts": 1_700_000_000.123, "uptime_s": 42.0}
+    assert set(P.connect_auth("d", "t", "0.1")) == {"device_id", "token", "agent_version", "protocol"}
