@@ -70,8 +70,16 @@ SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
         "count": (int, 3),
         "user_timeout_s": (float, 20.0),
     },
+    "watchdog": {
+        # Pet systemd's watchdog only while the link is proven live (see README).
+        "require_link": (bool, True),
+    },
     "log": {
         "level": (str, "info"),
+    },
+    "debug": {
+        # Test hook: the link thread wedges itself this long after start.
+        "stall_link_after_s": (float, None),
     },
 }
 
@@ -94,11 +102,17 @@ class Config:
     stable_after_s: float
     wake_min_interval_s: float
     log_level: str
+    watchdog_require_link: bool = True
+    debug_stall_link_after_s: float | None = None
     source: str = ""
 
     @property
     def status_path(self) -> str:
         return os.path.join(self.runtime_dir, "status.json")
+
+    @property
+    def schedule_path(self) -> str:
+        return os.path.join(self.runtime_dir, "backoff.json")
 
 
 def env_name(section: str, key: str) -> str:
@@ -122,6 +136,17 @@ def _flatten(table: dict, path: str, out: dict[str, dict]) -> dict[str, dict]:
 
 
 def _coerce(name: str, typ: type, value: Any, from_env: bool) -> Any:
+    if typ is bool:
+        if from_env:
+            lowered = value.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{name}: expected true or false, got {value!r}")
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true or false, got {type(value).__name__}")
+        return value
     if from_env:
         try:
             if typ is int:
@@ -217,6 +242,7 @@ def _validate(v: dict, env: dict, path: str) -> Config:
                  "link.keepalive.count", "link.keepalive.user_timeout_s", "link.missed_acks"):
         _positive(v, name)
     _positive(v, "link.wake_min_interval_s", allow_zero=True)
+    _positive(v, "debug.stall_link_after_s", allow_zero=True)
     hb, ack = v["link.heartbeat_interval_s"], v["link.ack_timeout_s"]
     if ack >= hb:
         raise ConfigError(f"link.ack_timeout_s: must be less than link.heartbeat_interval_s ({hb})")
@@ -252,5 +278,7 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         stable_after_s=v["link.stable_after_s"],
         wake_min_interval_s=v["link.wake_min_interval_s"],
         log_level=v["log.level"],
+        watchdog_require_link=v["watchdog.require_link"],
+        debug_stall_link_after_s=v["debug.stall_link_after_s"],
         source=path,
     )

@@ -1,31 +1,63 @@
-"""The running agent: wires configuration to the link thread, signals and status."""
+"""The running agent: wires configuration to the link thread, systemd and the status file."""
 from __future__ import annotations
 
 import logging
 import os
 import signal
 import threading
+import time
 
 from . import __version__, status
 from .config import Config
 from .link.runner import LinkRunner
+from .link.schedule_store import ScheduleStore
+from .systemd import Notifier, WatchdogPetter, watchdog_period_s
+from .watchdog_gate import WatchdogGate
 
 log = logging.getLogger("edge_agent")
 
+# How often STATUS= is refreshed while nothing else changes (it carries the RTT).
+STATUS_REFRESH_S = 30.0
+
+
+def status_line(link: dict) -> str:
+    """The one-line human state systemd shows in `systemctl status`."""
+    state = link.get("state")
+    if state == "online":
+        if link.get("rtt_ms") is not None:
+            return f"online rtt={link['rtt_ms']:.0f}ms"
+        return "online (waiting for the first heartbeat ack)"
+    if state == "waiting":
+        why = f" ({link['reason']})" if link.get("reason") else ""
+        return f"reconnecting in {link.get('next_attempt_in_s') or 0:.0f}s{why}"
+    if state == "connecting":
+        return "connecting"
+    return str(state)
+
 
 class Agent:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, environ=None):
         self.config = config
-        self.runner = LinkRunner(config, on_status=self._write_status)
+        self.environ = os.environ if environ is None else environ
+        self.notifier = Notifier(self.environ)
+        self.gate = WatchdogGate(require_link=config.watchdog_require_link)
+        self.runner = LinkRunner(config, on_status=self._on_link_status,
+                                 on_tick=lambda: self.gate.tick("link", time.monotonic()),
+                                 schedule_store=ScheduleStore(config.schedule_path))
+        self.gate.register("link", self.runner.max_silence_s, time.monotonic())
         self._status_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._failed = False
 
-    def _write_status(self, link: dict) -> None:
+    # -- status -----------------------------------------------------------------
+    def _on_link_status(self, link: dict) -> None:
+        self.notifier.status(status_line(link))
         doc = {
             "pid": os.getpid(),
             "version": __version__,
             "device_id": self.config.device_id,
             "server": self.config.server_url,
-            "updated_at": round(self.runner.clock.wall(), 3),
+            "updated_at": round(time.time(), 3),
             "link": link,
             "journal": [r.to_dict() for r in list(self.runner.core.journal.records)[-10:]],
         }
@@ -36,15 +68,53 @@ class Agent:
                 log.warning("cannot write status file %s: %s", self.config.status_path,
                             e.strerror)
 
+    def may_pet(self) -> tuple[bool, str]:
+        return self.gate.verdict(time.monotonic(), self.runner.link_live())
+
+    # -- lifecycle --------------------------------------------------------------
     def run(self) -> int:
         def on_signal(signum, _frame):
-            log.info("received %s, stopping", signal.Signals(signum).name)
-            self.runner.request_stop()
+            if not self._stopping.is_set():
+                log.info("received %s, stopping", signal.Signals(signum).name)
+                self._stopping.set()
+                self.notifier.stopping()
+                self.runner.request_stop()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         log.info("edge-agent %s starting: device %s, server %s", __version__,
                  self.config.device_id, self.config.server_url)
-        self.runner.run()
+        link = threading.Thread(target=self._run_link, name="link", daemon=True)
+        link.start()
+        # Ready means configured and looping, not connected: a player that boots
+        # offline is still a healthy service.
+        self.notifier.ready("starting link")
+        petter = None
+        period = watchdog_period_s(self.environ)
+        if period is not None and self.notifier.enabled:
+            petter = WatchdogPetter(self.notifier, period, self.may_pet)
+            petter.start()
+            log.info("systemd watchdog armed: %.0fs, pets every %.1fs while %s", period,
+                     petter.interval_s, "the link is proven live" if self.gate.require_link
+                     else "the agent's loops make progress")
+        last_refresh = time.monotonic()
+        while link.is_alive():
+            link.join(1.0)
+            if time.monotonic() - last_refresh >= STATUS_REFRESH_S:
+                last_refresh = time.monotonic()
+                self.notifier.status(status_line(self.runner.snapshot()))
+        if petter is not None:
+            petter.stop()
         log.info("edge-agent stopped")
-        return 0
+        return 1 if self._failed else 0
+
+    def _run_link(self) -> None:
+        try:
+            self.runner.run()
+        except Exception as e:
+            # A bug, not bad input: one line for the operator, the traceback at debug
+            # level, and a non-zero exit so systemd starts a fresh process.
+            log.error("link thread failed: %s: %s", type(e).__name__, e)
+            log.debug("link thread failure", exc_info=True)
+            self._failed = True
+            self.notifier.stopping()

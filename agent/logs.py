@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4,
              logging.ERROR: 3, logging.CRITICAL: 2}
@@ -18,6 +19,39 @@ class JournalFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record).replace("\n", " | ")
         return f"<{_PRIORITY.get(record.levelno, 6)}>{text}"
+
+
+class RepeatFilter(logging.Filter):
+    """At most one line per kind of warning per window: a flapping link must not write
+    thousands of lines to the SD card. The next line that passes says how many of its
+    kind were held back."""
+
+    MAX_KINDS = 256
+
+    def __init__(self, window_s: float = 60.0, clock=time.monotonic):
+        super().__init__()
+        self.window_s = window_s
+        self.clock = clock
+        self._seen: dict[tuple, list] = {}  # kind -> [last emitted at, suppressed]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        first = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        kind = (record.name, record.msg, first if isinstance(first, str) else None)
+        now = self.clock()
+        entry = self._seen.get(kind)
+        if entry is not None and now - entry[0] < self.window_s:
+            entry[1] += 1
+            return False
+        if entry is not None and entry[1]:
+            record.msg = f"{record.getMessage()} ({entry[1]} more like this in the last " \
+                         f"{now - entry[0]:.0f}s)"
+            record.args = ()
+        if entry is None and len(self._seen) >= self.MAX_KINDS:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[kind] = [now, 0]
+        return True
 
 
 def under_journal(stream=None) -> bool:
@@ -37,6 +71,7 @@ def setup(level: str = "info") -> None:
         handler.setFormatter(JournalFormatter("%(message)s"))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger("edge_agent")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -113,8 +113,9 @@ def _toml(doc: dict, prefix: str = "") -> str:
 
 
 class AgentProcess:
-    def __init__(self, python: str, config: Path, workdir: Path):
+    def __init__(self, python: str, config: Path, workdir: Path, env: dict | None = None):
         self.python = python
+        self.extra_env = env or {}
         self.config = config
         self.workdir = workdir
         self.proc: subprocess.Popen | None = None
@@ -124,6 +125,7 @@ class AgentProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
         env["PYTHONPATH"] = str(REPO)
         env.pop("NOTIFY_SOCKET", None)
+        env.update(self.extra_env)
         self.log_path = self.workdir / "agent.log"
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([self.python, "-m", "agent", "run", "--config",

@@ -53,8 +53,8 @@ def fleet(netns, tmp_path):
 def spawn_agent(tmp_path):
     agents = []
 
-    def spawn(python, config):
-        a = AgentProcess(python, config, tmp_path).start()
+    def spawn(python, config, env=None):
+        a = AgentProcess(python, config, tmp_path, env).start()
         agents.append(a)
         return a
 

@@ -17,7 +17,8 @@ from ..clock import Clock, SystemClock
 from . import journal as J
 from . import protocol
 from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
-from .transport import SocketIOTransport, TransportError
+from .schedule_store import ScheduleStore
+from .transport import ABORT_JOIN_S, SocketIOTransport, TransportError
 
 log = logging.getLogger("edge_agent.link")
 
@@ -31,6 +32,8 @@ class LinkRunner:
     def __init__(self, config, *, clock: Clock | None = None,
                  transport_factory: TransportFactory | None = None,
                  on_status: Callable[[dict], None] | None = None,
+                 on_tick: Callable[[], None] | None = None,
+                 schedule_store: ScheduleStore | None = None,
                  rng: random.Random | None = None):
         self.config = config
         self.clock = clock or SystemClock()
@@ -42,6 +45,8 @@ class LinkRunner:
         self.generation = 0
         self._factory = transport_factory or self._default_transport
         self._on_status = on_status
+        self._on_tick = on_tick
+        self._store = schedule_store
         self._started = self.clock.monotonic()
         self._published: tuple | None = None
         self._warned: set[str] = set()
@@ -57,10 +62,34 @@ class LinkRunner:
         self.sink(None, "network-up")
 
     # -- the loop ---------------------------------------------------------------
+    @property
+    def max_silence_s(self) -> float:
+        """The longest this loop may go without a tick while healthy: one blocking
+        connect attempt plus one abort, with margin."""
+        return self.config.connect_timeout_s + 2 * ABORT_JOIN_S + MAX_WAIT_S + 2.0
+
+    def link_live(self) -> bool:
+        core = self.core
+        return core.state == LinkState.ONLINE and core.watchdog.proven_live(self.clock.monotonic())
+
     def run(self) -> None:
-        self.core.start(self.clock.monotonic())
+        now = self.clock.monotonic()
+        attempts, resume_at = self._store.load() if self._store else (0, None)
+        if resume_at is not None:
+            # never further out than the cap: a bogus file must not silence the agent
+            resume_at = min(resume_at, now + self.config.backoff.cap_s)
+            if resume_at > now:
+                log.info("continuing the reconnect schedule of the previous process: "
+                         "attempt %d in %.1fs", attempts + 1, resume_at - now)
+        self.core.start(now, resume_at, attempts)
+        stall_at = (self._started + self.config.debug_stall_link_after_s
+                    if self.config.debug_stall_link_after_s is not None else None)
         while self.core.state != LinkState.STOPPED:
             now = self.clock.monotonic()
+            if stall_at is not None and now >= stall_at:
+                _stall_forever()
+            if self._on_tick is not None:
+                self._on_tick()
             if self.transport is not None:
                 self.core.on_inbound(self.transport.last_inbound)
             for action in self.core.poll(now):
@@ -213,6 +242,10 @@ class LinkRunner:
         return self.core.snapshot(self.clock.monotonic())
 
     def _publish(self) -> None:
+        core = self.core
+        if self._store is not None:
+            waiting = core.state == LinkState.WAITING
+            self._store.save(core.backoff.attempts, core.attempt_at() if waiting else 0.0)
         if self._on_status is None:
             return
         snap = self.snapshot()
@@ -232,3 +265,11 @@ class LinkRunner:
             namespace="/", keepalive=cfg.keepalive, connect_timeout_s=cfg.connect_timeout_s,
             ca_file=cfg.ca_file, generation=generation, sink=sink,
             handlers={protocol.THROTTLE: lambda t, *a: sink(t.generation, "throttle", a)})
+
+
+def _stall_forever() -> None:
+    """Test hook ([debug] stall_link_after_s): a wedged link thread, as a library bug
+    or a hung DNS lookup would leave it. The watchdog gate must notice."""
+    log.warning("debug: link thread stalling on purpose")
+    while True:
+        time.sleep(3600)

@@ -1,0 +1,47 @@
+"""Decides, sans I/O, whether the agent may tell systemd it is healthy (WATCHDOG=1).
+
+systemd restarts a service whose pets stop. The agent pets only while it is really
+doing its job: every internal loop (link thread, upload worker, udev listener) has
+reported progress recently, and, when ``require_link`` is set, the link is proven
+live by a recent heartbeat ACK. A wedged thread or a link the agent cannot heal by
+itself then ends in a fresh process: fresh sockets, fresh DNS, fresh library state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class _Loop:
+    max_silence_s: float
+    last_tick: float
+
+
+class WatchdogGate:
+    def __init__(self, require_link: bool = True):
+        self.require_link = require_link
+        self._loops: dict[str, _Loop] = {}
+
+    def register(self, name: str, max_silence_s: float, now: float) -> None:
+        """A loop that must tick at least every ``max_silence_s`` while healthy."""
+        self._loops[name] = _Loop(max_silence_s, now)
+
+    def unregister(self, name: str) -> None:
+        self._loops.pop(name, None)
+
+    def tick(self, name: str, now: float) -> None:
+        loop = self._loops.get(name)
+        if loop is not None and now > loop.last_tick:
+            loop.last_tick = now
+
+    def stalled(self, now: float) -> list[str]:
+        return sorted(n for n, l in self._loops.items() if now - l.last_tick > l.max_silence_s)
+
+    def verdict(self, now: float, link_live: bool) -> tuple[bool, str]:
+        """(may pet, why not)."""
+        stalled = self.stalled(now)
+        if stalled:
+            return False, "stalled: " + ", ".join(stalled)
+        if self.require_link and not link_live:
+            return False, "link not proven live"
+        return True, ""

@@ -1,0 +1,57 @@
+import json
+import os
+import subprocess
+import sys
+
+from agent import status
+from agent.daemon import status_line
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_status(tmp_path, *extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
+    env["RUNTIME_DIRECTORY"] = str(tmp_path)
+    env["PYTHONPATH"] = REPO
+    return subprocess.run([sys.executable, "-m", "agent", "status", "--config",
+                           str(tmp_path / "none.toml"), *extra],
+                          capture_output=True, text=True, env=env, timeout=30)
+
+
+def put(tmp_path, link, pid=None):
+    status.write(str(tmp_path / "status.json"),
+                 {"pid": pid or os.getpid(), "version": "0.1.0", "device_id": "screen-1",
+                  "server": "http://127.0.0.1:1", "link": link})
+
+
+def test_exit_codes(tmp_path):
+    r = run_status(tmp_path)
+    assert r.returncode == 3 and "no status file" in r.stderr and "Traceback" not in r.stderr
+    put(tmp_path, {"state": "online", "rtt_ms": 12.5, "last_ack_age_s": 3.0,
+                   "losses_last_hour": ["ack-timeout", "ack-timeout", "silence"]})
+    r = run_status(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "online" in r.stdout and "12.5 ms" in r.stdout and "ack-timeout x2" in r.stdout
+    put(tmp_path, {"state": "waiting", "reason": "ack-timeout", "next_attempt_in_s": 7.0,
+                   "attempts": 3})
+    r = run_status(tmp_path)
+    assert r.returncode == 1 and "in 7.0 s" in r.stdout
+    r = run_status(tmp_path, "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["link"]["state"] == "waiting"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    put(tmp_path, {"state": "online"}, pid=dead.pid)
+    assert run_status(tmp_path).returncode == 3
+
+
+def test_corrupt_status_file_is_one_line(tmp_path):
+    (tmp_path / "status.json").write_bytes(b"\x00{not json")
+    r = run_status(tmp_path)
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "not a valid status file" in r.stderr
+
+
+def test_status_lines_for_systemd():
+    assert status_line({"state": "online", "rtt_ms": 41.6}) == "online rtt=42ms"
+    assert status_line({"state": "waiting", "reason": "ack-timeout",
+                        "next_attempt_in_s": 7.2}) == "reconnecting in 7s (ack-timeout)"
+    assert status_line({"state": "online"}).startswith("online (waiting")

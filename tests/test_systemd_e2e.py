@@ -1,0 +1,156 @@
+"""systemd integration against a fake NOTIFY_SOCKET and the real reference server."""
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from devtools.harness import agent_config, wait_for
+
+pytestmark = pytest.mark.netns
+
+HB, ACK = 2.0, 1.0
+WATCHDOG_S = 1.0  # pets every 0.5 s
+
+
+class FakeSystemd:
+    """An AF_UNIX datagram socket standing in for systemd's notify socket."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            for line in data.decode().split("\n"):
+                self.messages.append((time.monotonic(), line))
+
+    def times(self, line):
+        return [t for t, m in self.messages if m == line]
+
+    def statuses(self):
+        return [m[7:] for _, m in self.messages if m.startswith("STATUS=")]
+
+    def env(self, watchdog_s=WATCHDOG_S):
+        env = {"NOTIFY_SOCKET": self.path}
+        if watchdog_s:
+            env["WATCHDOG_USEC"] = str(int(watchdog_s * 1e6))
+        return env
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+@pytest.fixture
+def systemd(tmp_path):
+    fake = FakeSystemd(tmp_path / "notify.sock")
+    yield fake
+    fake.close()
+
+
+def test_ready_then_pets_only_while_the_link_is_proven_live(
+        netns, fleet, spawn_agent, agent_python, tmp_path, systemd):
+    server = fleet()
+    agent = spawn_agent(agent_python, agent_config(server, tmp_path), env=systemd.env())
+    wait_for(lambda: systemd.times("READY=1"), 10, what="READY=1")
+    agent.wait_live(15, connection=1)
+    wait_for(lambda: len(systemd.times("WATCHDOG=1")) >= 3, 5, what="pets while online")
+    assert any(s.startswith("online rtt=") for s in systemd.statuses())
+
+    netns.drop_port(server.port)  # silent, and no way back until restored
+    t_drop = time.monotonic()
+    time.sleep(HB + ACK + 3 * WATCHDOG_S)
+    last_pet = max(systemd.times("WATCHDOG=1"))
+    stopped_after = last_pet - t_drop
+    assert stopped_after <= HB + ACK + WATCHDOG_S / 2 + 0.3, f"pets went on {stopped_after:.2f}s"
+    assert any(s.startswith("reconnecting in") for s in systemd.statuses())
+
+    netns.restore()
+    t_restore = time.monotonic()
+    wait_for(lambda: [t for t in systemd.times("WATCHDOG=1") if t > t_restore], 10,
+             what="pets to resume after relink")
+    assert agent.alive()
+
+
+def test_a_stalled_loop_stops_the_pets_even_when_the_link_is_not_required(
+        netns, fleet, spawn_agent, agent_python, tmp_path, systemd):
+    server = fleet()
+    cfg = agent_config(server, tmp_path, server={"connect_timeout_s": 1.0},
+                       watchdog={"require_link": False}, debug={"stall_link_after_s": 3.0})
+    agent = spawn_agent(agent_python, cfg, env=systemd.env())
+    wait_for(lambda: systemd.times("READY=1"), 10, what="READY=1")
+    t_start = systemd.times("READY=1")[0]
+    wait_for(lambda: "stalling on purpose" in agent.log_text(), 10, what="the stall")
+    # link loop's allowance: connect 1 s + 2 x 2 s abort + 1 s wait + 2 s margin = 8 s
+    time.sleep(8 + 2 * WATCHDOG_S)
+    pets = systemd.times("WATCHDOG=1")
+    assert pets, "it petted while healthy"
+    assert time.monotonic() - max(pets) >= WATCHDOG_S, "pets went on with a wedged loop"
+    assert max(pets) - t_start <= 3.0 + 8 + WATCHDOG_S + 1.0
+    assert "withholding pets (stalled: link)" in agent.log_text()
+
+
+def test_sigterm_says_stopping_and_exits_cleanly(
+        netns, fleet, spawn_agent, agent_python, tmp_path, systemd):
+    server = fleet()
+    agent = spawn_agent(agent_python, agent_config(server, tmp_path), env=systemd.env())
+    agent.wait_live(15)
+    t0 = time.monotonic()
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(10) == 0
+    assert time.monotonic() - t0 < 5.0
+    assert systemd.times("STOPPING=1")
+    wait_for(lambda: server.device()["online"] is False, 5, what="server to see the goodbye")
+
+
+def test_backoff_schedule_survives_kill_9(netns, spawn_agent, agent_python, tmp_path):
+    """A restarted agent continues its schedule instead of hitting the server at once."""
+    accepts: list[float] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def refuse_forever():
+        # accepts TCP, then hangs up: a server that is down behind a load balancer
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepts.append(time.monotonic())
+            conn.close()
+
+    threading.Thread(target=refuse_forever, daemon=True).start()
+
+    class Down:
+        url = f"http://127.0.0.1:{port}"
+        devices = {"screen-1": "t"}
+
+    cfg = agent_config(Down, tmp_path, link={"backoff": {"base_s": 0.5, "cap_s": 4.0,
+                                                          "jitter": "none"}})
+    first = spawn_agent(agent_python, cfg)
+    # attempts at 0, 0.5, 1.5, 3.5 s; the fifth is due 4 s after the fourth
+    wait_for(lambda: len(accepts) >= 4, 10, what="four failed attempts")
+    fourth = accepts[3]
+    first.proc.kill()
+    first.proc.wait(5)
+    n_before = len(accepts)
+    second = spawn_agent(agent_python, cfg)
+    wait_for(lambda: len(accepts) > n_before, 10, what="the restarted agent's first attempt")
+    resumed = accepts[n_before]
+    listener.close()
+    assert resumed - fourth >= 4.0 - 0.2, f"restarted agent tried {resumed - fourth:.2f}s after"
+    assert resumed - fourth <= 4.0 + 1.5
+    assert "continuing the reconnect schedule" in second.log_text()
