@@ -48,6 +48,8 @@ class Device:
     reports: list = field(default_factory=list)
     events: list = field(default_factory=list)
     connect_times: list = field(default_factory=list)  # wall time of each accepted connect
+    first_heartbeat_times: list = field(default_factory=list)  # wall, per connection
+    _sids_heard: set = field(default_factory=set)
 
     def view(self, now: float) -> dict:
         return {
@@ -59,6 +61,7 @@ class Device:
                                      if self.last_heartbeat is not None else None),
             "reports": self.reports[-50:], "events": self.events[-50:],
             "connect_times": self.connect_times[-50:],
+            "first_heartbeat_times": self.first_heartbeat_times[-50:],
         }
 
 
@@ -139,6 +142,11 @@ class FleetServer:
                 return None
             dev.heartbeats += 1
             dev.last_seq = seq
+            if sid not in dev._sids_heard:
+                dev._sids_heard.add(sid)
+                dev.first_heartbeat_times.append(round(time.time(), 3))
+                if len(dev._sids_heard) > 1000:
+                    dev._sids_heard.clear()
             dev.last_heartbeat = time.monotonic()
             dev.online = True
             mode = self.behaviour.ack_mode

@@ -75,6 +75,8 @@ def test_ready_then_pets_only_while_the_link_is_proven_live(
     time.sleep(HB + ACK + 3 * WATCHDOG_S)
     last_pet = max(systemd.times("WATCHDOG=1"))
     stopped_after = last_pet - t_drop
+    print(f"\nlast WATCHDOG=1 {stopped_after:.2f}s after the silent drop "
+          f"(bound {HB + ACK + WATCHDOG_S / 2:.1f}s)")
     assert stopped_after <= HB + ACK + WATCHDOG_S / 2 + 0.3, f"pets went on {stopped_after:.2f}s"
     assert any(s.startswith("reconnecting in") for s in systemd.statuses())
 
