@@ -113,8 +113,11 @@ def _toml(doc: dict, prefix: str = "") -> str:
 
 
 class AgentProcess:
-    def __init__(self, python: str, config: Path, workdir: Path, env: dict | None = None):
+    def __init__(self, python: str, config: Path, workdir: Path, env: dict | None = None,
+                 command: list[str] | None = None):
         self.python = python
+        # an installed agent (/usr/bin/edge-agent) runs as it is, not from this checkout
+        self.command = command
         self.extra_env = env or {}
         self.config = config
         self.workdir = workdir
@@ -123,13 +126,17 @@ class AgentProcess:
 
     def start(self) -> "AgentProcess":
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")}
-        env["PYTHONPATH"] = str(REPO)
+        if self.command is None:
+            env["PYTHONPATH"] = str(REPO)
+        else:
+            env.pop("PYTHONPATH", None)
         env.pop("NOTIFY_SOCKET", None)
         env.update(self.extra_env)
         self.log_path = self.workdir / "agent.log"
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([self.python, "-m", "agent", "run", "--config",
-                                      str(self.config)], cwd=self.workdir, env=env,
+        cmd = self.command or [self.python, "-m", "agent"]
+        self.proc = subprocess.Popen([*cmd, "run", "--config", str(self.config)],
+                                     cwd=self.workdir, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         return self
 

@@ -7,6 +7,7 @@ nftables rules there cut real TCP flows without a FIN or an RST.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import socket
@@ -41,6 +42,19 @@ class NetNS:
         if _libc.setns(self._orig, CLONE_NEWNET) != 0:
             raise OSError(ctypes.get_errno(), "setns back to the original namespace failed")
         os.close(self._orig)
+
+    @contextlib.contextmanager
+    def outside(self):
+        """Step back into the original namespace for a while (e.g. to reach apt's mirror)."""
+        mine = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            if _libc.setns(self._orig, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns to the original namespace failed")
+            yield
+        finally:
+            if _libc.setns(mine, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back into the test namespace failed")
+            os.close(mine)
 
     # -- faults -------------------------------------------------------------------
     def nft(self, script: str) -> None:
