@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from . import __version__, config as cfgmod, logs, status
@@ -32,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "exit 0 online, 1 degraded, 3 not running")
     st.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
     st.add_argument("--json", action="store_true", help="print the raw status as JSON")
+
+    enq = sub.add_parser("enqueue", help="queue a file for upload to the fleet server")
+    enq.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    enq.add_argument("--kind", required=True, choices=["screenshot", "log", "proof-of-play"])
+    enq.add_argument("file", help="the file to upload, or - for standard input")
 
     chk = sub.add_parser("check-config", help="validate the configuration and exit")
     chk.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
@@ -88,6 +94,10 @@ def _render(doc: dict, link: dict, running: bool) -> str:
              f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
     if link.get("rtt_ms") is not None:
         lines.append(f"rtt         {link['rtt_ms']} ms, last ack {link.get('last_ack_age_s')} s ago")
+    uploads = doc.get("uploads") if isinstance(doc.get("uploads"), dict) else None
+    if uploads and "items" in uploads:
+        lines.append(f"uploads     {uploads['items']} queued ({uploads.get('bytes', 0)} bytes), "
+                     f"{uploads.get('dead_letter', 0)} dead-lettered, dropped {uploads.get('dropped') or 'none'}")
     if link.get("next_attempt_in_s") is not None:
         lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
     losses = link.get("losses_last_hour") or []
@@ -98,6 +108,41 @@ def _render(doc: dict, link: dict, running: bool) -> str:
         summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
         lines.append(f"losses/hour {summary}")
     return "\n".join(lines)
+
+
+def cmd_enqueue(args) -> int:
+    config = _load(args.config)
+    from .uploads.store import QueueDiskFull, QueueStore
+    try:
+        if args.file == "-":
+            payload = sys.stdin.buffer.read(config.uploads.max_bytes + 1)
+        else:
+            with open(args.file, "rb") as f:
+                payload = f.read(config.uploads.max_bytes + 1)
+    except OSError as e:
+        sys.stderr.write(f"edge-agent: {args.file}: {e.strerror}\n")
+        return EXIT_USAGE
+    try:
+        store = QueueStore(config.queue_path, config.uploads)
+        item_id = store.enqueue(args.kind, payload)
+        store.close()
+    except QueueDiskFull:
+        sys.stderr.write("edge-agent: the state partition is full; nothing was queued\n")
+        return EXIT_DEGRADED
+    except OSError as e:
+        sys.stderr.write(f"edge-agent: {config.queue_path}: {e.strerror}\n")
+        return EXIT_USAGE
+    if item_id is None:
+        print("not queued: a duplicate of a queued or recently sent item, or the queue is full")
+        return EXIT_OK
+    print(item_id)
+    try:  # wake the running agent's worker; if none runs, it sends at its next start
+        pid = status.read(config.status_path).get("pid")
+        if status.pid_alive(pid):
+            os.kill(pid, signal.SIGUSR1)
+    except (status.StatusFileError, OSError):
+        pass
+    return EXIT_OK
 
 
 def cmd_check_config(args) -> int:
@@ -112,7 +157,8 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    handlers = {"run": cmd_run, "status": cmd_status, "check-config": cmd_check_config}
+    handlers = {"run": cmd_run, "status": cmd_status, "check-config": cmd_check_config,
+                "enqueue": cmd_enqueue}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from .link.backoff import JITTER_MODES, BackoffPolicy
 from .link.liveness import LivenessPolicy
 from .link.sockopts import KeepalivePolicy
+from .uploads.schedule import UploadPolicy
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
 ENV_PREFIX = "EDGE_AGENT_"
@@ -70,6 +71,14 @@ SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
         "count": (int, 3),
         "user_timeout_s": (float, 20.0),
     },
+    "uploads": {
+        "base_s": (float, 30.0),
+        "cap_s": (float, 1800.0),
+        "max_items": (int, 10_000),
+        "max_bytes": (int, 256 * 1024 * 1024),
+        "max_age_days": (float, 14.0),
+        "dedupe_window_s": (float, 3600.0),
+    },
     "watchdog": {
         # Pet systemd's watchdog only while the link is proven live (see README).
         "require_link": (bool, True),
@@ -102,6 +111,7 @@ class Config:
     stable_after_s: float
     wake_min_interval_s: float
     log_level: str
+    uploads: UploadPolicy = UploadPolicy()
     watchdog_require_link: bool = True
     debug_stall_link_after_s: float | None = None
     source: str = ""
@@ -109,6 +119,10 @@ class Config:
     @property
     def status_path(self) -> str:
         return os.path.join(self.runtime_dir, "status.json")
+
+    @property
+    def queue_path(self) -> str:
+        return os.path.join(self.state_dir, "queue.db")
 
     @property
     def schedule_path(self) -> str:
@@ -243,6 +257,12 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         _positive(v, name)
     _positive(v, "link.wake_min_interval_s", allow_zero=True)
     _positive(v, "debug.stall_link_after_s", allow_zero=True)
+    for name in ("uploads.base_s", "uploads.cap_s", "uploads.max_items", "uploads.max_bytes",
+                 "uploads.max_age_days"):
+        _positive(v, name)
+    _positive(v, "uploads.dedupe_window_s", allow_zero=True)
+    if v["uploads.cap_s"] < v["uploads.base_s"]:
+        raise ConfigError("uploads.cap_s: must be >= uploads.base_s")
     hb, ack = v["link.heartbeat_interval_s"], v["link.ack_timeout_s"]
     if ack >= hb:
         raise ConfigError(f"link.ack_timeout_s: must be less than link.heartbeat_interval_s ({hb})")
@@ -278,6 +298,10 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         stable_after_s=v["link.stable_after_s"],
         wake_min_interval_s=v["link.wake_min_interval_s"],
         log_level=v["log.level"],
+        uploads=UploadPolicy(base_s=v["uploads.base_s"], cap_s=v["uploads.cap_s"],
+                             max_items=v["uploads.max_items"], max_bytes=v["uploads.max_bytes"],
+                             max_age_days=v["uploads.max_age_days"],
+                             dedupe_window_s=v["uploads.dedupe_window_s"]),
         watchdog_require_link=v["watchdog.require_link"],
         debug_stall_link_after_s=v["debug.stall_link_after_s"],
         source=path,

@@ -12,6 +12,9 @@ from .config import Config
 from .link.runner import LinkRunner
 from .link.schedule_store import ScheduleStore
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
+from .uploads.sender import UploadSender
+from .uploads.store import QueueStore
+from .uploads.worker import MAX_SILENCE_S as UPLOADS_MAX_SILENCE_S, UploadWorker
 from .watchdog_gate import WatchdogGate
 
 log = logging.getLogger("edge_agent")
@@ -41,17 +44,34 @@ class Agent:
         self.environ = os.environ if environ is None else environ
         self.notifier = Notifier(self.environ)
         self.gate = WatchdogGate(require_link=config.watchdog_require_link)
+        self.store = QueueStore(config.queue_path, config.uploads)
+        self.uploads = UploadWorker(
+            self.store, UploadSender(config.server_url, config.device_id, config.token,
+                                     config.ca_file), config.uploads,
+            on_tick=lambda: self.gate.tick("uploads", time.monotonic()),
+            on_change=self._refresh_status)
         self.runner = LinkRunner(config, on_status=self._on_link_status,
                                  on_tick=lambda: self.gate.tick("link", time.monotonic()),
+                                 on_link_up=self.uploads.wake,
                                  schedule_store=ScheduleStore(config.schedule_path))
-        self.gate.register("link", self.runner.max_silence_s, time.monotonic())
+        now = time.monotonic()
+        self.gate.register("link", self.runner.max_silence_s, now)
+        self.gate.register("uploads", UPLOADS_MAX_SILENCE_S, now)
+        self._last_link: dict = {}
         self._status_lock = threading.Lock()
         self._stopping = threading.Event()
         self._failed = False
 
     # -- status -----------------------------------------------------------------
     def _on_link_status(self, link: dict) -> None:
+        self._last_link = link
         self.notifier.status(status_line(link))
+        self._write_status(link)
+
+    def _refresh_status(self) -> None:
+        self._write_status(self._last_link)
+
+    def _write_status(self, link: dict) -> None:
         doc = {
             "pid": os.getpid(),
             "version": __version__,
@@ -59,6 +79,7 @@ class Agent:
             "server": self.config.server_url,
             "updated_at": round(time.time(), 3),
             "link": link,
+            "uploads": {**self._queue_stats(), "sent": self.uploads.sent},
             "journal": [r.to_dict() for r in list(self.runner.core.journal.records)[-10:]],
         }
         with self._status_lock:
@@ -67,6 +88,12 @@ class Agent:
             except OSError as e:
                 log.warning("cannot write status file %s: %s", self.config.status_path,
                             e.strerror)
+
+    def _queue_stats(self) -> dict:
+        try:
+            return self.store.stats()
+        except Exception as e:  # a status file must not fail on a busy database
+            return {"error": type(e).__name__}
 
     def may_pet(self) -> tuple[bool, str]:
         return self.gate.verdict(time.monotonic(), self.runner.link_live())
@@ -82,10 +109,13 @@ class Agent:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # `edge-agent enqueue` pokes us when it queued something
+        signal.signal(signal.SIGUSR1, lambda *_: self.uploads.wake())
         log.info("edge-agent %s starting: device %s, server %s", __version__,
                  self.config.device_id, self.config.server_url)
         link = threading.Thread(target=self._run_link, name="link", daemon=True)
         link.start()
+        self.uploads.start()
         # Ready means configured and looping, not connected: a player that boots
         # offline is still a healthy service.
         self.notifier.ready("starting link")
@@ -105,6 +135,9 @@ class Agent:
                 self.notifier.status(status_line(self.runner.snapshot()))
         if petter is not None:
             petter.stop()
+        # Queued items are already durable; stopping only ends the round in progress.
+        self.uploads.stop()
+        self.uploads.join(5.0)
         log.info("edge-agent stopped")
         return 1 if self._failed else 0
 

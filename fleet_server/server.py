@@ -12,6 +12,8 @@ bend its behaviour: slow ACKs, no ACKs, a slow namespace CONNECT, throttling.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import socket
 import time
@@ -23,6 +25,7 @@ from aiohttp import web
 log = logging.getLogger("fleet_server")
 
 MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_UPLOAD_BYTES = 32 * 1024 * 1024
 
 
 @dataclass
@@ -31,6 +34,8 @@ class Behaviour:
     ack_delay_s: float = 0.0     # answer them this late
     connect_delay_s: float = 0.0 # accept the namespace CONNECT this late
     heartbeat_timeout_s: float = 45.0
+    upload_mode: str = "ok"      # ok | 500 | 429 | 413 | hang
+    retry_after_s: float = 120.0 # with 429
 
 
 @dataclass
@@ -48,6 +53,9 @@ class Device:
     reports: list = field(default_factory=list)
     events: list = field(default_factory=list)
     connect_times: list = field(default_factory=list)  # wall time of each accepted connect
+    uploads: dict = field(default_factory=dict)        # idempotency key -> (kind, sha256)
+    upload_repeats: int = 0
+    upload_requests: list = field(default_factory=list)  # wall time of each upload request
     first_heartbeat_times: list = field(default_factory=list)  # wall, per connection
     _sids_heard: set = field(default_factory=set)
 
@@ -62,6 +70,8 @@ class Device:
             "reports": self.reports[-50:], "events": self.events[-50:],
             "connect_times": self.connect_times[-50:],
             "first_heartbeat_times": self.first_heartbeat_times[-50:],
+            "uploads": len(self.uploads), "upload_repeats": self.upload_repeats,
+            "upload_requests": self.upload_requests[-200:],
         }
 
 
@@ -79,7 +89,7 @@ class FleetServer:
                                         ping_timeout=ping_timeout,
                                         max_http_buffer_size=MAX_PAYLOAD_BYTES,
                                         cors_allowed_origins=[])
-        self.app = web.Application(client_max_size=MAX_PAYLOAD_BYTES)
+        self.app = web.Application(client_max_size=MAX_UPLOAD_BYTES)
         self.sio.attach(self.app)
         self._routes()
         self._handlers()
@@ -226,6 +236,9 @@ class FleetServer:
         r.add_post("/admin/behaviour", self._admin_behaviour)
         r.add_post("/admin/throttle", self._admin_throttle)
         r.add_post("/admin/emit", self._admin_emit)
+        r.add_get("/admin/uploads/{device_id}", self._admin_uploads)
+        r.add_post("/api/v1/devices/{device_id}/uploads", self._upload)
+        r.add_post("/api/v1/devices/{device_id}/proof-of-play", self._proof_of_play)
 
     async def _admin_devices(self, _request) -> web.Response:
         now = time.monotonic()
@@ -233,7 +246,8 @@ class FleetServer:
 
     async def _admin_behaviour(self, request) -> web.Response:
         body = await _json(request)
-        for key in ("ack_mode", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s"):
+        for key in ("ack_mode", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s",
+                    "upload_mode", "retry_after_s"):
             if key in body:
                 setattr(self.behaviour, key, type(getattr(self.behaviour, key))(body[key]))
         return web.json_response(vars(self.behaviour))
@@ -263,6 +277,74 @@ class FleetServer:
         for sid in list(dev.sids):
             await self.sio.emit(str(body.get("event")), data, to=sid)
         return web.json_response({"ok": True, "sockets": len(dev.sids)})
+
+
+    # -- uploads ------------------------------------------------------------------
+    def _upload_device(self, request) -> Device:
+        device_id = request.match_info["device_id"]
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:] if auth.startswith("Bearer ") else None
+        if not self.accept_any and (token is None or self.tokens.get(device_id) != token):
+            raise web.HTTPUnauthorized(text="unauthorized")
+        return self.devices.setdefault(device_id, Device(device_id))
+
+    async def _upload_gate(self, dev: Device, body: bytes):
+        """The test switches: answers a struggling server gives. None means go ahead."""
+        dev.upload_requests.append(round(time.time(), 3))
+        mode = self.behaviour.upload_mode
+        if mode == "hang":
+            await asyncio.sleep(3600)
+        if mode == "500" or b"FAIL500" in body:
+            return web.Response(status=500, text="server error")
+        if mode == "429":
+            return web.Response(status=429, headers={"Retry-After": f"{self.behaviour.retry_after_s:g}"})
+        if mode == "413":
+            return web.Response(status=413, text="too large")
+        return None
+
+    async def _upload(self, request) -> web.Response:
+        dev = self._upload_device(request)
+        key = request.headers.get("Idempotency-Key")
+        if not key or len(key) > 200:
+            raise web.HTTPBadRequest(text="Idempotency-Key required")
+        body = await request.read()
+        refused = await self._upload_gate(dev, body)
+        if refused is not None:
+            return refused
+        if key in dev.uploads:
+            dev.upload_repeats += 1  # a retry whose first answer was lost: stored once
+        else:
+            dev.uploads[key] = (request.headers.get("X-Upload-Kind", "?"),
+                                hashlib.sha256(body).hexdigest())
+        return web.json_response({"ok": True, "id": key})
+
+    async def _proof_of_play(self, request) -> web.Response:
+        dev = self._upload_device(request)
+        body = await request.read()
+        refused = await self._upload_gate(dev, body)
+        if refused is not None:
+            return refused
+        try:
+            records = json.loads(body)["records"]
+        except (ValueError, KeyError, TypeError):
+            raise web.HTTPBadRequest(text="bad batch") from None
+        acked = []
+        for rec in records[:500]:
+            if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
+                continue
+            if rec["id"] in dev.uploads:
+                dev.upload_repeats += 1
+            else:
+                dev.uploads[rec["id"]] = ("proof-of-play", hashlib.sha256(
+                    json.dumps(rec.get("record"), sort_keys=True).encode()).hexdigest())
+            acked.append(rec["id"])
+        return web.json_response({"ok": True, "acked": acked})
+
+    async def _admin_uploads(self, request) -> web.Response:
+        dev = self.devices.get(request.match_info["device_id"])
+        if dev is None:
+            return web.json_response({})
+        return web.json_response({k: list(v) for k, v in dev.uploads.items()})
 
 
 async def _json(request) -> dict:

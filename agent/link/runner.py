@@ -33,6 +33,7 @@ class LinkRunner:
                  transport_factory: TransportFactory | None = None,
                  on_status: Callable[[dict], None] | None = None,
                  on_tick: Callable[[], None] | None = None,
+                 on_link_up: Callable[[], None] | None = None,
                  schedule_store: ScheduleStore | None = None,
                  rng: random.Random | None = None):
         self.config = config
@@ -46,6 +47,7 @@ class LinkRunner:
         self._factory = transport_factory or self._default_transport
         self._on_status = on_status
         self._on_tick = on_tick
+        self._on_link_up = on_link_up
         self._store = schedule_store
         self._started = self.clock.monotonic()
         self._published: tuple | None = None
@@ -137,6 +139,8 @@ class LinkRunner:
                                transport.local_addr())
         log.info("link up: connected to %s from %s (connection %d)", self.config.server_url,
                  transport.local_addr(), self.core.journal.total_connections)
+        if self._on_link_up is not None:
+            self._on_link_up()
 
     def _send_heartbeat(self, seq: int) -> None:
         gen = self.generation

@@ -1,0 +1,238 @@
+"""The queue's sqlite file in the state directory: durable across power cuts.
+
+WAL with synchronous=FULL: an enqueue or a confirmed delete that returned has reached
+the SD card, even if power goes a millisecond later (NORMAL could lose the last
+transactions on power loss, and a lost screenshot is exactly what this queue exists
+to prevent). Nothing is written while nothing changes; an item is written once when
+queued, updated once per failed attempt, and deleted once when the server confirmed it.
+
+Due times are stored as wall-clock seconds, the only clock that survives a reboot; a
+due time further away than the backoff cap (a clock that jumped) is treated as due
+at the cap, so a wrong clock can delay an item but never strand it.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+
+from .schedule import KINDS, UploadPolicy
+
+log = logging.getLogger("edge_agent.uploads")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS items(
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, payload BLOB NOT NULL,
+    content_hash TEXT NOT NULL, size INTEGER NOT NULL, created_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at REAL NOT NULL, last_error TEXT);
+CREATE INDEX IF NOT EXISTS items_due ON items(next_attempt_at);
+CREATE INDEX IF NOT EXISTS items_hash ON items(content_hash);
+CREATE INDEX IF NOT EXISTS items_kind_age ON items(kind, created_at);
+CREATE INDEX IF NOT EXISTS items_age ON items(created_at);
+-- running totals kept by triggers, so bounds are checked without scanning the queue
+CREATE TABLE IF NOT EXISTS totals(id INTEGER PRIMARY KEY CHECK (id = 1),
+    count INTEGER NOT NULL, bytes INTEGER NOT NULL);
+INSERT OR IGNORE INTO totals SELECT 1, COUNT(*), COALESCE(SUM(size), 0) FROM items;
+CREATE TRIGGER IF NOT EXISTS items_add AFTER INSERT ON items BEGIN
+    UPDATE totals SET count = count + 1, bytes = bytes + NEW.size WHERE id = 1; END;
+CREATE TRIGGER IF NOT EXISTS items_remove AFTER DELETE ON items BEGIN
+    UPDATE totals SET count = count - 1, bytes = bytes - OLD.size WHERE id = 1; END;
+CREATE TABLE IF NOT EXISTS dead_letter(
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, content_hash TEXT NOT NULL,
+    created_at REAL NOT NULL, failed_at REAL NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sent(content_hash TEXT PRIMARY KEY, sent_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS sent_age ON sent(sent_at);
+"""
+
+
+class QueueDiskFull(Exception):
+    pass
+
+
+@dataclass
+class Item:
+    id: str
+    kind: str
+    payload: bytes
+    attempts: int
+    next_attempt_at: float
+    created_at: float
+
+
+class QueueStore:
+    def __init__(self, path: str, policy: UploadPolicy):
+        self.path = path
+        self.policy = policy
+        self.dropped: dict[str, int] = {}  # reason -> count, reported in status
+        self.db = self._open()
+
+    # -- opening ----------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as e:
+            aside = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+            log.error("upload queue %s is unreadable (%s); moved aside to %s, starting a "
+                      "fresh queue", self.path, e, aside)
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(self.path + suffix):
+                    os.replace(self.path + suffix, aside + suffix)
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None,
+                             check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            ok = db.execute("PRAGMA quick_check").fetchone()
+            if not ok or ok[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {ok[0] if ok else 'no answer'}")
+            db.executescript(SCHEMA)
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        os.chmod(self.path, 0o600)
+        return db
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- enqueue ----------------------------------------------------------------
+    def enqueue(self, kind: str, payload: bytes, now: float | None = None) -> str | None:
+        """Queues one item; returns its id, or None if it was a duplicate or dropped."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown upload kind {kind!r} (one of {', '.join(KINDS)})")
+        now = time.time() if now is None else now
+        digest = hashlib.sha256(kind.encode() + b"\0" + payload).hexdigest()
+        size = len(payload)
+        p = self.policy
+        if size > p.max_bytes:
+            self._count("too-large")
+            log.warning("dropping a %s of %d bytes: larger than uploads.max_bytes", kind, size)
+            return None
+        try:
+            with self._tx():
+                if self.db.execute("SELECT 1 FROM items WHERE content_hash=? LIMIT 1",
+                                   (digest,)).fetchone() or self.db.execute(
+                        "SELECT 1 FROM sent WHERE content_hash=? AND sent_at>=?",
+                        (digest, now - p.dedupe_window_s)).fetchone():
+                    self._count("duplicate")
+                    return None
+                self._expire(now)
+                if not self._make_room(kind, size):
+                    self._count(f"full:{kind}")
+                    return None
+                item_id = uuid.uuid4().hex
+                self.db.execute(
+                    "INSERT INTO items(id, kind, payload, content_hash, size, created_at,"
+                    " next_attempt_at) VALUES(?,?,?,?,?,?,?)",
+                    (item_id, kind, sqlite3.Binary(payload), digest, size, now, now))
+                return item_id
+        except sqlite3.OperationalError as e:
+            if "full" in str(e).lower():
+                raise QueueDiskFull(str(e)) from None
+            raise
+
+    def _expire(self, now: float) -> None:
+        cutoff = now - self.policy.max_age_days * 86400
+        n = self.db.execute("DELETE FROM items WHERE created_at < ?", (cutoff,)).rowcount
+        if n:
+            self._count("too-old", n)
+            log.warning("dropped %d queued uploads older than %g days", n, self.policy.max_age_days)
+        self.db.execute("DELETE FROM sent WHERE sent_at < ?", (now - self.policy.dedupe_window_s,))
+
+    def _make_room(self, kind: str, size: int) -> bool:
+        """Evicts the oldest items of the lowest-priority kinds until ``size`` fits."""
+        p = self.policy
+        while True:
+            count, total = self._totals()
+            if count < p.max_items and total + size <= p.max_bytes:
+                return True
+            victim = None
+            for victim_kind in sorted(KINDS, key=KINDS.get):
+                if KINDS[victim_kind] > KINDS[kind]:
+                    break
+                victim = self.db.execute(
+                    "SELECT id FROM items WHERE kind=? ORDER BY created_at LIMIT 1",
+                    (victim_kind,)).fetchone()
+                if victim:
+                    self.db.execute("DELETE FROM items WHERE id=?", victim)
+                    self._count(f"evicted:{victim_kind}")
+                    log.warning("upload queue full: dropped the oldest queued %s", victim_kind)
+                    break
+            if not victim:
+                return False
+
+    # -- the worker's side ------------------------------------------------------
+    def due(self, now: float, limit: int) -> list[Item]:
+        cap = self.policy.cap_s * 1.5
+        rows = self.db.execute(
+            "SELECT id, kind, payload, attempts, next_attempt_at, created_at FROM items "
+            "WHERE next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall()
+        if len(rows) < limit:
+            # due times beyond the cap come from a clock that jumped back: due now
+            rows += self.db.execute(
+                "SELECT id, kind, payload, attempts, next_attempt_at, created_at FROM items "
+                "WHERE next_attempt_at > ? ORDER BY next_attempt_at LIMIT ?",
+                (now + cap, limit - len(rows))).fetchall()
+        return [Item(r[0], r[1], bytes(r[2]), r[3], r[4], r[5]) for r in rows]
+
+    def earliest_due(self) -> float | None:
+        row = self.db.execute("SELECT MIN(next_attempt_at) FROM items").fetchone()
+        return row[0] if row else None
+
+    def confirmed(self, items: list[Item], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._tx():
+            for item in items:
+                row = self.db.execute("SELECT content_hash FROM items WHERE id=?", (item.id,)).fetchone()
+                self.db.execute("DELETE FROM items WHERE id=?", (item.id,))
+                if row:
+                    self.db.execute("INSERT OR REPLACE INTO sent(content_hash, sent_at) VALUES(?,?)",
+                                    (row[0], now))
+
+    def failed(self, item: Item, next_attempt_at: float, error: str) -> None:
+        self.db.execute("UPDATE items SET attempts=attempts+1, next_attempt_at=?, last_error=? "
+                        "WHERE id=?", (next_attempt_at, error[:200], item.id))
+
+    def dead(self, item: Item, reason: str, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._tx():
+            row = self.db.execute("SELECT content_hash FROM items WHERE id=?", (item.id,)).fetchone()
+            self.db.execute("DELETE FROM items WHERE id=?", (item.id,))
+            self.db.execute("INSERT OR REPLACE INTO dead_letter VALUES(?,?,?,?,?,?)",
+                            (item.id, item.kind, row[0] if row else "", item.created_at, now,
+                             reason[:200]))
+
+    def _totals(self) -> tuple[int, int]:
+        return self.db.execute("SELECT count, bytes FROM totals WHERE id = 1").fetchone()
+
+    def stats(self) -> dict:
+        count, total = self._totals()
+        dead = self.db.execute("SELECT COUNT(*) FROM dead_letter").fetchone()[0]
+        return {"items": count, "bytes": total, "dead_letter": dead, "dropped": dict(self.dropped)}
+
+    # -- internals --------------------------------------------------------------
+    def _count(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def _tx(self):
+        return _Transaction(self.db)
+
+
+class _Transaction:
+    def __init__(self, db):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, *_):
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        return False

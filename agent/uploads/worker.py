@@ -1,0 +1,102 @@
+"""The upload worker: a thin thread around the store, the scheduler and the sender.
+
+It sleeps until the earliest due item (or a queue-wide hold) and is woken by a new
+item or by the link coming back; it does not poll the database.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+from ..clock import Clock, SystemClock
+from .schedule import OK, PERMANENT, UploadPolicy, UploadScheduler
+from .sender import UploadSender
+from .store import Item, QueueStore
+
+log = logging.getLogger("edge_agent.uploads")
+
+# The longest nap: the watchdog gate wants to hear from this loop now and then.
+MAX_NAP_S = 30.0
+# One round of sending stops after this long, so a hanging server cannot wedge the loop.
+MAX_ROUND_S = 20.0
+# What the watchdog gate allows this loop between ticks: a nap, one round that started
+# just before its limit, and two request timeouts.
+MAX_SILENCE_S = MAX_NAP_S + MAX_ROUND_S + 2 * 35.0 + 10.0
+
+
+class UploadWorker(threading.Thread):
+    def __init__(self, store: QueueStore, sender: UploadSender, policy: UploadPolicy,
+                 on_tick: Callable[[], None] | None = None,
+                 on_change: Callable[[], None] | None = None, clock: Clock | None = None,
+                 rng=None):
+        super().__init__(name="uploads", daemon=True)
+        self.clock = clock or SystemClock()
+        self.store, self.sender, self.policy = store, sender, policy
+        self.scheduler = UploadScheduler(policy, rng)
+        self._wake = threading.Condition()
+        self._woken = False
+        self._stopping = False
+        self._on_tick = on_tick or (lambda: None)
+        self._on_change = on_change or (lambda: None)
+        self.sent = 0
+
+    # -- from any thread ----------------------------------------------------------
+    def wake(self) -> None:
+        with self._wake:
+            self._woken = True
+            self._wake.notify()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+
+    # -- the loop -----------------------------------------------------------------
+    def run(self) -> None:
+        while not self._stopping:
+            self._on_tick()
+            nap = self._work_once()
+            with self._wake:
+                if not self._woken and not self._stopping and nap > 0:
+                    self._wake.wait(min(nap, MAX_NAP_S))
+                self._woken = False
+
+    def _work_once(self) -> float:
+        """Sends what is due; returns seconds until something could be due."""
+        mono, wall = self.clock.monotonic(), self.clock.wall()
+        if not self.scheduler.may_send(mono):
+            return self.scheduler.hold_until - mono
+        items = self.store.due(wall, self.policy.batch_max)
+        if not items:
+            earliest = self.store.earliest_due()
+            return MAX_NAP_S if earliest is None else max(0.05, earliest - wall)
+        pop = [i for i in items if i.kind == "proof-of-play"]
+        others = [i for i in items if i.kind != "proof-of-play"]
+        if pop:
+            for item_id, outcome in self.sender.send_batch(pop).items():
+                self._settle(next(i for i in pop if i.id == item_id), outcome)
+        started = self.clock.monotonic()
+        for item in others:
+            now = self.clock.monotonic()
+            if self._stopping or not self.scheduler.may_send(now) or now - started > MAX_ROUND_S:
+                break
+            self._settle(item, self.sender.send_one(item))
+        self._on_change()
+        return 0.0
+
+    def _settle(self, item: Item, outcome) -> None:
+        mono, wall = self.clock.monotonic(), self.clock.wall()
+        if outcome.kind == OK:
+            self.store.confirmed([item], wall)
+            self.sent += 1
+            return
+        if outcome.kind == PERMANENT:
+            self.store.dead(item, outcome.detail, wall)
+            log.warning("upload %s (%s) refused for good (%s): moved to the dead-letter table",
+                        item.id, item.kind, outcome.detail)
+            return
+        due_mono = self.scheduler.after_failure(outcome, item.attempts + 1, mono)
+        self.store.failed(item, wall + (due_mono - mono), outcome.detail)
+        log.warning("upload of a %s failed (%s), retrying in %.0fs", item.kind, outcome.detail,
+                    due_mono - mono)

@@ -1,0 +1,215 @@
+"""The upload queue: rules with a fake clock, the real sqlite file, a fake sender."""
+import os
+import random
+import sqlite3
+
+import pytest
+
+from agent.clock import FakeClock
+from agent.uploads.schedule import (OK, PERMANENT, SLOW_DOWN, TRANSIENT, Outcome,
+                                    UploadPolicy, UploadScheduler, classify, parse_retry_after)
+from agent.uploads.store import QueueStore
+from agent.uploads.worker import UploadWorker
+
+
+def test_per_item_backoff_30s_doubling_to_30min():
+    s = UploadScheduler(UploadPolicy(jitter=0.0))
+    assert [s.retry_delay(n) for n in range(1, 9)] == [30, 60, 120, 240, 480, 960, 1800, 1800]
+    s = UploadScheduler(UploadPolicy(jitter=0.2), random.Random(1))
+    for n in range(1, 50):
+        base = min(1800, 30 * 2 ** (n - 1))
+        assert 0.8 * base <= s.retry_delay(n) <= 1.2 * base
+
+
+@pytest.mark.parametrize("status, header, kind, retry", [
+    (200, None, OK, None), (201, None, OK, None), (None, None, TRANSIENT, None),
+    (500, None, TRANSIENT, None), (502, None, TRANSIENT, None), (408, None, TRANSIENT, None),
+    (429, "120", SLOW_DOWN, 120.0), (503, None, SLOW_DOWN, None), (503, "soon", SLOW_DOWN, None),
+    (429, "99999999", SLOW_DOWN, 6 * 3600.0), (413, None, PERMANENT, None),
+    (400, None, PERMANENT, None), (401, None, PERMANENT, None), (404, None, PERMANENT, None),
+])
+def test_classify(status, header, kind, retry):
+    o = classify(status, header)
+    assert o.kind == kind and o.retry_after_s == retry
+
+
+def test_retry_after_parsing_rejects_nonsense():
+    assert parse_retry_after("-5") is None and parse_retry_after("nan") is None
+    assert parse_retry_after(" 30 ") == 30.0
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = QueueStore(str(tmp_path / "queue.db"), UploadPolicy())
+    yield s
+    s.close()
+
+
+def test_enqueue_dedupes_by_content(store):
+    assert store.enqueue("screenshot", b"frame-1", now=1000.0)
+    assert store.enqueue("screenshot", b"frame-1", now=1001.0) is None
+    assert store.enqueue("log", b"frame-1", now=1001.0)  # another kind is another item
+    [item] = [i for i in store.due(2000.0, 10) if i.kind == "screenshot"]
+    store.confirmed([item], now=2000.0)
+    assert store.enqueue("screenshot", b"frame-1", now=2100.0) is None   # sent recently
+    assert store.enqueue("screenshot", b"frame-1", now=2000.0 + 3601) is not None
+    assert store.dropped["duplicate"] == 2
+
+
+def test_bounds_drop_old_screenshots_before_proof_of_play(tmp_path):
+    s = QueueStore(str(tmp_path / "q.db"), UploadPolicy(max_items=5))
+    for i in range(3):
+        s.enqueue("proof-of-play", b'{"play": %d}' % i, now=100.0 + i)
+    for i in range(2):
+        s.enqueue("screenshot", b"shot-%d" % i, now=200.0 + i)
+    assert s.enqueue("proof-of-play", b'{"play": 9}', now=300.0)
+    kinds = sorted(i.kind for i in s.due(1e9, 100))
+    assert kinds == ["proof-of-play"] * 4 + ["screenshot"]
+    assert s.dropped == {"evicted:screenshot": 1}
+    # a screenshot cannot push out proof-of-play: it is the one dropped, and counted
+    s.enqueue("screenshot", b"shot-x", now=301.0)  # evicts the other old screenshot
+    assert s.enqueue("screenshot", b"shot-y", now=302.0) is not None
+    for i in range(5):
+        s.enqueue("proof-of-play", b'{"more": %d}' % i, now=400.0 + i)
+    assert all(i.kind == "proof-of-play" for i in s.due(1e9, 100))
+    assert s.enqueue("screenshot", b"shot-z", now=500.0) is None
+    assert s.dropped["full:screenshot"] == 1
+    assert s.stats()["items"] == 5
+
+
+def test_max_bytes_and_age(tmp_path):
+    s = QueueStore(str(tmp_path / "q.db"), UploadPolicy(max_bytes=100, max_age_days=1))
+    assert s.enqueue("log", b"x" * 101, now=0.0) is None and s.dropped["too-large"] == 1
+    assert s.enqueue("log", b"a" * 60, now=0.0)
+    assert s.enqueue("log", b"b" * 60, now=10.0)     # evicts the first (same kind, oldest)
+    assert s.stats()["bytes"] == 60
+    assert s.enqueue("log", b"c" * 10, now=10.0 + 86400 + 1)
+    assert s.dropped["too-old"] == 1 and s.stats()["items"] == 1
+
+
+def test_queries_use_indexes_and_enqueue_stays_fast_with_10000_items(store):
+    for i in range(10_000):
+        store.enqueue("proof-of-play", b'{"n": %d}' % i, now=1000.0 + i)
+    plan = lambda sql, *a: " ".join(r[-1] for r in store.db.execute("EXPLAIN QUERY PLAN " + sql, a))
+    assert "USING INDEX items_due" in plan(
+        "SELECT id FROM items WHERE next_attempt_at <= ? ORDER BY next_attempt_at LIMIT 200", 5.0)
+    assert "USING COVERING INDEX items_due" in plan("SELECT MIN(next_attempt_at) FROM items")
+    assert "INDEX items_hash" in plan("SELECT 1 FROM items WHERE content_hash=? LIMIT 1", "x")
+    assert "SCAN" not in plan("SELECT 1 FROM sent WHERE content_hash=? AND sent_at>=?", "x", 1.0)
+    assert "items_kind_age" in plan("SELECT id FROM items WHERE kind=? ORDER BY created_at LIMIT 1", "log")
+    assert "items_age" in plan("DELETE FROM items WHERE created_at < ?", 1.0)
+    for sql in ("SELECT id FROM items WHERE next_attempt_at <= ? ORDER BY next_attempt_at LIMIT 200",):
+        assert "SCAN items" not in plan(sql, 5.0)
+    # the bounds check reads the trigger-kept totals, not the table
+    assert store.stats()["items"] == 10_000
+    assert store.db.execute("SELECT count FROM totals").fetchone()[0] == 10_000
+    first = store.due(1000.0 + 10_000, 200)
+    assert len(first) == 200 and first[0].created_at == 1000.0
+    assert [i.created_at for i in first] == sorted(i.created_at for i in first)
+
+
+def test_corrupt_database_is_moved_aside_and_a_fresh_queue_starts(tmp_path, caplog):
+    path = tmp_path / "queue.db"
+    path.write_bytes(b"this is not a database" * 100)
+    s = QueueStore(str(path), UploadPolicy())
+    assert s.enqueue("log", b"after", now=1.0)
+    aside = [p for p in os.listdir(tmp_path) if p.startswith("queue.db.corrupt-")]
+    assert aside and "moved aside" in caplog.text
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+def test_database_is_durable_wal_full(store):
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+class FakeSender:
+    def __init__(self, answers=None):
+        self.calls = []
+        self.answers = answers or {}
+
+    def _answer(self, item):
+        for marker, outcome in self.answers.items():
+            if marker in item.payload:
+                return outcome
+        return Outcome(OK)
+
+    def send_one(self, item):
+        self.calls.append(item.payload)
+        return self._answer(item)
+
+    def send_batch(self, items):
+        self.calls.append([i.payload for i in items])
+        return {i.id: self._answer(i) for i in items}
+
+
+def make_worker(store, sender, clock):
+    return UploadWorker(store, sender, UploadPolicy(jitter=0.0), clock=clock,
+                        rng=random.Random(0))
+
+
+def test_a_failing_item_never_delays_the_others(store):
+    clock = FakeClock(wall_offset=0.0)
+    for i in range(5):
+        store.enqueue("screenshot", b"shot-%d" % i, now=clock.wall())
+    store.enqueue("screenshot", b"shot-FAIL", now=clock.wall())
+    sender = FakeSender({b"FAIL": Outcome(TRANSIENT, "HTTP 500")})
+    worker = make_worker(store, sender, clock)
+    worker._work_once()
+    assert worker.sent == 5 and store.stats()["items"] == 1
+    assert worker._work_once() == pytest.approx(30.0, abs=0.01)  # next: the failed one, in 30 s
+    clock.advance(29.9)
+    worker._work_once()
+    assert len(sender.calls) == 6
+    clock.advance(0.2)
+    worker._work_once()
+    assert len(sender.calls) == 7  # second try after 30 s; the third would wait 60 s
+
+
+def test_429_retry_after_holds_the_whole_queue(store):
+    clock = FakeClock(wall_offset=0.0)
+    store.enqueue("log", b"a", now=clock.wall())
+    store.enqueue("log", b"b", now=clock.wall())
+    sender = FakeSender({b"a": Outcome(SLOW_DOWN, "HTTP 429", 120.0),
+                         b"b": Outcome(SLOW_DOWN, "HTTP 429", 120.0)})
+    worker = make_worker(store, sender, clock)
+    worker._work_once()
+    assert len(sender.calls) == 1, "the queue stops at the first 429"
+    sender.answers = {}
+    while clock.now < 1000.0 + 119.9:
+        worker._work_once()
+        clock.advance(0.5)
+    assert len(sender.calls) == 1, "no request before 120 s"
+    clock.advance(0.5)
+    worker._work_once()
+    assert len(sender.calls) == 3 and store.stats()["items"] == 0
+
+
+def test_permanent_refusal_goes_to_dead_letter_not_retried(store):
+    clock = FakeClock(wall_offset=0.0)
+    store.enqueue("screenshot", b"too-big", now=clock.wall())
+    worker = make_worker(store, FakeSender({b"too-big": Outcome(PERMANENT, "HTTP 413")}), clock)
+    worker._work_once()
+    assert store.stats()["dead_letter"] == 1 and store.stats()["items"] == 0
+    reason = store.db.execute("SELECT reason FROM dead_letter").fetchone()[0]
+    assert reason == "HTTP 413"
+
+
+def test_proof_of_play_goes_in_batches_of_200(store):
+    clock = FakeClock(wall_offset=0.0)
+    for i in range(450):
+        store.enqueue("proof-of-play", b'{"n": %d}' % i, now=clock.wall())
+    sender = FakeSender()
+    worker = make_worker(store, sender, clock)
+    for _ in range(3):
+        worker._work_once()
+    assert [len(c) for c in sender.calls] == [200, 200, 50]
+    assert store.stats()["items"] == 0
+
+
+def test_a_clock_jump_cannot_strand_an_item(store):
+    store.enqueue("log", b"x", now=1e9)   # queued when the clock said 2001...
+    [item] = store.due(1e9, 1)
+    store.failed(item, 1e9 + 60, "HTTP 500")
+    # ...and now it says 1970: due time is beyond the cap, so it is due now
+    assert [i.id for i in store.due(100.0, 10)] == [item.id]
