@@ -137,7 +137,7 @@ class Agent:
             petter.stop()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.stop()
-        self.uploads.join(5.0)
+        self.uploads.join(3.0)
         log.info("edge-agent stopped")
         return 1 if self._failed else 0
 

@@ -1,12 +1,13 @@
 """systemd integration against a fake NOTIFY_SOCKET and the real reference server."""
 import signal
 import socket
+import subprocess
 import threading
 import time
 
 import pytest
 
-from devtools.harness import agent_config, wait_for
+from devtools.harness import REPO, agent_config, wait_for
 
 pytestmark = pytest.mark.netns
 
@@ -105,17 +106,28 @@ def test_a_stalled_loop_stops_the_pets_even_when_the_link_is_not_required(
     assert "withholding pets (stalled: link)" in agent.log_text()
 
 
-def test_sigterm_says_stopping_and_exits_cleanly(
+def test_sigterm_says_stopping_exits_cleanly_and_loses_no_queued_upload(
         netns, fleet, spawn_agent, agent_python, tmp_path, systemd):
     server = fleet()
-    agent = spawn_agent(agent_python, agent_config(server, tmp_path), env=systemd.env())
+    cfg = agent_config(server, tmp_path, uploads={"base_s": 1.0, "cap_s": 2.0})
+    agent = spawn_agent(agent_python, cfg, env=systemd.env())
     agent.wait_live(15)
+    server.admin("/admin/behaviour", {"upload_mode": "hang"})  # an upload in flight at stop
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    for i in range(3):
+        subprocess.run([agent_python, "-m", "agent", "enqueue", "--config", str(cfg), "--kind",
+                        "log", "-"], input=f"log-{i}".encode(), env=env, check=True, timeout=30)
+    wait_for(lambda: server.device()["upload_requests"], 5, what="an upload in flight")
     t0 = time.monotonic()
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.proc.wait(10) == 0
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < 6.0
     assert systemd.times("STOPPING=1")
     wait_for(lambda: server.device()["online"] is False, 5, what="server to see the goodbye")
+    server.admin("/admin/behaviour", {"upload_mode": "ok"})
+    again = spawn_agent(agent_python, cfg)
+    wait_for(lambda: server.device()["uploads"] == 3, 10, what="the queued uploads after restart")
+    again.stop()
 
 
 def test_backoff_schedule_survives_kill_9(netns, spawn_agent, agent_python, tmp_path):

@@ -2,6 +2,7 @@
 import os
 import random
 import sqlite3
+import time
 
 import pytest
 
@@ -213,3 +214,38 @@ def test_a_clock_jump_cannot_strand_an_item(store):
     store.failed(item, 1e9 + 60, "HTTP 500")
     # ...and now it says 1970: due time is beyond the cap, so it is due now
     assert [i.id for i in store.due(100.0, 10)] == [item.id]
+
+
+def test_a_filling_disk_stops_screenshots_first_and_recovers(store, caplog):
+    caplog.set_level("INFO", logger="edge_agent")
+    free = {"bytes": 1 << 30}
+    store.free_bytes = lambda: free["bytes"]
+    assert store.enqueue("screenshot", b"s1", now=1.0)
+    free["bytes"] = 32 << 20          # 32 MiB: below the screenshot floor
+    assert store.enqueue("screenshot", b"s2", now=2.0) is None
+    assert store.enqueue("screenshot", b"s3", now=3.0) is None
+    assert store.enqueue("log", b"l1", now=3.0)
+    free["bytes"] = 8 << 20           # 8 MiB: logs stop too, proof-of-play goes on
+    assert store.enqueue("log", b"l2", now=4.0) is None
+    assert store.enqueue("proof-of-play", b"{}", now=4.0)
+    assert caplog.text.count("not queueing screenshots") == 1   # logged once
+    free["bytes"] = 1 << 30
+    assert store.enqueue("screenshot", b"s4", now=5.0)
+    assert "queueing screenshots again" in caplog.text
+    assert store.dropped["disk-low:screenshot"] == 2 and store.dropped["disk-low:log"] == 1
+
+
+def test_worker_survives_a_failing_database(store):
+    clock = FakeClock(wall_offset=0.0)
+    worker = make_worker(store, FakeSender(), clock)
+    store.db.close()  # every query now raises sqlite3.ProgrammingError (a sqlite3.Error)
+    worker._stopping = False
+    import threading
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive()
+    worker.stop()
+    t.join(2)
+    assert not t.is_alive()
+    store.db = sqlite3.connect(":memory:")  # let the fixture close something

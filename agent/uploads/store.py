@@ -53,6 +53,16 @@ class QueueDiskFull(Exception):
     pass
 
 
+# Free space the state partition must keep for a kind to be queued at all: as the
+# disk fills, screenshots stop first, then logs; proof-of-play goes on to the end.
+MIN_FREE_BYTES = {"screenshot": 64 << 20, "log": 16 << 20, "proof-of-play": 0}
+
+
+def free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 @dataclass
 class Item:
     id: str
@@ -68,6 +78,8 @@ class QueueStore:
         self.path = path
         self.policy = policy
         self.dropped: dict[str, int] = {}  # reason -> count, reported in status
+        self.free_bytes = lambda: free_bytes(os.path.dirname(self.path) or ".")
+        self._refusing: set[str] = set()   # kinds refused for lack of space, logged once
         self.db = self._open()
 
     # -- opening ----------------------------------------------------------------
@@ -112,6 +124,9 @@ class QueueStore:
         digest = hashlib.sha256(kind.encode() + b"\0" + payload).hexdigest()
         size = len(payload)
         p = self.policy
+        if not self._space_for(kind, size):
+            self._count(f"disk-low:{kind}")
+            return None
         if size > p.max_bytes:
             self._count("too-large")
             log.warning("dropping a %s of %d bytes: larger than uploads.max_bytes", kind, size)
@@ -136,8 +151,24 @@ class QueueStore:
                 return item_id
         except sqlite3.OperationalError as e:
             if "full" in str(e).lower():
+                self._count(f"disk-full:{kind}")
                 raise QueueDiskFull(str(e)) from None
             raise
+
+    def _space_for(self, kind: str, size: int) -> bool:
+        try:
+            free = self.free_bytes()
+        except OSError:
+            return True
+        ok = free - size > MIN_FREE_BYTES[kind]
+        if not ok and kind not in self._refusing:
+            self._refusing.add(kind)
+            log.warning("state partition nearly full (%d MiB free): not queueing %ss until "
+                        "space returns", free >> 20, kind)
+        elif ok and kind in self._refusing:
+            self._refusing.discard(kind)
+            log.info("space is back on the state partition: queueing %ss again", kind)
+        return ok
 
     def _expire(self, now: float) -> None:
         cutoff = now - self.policy.max_age_days * 86400

@@ -6,6 +6,7 @@ item or by the link coming back; it does not poll the database.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from typing import Callable
 
@@ -56,7 +57,12 @@ class UploadWorker(threading.Thread):
     def run(self) -> None:
         while not self._stopping:
             self._on_tick()
-            nap = self._work_once()
+            try:
+                nap = self._work_once()
+            except sqlite3.Error as e:
+                # a full or failing disk: keep running, nothing queued is lost by waiting
+                log.warning("upload queue unavailable (%s); trying again in %.0fs", e, MAX_NAP_S)
+                nap = MAX_NAP_S
             with self._wake:
                 if not self._woken and not self._stopping and nap > 0:
                     self._wake.wait(min(nap, MAX_NAP_S))
