@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--kind", required=True, choices=["screenshot", "log", "proof-of-play"])
     enq.add_argument("file", help="the file to upload, or - for standard input")
 
+    for name, text in (("unpair", "forget this device's credentials; the agent shows a new pairing code"),
+                       ("enroll", "enroll again now: same as unpair, for a screen moved to another fleet")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+
     chk = sub.add_parser("check-config", help="validate the configuration and exit")
     chk.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
     return p
@@ -91,6 +96,8 @@ def _render(doc: dict, link: dict, running: bool) -> str:
     state = link.get("state", "unknown") if running else "not running"
     lines = [f"edge-agent {doc.get('version', '?')}  device {doc.get('device_id', '?')}",
              f"server      {doc.get('server', '?')}",
+             *([f"pairing     {_pairing_text(doc['pairing'])}"]
+               if isinstance(doc.get("pairing"), dict) else []),
              f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
     if link.get("rtt_ms") is not None:
         lines.append(f"rtt         {link['rtt_ms']} ms, last ack {link.get('last_ack_age_s')} s ago")
@@ -145,9 +152,39 @@ def cmd_enqueue(args) -> int:
     return EXIT_OK
 
 
+def cmd_unpair(args) -> int:
+    config = _load(args.config)
+    if config.token is not None:
+        sys.stderr.write("edge-agent: this device has a pre-provisioned token in the "
+                         "configuration ([identity] token); remove it to enroll\n")
+        return EXIT_USAGE
+    from .identity.credentials import Credentials
+    try:
+        Credentials(config.state_dir).clear()
+    except OSError as e:
+        sys.stderr.write(f"edge-agent: {config.state_dir}: {e.strerror}\n")
+        return EXIT_USAGE
+    try:
+        pid = status.read(config.status_path).get("pid")
+        if status.pid_alive(pid):
+            os.kill(pid, signal.SIGUSR2)
+            print("credentials removed; the agent is requesting a new pairing code")
+            return EXIT_OK
+    except (status.StatusFileError, OSError):
+        pass
+    print("credentials removed; the agent will enroll when it starts")
+    return EXIT_OK
+
+
+def _pairing_text(p: dict) -> str:
+    if p.get("code"):
+        return f"code {p['code']} (enter it on the fleet server; expires in {p.get('expires_in_s')} s)"
+    return str(p.get("state"))
+
+
 def cmd_check_config(args) -> int:
     config = _load(args.config)
-    print(f"{config.source}: ok (device {config.device_id}, server {config.server_url})")
+    print(f"{config.source}: ok (device {config.device_id or 'derived'}, server {config.server_url})")
     return EXIT_OK
 
 
@@ -158,7 +195,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     handlers = {"run": cmd_run, "status": cmd_status, "check-config": cmd_check_config,
-                "enqueue": cmd_enqueue}
+                "enqueue": cmd_enqueue, "unpair": cmd_unpair, "enroll": cmd_unpair}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

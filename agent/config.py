@@ -44,9 +44,12 @@ SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
         "connect_timeout_s": (float, 10.0),
     },
     "identity": {
-        "device_id": (str, REQUIRED),
-        "token": (str, REQUIRED),
+        # Both optional: without a device_id one is derived and kept in state_dir;
+        # without a token the agent enrolls and shows a pairing code.
+        "device_id": (str, None),
+        "token": (str, None),
         "state_dir": (str, "/var/lib/edge-agent"),
+        "show_code_on_console": (bool, False),
     },
     "runtime": {
         # systemd's RuntimeDirectory= sets $RUNTIME_DIRECTORY; tmpfs, never the SD card.
@@ -101,8 +104,8 @@ class Config:
     ca_file: str | None
     profile: str
     connect_timeout_s: float
-    device_id: str
-    token: str = field(repr=False)
+    device_id: str | None
+    token: str | None = field(repr=False)
     state_dir: str
     runtime_dir: str
     liveness: LivenessPolicy
@@ -112,6 +115,7 @@ class Config:
     wake_min_interval_s: float
     log_level: str
     uploads: UploadPolicy = UploadPolicy()
+    show_code_on_console: bool = False
     watchdog_require_link: bool = True
     debug_stall_link_after_s: float | None = None
     source: str = ""
@@ -244,11 +248,13 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         raise ConfigError(f"server.ca_file: no such file: {v['server.ca_file']}")
     if v["server.profile"] not in PROFILES:
         raise ConfigError(f"server.profile: must be one of {', '.join(PROFILES)}")
-    if not DEVICE_ID_RE.match(v["identity.device_id"]):
+    if v["identity.device_id"] is not None and not DEVICE_ID_RE.match(v["identity.device_id"]):
         raise ConfigError("identity.device_id: 1-128 characters of A-Z a-z 0-9 . _ : -")
     token = v["identity.token"]
-    if not token or len(token) > 4096 or any(c.isspace() for c in token):
+    if token is not None and (not token or len(token) > 4096 or any(c.isspace() for c in token)):
         raise ConfigError("identity.token: must be 1-4096 non-space characters")
+    if token is not None and v["identity.device_id"] is None:
+        raise ConfigError("identity.token: a pre-provisioned token needs identity.device_id too")
 
     for name in ("server.connect_timeout_s", "link.heartbeat_interval_s", "link.ack_timeout_s",
                  "link.silence_timeout_s", "link.stable_after_s", "link.backoff.base_s",
@@ -302,6 +308,7 @@ def _validate(v: dict, env: dict, path: str) -> Config:
                              max_items=v["uploads.max_items"], max_bytes=v["uploads.max_bytes"],
                              max_age_days=v["uploads.max_age_days"],
                              dedupe_window_s=v["uploads.dedupe_window_s"]),
+        show_code_on_console=v["identity.show_code_on_console"],
         watchdog_require_link=v["watchdog.require_link"],
         debug_stall_link_after_s=v["debug.stall_link_after_s"],
         source=path,

@@ -11,6 +11,9 @@ from . import __version__, status
 from .config import Config
 from .link.runner import LinkRunner
 from .link.schedule_store import ScheduleStore
+from .identity import device
+from .identity.credentials import Credentials
+from .identity.enroller import Enroller
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .uploads.sender import UploadSender
 from .uploads.store import QueueStore
@@ -23,9 +26,14 @@ log = logging.getLogger("edge_agent")
 STATUS_REFRESH_S = 30.0
 
 
-def status_line(link: dict) -> str:
+def status_line(link: dict, pairing: dict | None = None) -> str:
     """The one-line human state systemd shows in `systemctl status`."""
     state = link.get("state")
+    if pairing and pairing.get("code") and state in ("unpaired", "waiting", None):
+        return f"waiting for pairing code {pairing['code']}"
+    if state == "unpaired":
+        return "enrolling: waiting for a pairing code" + (
+            f" ({pairing['error']})" if pairing and pairing.get("error") else "")
     if state == "online":
         if link.get("rtt_ms") is not None:
             return f"online rtt={link['rtt_ms']:.0f}ms"
@@ -44,16 +52,31 @@ class Agent:
         self.environ = os.environ if environ is None else environ
         self.notifier = Notifier(self.environ)
         self.gate = WatchdogGate(require_link=config.watchdog_require_link)
+        self.device_id = config.device_id or device.load_or_create(config.state_dir)
+        self.credentials = Credentials(config.state_dir)
+        self.preprovisioned = config.token is not None
+        self.token = config.token or self.credentials.load(self.device_id)
+        self.enroller = None
+        if not self.preprovisioned:
+            self.enroller = Enroller(config.server_url, self.device_id, self.credentials,
+                                     config.runtime_dir, config.ca_file,
+                                     on_paired=self._paired, on_change=self._refresh_status,
+                                     show_on_console=config.show_code_on_console)
+            if self.token is not None:
+                self.enroller.core.on_paired(self.token)
         self.store = QueueStore(config.queue_path, config.uploads)
         self.uploads = UploadWorker(
-            self.store, UploadSender(config.server_url, config.device_id, config.token,
-                                     config.ca_file), config.uploads,
+            self.store, UploadSender(config.server_url, self.identity, config.ca_file),
+            config.uploads,
             on_tick=lambda: self.gate.tick("uploads", time.monotonic()),
             on_change=self._refresh_status)
         self.runner = LinkRunner(config, on_status=self._on_link_status,
                                  on_tick=lambda: self.gate.tick("link", time.monotonic()),
                                  on_link_up=self.uploads.wake,
+                                 on_refused=self._refused, identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path))
+        if self.token is None:
+            self.runner.core.paused = True  # nothing to connect with until paired
         now = time.monotonic()
         self.gate.register("link", self.runner.max_silence_s, now)
         self.gate.register("uploads", UPLOADS_MAX_SILENCE_S, now)
@@ -62,20 +85,57 @@ class Agent:
         self._stopping = threading.Event()
         self._failed = False
 
+    # -- identity ---------------------------------------------------------------
+    def identity(self) -> tuple[str, str] | None:
+        token = self.token
+        return (self.device_id, token) if token else None
+
+    def _paired(self, token: str) -> None:
+        self.token = token
+        self.runner.resume()
+        self.uploads.wake()
+
+    def _refused(self, detail: str) -> None:
+        """The server refused our token at connect."""
+        if self.preprovisioned:
+            log.error("the server refused the pre-provisioned token (%s): check [identity] "
+                      "token; backing off", detail)
+            return
+        if self.token is None:
+            return
+        log.warning("the server refused this device's token (%s): dropping it and "
+                    "enrolling again", detail)
+        self.revoke()
+
+    def revoke(self) -> None:
+        """Forget the token, stop linking, show a fresh pairing code (after a backoff
+        delay, so a server that keeps refusing is never hammered)."""
+        self.token = None
+        self.credentials.clear()
+        self.runner.pause()
+        hold = max(0.0, self.runner.core.attempt_at() - time.monotonic())
+        if self.enroller is not None:
+            self.enroller.restart(hold)
+
     # -- status -----------------------------------------------------------------
+    def _pairing(self) -> dict | None:
+        return self.enroller.pairing() if self.enroller is not None else None
+
     def _on_link_status(self, link: dict) -> None:
         self._last_link = link
-        self.notifier.status(status_line(link))
+        self.notifier.status(status_line(link, self._pairing()))
         self._write_status(link)
 
     def _refresh_status(self) -> None:
+        self.notifier.status(status_line(self._last_link, self._pairing()))
         self._write_status(self._last_link)
 
     def _write_status(self, link: dict) -> None:
         doc = {
             "pid": os.getpid(),
             "version": __version__,
-            "device_id": self.config.device_id,
+            "device_id": self.device_id,
+            "pairing": self._pairing() or {"state": "pre-provisioned"},
             "server": self.config.server_url,
             "updated_at": round(time.time(), 3),
             "link": link,
@@ -96,7 +156,9 @@ class Agent:
             return {"error": type(e).__name__}
 
     def may_pet(self) -> tuple[bool, str]:
-        return self.gate.verdict(time.monotonic(), self.runner.link_live())
+        # a screen waiting for its operator to type the code is healthy, not wedged
+        enrolling = self.enroller is not None and self.enroller.waiting
+        return self.gate.verdict(time.monotonic(), self.runner.link_live() or enrolling)
 
     # -- lifecycle --------------------------------------------------------------
     def run(self) -> int:
@@ -111,11 +173,17 @@ class Agent:
         signal.signal(signal.SIGINT, on_signal)
         # `edge-agent enqueue` pokes us when it queued something
         signal.signal(signal.SIGUSR1, lambda *_: self.uploads.wake())
-        log.info("edge-agent %s starting: device %s, server %s", __version__,
-                 self.config.device_id, self.config.server_url)
+        # `edge-agent unpair` / `enroll` ask for a fresh pairing
+        signal.signal(signal.SIGUSR2, lambda *_: self.revoke() if not self.preprovisioned else None)
+        log.info("edge-agent %s starting: device %s, server %s, %s", __version__,
+                 self.device_id, self.config.server_url,
+                 "pre-provisioned token" if self.preprovisioned else
+                 "paired" if self.token else "not paired yet")
         link = threading.Thread(target=self._run_link, name="link", daemon=True)
         link.start()
         self.uploads.start()
+        if self.enroller is not None:
+            self.enroller.start()
         # Ready means configured and looping, not connected: a player that boots
         # offline is still a healthy service.
         self.notifier.ready("starting link")
@@ -132,9 +200,11 @@ class Agent:
             link.join(1.0)
             if time.monotonic() - last_refresh >= STATUS_REFRESH_S:
                 last_refresh = time.monotonic()
-                self.notifier.status(status_line(self.runner.snapshot()))
+                self.notifier.status(status_line(self.runner.snapshot(), self._pairing()))
         if petter is not None:
             petter.stop()
+        if self.enroller is not None:
+            self.enroller.stop()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.stop()
         self.uploads.join(3.0)

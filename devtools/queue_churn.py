@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     policy = UploadPolicy(base_s=0.2, cap_s=1.0)
     store = QueueStore(args.db, policy)
     worker = UploadWorker(QueueStore(args.db, policy),
-                          UploadSender(args.server, "screen-1", args.token), policy)
+                          UploadSender(args.server, ("screen-1", args.token)), policy)
     worker.start()
     if args.drain:
         deadline = time.monotonic() + 60

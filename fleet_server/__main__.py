@@ -64,7 +64,34 @@ async def serve(args, tokens) -> None:
     await runner.cleanup()
 
 
+def pair(argv) -> int:
+    """`fleet-server pair CODE`: what an operator types after reading the screen."""
+    import urllib.error
+    import urllib.request
+    p = argparse.ArgumentParser(prog="fleet-server pair")
+    p.add_argument("code")
+    p.add_argument("--url", default="http://127.0.0.1:8470")
+    p.add_argument("--operator", default=os.environ.get("USER", "operator"))
+    args = p.parse_args(argv)
+    req = urllib.request.Request(args.url + "/api/v1/pair", data=json.dumps({"code": args.code}).encode(),
+                                 headers={"Content-Type": "application/json", "X-Operator": args.operator})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        print(f"fleet-server pair: {json.loads(e.read() or b'{}').get('error', e.reason)}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"fleet-server pair: {e}", file=sys.stderr)
+        return 1
+    print(f"paired device {body['device_id']}")
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "pair":
+        return pair(argv[1:])
     args, tokens = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s fleet-server %(message)s")

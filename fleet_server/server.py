@@ -15,6 +15,8 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -34,6 +36,12 @@ class Behaviour:
     ack_delay_s: float = 0.0     # answer them this late
     connect_delay_s: float = 0.0 # accept the namespace CONNECT this late
     heartbeat_timeout_s: float = 45.0
+    code_ttl_s: float = 600.0    # pairing codes expire
+    flap_limit: int = 20         # connects per identity per window before the limiter acts
+    flap_window_s: float = 60.0
+    throttle_s: float = 30.0     # known devices: a soft server:throttle
+    quarantine_s: float = 1800.0 # unknown identities: refused outright
+    pair_limit: int = 5          # pairing attempts per operator per minute
     upload_mode: str = "ok"      # ok | 500 | 429 | 413 | hang
     retry_after_s: float = 120.0 # with 429
 
@@ -85,6 +93,12 @@ class FleetServer:
         self.devices: dict[str, Device] = {}
         self.by_sid: dict[str, str] = {}
         self.transports: dict[str, asyncio.BaseTransport] = {}
+        self.enrollments: dict[str, dict] = {}   # device_id -> pending enrollment
+        self.codes: dict[str, str] = {}          # pairing code -> device_id
+        self._connects: dict[str, list] = {}     # identity -> recent connect times
+        self._quarantined: dict[str, float] = {} # identity -> until (monotonic)
+        self._pair_attempts: dict[str, list] = {}
+        self.throttled: dict[str, int] = {}      # identity -> soft throttles sent
         self.sio = socketio.AsyncServer(async_mode="aiohttp", ping_interval=ping_interval,
                                         ping_timeout=ping_timeout,
                                         max_http_buffer_size=MAX_PAYLOAD_BYTES,
@@ -101,7 +115,19 @@ class FleetServer:
 
         @sio.event
         async def connect(sid, environ, auth=None):
-            device_id = self._authenticate(auth)
+            claimed = auth.get("device_id") if isinstance(auth, dict) else None
+            identity = claimed if isinstance(claimed, str) and claimed else "anonymous"
+            now = time.monotonic()
+            if self._quarantined.get(identity, 0) > now:
+                raise socketio.exceptions.ConnectionRefusedError("quarantined")
+            flapping = self._flapping(identity, now)
+            try:
+                device_id = self._authenticate(auth)
+            except socketio.exceptions.ConnectionRefusedError:
+                if flapping:  # an unknown identity that flaps is shut out for a while
+                    self._quarantined[identity] = now + self.behaviour.quarantine_s
+                    log.info("quarantining identity %s: flapping with bad credentials", identity)
+                raise
             if self.behaviour.connect_delay_s:
                 await asyncio.sleep(self.behaviour.connect_delay_s)
             request = environ.get("aiohttp.request")
@@ -129,6 +155,11 @@ class FleetServer:
             dev.last_heartbeat = time.monotonic()
             self.by_sid[sid] = device_id
             log.info("device %s connected (sid %s, connect #%d)", device_id, sid, dev.connects)
+            if flapping:
+                # a paired device is never quarantined: it is asked, softly, to slow down
+                self.throttled[device_id] = self.throttled.get(device_id, 0) + 1
+                asyncio.get_running_loop().create_task(self.sio.emit(
+                    "server:throttle", {"retry_after_s": self.behaviour.throttle_s}, to=sid))
 
         @sio.event
         async def disconnect(sid, *args):
@@ -187,6 +218,12 @@ class FleetServer:
             dev.events.append(data)
             return {"ok": True}
 
+    def _flapping(self, identity: str, now: float) -> bool:
+        recent = [t for t in self._connects.get(identity, []) if now - t < self.behaviour.flap_window_s]
+        recent.append(now)
+        self._connects[identity] = recent[-1000:]
+        return len(recent) > self.behaviour.flap_limit
+
     def _authenticate(self, auth) -> str:
         if not isinstance(auth, dict):
             raise socketio.exceptions.ConnectionRefusedError("unauthorized")
@@ -237,6 +274,11 @@ class FleetServer:
         r.add_post("/admin/throttle", self._admin_throttle)
         r.add_post("/admin/emit", self._admin_emit)
         r.add_get("/admin/uploads/{device_id}", self._admin_uploads)
+        r.add_post("/admin/revoke", self._admin_revoke)
+        r.add_get("/admin/limiter", self._admin_limiter)
+        r.add_post("/api/v1/enroll", self._enroll)
+        r.add_get("/api/v1/enroll/{device_id}", self._enroll_poll)
+        r.add_post("/api/v1/pair", self._pair)
         r.add_post("/api/v1/devices/{device_id}/uploads", self._upload)
         r.add_post("/api/v1/devices/{device_id}/proof-of-play", self._proof_of_play)
 
@@ -247,7 +289,8 @@ class FleetServer:
     async def _admin_behaviour(self, request) -> web.Response:
         body = await _json(request)
         for key in ("ack_mode", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s",
-                    "upload_mode", "retry_after_s"):
+                    "upload_mode", "retry_after_s", "code_ttl_s", "flap_limit", "flap_window_s",
+                    "throttle_s", "quarantine_s", "pair_limit"):
             if key in body:
                 setattr(self.behaviour, key, type(getattr(self.behaviour, key))(body[key]))
         return web.json_response(vars(self.behaviour))
@@ -278,6 +321,78 @@ class FleetServer:
             await self.sio.emit(str(body.get("event")), data, to=sid)
         return web.json_response({"ok": True, "sockets": len(dev.sids)})
 
+
+    # -- enrollment and pairing ---------------------------------------------------
+    async def _enroll(self, request) -> web.Response:
+        body = await _json(request)
+        device_id = body.get("device_id")
+        if not isinstance(device_id, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$", device_id):
+            raise web.HTTPBadRequest(text="device_id required")
+        now = time.monotonic()
+        old = self.enrollments.get(device_id)
+        if old is not None:
+            self.codes.pop(old["code"], None)
+        while True:
+            code = f"{secrets.randbelow(10 ** 6):06d}"
+            if code not in self.codes:
+                break
+        entry = {"code": code, "poll_secret": secrets.token_urlsafe(24),
+                 "expires_at": now + self.behaviour.code_ttl_s, "token": None,
+                 "facts": body.get("facts") if isinstance(body.get("facts"), dict) else {}}
+        self.enrollments[device_id] = entry
+        self.codes[code] = device_id
+        log.info("device %s enrolling: pairing code %s-%s", device_id, code[:3], code[3:])
+        return web.json_response({"pairing_code": code, "poll_secret": entry["poll_secret"],
+                                  "expires_in_s": self.behaviour.code_ttl_s})
+
+    async def _enroll_poll(self, request) -> web.Response:
+        device_id = request.match_info["device_id"]
+        entry = self.enrollments.get(device_id)
+        if entry is None or (entry["token"] is None and entry["expires_at"] < time.monotonic()):
+            raise web.HTTPNotFound(text="no such enrollment")
+        if request.headers.get("Authorization") != f"Bearer {entry['poll_secret']}":
+            raise web.HTTPForbidden(text="bad poll secret")
+        if entry["token"] is None:
+            return web.json_response({"status": "pending"})
+        return web.json_response({"status": "paired", "token": entry["token"]})
+
+    async def _pair(self, request) -> web.Response:
+        body = await _json(request)
+        operator = request.headers.get("X-Operator", "operator")[:64]
+        now = time.monotonic()
+        # Wrong codes are what a brute force makes: those are limited, per operator.
+        failures = [t for t in self._pair_attempts.get(operator, []) if now - t < 60]
+        self._pair_attempts[operator] = failures
+        if len(failures) >= self.behaviour.pair_limit:
+            return web.json_response({"ok": False, "error": "too many attempts"}, status=429,
+                                     headers={"Retry-After": "60"})
+        code = str(body.get("code", "")).replace("-", "").strip()
+        device_id = self.codes.get(code)
+        entry = self.enrollments.get(device_id) if device_id else None
+        if entry is None or entry["expires_at"] < now:
+            failures.append(now)
+            return web.json_response({"ok": False, "error": "unknown or expired code"}, status=404)
+        token = secrets.token_urlsafe(32)
+        entry["token"] = token
+        self.codes.pop(code, None)
+        self.tokens[device_id] = token
+        log.info("operator %s paired device %s", operator, device_id)
+        return web.json_response({"ok": True, "device_id": device_id})
+
+    async def _admin_revoke(self, request) -> web.Response:
+        body = await _json(request)
+        device_id = str(body.get("device_id"))
+        self.tokens.pop(device_id, None)
+        self.enrollments.pop(device_id, None)
+        dev = self.devices.get(device_id)
+        for sid in list(dev.sids) if dev else []:
+            await self.sio.disconnect(sid)
+        return web.json_response({"ok": True})
+
+    async def _admin_limiter(self, _request) -> web.Response:
+        now = time.monotonic()
+        return web.json_response({"throttled": self.throttled,
+                                  "quarantined": [i for i, t in self._quarantined.items() if t > now]})
 
     # -- uploads ------------------------------------------------------------------
     def _upload_device(self, request) -> Device:

@@ -109,8 +109,12 @@ def test_stray_top_level_key(tmp_path):
 
 
 def test_missing_required_and_bad_env(tmp_path):
-    with pytest.raises(C.ConfigError, match=r"^identity.token: required"):
-        C.load(write(tmp_path, GOOD.replace('token = "t0ken"\n', "")), env={})
+    with pytest.raises(C.ConfigError, match=r"^server.url: required"):
+        C.load(write(tmp_path, GOOD.replace('url = "http://127.0.0.1:8470"\n', "")), env={})
+    with pytest.raises(C.ConfigError, match=r"^identity.token: a pre-provisioned token needs"):
+        C.load(write(tmp_path, GOOD.replace('device_id = "screen-1"\n', "")), env={})
+    enrolling = C.load(write(tmp_path, GOOD.replace('device_id = "screen-1"\ntoken = "t0ken"\n', "")), env={})
+    assert enrolling.device_id is None and enrolling.token is None
     with pytest.raises(C.ConfigError, match=r"^link.ack_timeout_s \(from EDGE_AGENT_LINK_ACK_TIMEOUT_S\)"):
         C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_LINK_ACK_TIMEOUT_S": "soon"})
     with pytest.raises(C.ConfigError, match=r"^EDGE_AGENT_LINK_TYPO: unknown"):

@@ -79,6 +79,7 @@ class LinkCore:
         self._next_heartbeat_at = math.inf
         self._last_wake = -math.inf
         self._report_sent_on: int | None = None  # connection number a report went out on
+        self.paused = False            # no credentials: nothing to connect with
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, now: float, resume_at: float | None = None, attempts: int = 0) -> None:
@@ -100,7 +101,7 @@ class LinkCore:
 
     def next_wakeup(self) -> float:
         if self.state == LinkState.WAITING:
-            return self.attempt_at()
+            return math.inf if self.paused else self.attempt_at()
         if self.state == LinkState.ONLINE:
             t = min(self._next_heartbeat_at, self.watchdog.next_deadline())
             if not self.stable and self.connected_at is not None:
@@ -108,8 +109,20 @@ class LinkCore:
             return t
         return math.inf
 
+    def pause(self, now: float, reason: str) -> list:
+        """Stop connecting until resume(): the device has no usable credentials."""
+        self.paused = True
+        if self.state == LinkState.ONLINE:
+            self._lose(now, reason)
+            return [Abort(reason)]
+        return []
+
+    def resume(self, now: float) -> None:
+        self.paused = False
+        self.next_attempt_at = min(self.next_attempt_at, now)
+
     def poll(self, now: float) -> list:
-        if self.state == LinkState.WAITING and now >= self.attempt_at():
+        if self.state == LinkState.WAITING and not self.paused and now >= self.attempt_at():
             self._enter(LinkState.CONNECTING, now)
             return [Connect(attempt=self.backoff.attempts)]
         if self.state != LinkState.ONLINE:
@@ -204,7 +217,7 @@ class LinkCore:
         online = self.state == LinkState.ONLINE
         cur = self.journal.current
         return {
-            "state": self.state.value,
+            "state": "unpaired" if self.paused and self.state == LinkState.WAITING else self.state.value,
             "since_s": round(now - self.since, 1),
             "reason": self.last_reason,
             "attempts": self.backoff.attempts,

@@ -34,6 +34,8 @@ class LinkRunner:
                  on_status: Callable[[dict], None] | None = None,
                  on_tick: Callable[[], None] | None = None,
                  on_link_up: Callable[[], None] | None = None,
+                 on_refused: Callable[[str], None] | None = None,
+                 identity: Callable[[], tuple[str, str] | None] | None = None,
                  schedule_store: ScheduleStore | None = None,
                  rng: random.Random | None = None):
         self.config = config
@@ -48,6 +50,8 @@ class LinkRunner:
         self._on_status = on_status
         self._on_tick = on_tick
         self._on_link_up = on_link_up
+        self._on_refused = on_refused
+        self.identity = identity or (lambda: (config.device_id, config.token))
         self._store = schedule_store
         self._started = self.clock.monotonic()
         self._published: tuple | None = None
@@ -62,6 +66,13 @@ class LinkRunner:
 
     def network_up(self) -> None:
         self.sink(None, "network-up")
+
+    def pause(self) -> None:
+        """No usable credentials: stop connecting (and drop the link) until resume()."""
+        self.sink(None, "pause")
+
+    def resume(self) -> None:
+        self.sink(None, "resume")
 
     # -- the loop ---------------------------------------------------------------
     @property
@@ -122,6 +133,11 @@ class LinkRunner:
             self._abort(action.reason)
 
     def _connect(self, attempt: int) -> None:
+        if self.identity() is None:
+            now = self.clock.monotonic()
+            self.core.on_connect_failed(now, J.REFUSED)
+            self.core.pause(now, J.REFUSED)
+            return
         self.generation += 1
         transport = self._factory(self.generation, self.sink)
         try:
@@ -132,6 +148,8 @@ class LinkRunner:
             delay = self.core.attempt_at() - now
             log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",
                         self.config.server_url, e.reason, e.detail, delay, attempt + 1)
+            if e.reason == J.REFUSED and self._on_refused is not None:
+                self._on_refused(e.detail)
             return
         self.transport = transport
         now = self.clock.monotonic()
@@ -153,7 +171,7 @@ class LinkRunner:
 
     def _send_report(self, action: SendReport) -> None:
         gen = self.generation
-        body = protocol.report(self.config.device_id, action.connections, self.clock.wall())
+        body = protocol.report(self.identity()[0], action.connections, self.clock.wall())
 
         def on_ack(*args):
             self.sink(gen, "report-ack", action.upto_n, args)
@@ -205,6 +223,13 @@ class LinkRunner:
         if kind == "stop":
             for action in self.core.stop(self.clock.monotonic()):
                 self._execute(action)
+            return
+        if kind == "pause":
+            for action in self.core.pause(self.clock.monotonic(), J.REFUSED):
+                self._execute(action)
+            return
+        if kind == "resume":
+            self.core.resume(self.clock.monotonic())
             return
         if kind == "network-up":
             if self.core.on_network_up(self.clock.monotonic()):
@@ -263,9 +288,10 @@ class LinkRunner:
     # -- wiring -----------------------------------------------------------------
     def _default_transport(self, generation: int, sink: Callable) -> SocketIOTransport:
         cfg = self.config
+        device_id, token = self.identity()
         return SocketIOTransport(
             url=cfg.server_url,
-            auth=protocol.connect_auth(cfg.device_id, cfg.token, __version__),
+            auth=protocol.connect_auth(device_id, token, __version__),
             namespace="/", keepalive=cfg.keepalive, connect_timeout_s=cfg.connect_timeout_s,
             ca_file=cfg.ca_file, generation=generation, sink=sink,
             handlers={protocol.THROTTLE: lambda t, *a: sink(t.generation, "throttle", a)})

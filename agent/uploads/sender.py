@@ -18,11 +18,24 @@ MAX_ANSWER_BYTES = 64 * 1024
 
 
 class UploadSender:
-    def __init__(self, server_url: str, device_id: str, token: str, ca_file: str | None = None):
-        self.base = f"{server_url}/api/v1/devices/{device_id}"
-        self._headers = {"Authorization": f"Bearer {token}"}
+    def __init__(self, server_url: str, identity, ca_file: str | None = None):
+        """``identity`` is (device_id, token), or a callable returning it or None."""
+        self.server_url = server_url
+        self._identity = identity if callable(identity) else (lambda: identity)
         self._verify: bool | str = ca_file or True
         self.session = requests.Session()
+
+    @property
+    def ready(self) -> bool:
+        return self._identity() is not None
+
+    @property
+    def base(self) -> str:
+        return f"{self.server_url}/api/v1/devices/{self._identity()[0]}"
+
+    @property
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self._identity()[1]}"}
 
     def send_one(self, item: Item) -> Outcome:
         headers = {**self._headers, "Idempotency-Key": item.id, "X-Upload-Kind": item.kind,

@@ -71,6 +71,8 @@ class UploadWorker(threading.Thread):
     def _work_once(self) -> float:
         """Sends what is due; returns seconds until something could be due."""
         mono, wall = self.clock.monotonic(), self.clock.wall()
+        if not getattr(self.sender, "ready", True):
+            return MAX_NAP_S  # not paired yet; woken when the link comes up
         if not self.scheduler.may_send(mono):
             return self.scheduler.hold_until - mono
         items = self.store.due(wall, self.policy.batch_max)

@@ -1,0 +1,81 @@
+"""The device token on disk: written atomically, 0600, checked when read.
+
+Atomic means temp file, fsync, rename, fsync of the directory: after a power cut or a
+kill -9 there is the old file or the new one, never half of either. A file that is
+corrupt anyway (an SD card that lied) is kept aside for inspection and the device
+re-enrolls, instead of crash-looping on it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+
+log = logging.getLogger("edge_agent.identity")
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class Credentials:
+    def __init__(self, state_dir: str):
+        self.path = os.path.join(state_dir, "credentials.json")
+
+    def load(self, device_id: str) -> str | None:
+        """The stored token for ``device_id``, or None (absent, corrupt or another id's)."""
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(65536)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("cannot read %s: %s", self.path, e.strerror)
+            return None
+        try:
+            doc = json.loads(raw)
+            token = doc["token"]
+            if not isinstance(token, str) or not token or len(token) > 4096:
+                raise ValueError("bad token")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            aside = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(self.path, aside)
+            log.error("credentials file %s is corrupt; kept aside as %s, enrolling again",
+                      self.path, aside)
+            return None
+        if doc.get("device_id") != device_id:
+            log.warning("stored credentials belong to another device id; enrolling again")
+            return None
+        return token
+
+    def save(self, device_id: str, token: str) -> None:
+        atomic_write(self.path, json.dumps({"device_id": device_id, "token": token,
+                                            "saved_at": round(time.time())}).encode())
+
+    def clear(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,69 @@
+"""A stable device id: created once, kept in the state directory.
+
+Derived from /etc/machine-id and the board serial where present (hashed: neither is
+sent as such), else random. Derivation makes it survive even a purge and reinstall
+of the package on the same board and OS; the file makes it survive everything else.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import secrets
+
+from .credentials import atomic_write
+
+log = logging.getLogger("edge_agent.identity")
+
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+MACHINE_ID = "/etc/machine-id"
+SERIAL_PATHS = ("/sys/firmware/devicetree/base/serial-number", "/proc/device-tree/serial-number")
+MODEL_PATHS = ("/sys/firmware/devicetree/base/model", "/proc/device-tree/model")
+
+
+def _read(paths, limit=256) -> str:
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                return f.read(limit).replace(b"\0", b"").decode("ascii", "replace").strip()
+        except OSError:
+            continue
+    return ""
+
+
+def board_serial() -> str:
+    return _read(SERIAL_PATHS)
+
+
+def board_model() -> str:
+    return _read(MODEL_PATHS)
+
+
+def machine_id() -> str:
+    return _read((MACHINE_ID,))
+
+
+def derive() -> str:
+    basis = f"{machine_id()}|{board_serial()}"
+    if basis == "|":
+        return "ea-" + secrets.token_hex(8)
+    return "ea-" + hashlib.sha256(basis.encode()).hexdigest()[:16]
+
+
+def load_or_create(state_dir: str) -> str:
+    path = os.path.join(state_dir, "device_id")
+    try:
+        with open(path) as f:
+            value = f.read(200).strip()
+        if ID_RE.match(value):
+            return value
+        log.warning("ignoring malformed %s; deriving the device id again", path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("cannot read %s (%s); deriving the device id again", path, e.strerror)
+    value = derive()
+    atomic_write(path, (value + "\n").encode(), 0o644)
+    log.info("device id %s (kept in %s)", value, path)
+    return value

@@ -1,0 +1,230 @@
+"""Enrollment over HTTPS (requests), driven by EnrollmentCore, on its own thread.
+
+Hostile answers (non-JSON, missing fields, a 50 MB body, a redirect, TLS failure)
+cost a log line and a retry with backoff; nothing reaches the stored identity until
+a well-formed token arrives.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from typing import Callable
+
+import requests
+
+from .. import __version__
+from ..clock import SystemClock
+from . import device
+from .credentials import Credentials, atomic_write
+from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
+
+log = logging.getLogger("edge_agent.identity")
+
+MAX_ANSWER_BYTES = 16 * 1024
+TIMEOUT = (5.0, 15.0)
+CODE_RE = re.compile(r"^[0-9]{6}$")
+
+
+class BadAnswer(Exception):
+    pass
+
+
+def hardware_facts() -> dict:
+    import platform
+    facts = {"model": device.board_model() or platform.machine(), "os": _os_name(),
+             "agent_version": __version__, "arch": platform.machine()}
+    serial = device.board_serial()
+    if serial:
+        facts["serial"] = serial
+    return facts
+
+
+def _os_name() -> str:
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')[:100]
+    except OSError:
+        pass
+    return "linux"
+
+
+class Enroller(threading.Thread):
+    def __init__(self, server_url: str, device_id: str, credentials: Credentials,
+                 runtime_dir: str, ca_file: str | None = None,
+                 on_paired: Callable[[str], None] | None = None,
+                 on_change: Callable[[], None] | None = None,
+                 show_on_console: bool = False):
+        super().__init__(name="enroll", daemon=True)
+        self.base = server_url
+        self.device_id = device_id
+        self.credentials = credentials
+        self.runtime_dir = runtime_dir
+        self.clock = SystemClock()
+        self.core = EnrollmentCore()
+        self._verify: bool | str = ca_file or True
+        self._on_paired = on_paired or (lambda token: None)
+        self._on_change = on_change or (lambda: None)
+        self._console = show_on_console
+        self._wake = threading.Event()
+        self._stopping = False
+        self.session = requests.Session()
+
+    # -- control ------------------------------------------------------------------
+    def restart(self, hold_s: float = 0.0) -> None:
+        """The token was refused: enroll again (this thread idles while paired)."""
+        self.core.revoke(self.clock.monotonic(), hold_s)
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    @property
+    def waiting(self) -> bool:
+        return self.core.state != PAIRED
+
+    def pairing(self) -> dict | None:
+        code = self.core.code
+        if self.core.state == PAIRED or code is None:
+            return {"state": self.core.state, "error": self.core.last_error}
+        return {"state": self.core.state, "code": code.display,
+                "expires_in_s": round(max(0.0, code.expires_at - self.clock.monotonic())),
+                "error": self.core.last_error}
+
+    # -- the loop -----------------------------------------------------------------
+    def run(self) -> None:
+        self.core.start(self.clock.monotonic(), self._load_code())
+        while not self._stopping:
+            for action in self.core.poll(self.clock.monotonic()):
+                self._execute(action)
+            wait = self.core.next_wakeup() - self.clock.monotonic()
+            self._wake.wait(min(max(wait, 0.0), 30.0))
+            self._wake.clear()
+
+    def _execute(self, action) -> None:
+        now = self.clock.monotonic
+        try:
+            if isinstance(action, RequestCode):
+                code = self._request_code()
+                self.core.on_code(now(), code)
+                self._show(code)
+            elif isinstance(action, PollPairing):
+                token = self._poll()
+                if token is None:
+                    self.core.on_pending(now())
+                    return
+                self.credentials.save(self.device_id, token)  # before anyone uses it
+                self.core.on_paired(token)
+                self._clear_code_files()
+                log.info("paired: credentials stored in %s", self.credentials.path)
+                self._on_paired(token)
+        except CodeGone:
+            log.info("pairing code expired or used elsewhere; requesting a new one")
+            self.core.on_code_gone(now())
+        except (BadAnswer, requests.RequestException, OSError) as e:
+            why = str(e) if isinstance(e, BadAnswer) else type(e).__name__
+            delay = self.core.on_error(now(), why)
+            log.warning("enrollment: %s; retrying in %.0fs", why, delay)
+        finally:
+            self._on_change()
+
+    # -- HTTP ---------------------------------------------------------------------
+    def _request_code(self) -> PairingCode:
+        body = self._call("POST", "/api/v1/enroll",
+                          json={"device_id": self.device_id, "facts": hardware_facts()})
+        code, secret, expires = body.get("pairing_code"), body.get("poll_secret"), body.get("expires_in_s")
+        if not isinstance(code, str) or not CODE_RE.match(code):
+            raise BadAnswer("enroll answer without a 6-digit pairing_code")
+        if not isinstance(secret, str) or not 16 <= len(secret) <= 256:
+            raise BadAnswer("enroll answer without a poll_secret")
+        if isinstance(expires, bool) or not isinstance(expires, (int, float)) or not 10 <= expires <= 86400:
+            raise BadAnswer("enroll answer with a bad expires_in_s")
+        return PairingCode(code, f"{code[:3]}-{code[3:]}", self.clock.monotonic() + float(expires), secret)
+
+    def _poll(self) -> str | None:
+        code = self.core.code
+        body = self._call("GET", f"/api/v1/enroll/{self.device_id}",
+                          headers={"Authorization": f"Bearer {code.poll_secret}"})
+        status = body.get("status")
+        if status == "pending":
+            return None
+        if status == "paired":
+            token = body.get("token")
+            if not isinstance(token, str) or not 16 <= len(token) <= 4096 or any(c.isspace() for c in token):
+                raise BadAnswer("paired answer without a usable token")
+            return token
+        raise BadAnswer(f"enroll status {str(status)[:40]!r}")
+
+    def _call(self, method: str, path: str, **kw) -> dict:
+        r = self.session.request(method, self.base + path, timeout=TIMEOUT, verify=self._verify,
+                                 allow_redirects=False, stream=True, **kw)
+        try:
+            raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
+        finally:
+            r.close()
+        if r.status_code in (404, 410):
+            raise CodeGone()
+        if 300 <= r.status_code < 400:
+            raise BadAnswer(f"refusing a redirect (HTTP {r.status_code})")
+        if r.status_code != 200:
+            raise BadAnswer(f"HTTP {r.status_code}")
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise BadAnswer("answer too large")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise BadAnswer("answer is not JSON") from None
+        if not isinstance(body, dict):
+            raise BadAnswer("answer is not a JSON object")
+        return body
+
+    # -- showing the code ----------------------------------------------------------
+    def _show(self, code: PairingCode) -> None:
+        expires_wall = time.time() + (code.expires_at - self.clock.monotonic())
+        log.info("pairing code %s: enter it on the fleet server (valid for %.0f min)",
+                 code.display, (code.expires_at - self.clock.monotonic()) / 60)
+        try:
+            # for a signage player's UI to read and display
+            atomic_write(os.path.join(self.runtime_dir, "pairing-code"), (code.display + "\n").encode(), 0o644)
+            # for this agent's next start: same code until it expires
+            atomic_write(os.path.join(self.runtime_dir, "pairing.json"), json.dumps(
+                {"code": code.code, "poll_secret": code.poll_secret,
+                 "expires_at_wall": expires_wall}).encode(), 0o600)
+        except OSError as e:
+            log.warning("cannot write the pairing code file: %s", e.strerror)
+        if self._console:
+            try:
+                with open("/dev/console", "w") as con:
+                    con.write(f"\r\nedge-agent pairing code: {code.display}\r\n")
+            except OSError:
+                pass
+
+    def _load_code(self) -> PairingCode | None:
+        try:
+            with open(os.path.join(self.runtime_dir, "pairing.json"), "rb") as f:
+                doc = json.loads(f.read(4096))
+            left = float(doc["expires_at_wall"]) - time.time()
+            if left <= 0 or not CODE_RE.match(doc["code"]):
+                return None
+            code = doc["code"]
+            return PairingCode(code, f"{code[:3]}-{code[3:]}", self.clock.monotonic() + left,
+                               str(doc["poll_secret"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _clear_code_files(self) -> None:
+        for name in ("pairing-code", "pairing.json"):
+            try:
+                os.unlink(os.path.join(self.runtime_dir, name))
+            except OSError:
+                pass
+
+
+class CodeGone(Exception):
+    pass

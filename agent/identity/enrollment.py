@@ -1,0 +1,116 @@
+"""Enrollment rules, sans I/O: get a pairing code, show it until it is used or expires,
+poll for the token with jittered backoff, never hammer the server.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from ..link.backoff import Backoff, BackoffPolicy
+
+NEED_CODE, WAITING, PAIRED = "need-code", "waiting-for-pairing", "paired"
+
+
+@dataclass(frozen=True)
+class RequestCode:
+    pass
+
+
+@dataclass(frozen=True)
+class PollPairing:
+    pass
+
+
+@dataclass(frozen=True)
+class EnrollmentPolicy:
+    poll_interval_s: float = 5.0
+    poll_jitter: float = 0.2
+    errors: BackoffPolicy = BackoffPolicy(base_s=2.0, cap_s=120.0, jitter="full")
+
+
+@dataclass
+class PairingCode:
+    code: str
+    display: str
+    expires_at: float     # monotonic
+    poll_secret: str
+
+
+class EnrollmentCore:
+    def __init__(self, policy: EnrollmentPolicy = EnrollmentPolicy(), rng: random.Random | None = None):
+        self.policy = policy
+        self.state = NEED_CODE
+        self.code: PairingCode | None = None
+        self.token: str | None = None
+        self.last_error: str | None = None
+        self._rng = rng or random.Random()
+        self._errors = Backoff(policy.errors, self._rng)
+        self._next_at = 0.0
+        self._in_flight = False
+
+    def start(self, now: float, saved: PairingCode | None = None) -> None:
+        """Begins, reusing a code from before a restart while it is still valid."""
+        if saved is not None and saved.expires_at > now:
+            self.code, self.state = saved, WAITING
+        self._next_at = now
+
+    def poll(self, now: float) -> list:
+        if self._in_flight or self.state == PAIRED:
+            return []
+        if self.state == WAITING and self.code is not None and now >= self.code.expires_at:
+            # an expired code is useless on screen: ask for a new one now
+            self.code, self.state = None, NEED_CODE
+            self._next_at = min(self._next_at, now)
+        if now < self._next_at:
+            return []
+        self._in_flight = True
+        return [RequestCode()] if self.state == NEED_CODE else [PollPairing()]
+
+    def next_wakeup(self) -> float:
+        if self.state == PAIRED or self._in_flight:
+            return math.inf
+        t = self._next_at
+        if self.code is not None:
+            t = min(t, self.code.expires_at)
+        return t
+
+    # -- answers ------------------------------------------------------------------
+    def on_code(self, now: float, code: PairingCode) -> None:
+        self._in_flight = False
+        self._errors.reset()
+        self.code, self.state, self.last_error = code, WAITING, None
+        self._next_at = now + self._poll_delay()
+
+    def on_pending(self, now: float) -> None:
+        self._in_flight = False
+        self._errors.reset()
+        self.last_error = None
+        self._next_at = now + self._poll_delay()
+
+    def on_paired(self, token: str) -> None:
+        self._in_flight = False
+        self.token, self.state, self.code = token, PAIRED, None
+
+    def on_code_gone(self, now: float) -> None:
+        """The server no longer knows the code (expired, or used by someone else)."""
+        self._in_flight = False
+        self.code, self.state = None, NEED_CODE
+        self._next_at = now
+
+    def on_error(self, now: float, why: str) -> float:
+        self._in_flight = False
+        self.last_error = why
+        delay = self._errors.next_delay()
+        self._next_at = now + delay
+        return delay
+
+    def revoke(self, now: float, hold_s: float = 0.0) -> None:
+        """The token was refused: back to a fresh code, after ``hold_s``."""
+        self.token, self.code, self.state = None, None, NEED_CODE
+        self._in_flight = False
+        self._next_at = now + hold_s
+
+    def _poll_delay(self) -> float:
+        j = self.policy.poll_jitter
+        return self.policy.poll_interval_s * (1 + self._rng.uniform(-j, j))

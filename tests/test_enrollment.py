@@ -1,0 +1,183 @@
+"""Enrollment rules with a fake clock, credentials on a real disk, hostile HTTP answers."""
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from agent.clock import FakeClock
+from agent.identity import device
+from agent.identity.credentials import Credentials, atomic_write
+from agent.identity.enroller import BadAnswer, CodeGone, Enroller
+from agent.identity.enrollment import (NEED_CODE, PAIRED, WAITING, EnrollmentCore, PairingCode,
+                                       PollPairing, RequestCode)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def code(now, ttl=600.0):
+    return PairingCode("483112", "483-112", now + ttl, "s" * 32)
+
+
+def test_the_same_code_is_shown_until_it_expires_then_a_new_one_is_requested():
+    clock = FakeClock()
+    core = EnrollmentCore()
+    core.start(clock.now)
+    assert core.poll(clock.now) == [RequestCode()]
+    assert core.poll(clock.now) == []  # one request in flight at a time
+    core.on_code(clock.now, code(clock.now, ttl=60))
+    requests_seen = []
+    while clock.now < 1000 + 59:
+        clock.advance(0.5)
+        for action in core.poll(clock.now):
+            requests_seen.append(action)
+            core.on_pending(clock.now)
+    assert set(requests_seen) == {PollPairing()}
+    assert 9 <= len(requests_seen) <= 15  # every ~5 s, jittered: no hammering
+    assert core.code.display == "483-112"
+    clock.advance(1.5)
+    assert core.poll(clock.now) == [RequestCode()]
+    assert core.state == NEED_CODE
+
+
+def test_errors_back_off_and_a_refused_token_waits_before_enrolling_again():
+    clock = FakeClock()
+    core = EnrollmentCore()
+    core.start(clock.now)
+    delays = []
+    for _ in range(8):
+        clock.advance(core.next_wakeup() - clock.now)
+        assert core.poll(clock.now) == [RequestCode()]
+        delays.append(core.on_error(clock.now, "HTTP 500"))
+    assert max(delays) <= 120 and sum(delays) > 30
+    core.on_code(clock.now, code(clock.now))
+    core.on_paired("t" * 32)
+    assert core.state == PAIRED and core.poll(clock.now + 1e6) == []
+    core.revoke(clock.now, hold_s=20)
+    assert core.poll(clock.now + 19) == []
+    assert core.poll(clock.now + 20) == [RequestCode()]
+
+
+def test_a_saved_code_survives_a_restart_while_valid():
+    core = EnrollmentCore()
+    core.start(100.0, code(100.0, ttl=30))
+    assert core.state == WAITING and core.poll(100.0) == [PollPairing()]
+    stale = EnrollmentCore()
+    stale.start(200.0, code(100.0, ttl=30))
+    assert stale.poll(200.0) == [RequestCode()]
+
+
+def test_credentials_are_private_and_a_corrupt_file_is_kept_aside(tmp_path, caplog):
+    creds = Credentials(str(tmp_path))
+    assert creds.load("dev") is None
+    creds.save("dev", "t" * 40)
+    assert oct(os.stat(creds.path).st_mode & 0o777) == "0o600"
+    assert creds.load("dev") == "t" * 40
+    assert creds.load("other-device") is None
+    with open(creds.path, "wb") as f:
+        f.write(b'{"device_id": "dev", "tok')
+    assert creds.load("dev") is None
+    assert any(n.startswith("credentials.json.corrupt-") for n in os.listdir(tmp_path))
+    assert "t" * 40 not in caplog.text
+
+
+def test_device_id_is_stable_and_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "machine_id", lambda: "abc123")
+    monkeypatch.setattr(device, "board_serial", lambda: "10000000deadbeef")
+    first = device.load_or_create(str(tmp_path))
+    assert first.startswith("ea-") and len(first) == 19
+    monkeypatch.setattr(device, "machine_id", lambda: "changed")
+    assert device.load_or_create(str(tmp_path)) == first  # the file wins
+    os.unlink(tmp_path / "device_id")
+    monkeypatch.setattr(device, "machine_id", lambda: "abc123")
+    assert device.load_or_create(str(tmp_path)) == first  # and derivation is stable
+
+
+WRITER = """
+import sys
+from agent.identity.credentials import Credentials
+c = Credentials(sys.argv[1])
+i = 0
+while True:
+    c.save("dev", ("%08d" % i) * 8)
+    i += 1
+"""
+
+
+def test_kill_9_during_the_credential_write_leaves_old_or_new_never_broken(tmp_path):
+    creds = Credentials(str(tmp_path))
+    creds.save("dev", "0" * 64)
+    for n in range(50):
+        p = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": REPO})
+        time.sleep(0.05 + (n % 7) * 0.03)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        token = creds.load("dev")
+        assert token is not None and len(token) == 64, f"broken after kill {n}"
+    assert not [n for n in os.listdir(tmp_path) if "corrupt" in n]
+
+
+class Hostile(http.server.BaseHTTPRequestHandler):
+    answer = (200, b"{}", {})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._answer()
+
+    do_GET = do_POST
+
+    def _answer(self):
+        status, body, headers = Hostile.answer
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except OSError:
+            pass
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def hostile():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+
+
+@pytest.mark.parametrize("answer, error", [
+    ((200, b"<html>not json</html>", {}), "not JSON"),
+    ((200, b"[1, 2]", {}), "not a JSON object"),
+    ((200, b'{"pairing_code": "12345"}', {}), "6-digit"),
+    ((200, b'{"pairing_code": "123456", "poll_secret": "short", "expires_in_s": 600}', {}), "poll_secret"),
+    ((200, b" " * (50 * 1024 * 1024), {}), "too large"),
+    ((302, b"", {"Location": "http://203.0.113.9/steal"}), "redirect"),
+    ((500, b"oops", {}), "HTTP 500"),
+])
+def test_hostile_enroll_answers_are_errors_not_crashes(hostile, tmp_path, answer, error):
+    Hostile.answer = answer
+    e = Enroller(f"http://127.0.0.1:{hostile.server_port}", "dev", Credentials(str(tmp_path)),
+                 str(tmp_path / "run"))
+    with pytest.raises(BadAnswer, match=error):
+        e._request_code()
+    assert not os.path.exists(tmp_path / "credentials.json")
+
+
+def test_expired_code_is_code_gone(hostile, tmp_path):
+    Hostile.answer = (404, b"", {})
+    e = Enroller(f"http://127.0.0.1:{hostile.server_port}", "dev", Credentials(str(tmp_path)),
+                 str(tmp_path / "run"))
+    e.core.code = code(0.0)
+    with pytest.raises(CodeGone):
+        e._poll()
