@@ -43,10 +43,12 @@ def main(argv=None) -> int:
         return 1
     work = Path(tempfile.mkdtemp(prefix="edge-agent-demo-"))
     with NetNS() as ns:
-        server = FleetServerProcess(work, "--ping-interval", "25", "--ping-timeout", "20").start()
+        server = FleetServerProcess(work, "--ping-interval", "25", "--ping-timeout", "20",
+                                    devices={}).start()
         say(f"reference fleet server on {server.url} (Engine.IO ping 25 s / timeout 20 s, "
             "the stock defaults)")
-        cfg = agent_config(server, work, link={"heartbeat_interval_s": args.heartbeat,
+        cfg = agent_config(server, work, identity={"device_id": None, "token": None},
+                           link={"heartbeat_interval_s": args.heartbeat,
                                                "ack_timeout_s": args.ack_timeout,
                                                "backoff": {"base_s": 1.0, "cap_s": 60.0}})
         agent = AgentProcess(args.agent_python, cfg, work).start()
@@ -61,14 +63,25 @@ def main(argv=None) -> int:
                 offsets["server"] = follow(work / "server.log", offsets["server"], "server |")
                 link = agent.link()
                 if show_rtt and link.get("proven_live"):
-                    dev = server.device()
+                    dev = server.device(agent.status().get("device_id"))
                     say(f"online: connection {link['connection']}, heartbeats ACKed "
                         f"{dev.get('heartbeats')}, last seq {dev.get('last_seq')}, "
                         f"rtt {link.get('rtt_ms')} ms")
                 time.sleep(1.0)
 
         try:
+            say("a fresh screen: no device id, no token; it enrolls and shows a pairing code")
+            code = wait_for(lambda: (agent.status().get("pairing") or {}).get("code"), 20,
+                            what="a pairing code")
+            pump(0.1, show_rtt=False)
+            say(f"the screen shows pairing code {code}; the operator types it into the fleet "
+                f"server: scripts/fleet-server pair {code}")
+            paired = subprocess.run([str(REPO / "scripts" / "fleet-server"), "pair", code,
+                                     "--url", server.url], capture_output=True, text=True,
+                                    env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
+            say(f"fleet-server: {(paired.stdout or paired.stderr).strip()}")
             link = agent.wait_live(20, connection=1)
+            say(f"paired and online; the token is stored 0600 in {work / 'state'}")
             pump(2 * args.heartbeat)
             link = agent.link()
             local_port = int(link["local_addr"].rsplit(":", 1)[1])
@@ -85,7 +98,7 @@ def main(argv=None) -> int:
                 "python-socketio client on these server settings notices only at its ping "
                 "timeout, 20-45 s after the drop")
             pump(args.heartbeat)
-            reports = server.device().get("reports") or []
+            reports = server.device(agent.status().get("device_id")).get("reports") or []
             if reports:
                 r = reports[-1]
                 say(f"the server got the agent's journal: connection {r['n']} ended by "
