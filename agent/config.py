@@ -82,6 +82,13 @@ SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
         "max_age_days": (float, 14.0),
         "dedupe_window_s": (float, 3600.0),
     },
+    "events": {
+        "enabled": (bool, True),
+        "settle_s": (float, 2.0),              # one event per kind per settle window
+        "fallback_interval_s": (float, 60.0),  # sysfs reads when netlink is unavailable
+        "udev_source": (str, "auto"),          # auto | udev | kernel
+        "telemetry_every_s": (float, 300.0),
+    },
     "watchdog": {
         # Pet systemd's watchdog only while the link is proven live (see README).
         "require_link": (bool, True),
@@ -92,6 +99,8 @@ SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
     "debug": {
         # Test hook: the link thread wedges itself this long after start.
         "stall_link_after_s": (float, None),
+        # Test hook: read display/power/network state from this tree instead of /sys.
+        "sysfs_root": (str, None),
     },
 }
 
@@ -116,8 +125,14 @@ class Config:
     log_level: str
     uploads: UploadPolicy = UploadPolicy()
     show_code_on_console: bool = False
+    events_enabled: bool = True
+    events_settle_s: float = 2.0
+    events_fallback_interval_s: float = 60.0
+    events_udev_source: str = "auto"
+    telemetry_every_s: float = 300.0
     watchdog_require_link: bool = True
     debug_stall_link_after_s: float | None = None
+    debug_sysfs_root: str | None = None
     source: str = ""
 
     @property
@@ -267,6 +282,10 @@ def _validate(v: dict, env: dict, path: str) -> Config:
                  "uploads.max_age_days"):
         _positive(v, name)
     _positive(v, "uploads.dedupe_window_s", allow_zero=True)
+    for name in ("events.settle_s", "events.fallback_interval_s", "events.telemetry_every_s"):
+        _positive(v, name)
+    if v["events.udev_source"] not in ("auto", "udev", "kernel"):
+        raise ConfigError("events.udev_source: must be one of auto, udev, kernel")
     if v["uploads.cap_s"] < v["uploads.base_s"]:
         raise ConfigError("uploads.cap_s: must be >= uploads.base_s")
     hb, ack = v["link.heartbeat_interval_s"], v["link.ack_timeout_s"]
@@ -309,7 +328,13 @@ def _validate(v: dict, env: dict, path: str) -> Config:
                              max_age_days=v["uploads.max_age_days"],
                              dedupe_window_s=v["uploads.dedupe_window_s"]),
         show_code_on_console=v["identity.show_code_on_console"],
+        events_enabled=v["events.enabled"],
+        events_settle_s=v["events.settle_s"],
+        events_fallback_interval_s=v["events.fallback_interval_s"],
+        events_udev_source=v["events.udev_source"],
+        telemetry_every_s=v["events.telemetry_every_s"],
         watchdog_require_link=v["watchdog.require_link"],
         debug_stall_link_after_s=v["debug.stall_link_after_s"],
+        debug_sysfs_root=v["debug.sysfs_root"],
         source=path,
     )

@@ -11,6 +11,8 @@ from . import __version__, status
 from .config import Config
 from .link.runner import LinkRunner
 from .link.schedule_store import ScheduleStore
+from .events.outbox import Outbox
+from .events.watcher import MAX_WAIT_S as EVENTS_MAX_WAIT_S, EventWatcher, SysfsState
 from .identity import device
 from .identity.credentials import Credentials
 from .identity.enroller import Enroller
@@ -70,7 +72,8 @@ class Agent:
             config.uploads,
             on_tick=lambda: self.gate.tick("uploads", time.monotonic()),
             on_change=self._refresh_status)
-        self.runner = LinkRunner(config, on_status=self._on_link_status,
+        self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
+        self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  on_tick=lambda: self.gate.tick("link", time.monotonic()),
                                  on_link_up=self.uploads.wake,
                                  on_refused=self._refused, identity=self.identity,
@@ -80,10 +83,25 @@ class Agent:
         now = time.monotonic()
         self.gate.register("link", self.runner.max_silence_s, now)
         self.gate.register("uploads", UPLOADS_MAX_SILENCE_S, now)
+        self.events = None
+        if config.events_enabled:
+            self.events = EventWatcher(
+                self.outbox, on_network_up=self.runner.network_up,
+                on_tick=lambda: self.gate.tick("events", time.monotonic()),
+                sysfs=SysfsState(config.debug_sysfs_root or "/sys"),
+                settle_s=config.events_settle_s,
+                fallback_interval_s=config.events_fallback_interval_s,
+                udev_source=config.events_udev_source, telemetry_state_dir=config.state_dir,
+                telemetry_every_s=config.telemetry_every_s)
+            self.gate.register("events", EVENTS_MAX_WAIT_S + 10.0, now)
         self._last_link: dict = {}
         self._status_lock = threading.Lock()
         self._stopping = threading.Event()
         self._failed = False
+
+    def _outbox_put(self) -> None:
+        self.runner.sink(None, "outbox")  # wake the link thread to send it
+        self._refresh_status()
 
     # -- identity ---------------------------------------------------------------
     def identity(self) -> tuple[str, str] | None:
@@ -140,6 +158,10 @@ class Agent:
             "updated_at": round(time.time(), 3),
             "link": link,
             "uploads": {**self._queue_stats(), "sent": self.uploads.sent},
+            "events": {"mode": self.events.mode if self.events else "disabled",
+                       "pending": len(self.outbox), "delivered": self.outbox.delivered,
+                       "dropped": self.outbox.dropped,
+                       "recent": [e.payload() for e in self.outbox.pending()[-5:]]},
             "journal": [r.to_dict() for r in list(self.runner.core.journal.records)[-10:]],
         }
         with self._status_lock:
@@ -184,6 +206,8 @@ class Agent:
         self.uploads.start()
         if self.enroller is not None:
             self.enroller.start()
+        if self.events is not None:
+            self.events.start()
         # Ready means configured and looping, not connected: a player that boots
         # offline is still a healthy service.
         self.notifier.ready("starting link")
@@ -205,6 +229,8 @@ class Agent:
             petter.stop()
         if self.enroller is not None:
             self.enroller.stop()
+        if self.events is not None:
+            self.events.stop()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.stop()
         self.uploads.join(3.0)

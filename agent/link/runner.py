@@ -36,6 +36,7 @@ class LinkRunner:
                  on_link_up: Callable[[], None] | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  identity: Callable[[], tuple[str, str] | None] | None = None,
+                 outbox=None,
                  schedule_store: ScheduleStore | None = None,
                  rng: random.Random | None = None):
         self.config = config
@@ -52,6 +53,8 @@ class LinkRunner:
         self._on_link_up = on_link_up
         self._on_refused = on_refused
         self.identity = identity or (lambda: (config.device_id, config.token))
+        self.outbox = outbox
+        self._events_sent_on: dict[int, int] = {}  # event id -> generation it went out on
         self._store = schedule_store
         self._started = self.clock.monotonic()
         self._published: tuple | None = None
@@ -107,6 +110,7 @@ class LinkRunner:
                 self.core.on_inbound(self.transport.last_inbound)
             for action in self.core.poll(now):
                 self._execute(action)
+            self._flush_outbox()
             self._publish()
             wait = self.core.next_wakeup() - self.clock.monotonic()
             try:
@@ -186,6 +190,26 @@ class LinkRunner:
         except TransportError as e:
             self._closed(e.reason, e.detail)
 
+    def _flush_outbox(self) -> None:
+        """Hardware events go out in order once the link has carried an ACK, each until
+        the server ACKs it: an emit on a silently dropped link proves nothing."""
+        if (self.outbox is None or self.transport is None or self.core.state != LinkState.ONLINE
+                or not self.core.watchdog.acked):
+            return
+        gen = self.generation
+        for event in self.outbox.pending():
+            if self._events_sent_on.get(event.id) == gen:
+                continue
+            self._events_sent_on[event.id] = gen
+
+            def on_ack(*args, event_id=event.id):
+                self.sink(gen, "event-ack", event_id, args)
+
+            self._emit(protocol.EVENT, event.payload(), on_ack)
+        if len(self._events_sent_on) > 4 * self.outbox.capacity:
+            live = {e.id for e in self.outbox.pending()}
+            self._events_sent_on = {k: v for k, v in self._events_sent_on.items() if k in live}
+
     def _abort(self, reason: str) -> None:
         transport, self.transport = self.transport, None
         if reason == J.SHUTDOWN:
@@ -231,6 +255,8 @@ class LinkRunner:
         if kind == "resume":
             self.core.resume(self.clock.monotonic())
             return
+        if kind == "outbox":
+            return  # woken to flush; the loop does it
         if kind == "network-up":
             if self.core.on_network_up(self.clock.monotonic()):
                 log.info("network is back: connecting now instead of waiting out the backoff")
@@ -244,6 +270,10 @@ class LinkRunner:
                 self.core.on_ack(seq, at)
             else:
                 self._warn_once("ack", f"ignoring malformed heartbeat ack: {why}")
+        elif kind == "event-ack":
+            event_id, payload = args
+            if protocol.parse_ok(payload):
+                self.outbox.ack(event_id)
         elif kind == "report-ack":
             upto_n, payload = args
             if protocol.parse_ok(payload):

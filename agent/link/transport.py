@@ -169,7 +169,10 @@ class SocketIOTransport:
         ns = self.namespace
 
         def on_connect_error(data=None, *_):
-            self._refusal = data if data is not None else "refused"
+            # python-socketio also reports a failed TCP/Engine.IO connect here; only a
+            # CONNECT_ERROR from a server we reached is a refusal of our credentials.
+            if getattr(self.client.eio, "state", None) == "connected":
+                self._refusal = data if data is not None else "refused"
 
         def on_disconnect(*args):
             # Newer clients pass a reason; 5.7.2 passes none, so the packet hook decides.

@@ -1,0 +1,237 @@
+"""The event listener thread: udev for display and power, rtnetlink for the network.
+
+Both are kernel notifications on file descriptors the thread select()s on, so it
+sleeps until something happens (no polling). A notification is only a trigger: the
+thread then reads the state from sysfs, which is what the events report. Where
+netlink is not available (a container, missing permissions) it says so once and
+reads the same sysfs state every ``fallback_interval_s`` instead; it never stops the
+agent from starting.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from typing import Callable
+
+from .debounce import Debouncer
+from .model import Event, NetworkState, UndervoltageLatch, display_event
+from .outbox import Outbox
+from .telemetry import TelemetryGate, sample
+
+log = logging.getLogger("edge_agent.events")
+
+SUBSYSTEMS = ("drm", "power_supply", "hwmon", "net")
+RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
+NETLINK_ROUTE = 0
+MAX_WAIT_S = 30.0  # ticks for the watchdog gate even when nothing happens
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read(256).strip()
+    except OSError:
+        return ""
+
+
+class SysfsState:
+    """Reads what the events are about. ``root`` lets tests point it at a fake tree."""
+
+    def __init__(self, root: str = "/sys"):
+        self.root = root
+
+    def connectors(self) -> dict[str, str]:
+        return {os.path.basename(p).split("-", 1)[1]: _read(os.path.join(p, "status"))
+                for p in glob.glob(os.path.join(self.root, "class/drm/card*-HDMI-A-*"))}
+
+    def undervoltage_alarm(self) -> str | None:
+        for hw in glob.glob(os.path.join(self.root, "class/hwmon/hwmon*")):
+            if _read(os.path.join(hw, "name")) == "rpi_volt":
+                return _read(os.path.join(hw, "in0_lcrit_alarm"))
+        return None
+
+    def power_supplies(self) -> dict[str, str]:
+        return {os.path.basename(p): _read(os.path.join(p, "online"))
+                for p in glob.glob(os.path.join(self.root, "class/power_supply/*"))
+                if os.path.exists(os.path.join(p, "online"))}
+
+    def links(self) -> dict[str, tuple[str, str]]:
+        if self.root == "/sys":
+            try:
+                # sysfs shows the network namespace that mounted it; rtnetlink shows ours
+                return rtnetlink_links()
+            except OSError:
+                pass
+        out = {}
+        for p in glob.glob(os.path.join(self.root, "class/net/*")):
+            out[os.path.basename(p)] = (_read(os.path.join(p, "operstate")),
+                                        _read(os.path.join(p, "carrier")))
+        return out
+
+
+IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
+RTM_NEWLINK, RTM_GETLINK, NLMSG_DONE, NLMSG_ERROR = 16, 18, 3, 2
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+IFLA_IFNAME = 3
+
+
+def rtnetlink_links() -> dict[str, tuple[str, str]]:
+    """Every link of this network namespace: (up|down, carrier 1|0), from an RTM_GETLINK dump."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
+        sock.settimeout(2.0)
+        sock.bind((0, 0))
+        ifinfo = struct.pack("BxHiII", socket.AF_UNSPEC, 0, 0, 0, 0)
+        sock.send(struct.pack("IHHII", 16 + len(ifinfo), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP,
+                              1, 0) + ifinfo)
+        links: dict[str, tuple[str, str]] = {}
+        while True:
+            data = sock.recv(65536)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind = struct.unpack_from("IH", data, offset)
+                if length < 16:
+                    return links
+                if kind in (NLMSG_DONE, NLMSG_ERROR):
+                    return links
+                if kind == RTM_NEWLINK:
+                    flags = struct.unpack_from("BxHiII", data, offset + 16)[3]
+                    name, attr = None, offset + 32
+                    while attr + 4 <= offset + length:
+                        alen, atype = struct.unpack_from("HH", data, attr)
+                        if alen < 4:
+                            break
+                        if atype == IFLA_IFNAME:
+                            name = data[attr + 4:attr + alen].split(b"\0", 1)[0].decode(errors="replace")
+                        attr += (alen + 3) & ~3
+                    if name:
+                        links[name] = ("up" if flags & IFF_UP else "down",
+                                       "1" if flags & IFF_LOWER_UP else "0")
+                offset += (length + 3) & ~3
+
+
+class EventWatcher(threading.Thread):
+    def __init__(self, outbox: Outbox, on_network_up: Callable[[], None] | None = None,
+                 on_tick: Callable[[], None] | None = None, sysfs: SysfsState | None = None,
+                 settle_s: float = 2.0, fallback_interval_s: float = 60.0,
+                 udev_source: str = "auto", telemetry_state_dir: str | None = None,
+                 telemetry_every_s: float = 300.0):
+        super().__init__(name="events", daemon=True)
+        self.outbox = outbox
+        self.sysfs = sysfs or SysfsState()
+        self.debouncer = Debouncer(settle_s)
+        self.network = NetworkState()
+        self.latch = UndervoltageLatch()
+        self._displays: dict[str, str] = {}
+        self._supplies: dict[str, str] = {}
+        self._on_network_up = on_network_up or (lambda: None)
+        self._on_tick = on_tick or (lambda: None)
+        self.fallback_interval_s = fallback_interval_s
+        self.udev_source = udev_source
+        self._stop_r, self._stop_w = os.pipe()
+        self.mode = "starting"
+        self._telemetry_dir = telemetry_state_dir
+        self.telemetry = TelemetryGate(telemetry_every_s)
+
+    def stop(self) -> None:
+        os.write(self._stop_w, b"x")
+
+    # -- sources --------------------------------------------------------------------
+    def _open_udev(self):
+        try:
+            import pyudev
+            source = self.udev_source
+            if source == "auto":
+                source = "udev" if os.path.exists("/run/udev/control") else "kernel"
+            monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
+            for subsystem in SUBSYSTEMS:
+                monitor.filter_by(subsystem)
+            monitor.start()
+            return monitor
+        except Exception as e:  # ImportError, OSError, pyudev's own errors
+            log.warning("udev monitoring unavailable (%s); reading sysfs every %.0fs instead",
+                        e, self.fallback_interval_s)
+            return None
+
+    def _open_rtnetlink(self):
+        try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+            sock.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+            sock.setblocking(False)
+            return sock
+        except OSError as e:
+            log.warning("link monitoring unavailable (%s); reading sysfs every %.0fs instead",
+                        e.strerror, self.fallback_interval_s)
+            return None
+
+    # -- the loop -------------------------------------------------------------------
+    def run(self) -> None:
+        monitor, rtnl = self._open_udev(), self._open_rtnetlink()
+        self.mode = "netlink" if monitor is not None and rtnl is not None else "sysfs-poll"
+        fds = [self._stop_r] + [x.fileno() for x in (monitor, rtnl) if x is not None]
+        self.scan(time.monotonic(), baseline=True)
+        while True:
+            self._on_tick()
+            now = time.monotonic()
+            wait = MAX_WAIT_S if self.mode == "netlink" else min(MAX_WAIT_S, self.fallback_interval_s)
+            deadline = self.debouncer.next_deadline()
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - now))
+            ready, _, _ = select.select(fds, [], [], wait)
+            if self._stop_r in ready:
+                return
+            if monitor is not None and monitor.fileno() in ready:
+                while monitor.poll(timeout=0) is not None:
+                    pass  # drain; the state is read from sysfs below
+            if rtnl is not None and rtnl.fileno() in ready:
+                try:
+                    while rtnl.recv(65536):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+            self.scan(time.monotonic(), baseline=False)
+
+    def scan(self, now: float, baseline: bool = False) -> None:
+        wall = time.time()
+        for connector, status in self.sysfs.connectors().items():
+            if self._displays.get(connector) != status:
+                self._displays[connector] = status
+                kind = display_event(connector, status)
+                if kind and not baseline:
+                    self.debouncer.feed(f"display:{connector}",
+                                        Event(kind, wall, {"connector": connector}), now)
+        alarm = self.sysfs.undervoltage_alarm()
+        if alarm is not None:
+            kind = self.latch.feed(alarm)
+            if kind:
+                self.debouncer.feed("power:undervoltage", Event(kind, wall), now)
+        for supply, online in self.sysfs.power_supplies().items():
+            if self._supplies.get(supply) != online:
+                before, self._supplies[supply] = self._supplies.get(supply), online
+                if before is not None:
+                    kind = "power.restored" if online == "1" else "power.supply-offline"
+                    self.debouncer.feed(f"power:{supply}", Event(kind, wall, {"supply": supply}), now)
+        links = self.sysfs.links()
+        kind = self.network.feed(links)
+        if kind:
+            if kind == "network.up":
+                # the link loop is waiting out a backoff for a network that is back
+                self._on_network_up()
+            self.debouncer.feed("network", Event(kind, wall, {"links": NetworkState.usable(links)}), now)
+        for event in self.debouncer.due(now):
+            self.outbox.put(event)
+        if self._telemetry_dir is not None:
+            try:
+                values = sample(self._telemetry_dir)
+            except Exception as e:  # psutil missing or /proc hidden: telemetry is optional
+                log.warning("telemetry unavailable (%s); not sending it", type(e).__name__)
+                self._telemetry_dir = None
+                return
+            if self.telemetry.should_send(values, now):
+                self.telemetry.sent(values, now)
+                self.outbox.put(Event("device.telemetry", wall, values))

@@ -1,0 +1,119 @@
+"""Events from device state: debounce, latch, network edges, telemetry, outbox; the
+watcher on a fake sysfs tree with the attribute files a Raspberry Pi has."""
+import os
+
+from agent.events.debounce import Debouncer
+from agent.events.model import Event, NetworkState, UndervoltageLatch
+from agent.events.outbox import Outbox
+from agent.events.telemetry import TelemetryGate
+from agent.events.watcher import EventWatcher, SysfsState
+
+
+def test_a_burst_of_50_hotplugs_in_one_second_is_one_event_with_count_50():
+    d = Debouncer(settle_s=2.0)
+    for i in range(50):
+        kind = "display.connected" if i % 2 == 0 else "display.disconnected"
+        d.feed("display:HDMI-A-1", Event(kind, 1000.0 + i * 0.02, {"connector": "HDMI-A-1"}), 10.0 + i * 0.02)
+    assert d.due(11.0) == []
+    [event] = d.due(10.98 + 2.0)
+    assert event.count == 50 and event.ts == 1000.0
+    assert event.type == "display.disconnected"  # the state it settled in
+
+
+def test_undervoltage_is_latched_once_per_boot():
+    latch = UndervoltageLatch()
+    seen = [latch.feed(v) for v in ["0", "1", "1", "0", "1", "0", "1"]]
+    assert seen.count("power.undervoltage") == 1
+    assert seen[1] == "power.undervoltage" and seen[3] == "power.restored"
+
+
+def test_network_edges_ignore_loopback_and_the_first_look():
+    n = NetworkState()
+    assert n.feed({"lo": ("unknown", "1")}) is None
+    assert n.feed({"lo": ("unknown", "1"), "eth0": ("up", "1")}) == "network.up"
+    assert n.feed({"eth0": ("up", "1"), "wlan0": ("down", "")}) is None
+    assert n.feed({"eth0": ("down", "0")}) == "network.down"
+
+
+def test_telemetry_only_when_it_moved_or_periodically():
+    g = TelemetryGate(every_s=300)
+    v = {"cpu_percent": 10.0, "mem_percent": 40.0}
+    assert g.should_send(v, 0.0)
+    g.sent(v, 0.0)
+    assert not g.should_send({"cpu_percent": 80.0, "mem_percent": 40.0}, 30.0)  # too soon
+    assert not g.should_send({"cpu_percent": 20.0, "mem_percent": 42.0}, 60.0)
+    assert g.should_send({"cpu_percent": 80.0, "mem_percent": 40.0}, 61.0)
+    assert g.should_send(v, 300.0)
+
+
+def test_outbox_is_bounded_ordered_and_counts_what_it_drops():
+    box = Outbox(capacity=3)
+    events = [Event("network.up", float(i)) for i in range(5)]
+    for e in events:
+        box.put(e)
+    assert [e.ts for e in box.pending()] == [2.0, 3.0, 4.0] and box.dropped == 2
+    box.ack(events[3].id)
+    assert [e.ts for e in box.pending()] == [2.0, 4.0] and box.delivered == 1
+
+
+def write(root, rel, value):
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(value + "\n")
+
+
+def pi_tree(root):
+    write(root, "class/drm/card1-HDMI-A-1/status", "connected")
+    write(root, "class/drm/card1-HDMI-A-2/status", "disconnected")
+    write(root, "class/hwmon/hwmon0/name", "rpi_volt")
+    write(root, "class/hwmon/hwmon0/in0_lcrit_alarm", "0")
+    write(root, "class/power_supply/usb/online", "1")
+    write(root, "class/net/lo/operstate", "unknown")
+    write(root, "class/net/lo/carrier", "1")
+    write(root, "class/net/eth0/operstate", "down")
+    write(root, "class/net/eth0/carrier", "0")
+
+
+def test_watcher_turns_pi_sysfs_changes_into_events(tmp_path):
+    root = str(tmp_path)
+    pi_tree(root)
+    box = Outbox()
+    woken = []
+    w = EventWatcher(box, on_network_up=lambda: woken.append(1), sysfs=SysfsState(root), settle_s=2.0)
+    w.scan(0.0, baseline=True)
+    assert box.pending() == []
+    write(root, "class/drm/card1-HDMI-A-1/status", "disconnected")
+    write(root, "class/hwmon/hwmon0/in0_lcrit_alarm", "1")
+    write(root, "class/power_supply/usb/online", "0")
+    write(root, "class/net/eth0/operstate", "up")
+    write(root, "class/net/eth0/carrier", "1")
+    w.scan(1.0)
+    assert woken == [1], "network back must wake the link at once, not after the settle window"
+    w.scan(3.1)
+    types = sorted(e.type for e in box.pending())
+    assert types == ["display.disconnected", "network.up", "power.supply-offline", "power.undervoltage"]
+    display = next(e for e in box.pending() if e.type.startswith("display"))
+    assert display.details == {"connector": "HDMI-A-1"}
+
+
+def test_watcher_falls_back_to_sysfs_reads_without_netlink(tmp_path, monkeypatch, caplog):
+    root = str(tmp_path)
+    pi_tree(root)
+    box = Outbox()
+    w = EventWatcher(box, sysfs=SysfsState(root), settle_s=0.1, fallback_interval_s=0.2)
+    monkeypatch.setattr(w, "_open_udev", lambda: None)
+    monkeypatch.setattr(w, "_open_rtnetlink", lambda: None)
+    w.start()
+    try:
+        import time
+        time.sleep(0.3)
+        write(root, "class/drm/card1-HDMI-A-2/status", "connected")
+        deadline = time.monotonic() + 3
+        while not box.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert w.mode == "sysfs-poll"
+        assert [e.type for e in box.pending()] == ["display.connected"]
+    finally:
+        w.stop()
+        w.join(2)
