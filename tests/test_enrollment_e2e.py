@@ -126,3 +126,28 @@ def test_a_paired_device_is_throttled_softly_an_unknown_flapper_is_quarantined(n
     assert "stranger" in server.admin("/admin/limiter")["quarantined"]
     assert "screen-1" not in server.admin("/admin/limiter")["quarantined"]
     assert any("quarantined" in str(r) for r in refusals)
+
+
+def test_a_server_outage_is_not_a_refusal_the_paired_device_keeps_its_token(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """Regression: python-socketio reports a failed TCP connect through connect_error
+    too; that must never make an enrolled device drop its credentials."""
+    server = fleet(devices={})
+    cfg = agent_config(server, tmp_path, identity=NO_IDENTITY)
+    agent = spawn_agent(agent_python, cfg)
+    code = wait_for(lambda: pairing_code(agent), 15, what="a pairing code")
+    assert pair(server, code).returncode == 0
+    agent.wait_live(15, connection=1)
+    creds = tmp_path / "state" / "credentials.json"
+    before = creds.read_text()
+    port = server.port
+    server.kill()
+    wait_for(lambda: (agent.link().get("attempts") or 0) >= 3, 20, what="failed attempts")
+    assert creds.read_text() == before
+    assert pairing_code(agent) is None
+    # the server comes back with its memory (a real one has a database)
+    server.port = port
+    server.devices = {agent.status()["device_id"]: json.loads(before)["token"]}
+    server.start()
+    agent.wait_live(15)
+    assert creds.read_text() == before
