@@ -13,7 +13,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlparse
 
 from .link.backoff import JITTER_MODES, BackoffPolicy

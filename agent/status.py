@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+
+from .fsutil import atomic_write
 
 MAX_STATUS_BYTES = 1 << 20
 
@@ -17,20 +18,9 @@ class StatusFileError(Exception):
 
 
 def write(path: str, status: dict) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".status.", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(status, f, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)  # readers see the old file or the new one, never half
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    # tmpfs: whole, not durable; readers see the old file or the new one, never half
+    atomic_write(path, json.dumps(status, indent=1, sort_keys=True).encode(), 0o644,
+                 durable=False)
 
 
 def read(path: str) -> dict:

@@ -1,6 +1,5 @@
 """Enrollment rules with a fake clock, credentials on a real disk, hostile HTTP answers."""
 import http.server
-import json
 import os
 import signal
 import subprocess
@@ -12,7 +11,7 @@ import pytest
 
 from agent.clock import FakeClock
 from agent.identity import device
-from agent.identity.credentials import Credentials, atomic_write
+from agent.identity.credentials import Credentials
 from agent.identity.enroller import BadAnswer, CodeGone, Enroller
 from agent.identity.enrollment import (NEED_CODE, PAIRED, WAITING, EnrollmentCore, PairingCode,
                                        PollPairing, RequestCode)

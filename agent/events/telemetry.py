@@ -1,7 +1,6 @@
 """Telemetry with psutil, sent only when it changed enough or every few minutes."""
 from __future__ import annotations
 
-import os
 import time
 
 # How much a figure must move to be worth a message before the periodic one.

@@ -10,34 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 
+from ..fsutil import atomic_write
+
 log = logging.getLogger("edge_agent.identity")
-
-
-def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class Credentials:

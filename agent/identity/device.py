@@ -12,7 +12,7 @@ import os
 import re
 import secrets
 
-from .credentials import atomic_write
+from ..fsutil import atomic_write
 
 log = logging.getLogger("edge_agent.identity")
 

@@ -19,7 +19,8 @@ import requests
 from .. import __version__
 from ..clock import SystemClock
 from . import device
-from .credentials import Credentials, atomic_write
+from ..fsutil import atomic_write
+from .credentials import Credentials
 from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
 
 log = logging.getLogger("edge_agent.identity")
@@ -191,11 +192,12 @@ class Enroller(threading.Thread):
                  code.display, (code.expires_at - self.clock.monotonic()) / 60)
         try:
             # for a signage player's UI to read and display
-            atomic_write(os.path.join(self.runtime_dir, "pairing-code"), (code.display + "\n").encode(), 0o644)
+            atomic_write(os.path.join(self.runtime_dir, "pairing-code"),
+                         (code.display + "\n").encode(), 0o644, durable=False)
             # for this agent's next start: same code until it expires
             atomic_write(os.path.join(self.runtime_dir, "pairing.json"), json.dumps(
                 {"code": code.code, "poll_secret": code.poll_secret,
-                 "expires_at_wall": expires_wall}).encode(), 0o600)
+                 "expires_at_wall": expires_wall}).encode(), 0o600, durable=False)
         except OSError as e:
             log.warning("cannot write the pairing code file: %s", e.strerror)
         if self._console:

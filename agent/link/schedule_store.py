@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
+
+from ..fsutil import atomic_write
 
 log = logging.getLogger("edge_agent.link")
 
@@ -56,13 +56,9 @@ class ScheduleStore:
         if state == self._last:
             return
         self._last = state
-        directory = os.path.dirname(self.path) or "."
         try:
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".backoff.", dir=directory)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"boot_id": boot_id(), "attempts": attempts,
-                           "next_attempt_mono": state[1]}, f)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps({"boot_id": boot_id(), "attempts": attempts,
+                                                "next_attempt_mono": state[1]}).encode(),
+                         0o600, durable=False)
         except OSError as e:
             log.warning("cannot keep backoff state in %s: %s", self.path, e.strerror)
