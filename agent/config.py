@@ -24,7 +24,7 @@ from .uploads.schedule import UploadPolicy
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
 ENV_PREFIX = "EDGE_AGENT_"
 DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-PROFILES = ("edge-agent",)
+PROFILES = ("edge-agent", "screentinker")
 
 
 class ConfigError(Exception):

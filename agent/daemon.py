@@ -58,8 +58,13 @@ class Agent:
         self.credentials = Credentials(config.state_dir)
         self.preprovisioned = config.token is not None
         self.token = config.token or self.credentials.load(self.device_id)
+        self.local_device_id = self.device_id
+        if self.token and not config.device_id:
+            # a server that assigns ids (screentinker) knows us by its own
+            self.device_id = self.credentials.server_device_id() or self.device_id
         self.enroller = None
-        if not self.preprovisioned:
+        self.profile_pairs = config.profile == "screentinker"  # pairing inside the link
+        if not self.preprovisioned and not self.profile_pairs:
             self.enroller = Enroller(config.server_url, self.device_id, self.credentials,
                                      config.runtime_dir, config.ca_file,
                                      on_paired=self._paired, on_change=self._refresh_status,
@@ -73,12 +78,19 @@ class Agent:
             on_tick=lambda: self.gate.tick("uploads", time.monotonic()),
             on_change=self._refresh_status)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
+        from .identity.enroller import hardware_facts
+        from .link.profiles import PROFILES, ProfileContext
+        self.profile = PROFILES[config.profile](ProfileContext(
+            device_id=lambda: self.device_id, token=lambda: self.token,
+            on_token=self._token_from_link, on_unpaired=self._unpaired_by_link,
+            facts=hardware_facts))
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
+                                 profile=self.profile,
                                  on_tick=lambda: self.gate.tick("link", time.monotonic()),
                                  on_link_up=self.uploads.wake,
                                  on_refused=self._refused, identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path))
-        if self.token is None:
+        if self.token is None and self.profile.needs_token:
             self.runner.core.paused = True  # nothing to connect with until paired
         now = time.monotonic()
         self.gate.register("link", self.runner.max_silence_s, now)
@@ -108,6 +120,26 @@ class Agent:
         token = self.token
         return (self.device_id, token) if token else None
 
+    def _token_from_link(self, token: str, server_device_id: str | None = None) -> None:
+        """A server that pairs inside the link (screentinker) handed us a token."""
+        if token != self.token:
+            self.credentials.save(self.local_device_id, token, server_device_id)
+            self.token = token
+            if server_device_id:
+                self.device_id = server_device_id
+            log.info("paired: credentials stored in %s", self.credentials.path)
+            self._refresh_status()
+
+    def _unpaired_by_link(self, settle_s: float) -> None:
+        if self.preprovisioned:
+            log.error("the server unpaired this pre-provisioned device: check [identity] token")
+            return
+        log.warning("the server unpaired this device: dropping its credentials; a new "
+                    "pairing code goes out in %.0fs", settle_s)
+        self.token = None
+        self.device_id = self.local_device_id
+        self.credentials.clear()
+
     def _paired(self, token: str) -> None:
         self.token = token
         self.runner.resume()
@@ -119,6 +151,8 @@ class Agent:
             log.error("the server refused the pre-provisioned token (%s): check [identity] "
                       "token; backing off", detail)
             return
+        if self.profile_pairs:
+            return  # that profile answers refusals with device:auth-error in the link
         if self.token is None:
             return
         log.warning("the server refused this device's token (%s): dropping it and "
@@ -137,6 +171,11 @@ class Agent:
 
     # -- status -----------------------------------------------------------------
     def _pairing(self) -> dict | None:
+        if self.profile_pairs and not self.preprovisioned:
+            if self.token:
+                return {"state": "paired"}
+            code = self.profile.pairing_code
+            return {"state": "waiting-for-pairing", "code": f"{code[:3]}-{code[3:]}"}
         return self.enroller.pairing() if self.enroller is not None else None
 
     def _on_link_status(self, link: dict) -> None:
@@ -179,7 +218,8 @@ class Agent:
 
     def may_pet(self) -> tuple[bool, str]:
         # a screen waiting for its operator to type the code is healthy, not wedged
-        enrolling = self.enroller is not None and self.enroller.waiting
+        enrolling = ((self.enroller is not None and self.enroller.waiting)
+                     or (self.profile_pairs and self.token is None))
         return self.gate.verdict(time.monotonic(), self.runner.link_live() or enrolling)
 
     # -- lifecycle --------------------------------------------------------------

@@ -27,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--heartbeat-timeout", type=float, default=45.0)
     p.add_argument("--ack-delay", type=float, default=0.0)
     p.add_argument("--connect-delay", type=float, default=0.0)
+    p.add_argument("--profile", default="edge-agent", choices=["edge-agent", "screentinker"],
+                   help="screentinker emulates ScreenTinker's device protocol on /device")
     p.add_argument("--ack-mode", default="ok", choices=["ok", "none", "wrong-seq", "garbage"],
                    help="how heartbeats are answered; none is an old server")
     args = p.parse_args(argv)
@@ -41,7 +43,7 @@ def parse_args(argv=None):
 
 async def serve(args, tokens) -> None:
     server = FleetServer(tokens, accept_any=args.accept_any, ping_interval=args.ping_interval,
-                         ping_timeout=args.ping_timeout,
+                         ping_timeout=args.ping_timeout, profile=args.profile,
                          behaviour=Behaviour(ack_mode=args.ack_mode, ack_delay_s=args.ack_delay,
                                              connect_delay_s=args.connect_delay,
                                              heartbeat_timeout_s=args.heartbeat_timeout))

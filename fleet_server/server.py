@@ -42,6 +42,7 @@ class Behaviour:
     throttle_s: float = 30.0     # known devices: a soft server:throttle
     quarantine_s: float = 1800.0 # unknown identities: refused outright
     pair_limit: int = 5          # pairing attempts per operator per minute
+    st_settle_s: float = 2.0     # screentinker: "offline for N s" in auth-error
     upload_mode: str = "ok"      # ok | 500 | 429 | 413 | hang
     retry_after_s: float = 120.0 # with 429
 
@@ -86,7 +87,7 @@ class Device:
 class FleetServer:
     def __init__(self, tokens: dict[str, str] | None = None, accept_any: bool = False,
                  ping_interval: float = 25, ping_timeout: float = 20,
-                 behaviour: Behaviour | None = None):
+                 behaviour: Behaviour | None = None, profile: str = "edge-agent"):
         self.tokens = dict(tokens or {})
         self.accept_any = accept_any
         self.behaviour = behaviour or Behaviour()
@@ -108,6 +109,10 @@ class FleetServer:
         self._routes()
         self._handlers()
         self.app.on_startup.append(self._start_reaper)
+        self.profile = profile
+        if profile == "screentinker":
+            from . import screentinker
+            screentinker.attach(self)
 
     # -- socket.io --------------------------------------------------------------
     def _handlers(self) -> None:
@@ -276,6 +281,7 @@ class FleetServer:
         r.add_get("/admin/uploads/{device_id}", self._admin_uploads)
         r.add_post("/admin/revoke", self._admin_revoke)
         r.add_get("/admin/limiter", self._admin_limiter)
+        r.add_get("/admin/screentinker", self._admin_screentinker)
         r.add_post("/api/v1/enroll", self._enroll)
         r.add_get("/api/v1/enroll/{device_id}", self._enroll_poll)
         r.add_post("/api/v1/pair", self._pair)
@@ -290,7 +296,7 @@ class FleetServer:
         body = await _json(request)
         for key in ("ack_mode", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s",
                     "upload_mode", "retry_after_s", "code_ttl_s", "flap_limit", "flap_window_s",
-                    "throttle_s", "quarantine_s", "pair_limit"):
+                    "throttle_s", "quarantine_s", "pair_limit", "st_settle_s"):
             if key in body:
                 setattr(self.behaviour, key, type(getattr(self.behaviour, key))(body[key]))
         return web.json_response(vars(self.behaviour))
@@ -302,6 +308,12 @@ class FleetServer:
             raise web.HTTPNotFound(text="no such device")
         retry_after = float(body.get("retry_after_s", 30))
         for sid in list(dev.sids):
+            if self.profile == "screentinker":
+                await self.sio.emit("device:throttled", {"retry_after_ms": int(retry_after * 1000),
+                                                         "reason": "test"}, to=sid, namespace="/device")
+                if body.get("disconnect", True):
+                    await self.sio.disconnect(sid, namespace="/device")
+                continue
             await self.sio.emit("server:throttle", {"retry_after_s": retry_after}, to=sid)
             if body.get("disconnect", True):
                 await self.sio.disconnect(sid)
@@ -367,6 +379,11 @@ class FleetServer:
             return web.json_response({"ok": False, "error": "too many attempts"}, status=429,
                                      headers={"Retry-After": "60"})
         code = str(body.get("code", "")).replace("-", "").strip()
+        if self.profile == "screentinker" and code in getattr(self, "st_pending", {}):
+            from . import screentinker
+            device_id = await screentinker.pair(self, code)
+            log.info("operator %s paired device %s (screentinker)", operator, device_id)
+            return web.json_response({"ok": True, "device_id": device_id})
         device_id = self.codes.get(code)
         entry = self.enrollments.get(device_id) if device_id else None
         if entry is None or entry["expires_at"] < now:
@@ -386,8 +403,16 @@ class FleetServer:
         self.enrollments.pop(device_id, None)
         dev = self.devices.get(device_id)
         for sid in list(dev.sids) if dev else []:
+            if self.profile == "screentinker":
+                await self.sio.emit("device:unpaired", {"offline_s": self.behaviour.st_settle_s},
+                                    to=sid, namespace="/device")
+                continue
             await self.sio.disconnect(sid)
         return web.json_response({"ok": True})
+
+    async def _admin_screentinker(self, _request) -> web.Response:
+        return web.json_response({"registers": getattr(self, "st_registers", {}),
+                                  "pending": sorted(getattr(self, "st_pending", {}))})
 
     async def _admin_limiter(self, _request) -> web.Response:
         now = time.monotonic()

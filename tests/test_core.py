@@ -240,3 +240,27 @@ def test_fleet_of_cores_spreads_reconnects_after_a_shared_loss(seed):
     for t in times:
         per_100ms[int(t * 10)] = per_100ms.get(int(t * 10), 0) + 1
     assert max(per_100ms.values()) < 50  # no lock-step: < 10% in any 100 ms
+
+
+def test_old_server_without_acks_no_watchdog_reconnects_over_five_minutes():
+    """A server that never ACKs (older ScreenTinker) only pings: the ACK watchdog stays
+    disarmed and inbound silence never fires while pings arrive."""
+    policy = LinkPolicy(liveness=LivenessPolicy(heartbeat_interval_s=15, ack_timeout_s=5))
+    clock = FakeClock()
+    core = LinkCore(policy, random.Random(0))
+    core.start(clock.now)
+    core.poll(clock.now)
+    core.on_connected(clock.now, clock.wall(), 25.0)
+    aborts = []
+    while clock.now < 1000 + 300:
+        clock.advance(0.5)
+        if int(clock.now * 2) % 50 == 0:  # an Engine.IO ping every 25 s
+            core.on_inbound(clock.now)
+        aborts += [a for a in core.poll(clock.now) if isinstance(a, Abort)]
+    assert aborts == [] and not core.watchdog.armed
+    # ...and a silent drop is still caught, by silence
+    t_drop = clock.now
+    while not aborts:
+        clock.advance(0.5)
+        aborts += [a for a in core.poll(clock.now) if isinstance(a, Abort)]
+    assert aborts[0].reason == J.SILENCE and clock.now - t_drop <= 25 + 5

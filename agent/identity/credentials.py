@@ -21,6 +21,15 @@ class Credentials:
     def __init__(self, state_dir: str):
         self.path = os.path.join(state_dir, "credentials.json")
 
+    def server_device_id(self) -> str | None:
+        """The id a server assigned (screentinker profile), if it assigned one."""
+        try:
+            with open(self.path, "rb") as f:
+                value = json.loads(f.read(65536)).get("server_device_id")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) and value else None
+
     def load(self, device_id: str) -> str | None:
         """The stored token for ``device_id``, or None (absent, corrupt or another id's)."""
         try:
@@ -47,9 +56,11 @@ class Credentials:
             return None
         return token
 
-    def save(self, device_id: str, token: str) -> None:
-        atomic_write(self.path, json.dumps({"device_id": device_id, "token": token,
-                                            "saved_at": round(time.time())}).encode())
+    def save(self, device_id: str, token: str, server_device_id: str | None = None) -> None:
+        doc = {"device_id": device_id, "token": token, "saved_at": round(time.time())}
+        if server_device_id:
+            doc["server_device_id"] = server_device_id
+        atomic_write(self.path, json.dumps(doc).encode())
 
     def clear(self) -> None:
         try:

@@ -12,11 +12,11 @@ import random
 import time
 from typing import Callable
 
-from .. import __version__
 from ..clock import Clock, SystemClock
 from . import journal as J
 from . import protocol
 from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
+from .profiles import PROFILES, ProfileContext
 from .schedule_store import ScheduleStore
 from .transport import ABORT_JOIN_S, SocketIOTransport, TransportError
 
@@ -36,7 +36,7 @@ class LinkRunner:
                  on_link_up: Callable[[], None] | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  identity: Callable[[], tuple[str, str] | None] | None = None,
-                 outbox=None,
+                 outbox=None, profile=None,
                  schedule_store: ScheduleStore | None = None,
                  rng: random.Random | None = None):
         self.config = config
@@ -54,6 +54,9 @@ class LinkRunner:
         self._on_refused = on_refused
         self.identity = identity or (lambda: (config.device_id, config.token))
         self.outbox = outbox
+        self.profile = profile or PROFILES[config.profile](ProfileContext(
+            device_id=lambda: (self.identity() or (config.device_id, None))[0],
+            token=lambda: (self.identity() or (None, None))[1]))
         self._events_sent_on: dict[int, int] = {}  # event id -> generation it went out on
         self._store = schedule_store
         self._started = self.clock.monotonic()
@@ -137,7 +140,7 @@ class LinkRunner:
             self._abort(action.reason)
 
     def _connect(self, attempt: int) -> None:
-        if self.identity() is None:
+        if self.identity() is None and self.profile.needs_token:
             now = self.clock.monotonic()
             self.core.on_connect_failed(now, J.REFUSED)
             self.core.pause(now, J.REFUSED)
@@ -161,26 +164,46 @@ class LinkRunner:
                                transport.local_addr())
         log.info("link up: connected to %s from %s (connection %d)", self.config.server_url,
                  transport.local_addr(), self.core.journal.total_connections)
+        try:
+            self.profile.on_connected(transport, self._poster(self.generation))
+        except TransportError as e:
+            self._closed(e.reason, e.detail)
+            return
         if self._on_link_up is not None:
             self._on_link_up()
 
+    def _poster(self, generation: int):
+        return lambda kind, *args: self.sink(generation, kind, *args)
+
     def _send_heartbeat(self, seq: int) -> None:
-        gen = self.generation
-        payload = protocol.heartbeat(seq, self.clock.wall(), self.clock.monotonic() - self._started)
-
-        def on_ack(*args):
-            self.sink(gen, "ack", seq, args, self.clock.monotonic())
-
-        self._emit(protocol.HEARTBEAT, payload, on_ack)
+        if self.transport is None:
+            return
+        try:
+            self.profile.send_heartbeat(self.transport, seq, self.clock.wall(),
+                                        self.clock.monotonic() - self._started,
+                                        self._poster(self.generation), self.clock.monotonic)
+        except TransportError as e:
+            self._closed(e.reason, e.detail)
 
     def _send_report(self, action: SendReport) -> None:
+        if self.transport is None:
+            return
         gen = self.generation
-        body = protocol.report(self.identity()[0], action.connections, self.clock.wall())
+        last = action.connections[-1] if action.connections else None
+        offline_s = None
+        if last is not None and self.core.connected_at is not None:
+            ended = [r for r in self.core.journal.records if r.n == last["n"]]
+            if ended and ended[0].lived_s is not None:
+                offline_s = self.core.connected_at - (ended[0].opened_mono + ended[0].lived_s)
 
         def on_ack(*args):
             self.sink(gen, "report-ack", action.upto_n, args)
 
-        self._emit(protocol.REPORT, body, on_ack)
+        try:
+            self.profile.send_report(self.transport, action.connections, offline_s,
+                                     self.clock.wall(), on_ack)
+        except TransportError as e:
+            self._closed(e.reason, e.detail)
 
     def _emit(self, event: str, payload, callback) -> None:
         if self.transport is None:
@@ -193,7 +216,8 @@ class LinkRunner:
     def _flush_outbox(self) -> None:
         """Hardware events go out in order once the link has carried an ACK, each until
         the server ACKs it: an emit on a silently dropped link proves nothing."""
-        if (self.outbox is None or self.transport is None or self.core.state != LinkState.ONLINE
+        if (self.outbox is None or not self.profile.supports_events or self.transport is None
+                or self.core.state != LinkState.ONLINE
                 or not self.core.watchdog.acked):
             return
         gen = self.generation
@@ -264,12 +288,19 @@ class LinkRunner:
         if generation != self.generation or self.transport is None:
             return  # from a connection already torn down
         if kind == "ack":
-            seq, payload, at = args
-            ok, why = protocol.parse_heartbeat_ack(payload, seq)
-            if ok:
-                self.core.on_ack(seq, at)
-            else:
-                self._warn_once("ack", f"ignoring malformed heartbeat ack: {why}")
+            seq, at = args
+            self.core.on_ack(seq, at)
+        elif kind == "bad-ack":
+            self._warn_once("ack", f"ignoring malformed heartbeat ack: {args[0]}")
+        elif kind == "malformed":
+            self._warn_once("malformed:" + args[0], f"ignoring malformed {args[0]} message")
+        elif kind == "emit":
+            self._emit(args[0], args[1], None)
+        elif kind == "re-register":
+            # The server dropped our pairing: one fresh register, after its settle
+            # window and never sooner than the backoff says; not an inline one.
+            self.core.on_throttle(args[0], self.clock.monotonic())
+            self._closed(J.SERVER_DISCONNECT, "unpaired by the server")
         elif kind == "event-ack":
             event_id, payload = args
             if protocol.parse_ok(payload):
@@ -281,11 +312,7 @@ class LinkRunner:
         elif kind == "closed":
             self._closed(*args)
         elif kind == "throttle":
-            retry_after = protocol.parse_throttle(args[0])
-            if retry_after is None:
-                self._warn_once("throttle", "ignoring malformed server:throttle message")
-                return
-            hold = self.core.on_throttle(retry_after, self.clock.monotonic())
+            hold = self.core.on_throttle(args[0], self.clock.monotonic())
             log.warning("server asked to hold off: no new connection for %.0fs", hold)
         elif kind == "unknown":
             self._warn_once("unknown:" + str(args[0])[:64],
@@ -318,13 +345,12 @@ class LinkRunner:
     # -- wiring -----------------------------------------------------------------
     def _default_transport(self, generation: int, sink: Callable) -> SocketIOTransport:
         cfg = self.config
-        device_id, token = self.identity()
+        profile = self.profile
         return SocketIOTransport(
-            url=cfg.server_url,
-            auth=protocol.connect_auth(device_id, token, __version__),
-            namespace="/", keepalive=cfg.keepalive, connect_timeout_s=cfg.connect_timeout_s,
-            ca_file=cfg.ca_file, generation=generation, sink=sink,
-            handlers={protocol.THROTTLE: lambda t, *a: sink(t.generation, "throttle", a)})
+            url=cfg.server_url, auth=profile.auth(), namespace=profile.namespace,
+            transports=profile.transports, keepalive=cfg.keepalive,
+            connect_timeout_s=cfg.connect_timeout_s, ca_file=cfg.ca_file,
+            generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)))
 
 
 def _stall_forever() -> None:

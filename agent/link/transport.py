@@ -42,13 +42,15 @@ class TransportError(Exception):
 
 
 class SocketIOTransport:
-    def __init__(self, *, url: str, auth: dict, namespace: str, keepalive: KeepalivePolicy,
+    def __init__(self, *, url: str, auth: dict | None, namespace: str, keepalive: KeepalivePolicy,
+                 transports: list[str] | None = None,
                  connect_timeout_s: float, ca_file: str | None, generation: int,
                  sink: Callable[..., None], handlers: dict[str, Callable] | None = None):
         self.url = url
         self.namespace = namespace
         self.generation = generation
         self._auth = auth
+        self._transports = transports or ["websocket"]
         self._keepalive = keepalive
         self._connect_timeout_s = connect_timeout_s
         self._sink = sink
@@ -67,7 +69,7 @@ class SocketIOTransport:
     def open(self) -> None:
         """Connects, or raises TransportError with a journal reason."""
         try:
-            self.client.connect(self.url, auth=self._auth, transports=["websocket"],
+            self.client.connect(self.url, auth=self._auth, transports=self._transports,
                                 namespaces=[self.namespace],
                                 wait_timeout=self._connect_timeout_s)
         except socketio.exceptions.ConnectionError as e:
@@ -80,6 +82,10 @@ class SocketIOTransport:
             raise TransportError(J.CONNECT_FAILED, f"{type(e).__name__}: {e}") from None
         sock = self.raw_socket()
         if sock is None:
+            if getattr(self.client.eio, "current_transport", None) == "polling":
+                # long-polling fallback: short HTTP requests, no one socket to tune;
+                # the heartbeat watchdog still guards the link
+                return
             self.abort()
             raise TransportError(J.CONNECT_FAILED, "no websocket after connect")
         try:

@@ -1,0 +1,112 @@
+"""An emulation of ScreenTinker's device protocol (contract v4), server side, for tests.
+
+It follows the public behaviour the agent's `screentinker` profile speaks to: namespace
+/device, device:register with a token or a pairing code, device:registered and
+device:paired (the latter on every reconnect of a paired device, as the real server
+does), device:heartbeat answered by device:heartbeat-ack (switchable off, like older
+servers), device:throttled, device:unpaired / device:auth-error, and
+device:connectivity-report. It is ours, not ScreenTinker's code.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+
+NS = "/device"
+
+
+def attach(server) -> None:
+    sio = server.sio
+    server.st_pending = {}   # pairing code -> sid
+    server.st_registers = {} # device_id or code -> register count
+
+    def dev_for(sid):
+        device_id = server.by_sid.get(sid)
+        return server.devices.get(device_id) if device_id else None
+
+    @sio.on("connect", namespace=NS)
+    async def connect(sid, environ, auth=None):
+        request = environ.get("aiohttp.request")
+        if request is not None:
+            server.transports[sid] = request.transport
+
+    @sio.on("disconnect", namespace=NS)
+    async def disconnect(sid, *args):
+        device_id = server.by_sid.pop(sid, None)
+        server.transports.pop(sid, None)
+        if device_id and device_id in server.devices:
+            dev = server.devices[device_id]
+            dev.sids.discard(sid)
+            dev.online = bool(dev.sids)
+
+    @sio.on("device:register", namespace=NS)
+    async def register(sid, data=None):
+        from .server import Device
+        if not isinstance(data, dict) or data.get("contract_version") != "v4":
+            return
+        device_id, token = data.get("device_id"), data.get("device_token")
+        key = device_id or data.get("pairing_code")
+        server.st_registers[key] = server.st_registers.get(key, 0) + 1
+        if device_id and token:
+            if server.tokens.get(device_id) != token:
+                await sio.emit("device:auth-error", {"error": "invalid token",
+                                                     "offline_s": server.behaviour.st_settle_s},
+                               to=sid, namespace=NS)
+                return
+            dev = server.devices.setdefault(device_id, Device(device_id))
+            for old in list(dev.sids):
+                if old != sid:
+                    dev.ghosts_closed += 1
+                    server._close_sid(old)
+            dev.sids.add(sid)
+            dev.max_concurrent = max(dev.max_concurrent, len(dev.sids))
+            dev.connects += 1
+            dev.connect_times.append(round(time.time(), 3))
+            dev.online = True
+            server.by_sid[sid] = device_id
+            await sio.emit("device:registered", {"device_id": device_id, "status": "paired"},
+                           to=sid, namespace=NS)
+            await sio.emit("device:paired", {"name": device_id, "device_id": device_id},
+                           to=sid, namespace=NS)
+            return
+        code = data.get("pairing_code")
+        if isinstance(code, str) and len(code) == 6 and code.isdigit():
+            server.st_pending[code] = sid
+            await sio.emit("device:registered", {"status": "pending"}, to=sid, namespace=NS)
+
+    @sio.on("device:heartbeat", namespace=NS)
+    async def heartbeat(sid, data=None):
+        dev = dev_for(sid)
+        if dev is None or not isinstance(data, dict) or not isinstance(data.get("client_ms"), int):
+            return
+        dev.heartbeats += 1
+        dev.last_heartbeat = time.monotonic()
+        if sid not in dev._sids_heard:
+            dev._sids_heard.add(sid)
+            dev.first_heartbeat_times.append(round(time.time(), 3))
+        if server.behaviour.ack_mode == "none":
+            return  # an older server: no heartbeat-ack at all
+        await sio.emit("device:heartbeat-ack", {"server_ms": int(time.time() * 1000),
+                                                "client_ms": data["client_ms"]},
+                       to=sid, namespace=NS)
+
+    @sio.on("device:connectivity-report", namespace=NS)
+    async def connectivity(sid, data=None):
+        dev = dev_for(sid)
+        if dev is not None and isinstance(data, dict):
+            dev.reports.append(data)
+
+
+async def pair(server, code: str):
+    """Operator pairs a pending code: the device gets its id and token in the link."""
+    sid = server.st_pending.pop(code, None)
+    if sid is None:
+        return None
+    device_id = "st-" + secrets.token_hex(6)
+    token = secrets.token_urlsafe(32)
+    server.tokens[device_id] = token
+    await server.sio.emit("device:registered", {"device_id": device_id, "device_token": token,
+                                                "status": "paired"}, to=sid, namespace=NS)
+    await server.sio.emit("device:paired", {"name": device_id, "device_id": device_id},
+                          to=sid, namespace=NS)
+    return device_id
