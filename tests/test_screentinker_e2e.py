@@ -42,7 +42,12 @@ def test_pairing_by_code_then_reconnects_register_with_the_token_without_a_storm
     assert creds["server_device_id"] == device_id
     registers = server.admin("/admin/screentinker")["registers"]
     assert registers.get(device_id) == 1  # the one refresh register after device:paired
-    for _ in range(3):  # the server sends device:paired on every reconnect
+    t0 = time.time()
+    server.admin("/admin/throttle", {"device_id": device_id, "retry_after_s": 3})
+    back = wait_for(lambda: [t for t in server.device(device_id)["connect_times"] if t > t0], 10,
+                    what="reconnect after device:throttled")
+    assert back[0] - t0 >= 3.0, "connected again inside the throttle hold"
+    for _ in range(2):  # the server sends device:paired on every reconnect
         server.admin("/admin/throttle", {"device_id": device_id, "retry_after_s": 1})
         time.sleep(2.5)
     agent.wait_live(10)
@@ -98,6 +103,7 @@ def test_an_old_server_without_heartbeat_ack_never_makes_the_agent_flap(
     wait_for(lambda: agent.link().get("state") == "online", 10, what="online")
     time.sleep(4 * HB)
     assert agent.link()["connection"] == 1, "no ACKs must not mean reconnects"
+    assert server.device(device_id)["heartbeats"] >= 3
     # a silent drop is still caught, by inbound silence (server pings every 2 s)
     port = int(agent.link()["local_addr"].rsplit(":", 1)[1])
     netns.drop_flow(port, server.port)
