@@ -17,6 +17,21 @@ pytestmark = pytest.mark.netns
 HB, ACK = 2.0, 1.0
 
 
+@pytest.fixture(params=["edge-agent", "screentinker"])
+def profile(request):
+    """The fault tests run on both server profiles: one link, two wire protocols."""
+    return request.param
+
+
+def start(fleet, profile):
+    return fleet(*(["--profile", "screentinker"] if profile == "screentinker" else []))
+
+
+def config(server, tmp_path, profile, **sections):
+    return agent_config(server, tmp_path, server={"profile": profile,
+                                                  **sections.pop("server", {})}, **sections)
+
+
 def connect_times_after(server, t0):
     return [t for t in server.device().get("connect_times", []) if t > t0]
 
@@ -48,10 +63,10 @@ def test_silent_drop_of_the_live_connection_heals_within_one_heartbeat(
 
 
 def test_drop_everything_then_restore_reconnects_within_a_backoff_step(
-        netns, fleet, spawn_agent, agent_python, tmp_path):
-    server = fleet()
+        netns, fleet, spawn_agent, agent_python, tmp_path, profile):
+    server = start(fleet, profile)
     cap, connect_timeout = 2.0, 2.0
-    agent = spawn_agent(agent_python, agent_config(server, tmp_path))
+    agent = spawn_agent(agent_python, config(server, tmp_path, profile))
     agent.wait_live(15, connection=1)
     netns.drop_port(server.port)
     wait_for(lambda: agent.link().get("state") in ("waiting", "connecting"), HB + ACK + 2,
@@ -67,9 +82,9 @@ def test_drop_everything_then_restore_reconnects_within_a_backoff_step(
 
 
 def test_server_sigkill_and_ten_restarts_never_stop_the_retries(
-        netns, fleet, spawn_agent, agent_python, tmp_path):
-    server = fleet()
-    agent = spawn_agent(agent_python, agent_config(server, tmp_path))
+        netns, fleet, spawn_agent, agent_python, tmp_path, profile):
+    server = start(fleet, profile)
+    agent = spawn_agent(agent_python, config(server, tmp_path, profile))
     agent.wait_live(15, connection=1)
     with SocketSampler(agent, lambda: server.port) as sampler:
         server.kill()
@@ -91,9 +106,9 @@ def test_server_sigkill_and_ten_restarts_never_stop_the_retries(
 
 
 def test_keepalive_and_user_timeout_are_set_on_the_live_socket_after_reconnects_too(
-        netns, fleet, spawn_agent, agent_python, tmp_path):
-    server = fleet()
-    agent = spawn_agent(agent_python, agent_config(server, tmp_path))
+        netns, fleet, spawn_agent, agent_python, tmp_path, profile):
+    server = start(fleet, profile)
+    agent = spawn_agent(agent_python, config(server, tmp_path, profile))
 
     def check_live_socket(connection):
         link = agent.wait_live(15, connection=connection)
@@ -130,9 +145,9 @@ def test_slow_namespace_connect_still_succeeds(netns, fleet, spawn_agent, agent_
     agent.wait_live(15, connection=1)
 
 
-def test_server_throttle_holds_off_the_next_connect(netns, fleet, spawn_agent, agent_python, tmp_path):
-    server = fleet()
-    agent = spawn_agent(agent_python, agent_config(server, tmp_path))
+def test_server_throttle_holds_off_the_next_connect(netns, fleet, spawn_agent, agent_python, tmp_path, profile):
+    server = start(fleet, profile)
+    agent = spawn_agent(agent_python, config(server, tmp_path, profile))
     agent.wait_live(15, connection=1)
     t0 = time.time()
     server.admin("/admin/throttle", {"device_id": "screen-1", "retry_after_s": 3, "disconnect": True})
