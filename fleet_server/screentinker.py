@@ -41,7 +41,6 @@ def attach(server) -> None:
 
     @sio.on("device:register", namespace=NS)
     async def register(sid, data=None):
-        from .server import Device
         if not isinstance(data, dict) or data.get("contract_version") != "v4":
             return
         device_id, token = data.get("device_id"), data.get("device_token")
@@ -53,17 +52,7 @@ def attach(server) -> None:
                                                      "offline_s": server.behaviour.st_settle_s},
                                to=sid, namespace=NS)
                 return
-            dev = server.devices.setdefault(device_id, Device(device_id))
-            for old in list(dev.sids):
-                if old != sid:
-                    dev.ghosts_closed += 1
-                    server._close_sid(old)
-            dev.sids.add(sid)
-            dev.max_concurrent = max(dev.max_concurrent, len(dev.sids))
-            dev.connects += 1
-            dev.connect_times.append(round(time.time(), 3))
-            dev.online = True
-            server.by_sid[sid] = device_id
+            server.attach_device(sid, device_id)
             await sio.emit("device:registered", {"device_id": device_id, "status": "paired"},
                            to=sid, namespace=NS)
             await sio.emit("device:paired", {"name": device_id, "device_id": device_id},

@@ -146,20 +146,7 @@ class FleetServer:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
                 self.transports[sid] = transport
-            dev = self.devices.setdefault(device_id, Device(device_id))
-            for old in list(dev.sids):
-                # A device has one link; an older one still open here is a half-open ghost.
-                dev.ghosts_closed += 1
-                log.info("device %s reconnected; closing its stale socket %s", device_id, old)
-                self._close_sid(old)
-            dev.sids.add(sid)
-            dev.max_concurrent = max(dev.max_concurrent, len(dev.sids))
-            dev.connects += 1
-            dev.connect_times.append(round(time.time(), 3))
-            dev.online = True
-            dev.last_heartbeat = time.monotonic()
-            self.by_sid[sid] = device_id
-            log.info("device %s connected (sid %s, connect #%d)", device_id, sid, dev.connects)
+            self.attach_device(sid, device_id)
             if flapping:
                 # a paired device is never quarantined: it is asked, softly, to slow down
                 self.throttled[device_id] = self.throttled.get(device_id, 0) + 1
@@ -222,6 +209,26 @@ class FleetServer:
                 return {"ok": False, "error": "bad event"}
             dev.events.append(data)
             return {"ok": True}
+
+    def attach_device(self, sid: str, device_id: str) -> Device:
+        """A device's connection is accepted: it becomes the device's only one."""
+        dev = self.devices.setdefault(device_id, Device(device_id))
+        for old in list(dev.sids):
+            if old == sid:
+                continue
+            # A device has one link; an older one still open here is a half-open ghost.
+            dev.ghosts_closed += 1
+            log.info("device %s reconnected; closing its stale socket %s", device_id, old)
+            self._close_sid(old)
+        dev.sids.add(sid)
+        dev.max_concurrent = max(dev.max_concurrent, len(dev.sids))
+        dev.connects += 1
+        dev.connect_times.append(round(time.time(), 3))
+        dev.online = True
+        dev.last_heartbeat = time.monotonic()
+        self.by_sid[sid] = device_id
+        log.info("device %s connected (sid %s, connect #%d)", device_id, sid, dev.connects)
+        return dev
 
     def _flapping(self, identity: str, now: float) -> bool:
         recent = [t for t in self._connects.get(identity, []) if now - t < self.behaviour.flap_window_s]
