@@ -186,15 +186,24 @@ class EventWatcher(threading.Thread):
             if self._stop_r in ready:
                 return
             if monitor is not None and monitor.fileno() in ready:
-                while monitor.poll(timeout=0) is not None:
-                    pass  # drain; the state is read from sysfs below
+                try:
+                    while monitor.poll(timeout=0) is not None:
+                        pass  # drain; the state is read from sysfs below
+                except Exception as e:
+                    log.warning("udev monitor failed (%s); falling back to sysfs reads", e)
+                    fds.remove(monitor.fileno())
+                    monitor, self.mode = None, "sysfs-poll"
             if rtnl is not None and rtnl.fileno() in ready:
                 try:
                     while rtnl.recv(65536):
                         pass
                 except (BlockingIOError, OSError):
                     pass
-            self.scan(time.monotonic(), baseline=False)
+            try:
+                self.scan(time.monotonic(), baseline=False)
+            except Exception as e:  # odd sysfs content must cost a line, not the thread
+                log.warning("reading device state failed (%s: %s); will try again",
+                            type(e).__name__, e)
 
     def scan(self, now: float, baseline: bool = False) -> None:
         wall = time.time()
