@@ -5,12 +5,17 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 
-host_tools() {
-    # nftables and iproute2 make the silent-drop faults; python3-venv makes venvs on Debian.
+# Debian packages the demo needs: the faults (nftables, iproute2) and venvs.
+DEMO_DEBS=(nftables iproute2 python3-venv)
+# ...and the tests, on top: systemd-analyze, and building and linting the .deb.
+TEST_DEBS=("${DEMO_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
+           python3-all python3-setuptools dpkg-dev)
+
+host_tools() {  # host_tools PACKAGE...: apt-get install the ones not installed yet
     local need=()
-    command -v nft >/dev/null || need+=(nftables)
-    command -v ip >/dev/null || need+=(iproute2)
-    "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+    done
     if [ ${#need[@]} -gt 0 ]; then
         if [ "$(id -u)" -ne 0 ]; then
             echo "missing ${need[*]}: install them (apt-get install ${need[*]}) or run as root" >&2
@@ -36,8 +41,8 @@ make_venv() {  # make_venv DIR PIP-ARGS...
     echo "$want" > "$stamp"
 }
 
-dev_envs() {
-    host_tools
+dev_envs() {  # dev_envs PACKAGE...
+    host_tools "$@"
     make_venv "$REPO/.venv" -e "$REPO[test]"
     make_venv "$REPO/.venv-bookworm" -r "$REPO/requirements/bookworm.txt"
 }
