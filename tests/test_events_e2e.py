@@ -69,11 +69,11 @@ def test_events_raised_while_the_server_is_down_arrive_in_order_after_it_returns
         write(root, "class/drm/card1-HDMI-A-1/status", status)
         raised.append(time.time())
         cable(len(raised) % 2 == 1)                                   # the trigger
-        time.sleep(0.6)                                               # past the settle window
+        time.sleep(1.2)                                   # well past the 0.2 s settle window
     write(root, "class/hwmon/hwmon0/in0_lcrit_alarm", "1")
     cable(False)
-    time.sleep(0.6)
-    assert agent.status()["events"]["pending"] >= 4
+    time.sleep(1.2)
+    wait_for(lambda: agent.status()["events"]["pending"] >= 4, 5, what="events held while down")
     server.port = port
     server.start()
     agent.wait_live(15)
@@ -83,7 +83,7 @@ def test_events_raised_while_the_server_is_down_arrive_in_order_after_it_returns
     display = [e for e in events if e["type"].startswith("display.")]
     assert [e["type"] for e in display] == ["display.disconnected", "display.connected",
                                             "display.disconnected"]
-    assert all(abs(e["ts"] - t) < 0.5 for e, t in zip(display, raised)), "original timestamps"
+    assert all(abs(e["ts"] - t) < 1.0 for e, t in zip(display, raised)), "original timestamps"
     assert [e["type"] for e in events].count("power.undervoltage") == 1
     ids = [e["id"] for e in events]
     assert ids == sorted(ids) and len(ids) == len(set(ids))
