@@ -99,12 +99,20 @@ def _render(doc: dict, link: dict, running: bool) -> str:
              *([f"pairing     {_pairing_text(doc['pairing'])}"]
                if isinstance(doc.get("pairing"), dict) else []),
              f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
+    if link.get("since_s") is not None and running:
+        lines.append(f"since       {link['since_s']} s in this state")
     if link.get("rtt_ms") is not None:
         lines.append(f"rtt         {link['rtt_ms']} ms, last ack {link.get('last_ack_age_s')} s ago")
     uploads = doc.get("uploads") if isinstance(doc.get("uploads"), dict) else None
     if uploads and "items" in uploads:
         lines.append(f"uploads     {uploads['items']} queued ({uploads.get('bytes', 0)} bytes), "
                      f"{uploads.get('dead_letter', 0)} dead-lettered, dropped {uploads.get('dropped') or 'none'}")
+    events = doc.get("events") if isinstance(doc.get("events"), dict) else None
+    if events:
+        recent = events.get("recent") if isinstance(events.get("recent"), list) else []
+        names = ", ".join(str(e.get("type")) for e in recent[-3:] if isinstance(e, dict)) or "none"
+        lines.append(f"events      {events.get('mode')}: {events.get('pending', 0)} waiting for the "
+                     f"server, {events.get('delivered', 0)} delivered; latest {names}")
     if link.get("next_attempt_in_s") is not None:
         lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
     losses = link.get("losses_last_hour") or []

@@ -200,7 +200,7 @@ class Agent:
             "events": {"mode": self.events.mode if self.events else "disabled",
                        "pending": len(self.outbox), "delivered": self.outbox.delivered,
                        "dropped": self.outbox.dropped,
-                       "recent": [e.payload() for e in self.outbox.pending()[-5:]]},
+                       "recent": [e.payload() for e in list(self.outbox.recent)]},
             "journal": [r.to_dict() for r in list(self.runner.core.journal.records)[-10:]],
         }
         with self._status_lock:

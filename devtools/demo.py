@@ -32,6 +32,21 @@ def follow(path: Path, offset: int, prefix: str) -> int:
     return len(data)
 
 
+def _write(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value + "\n")
+
+
+def _pi_tree(root: Path) -> None:
+    """The sysfs attribute files of a Raspberry Pi with one HDMI screen attached."""
+    for rel, value in (("class/drm/card1-HDMI-A-1/status", "connected"),
+                       ("class/hwmon/hwmon0/name", "rpi_volt"),
+                       ("class/hwmon/hwmon0/in0_lcrit_alarm", "0"),
+                       ("class/net/lo/operstate", "unknown"), ("class/net/lo/carrier", "1"),
+                       ("class/net/eth0/operstate", "down"), ("class/net/eth0/carrier", "0")):
+        _write(root / rel, value)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="demo", description=__doc__)
     p.add_argument("--heartbeat", type=float, default=3.0, help="heartbeat_interval_s for the demo")
@@ -47,7 +62,10 @@ def main(argv=None) -> int:
                                     devices={}).start()
         say(f"reference fleet server on {server.url} (Engine.IO ping 25 s / timeout 20 s, "
             "the stock defaults)")
+        fake_sys = work / "sys"
+        _pi_tree(fake_sys)
         cfg = agent_config(server, work, identity={"device_id": None, "token": None},
+                           events={"settle_s": 1.0}, debug={"sysfs_root": str(fake_sys)},
                            link={"heartbeat_interval_s": args.heartbeat,
                                                "ack_timeout_s": args.ack_timeout,
                                                "backoff": {"base_s": 1.0, "cap_s": 60.0}})
@@ -98,6 +116,21 @@ def main(argv=None) -> int:
                 "python-socketio client on these server settings notices only at its ping "
                 "timeout, 20-45 s after the drop")
             pump(args.heartbeat)
+            say("simulating hardware: HDMI-A-1 unplugged and eth0 getting carrier (a Pi's "
+                "sysfs files in a temp tree; a veth link change is the real kernel trigger)")
+            _write(fake_sys / "class/drm/card1-HDMI-A-1/status", "disconnected")
+            _write(fake_sys / "class/net/eth0/operstate", "up")
+            _write(fake_sys / "class/net/eth0/carrier", "1")
+            subprocess.run(["ip", "link", "add", "demo0", "type", "veth", "peer", "name", "demo1"],
+                           check=True)
+            subprocess.run(["ip", "link", "set", "demo0", "up"], check=True)
+            device_id = agent.status().get("device_id")
+            wanted = {"display.disconnected", "network.up"}
+            wait_for(lambda: {e["type"] for e in server.device(device_id).get("events", [])} >= wanted,
+                     15, what="both events")
+            for e in server.device(device_id)["events"]:
+                if e["type"] in wanted:
+                    say(f"the server got {e['type']} {e.get('connector', '')} (count {e['count']})")
             reports = server.device(agent.status().get("device_id")).get("reports") or []
             if reports:
                 r = reports[-1]

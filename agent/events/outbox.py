@@ -7,7 +7,7 @@ proven live; an event leaves only when the server ACKed it.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from .model import Event
 
@@ -21,10 +21,13 @@ class Outbox:
         self._lock = threading.Lock()
         self.dropped = 0
         self.delivered = 0
+        self.recent: deque[Event] = deque(maxlen=5)  # for `edge-agent status`, delivered or not
 
     def put(self, event: Event) -> None:
         with self._lock:
             self._items[event.id] = event
+            if event.type != "device.telemetry":
+                self.recent.append(event)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
                 self.dropped += 1
