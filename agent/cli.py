@@ -127,6 +127,12 @@ def _render(doc: dict, link: dict, running: bool) -> str:
 
 def cmd_enqueue(args) -> int:
     config = _load(args.config)
+    from .link.profiles import PROFILES
+    carried = PROFILES[config.profile].link_upload_kinds
+    if carried and args.kind not in carried:
+        sys.stderr.write(f"edge-agent: --kind: the {config.profile} profile carries no "
+                         f"{args.kind} uploads (it carries {', '.join(sorted(carried))})\n")
+        return EXIT_USAGE
     from .uploads.store import QueueDiskFull, QueueStore
     try:
         if args.file == "-":

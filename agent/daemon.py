@@ -17,6 +17,7 @@ from .identity import device
 from .identity.credentials import Credentials
 from .identity.enroller import Enroller
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
+from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
 from .uploads.store import QueueStore
 from .uploads.worker import MAX_SILENCE_S as UPLOADS_MAX_SILENCE_S, UploadWorker
@@ -71,12 +72,6 @@ class Agent:
                                      show_on_console=config.show_code_on_console)
             if self.token is not None:
                 self.enroller.core.on_paired(self.token)
-        self.store = QueueStore(config.queue_path, config.uploads)
-        self.uploads = UploadWorker(
-            self.store, UploadSender(config.server_url, self.identity, config.ca_file),
-            config.uploads,
-            on_tick=lambda: self.gate.tick("uploads", time.monotonic()),
-            on_change=self._refresh_status)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
         from .identity.enroller import hardware_facts
         from .link.profiles import PROFILES, ProfileContext
@@ -87,9 +82,14 @@ class Agent:
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
                                  on_tick=lambda: self.gate.tick("link", time.monotonic()),
-                                 on_link_up=self.uploads.wake,
+                                 on_link_up=lambda: self.uploads.wake(),
                                  on_refused=self._refused, identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path))
+        self.store = QueueStore(config.queue_path, config.uploads)
+        self.uploads = UploadWorker(
+            self.store, self._upload_sender(), config.uploads,
+            on_tick=lambda: self.gate.tick("uploads", time.monotonic()),
+            on_change=self._refresh_status)
         if self.token is None and self.profile.needs_token:
             self.runner.core.paused = True  # nothing to connect with until paired
         now = time.monotonic()
@@ -110,6 +110,13 @@ class Agent:
         self._status_lock = threading.Lock()
         self._stopping = threading.Event()
         self._failed = False
+
+    def _upload_sender(self):
+        if self.profile.link_upload_kinds:
+            live = self.config.liveness
+            return LinkUploadSender(self.runner, self.profile,
+                                    live.heartbeat_interval_s + live.ack_timeout_s + 5.0)
+        return UploadSender(self.config.server_url, self.identity, self.config.ca_file)
 
     def _outbox_put(self) -> None:
         self.runner.sink(None, "outbox")  # wake the link thread to send it

@@ -5,10 +5,15 @@ It follows the public behaviour the agent's `screentinker` profile speaks to: na
 device:paired (the latter on every reconnect of a paired device, as the real server
 does), device:heartbeat answered by device:heartbeat-ack (switchable off, like older
 servers), device:throttled, device:unpaired / device:auth-error, and
-device:connectivity-report. It is ours, not ScreenTinker's code.
+device:connectivity-report, device:screenshot and device:play-event (ACKed by callback,
+or with `st_upload_ack = "none"` never, like a server that does not ACK uploads).
+It is ours, not ScreenTinker's code.
 """
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 import secrets
 import time
 
@@ -84,6 +89,51 @@ def attach(server) -> None:
         dev = dev_for(sid)
         if dev is not None and isinstance(data, dict):
             dev.reports.append(data)
+
+
+    async def answer_upload():
+        if server.behaviour.st_upload_ack == "none":
+            await asyncio.sleep(3600)  # python-socketio ACKs whatever a handler returns
+        return {"ok": True}
+
+    def store(dev, upload_id, kind, body: bytes) -> bool:
+        if not isinstance(upload_id, str) or not 0 < len(upload_id) <= 200:
+            return False
+        if upload_id in dev.uploads:
+            dev.upload_repeats += 1  # a retry whose proof was lost: stored once
+        else:
+            dev.uploads[upload_id] = (kind, hashlib.sha256(body).hexdigest())
+        return True
+
+    @sio.on("device:screenshot", namespace=NS)
+    async def screenshot(sid, data=None):
+        dev = dev_for(sid)
+        if dev is None:
+            return {"error": "not registered"}
+        if not isinstance(data, dict) or not isinstance(data.get("image"), bytes):
+            return {"error": "bad screenshot"}
+        dev.upload_requests.append(round(time.time(), 3))
+        store(dev, data.get("upload_id"), "screenshot", data["image"])
+        return await answer_upload()
+
+    @sio.on("device:play-event", namespace=NS)
+    async def play_event(sid, data=None):
+        dev = dev_for(sid)
+        if dev is None:
+            return {"error": "not registered"}
+        events = data.get("events") if isinstance(data, dict) else None
+        if not isinstance(events, list):
+            return {"error": "bad play-event"}
+        dev.upload_requests.append(round(time.time(), 3))
+        acked = []
+        for ev in events[:500]:
+            if isinstance(ev, dict):
+                record = {k: v for k, v in ev.items() if k != "upload_id"}
+                if store(dev, ev.get("upload_id"), "proof-of-play",
+                         json.dumps(record, sort_keys=True).encode()):
+                    acked.append(ev["upload_id"])
+        answer = await answer_upload()
+        return {**answer, "acked": acked}
 
 
 async def pair(server, code: str):

@@ -44,6 +44,7 @@ class Behaviour:
     pair_limit: int = 5          # pairing attempts per operator per minute
     st_settle_s: float = 2.0     # screentinker: "offline for N s" in auth-error
     upload_mode: str = "ok"      # ok | 500 | 429 | 413 | hang
+    st_upload_ack: str = "callback"  # screentinker uploads: callback | none
     retry_after_s: float = 120.0 # with 429
 
 

@@ -1,10 +1,12 @@
 """The screentinker profile against the reference server's ScreenTinker emulation."""
+import hashlib
 import json
+import subprocess
 import time
 
 import pytest
 
-from devtools.harness import agent_config, wait_for
+from devtools.harness import REPO, agent_config, wait_for
 
 pytestmark = pytest.mark.netns
 
@@ -110,3 +112,68 @@ def test_an_old_server_without_heartbeat_ack_never_makes_the_agent_flap(
     wait_for(lambda: agent.link().get("connection") not in (None, 1), 15,
              what="a reconnect after silence")
     assert "nothing received for" in agent.log_text()
+
+
+def enqueue(agent_python, cfg, kind, payload: bytes):
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([agent_python, "-m", "agent", "enqueue", "--config", str(cfg),
+                           "--kind", kind, "-"], input=payload, capture_output=True, env=env,
+                          cwd=cfg.parent, timeout=30)
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40
+
+
+def test_screenshots_and_proof_of_play_go_through_the_queue_only_once_registered(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path)
+    cfg = tmp_path / "agent.toml"
+    code = wait_for(lambda: code_of(agent), 15, what="a pairing code")
+    for kind, payload in (("screenshot", PNG),
+                          ("proof-of-play", json.dumps({"media": "a.mp4", "ms": 5000}).encode()),
+                          ("proof-of-play", json.dumps({"media": "b.mp4", "ms": 7000}).encode())):
+        r = enqueue(agent_python, cfg, kind, payload)
+        assert r.returncode == 0, r.stderr
+    r = enqueue(agent_python, cfg, "log", b"a log")
+    assert r.returncode == 2 and "carries no log uploads" in r.stderr.decode()
+    time.sleep(2 * HB)
+    assert agent.status()["uploads"]["items"] == 3, "sent before the device was paired"
+    wait_for(lambda: code.replace("-", "") in server.admin("/admin/screentinker")["pending"], 5,
+             what="registered")
+    device_id = server.admin("/api/v1/pair", {"code": code})["device_id"]
+    wait_for(lambda: agent.status()["uploads"]["items"] == 0, 15, what="the queue drained")
+    stored = server.admin(f"/admin/uploads/{device_id}")
+    assert sorted(kind for kind, _ in stored.values()) == ["proof-of-play", "proof-of-play",
+                                                          "screenshot"]
+    assert hashlib.sha256(PNG).hexdigest() in {h for _, h in stored.values()}, \
+        "the screenshot arrived altered"
+    assert server.device(device_id)["upload_repeats"] == 0
+
+
+def test_a_server_that_acks_only_heartbeats_still_gets_every_upload_and_a_silent_drop_loses_none(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """No ACK for uploads: delivery is proven by the ACK of a later heartbeat on the same
+    connection. An upload emitted into a silently dropped link is never taken as sent."""
+    hb, ack = 4.0, 2.0  # the drop goes unnoticed for >= 2 s: the upload meets a dead link
+    server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path,
+                             uploads={"base_s": 1.0, "cap_s": 2.0},
+                             link={"heartbeat_interval_s": hb, "ack_timeout_s": ack})
+    cfg = tmp_path / "agent.toml"
+    server.admin("/admin/behaviour", {"st_upload_ack": "none"})
+    device_id = paired(server, agent)
+    assert enqueue(agent_python, cfg, "screenshot", PNG).returncode == 0
+    wait_for(lambda: agent.status()["uploads"]["items"] == 0, 3 * (hb + ack) + 5,
+             what="delivery proven by a heartbeat ack")
+    assert len(server.admin(f"/admin/uploads/{device_id}")) == 1
+    port = int(agent.link()["local_addr"].rsplit(":", 1)[1])
+    netns.drop_flow(port, server.port)
+    assert enqueue(agent_python, cfg, "screenshot", PNG[::-1]).returncode == 0
+    wait_for(lambda: agent.link().get("connection") not in (None, 1), hb + ack + 5,
+             what="a reconnect after the silent drop")
+    assert agent.status()["uploads"]["items"] <= 1
+    wait_for(lambda: agent.status()["uploads"]["items"] == 0, 4 * (hb + ack) + 10,
+             what="the second screenshot delivered on the new connection")
+    assert "link lost before delivery was proven" in agent.log_text(), \
+        "the second screenshot never met the dead link: the test proved nothing"
+    stored = server.admin(f"/admin/uploads/{device_id}")
+    assert len(stored) == 2 and server.device(device_id)["upload_repeats"] == 0

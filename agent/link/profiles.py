@@ -9,6 +9,7 @@ maps their actions onto a wire protocol and the server's messages back onto even
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import platform
 import secrets
@@ -39,6 +40,8 @@ class EdgeAgentProfile:
     needs_token = True       # pairing happens over HTTP before the link
     namespace = "/"
     transports = ["websocket"]
+    link_upload_kinds: frozenset = frozenset()  # uploads go over HTTP (docs/PROTOCOL.md)
+    registers = False        # the handshake auth identifies us; no register step
 
     def __init__(self, ctx: ProfileContext):
         self.ctx = ctx
@@ -77,6 +80,12 @@ class ScreenTinkerProfile:
     transports = ["websocket", "polling"]
     MAX_HOLD_S = 300.0
     STALE_RTT_S = 5.0
+    link_upload_kinds = frozenset({"screenshot", "proof-of-play"})
+    registers = True         # uploads wait for device:registered on each connection
+    # A Socket.IO server closes the connection on a message over its buffer limit
+    # (1 MB by default in both the Node and the Python server): a bigger screenshot
+    # would kill the link on every retry, so it is refused before it is sent.
+    MAX_MESSAGE_BYTES = 900_000
 
     def __init__(self, ctx: ProfileContext):
         self.ctx = ctx
@@ -124,6 +133,8 @@ class ScreenTinkerProfile:
             if isinstance(token, str) and 16 <= len(token) <= 4096:
                 self.ctx.on_token(token, device_id)
                 refresh_if_newly_paired()
+            if device_id and data.get("status") != "pending" and self.ctx.token():
+                post("registered")  # the server knows who we are: uploads may go
 
         def paired(_t, data=None, *_):
             self._paired_seen = True
@@ -190,6 +201,55 @@ class ScreenTinkerProfile:
             "cold_start": self._cold_start})
         self._cold_start = False
         on_ack({"ok": True})  # ScreenTinker does not ACK reports: sent once is all it gets
+
+
+    # -- uploads over the link --------------------------------------------------
+    def upload_message(self, kind: str, items: list) -> tuple[str, dict] | str:
+        """The message carrying queued ``items`` (Item-like: id, payload, created_at),
+        or a one-line reason it cannot be carried."""
+        if kind == "screenshot":
+            item = items[0]
+            if len(item.payload) > self.MAX_MESSAGE_BYTES:
+                return (f"screenshot of {len(item.payload)} bytes is over the "
+                        f"{self.MAX_MESSAGE_BYTES} a Socket.IO message may carry")
+            return "device:screenshot", {
+                "device_id": self.ctx.device_id(), "upload_id": item.id,
+                "taken_ms": round(item.created_at * 1000), "mime": _image_mime(item.payload),
+                "image": item.payload}   # a binary attachment, not base64
+        if kind == "proof-of-play":
+            events = []
+            for item in items:
+                try:
+                    record = json.loads(item.payload)
+                except ValueError:
+                    record = None
+                if not isinstance(record, dict):
+                    record = {"record": item.payload.decode("utf-8", "replace")}
+                events.append({**record, "upload_id": item.id})
+            return "device:play-event", {"device_id": self.ctx.device_id(), "events": events}
+        return f"the screentinker profile carries no {kind} uploads"
+
+    @staticmethod
+    def upload_answer(args: tuple) -> tuple[set | None, str | None]:
+        """A server's answer to an upload message: (ids it names as stored, or None for
+        all; a refusal, or None). Anything but an explicit error counts as stored."""
+        data = args[0] if args else None
+        if isinstance(data, dict):
+            error = data.get("error")
+            if data.get("ok") is False or (isinstance(error, str) and error):
+                return None, str(error or "refused")[:200]
+            acked = data.get("acked")
+            if isinstance(acked, list):
+                return {a for a in acked if isinstance(a, str)}, None
+        return None, None
+
+
+def _image_mime(data: bytes) -> str:
+    if data.startswith(b"\x89PNG"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8"):
+        return "image/jpeg"
+    return "application/octet-stream"
 
 
 def fingerprint(facts: dict) -> str:

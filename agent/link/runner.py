@@ -15,6 +15,7 @@ from typing import Callable
 from ..clock import Clock, SystemClock
 from . import journal as J
 from . import protocol
+from .delivery import DeliveryTracker
 from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
 from .profiles import PROFILES, ProfileContext
 from .schedule_store import ScheduleStore
@@ -58,6 +59,9 @@ class LinkRunner:
             device_id=lambda: (self.identity() or (config.device_id, None))[0],
             token=lambda: (self.identity() or (None, None))[1]))
         self._events_sent_on: dict[int, int] = {}  # event id -> generation it went out on
+        self.deliveries = DeliveryTracker()
+        self._uploads: dict = {}        # delivery key -> the waiting upload request
+        self._registered_on = 0         # generation the server last confirmed us on
         self._store = schedule_store
         self._started = self.clock.monotonic()
         self._published: tuple | None = None
@@ -79,6 +83,21 @@ class LinkRunner:
 
     def resume(self) -> None:
         self.sink(None, "resume")
+
+    def deliver(self, request) -> None:
+        """Send a queued upload over the link (profiles that carry them). ``request``
+        has key, event, payload and finish(verdict, detail, answer); finish is called
+        exactly once, from the link thread, unless forget() came first."""
+        self.sink(None, "upload", request)
+
+    def forget(self, key) -> None:
+        self.sink(None, "upload-forget", key)
+
+    def uploads_ready(self) -> bool:
+        """Online, and (where the profile registers) confirmed by the server on this
+        connection: an upload before device:registered would be dropped unread."""
+        return (self.transport is not None and self.core.state == LinkState.ONLINE
+                and (not self.profile.registers or self._registered_on == self.generation))
 
     # -- the loop ---------------------------------------------------------------
     @property
@@ -213,6 +232,19 @@ class LinkRunner:
         except TransportError as e:
             self._closed(e.reason, e.detail)
 
+    def _send_upload(self, request) -> None:
+        if not self.uploads_ready():
+            request.finish("lost", "link not up and registered", None)
+            return
+        gen, key = self.generation, request.key
+        self._uploads[key] = request
+        self.deliveries.sent(key, gen, self.core.seq)
+
+        def on_answer(*args):
+            self.sink(gen, "upload-answer", key, args)
+
+        self._emit(request.event, request.payload, on_answer)
+
     def _flush_outbox(self) -> None:
         """Hardware events go out in order once the link has carried an ACK, each until
         the server ACKs it: an emit on a silently dropped link proves nothing."""
@@ -234,7 +266,14 @@ class LinkRunner:
             live = {e.id for e in self.outbox.pending()}
             self._events_sent_on = {k: v for k, v in self._events_sent_on.items() if k in live}
 
+    def _settle(self, settled) -> None:
+        for s in settled:
+            request = self._uploads.pop(s.key, None)
+            if request is not None:
+                request.finish(s.verdict, s.detail, None)
+
     def _abort(self, reason: str) -> None:
+        self._settle(self.deliveries.connection_ended())
         transport, self.transport = self.transport, None
         if reason == J.SHUTDOWN:
             log.info("link closed: shutting down")
@@ -259,6 +298,7 @@ class LinkRunner:
         if self.core.state != LinkState.ONLINE:
             return
         self.core.on_closed(self.clock.monotonic(), reason)
+        self._settle(self.deliveries.connection_ended())
         transport, self.transport = self.transport, None
         log.warning("link lost: %s%s, reconnecting in %.1fs", reason,
                     f" ({detail})" if detail else "",
@@ -285,11 +325,33 @@ class LinkRunner:
             if self.core.on_network_up(self.clock.monotonic()):
                 log.info("network is back: connecting now instead of waiting out the backoff")
             return
+        if kind == "upload":
+            self._send_upload(args[0])
+            return
+        if kind == "upload-forget":
+            self.deliveries.forget(args[0])
+            self._uploads.pop(args[0], None)
+            return
         if generation != self.generation or self.transport is None:
             return  # from a connection already torn down
         if kind == "ack":
             seq, at = args
             self.core.on_ack(seq, at)
+            if self._uploads:
+                self._settle(self.deliveries.heartbeat_acked(generation, seq))
+        elif kind == "registered":
+            if self._registered_on != generation:
+                self._registered_on = generation
+                if self._on_link_up is not None:
+                    self._on_link_up()
+        elif kind == "upload-answer":
+            key, answer = args
+            acked, refusal = self.profile.upload_answer(answer)
+            request = self._uploads.get(key)
+            for s in self.deliveries.answered(key, refusal):
+                self._uploads.pop(key, None)
+                if request is not None:
+                    request.finish(s.verdict, s.detail, acked)
         elif kind == "bad-ack":
             self._warn_once("ack", f"ignoring malformed heartbeat ack: {args[0]}")
         elif kind == "malformed":

@@ -72,6 +72,7 @@ class UploadWorker(threading.Thread):
         """Sends what is due; returns seconds until something could be due."""
         mono, wall = self.clock.monotonic(), self.clock.wall()
         if not getattr(self.sender, "ready", True):
+            self._on_change()  # items may have been queued meanwhile: status shows them
             return MAX_NAP_S  # not paired yet; woken when the link comes up
         if not self.scheduler.may_send(mono):
             return self.scheduler.hold_until - mono
