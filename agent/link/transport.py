@@ -155,6 +155,14 @@ class SocketIOTransport:
                 sock.close()
             except OSError:
                 pass
+        # A polling handshake (the screentinker profile's fallback) leaves a kept-alive
+        # HTTP connection in the library's session pool: one more socket held per link.
+        http = getattr(self.client.eio, "http", None)
+        if http is not None and hasattr(http, "close"):
+            try:
+                http.close()
+            except Exception:
+                pass
 
     def _post(self, kind: str, *args: Any) -> None:
         self._sink(self.generation, kind, *args)
