@@ -1,13 +1,16 @@
-"""The baseline: a stock python-socketio client, as signage players use it today.
+"""The baselines: a stock python-socketio client, as signage players use it today.
 
-Library defaults (automatic reconnection, polling then websocket upgrade) and an
-app-level heartbeat every 15 s, fire-and-forget and guarded by ``sio.connected``,
-like the field reports' players. Prints one JSON line per link event.
+Default: library defaults (automatic reconnection, polling then websocket upgrade)
+and an app-level heartbeat every 15 s, fire-and-forget and guarded by
+``sio.connected``, like the field reports' players. SIGUSR1 raises a device event,
+sent the same way. ``--acked`` is the footprint baseline: websocket only, the
+heartbeat with an ACK callback and nothing else. Prints one JSON line per link event.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -21,23 +24,29 @@ def main(argv=None) -> int:
     p.add_argument("--device-id", default="stock-1")
     p.add_argument("--token", default="t")
     p.add_argument("--heartbeat", type=float, default=15.0)
-    p.add_argument("--fixed-reconnect-delay", type=float, default=None,
-                   help="no backoff, no jitter: the storm baseline")
+    p.add_argument("--acked", action="store_true", help="websocket, heartbeat with an ACK")
     args = p.parse_args(argv)
-    kw = {}
-    if args.fixed_reconnect_delay is not None:
-        kw = dict(reconnection_delay=args.fixed_reconnect_delay,
-                  reconnection_delay_max=args.fixed_reconnect_delay, randomization_factor=0)
-    sio = socketio.Client(**kw)
+    sio = socketio.Client()
     seq = [0]
+    events = [0]
 
-    def say(event):
-        print(json.dumps({"event": event, "t": time.time()}), flush=True)
+    def say(event, **kw):
+        print(json.dumps({"event": event, "t": time.time(), **kw}), flush=True)
 
     def beat():
         if sio.connected:
             seq[0] += 1
-            sio.emit("device:heartbeat", {"seq": seq[0], "ts": time.time()})
+            callback = (lambda *_: None) if args.acked else None
+            sio.emit("device:heartbeat", {"seq": seq[0], "ts": time.time()}, callback=callback)
+
+    def raise_event(*_):
+        events[0] += 1
+        say("raised", id=events[0])
+        if sio.connected:
+            threading.Thread(target=sio.emit, args=("device:event", {
+                "id": events[0], "type": "display.disconnected", "ts": time.time()})).start()
+
+    signal.signal(signal.SIGUSR1, raise_event)
 
     @sio.event
     def connect():
@@ -57,9 +66,11 @@ def main(argv=None) -> int:
                 pass
 
     threading.Thread(target=heartbeat_loop, daemon=True).start()
+    transports = ["websocket"] if args.acked else None
     while True:
         try:
-            sio.connect(args.url, auth={"device_id": args.device_id, "token": args.token})
+            sio.connect(args.url, auth={"device_id": args.device_id, "token": args.token},
+                        transports=transports)
             break
         except socketio.exceptions.ConnectionError:
             time.sleep(1)

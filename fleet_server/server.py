@@ -67,6 +67,8 @@ class Device:
     upload_repeats: int = 0
     upload_requests: list = field(default_factory=list)  # wall time of each upload request
     first_heartbeat_times: list = field(default_factory=list)  # wall, per connection
+    heartbeat_times: list = field(default_factory=list)  # wall, the last 200 heartbeats
+    seqs: set = field(default_factory=set)               # distinct heartbeat seqs received
     _sids_heard: set = field(default_factory=set)
 
     def view(self, now: float) -> dict:
@@ -80,6 +82,7 @@ class Device:
             "reports": self.reports[-50:], "events": self.events[-50:],
             "connect_times": self.connect_times[-50:],
             "first_heartbeat_times": self.first_heartbeat_times[-50:],
+            "heartbeat_times": self.heartbeat_times[-200:], "seqs_received": len(self.seqs),
             "uploads": len(self.uploads), "upload_repeats": self.upload_repeats,
             "upload_requests": self.upload_requests[-200:],
         }
@@ -176,6 +179,10 @@ class FleetServer:
                 return None
             dev.heartbeats += 1
             dev.last_seq = seq
+            dev.heartbeat_times.append(round(time.time(), 3))
+            del dev.heartbeat_times[:-200]
+            if len(dev.seqs) < 100_000:
+                dev.seqs.add(seq)
             if sid not in dev._sids_heard:
                 dev._sids_heard.add(sid)
                 dev.first_heartbeat_times.append(round(time.time(), 3))

@@ -43,6 +43,6 @@ make_venv() {  # make_venv DIR PIP-ARGS...
 
 dev_envs() {  # dev_envs PACKAGE...
     host_tools "$@"
-    make_venv "$REPO/.venv" -e "$REPO[test]"
+    make_venv "$REPO/.venv" -e "$REPO[test,bench]"
     make_venv "$REPO/.venv-bookworm" -r "$REPO/requirements/bookworm.txt"
 }

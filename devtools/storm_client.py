@@ -1,0 +1,44 @@
+"""Many agents in one process, for the fleet reconnect-storm benchmark.
+
+Each is the agent's real link (LinkRunner: core, backoff, watchdog, Socket.IO
+transport) with its own device id; only the daemon around it (systemd, uploads,
+udev) is left out, as it plays no part in when a device reconnects.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import time
+
+from agent import config as cfgmod
+from agent.link.runner import LinkRunner
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True, help="agent TOML: server url and [link] settings")
+    p.add_argument("--first", type=int, required=True, help="number of the first device")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--ramp-s", type=float, default=5.0, help="spread the first connects over this")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    base = cfgmod.load(args.config, env={})
+    runners = []
+    for i in range(args.first, args.first + args.count):
+        cfg = dataclasses.replace(base, device_id=f"storm-{i:04d}", token="t")
+        runners.append(LinkRunner(cfg))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for n, runner in enumerate(runners):
+        threading.Thread(target=runner.run, daemon=True, name=f"link-{n}").start()
+        time.sleep(args.ramp_s / max(1, len(runners)))
+    stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
