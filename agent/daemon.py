@@ -268,7 +268,9 @@ class Agent:
                      else "the agent's loops make progress")
         last_refresh = time.monotonic()
         while link.is_alive():
-            link.join(1.0)
+            # A signal interrupts the wait (its handler stops the link), so an idle
+            # agent need not wake this thread every second.
+            link.join(max(0.1, STATUS_REFRESH_S - (time.monotonic() - last_refresh)))
             if time.monotonic() - last_refresh >= STATUS_REFRESH_S:
                 last_refresh = time.monotonic()
                 self.notifier.status(status_line(self.runner.snapshot(), self._pairing()))
