@@ -115,7 +115,7 @@ def silent_drop(trials: int, quick: bool, workroot: Path, seed: int) -> list[Kin
 
 def summarize(kind: Kind) -> dict:
     values = [t.recovery_s for t in kind.trials if t.recovery_s is not None]
-    return {"median": statistics.median(values) if values else None,
+    return {"median": round(statistics.median(values), 2) if values else None,
             "max": max(values) if values else None, "ok": len(values),
             "failed": len(kind.trials) - len(values),
             "sockets_max": max((t.sockets_max for t in kind.trials), default=0)}
