@@ -46,7 +46,8 @@ def status_line(link: dict, pairing: dict | None = None) -> str:
         return f"reconnecting in {link.get('next_attempt_in_s') or 0:.0f}s{why}"
     if state == "connecting":
         return "connecting"
-    return str(state)
+    # before the link thread's first report (the seconds after a restart)
+    return str(state) if state else "starting link"
 
 
 class Agent:

@@ -55,3 +55,6 @@ def test_status_lines_for_systemd():
     assert status_line({"state": "waiting", "reason": "ack-timeout",
                         "next_attempt_in_s": 7.2}) == "reconnecting in 7s (ack-timeout)"
     assert status_line({"state": "online"}).startswith("online (waiting")
+    # before the link thread's first report: a sentence, never "None"
+    assert status_line({}) == "starting link"
+    assert status_line({"state": "connecting"}) == "connecting"

@@ -118,9 +118,8 @@ class LinkRunner:
         if resume_at is not None:
             # never further out than the cap: a bogus file must not silence the agent
             resume_at = min(resume_at, now + self.config.backoff.cap_s)
-            if resume_at > now:
-                log.info("continuing the reconnect schedule of the previous process: "
-                         "attempt %d in %.1fs", attempts + 1, resume_at - now)
+            log.info("continuing the reconnect schedule of the previous process: attempt %d %s",
+                     attempts + 1, f"in {resume_at - now:.1f}s" if resume_at > now else "now")
         self.core.start(now, resume_at, attempts)
         stall_at = (self._started + self.config.debug_stall_link_after_s
                     if self.config.debug_stall_link_after_s is not None else None)
@@ -166,6 +165,8 @@ class LinkRunner:
             self.core.on_connect_failed(now, J.REFUSED)
             self.core.pause(now, J.REFUSED)
             return
+        # a connect blocks for up to connect_timeout_s: say so, not the state before it
+        self._publish()
         self.generation += 1
         transport = self._factory(self.generation, self.sink)
         try:
