@@ -1,4 +1,4 @@
-"""Command line: `edge-agent run`, `edge-agent status`, `edge-agent check-config`."""
+"""Command line: `edge-agent run`, `status`, `enqueue`, `unpair`, `check-config`, `configured`."""
 from __future__ import annotations
 
 import argparse
@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     chk = sub.add_parser("check-config", help="validate the configuration and exit")
     chk.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+
+    cnd = sub.add_parser("configured", help="exit 0 if a fleet server url is set, 1 if not "
+                                            "(systemd's ExecCondition: a fresh install waits "
+                                            "for its configuration instead of failing)")
+    cnd.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
     return p
 
 
@@ -53,15 +58,34 @@ def _load(path: str) -> cfgmod.Config:
     try:
         return cfgmod.load(path)
     except cfgmod.ConfigError as e:
-        sys.stderr.write(f"edge-agent: config error: {e}\n")
+        logs.early(f"edge-agent: config error: {e}")
         raise SystemExit(EXIT_USAGE)
 
 
 def cmd_run(args) -> int:
     config = _load(args.config)
     logs.setup(config.log_level)
+    from . import crashes
+    crashes.prepare()
     from .daemon import Agent  # imports socketio; keep `status` light
     return Agent(config).run()
+
+
+def cmd_configured(args) -> int:
+    """Only "no server url" means not configured. Any other problem is left to `run`,
+    which fails the unit with the error in the journal: a typo must not pass for a
+    screen that is merely waiting to be set up."""
+    try:
+        cfgmod.load(args.config)
+    except cfgmod.ConfigMissing as e:
+        if e.key == "server.url":
+            logs.early(f"edge-agent: not configured yet: set [server] url in {args.config} "
+                       f"(or {cfgmod.env_name('server', 'url')}), then "
+                       f"systemctl restart edge-agent", priority=5)
+            return EXIT_DEGRADED
+    except cfgmod.ConfigError:
+        pass
+    return EXIT_OK
 
 
 def _status_path(args) -> str:
@@ -209,7 +233,8 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     handlers = {"run": cmd_run, "status": cmd_status, "check-config": cmd_check_config,
-                "enqueue": cmd_enqueue, "unpair": cmd_unpair, "enroll": cmd_unpair}
+                "enqueue": cmd_enqueue, "unpair": cmd_unpair, "enroll": cmd_unpair,
+                "configured": cmd_configured}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

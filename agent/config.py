@@ -31,6 +31,14 @@ class ConfigError(Exception):
     """A one-line, user-facing description of what is wrong and where."""
 
 
+class ConfigMissing(ConfigError):
+    """A required key is not set anywhere: the device is not configured yet."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 # -- schema -------------------------------------------------------------------
 # Each key: (type, default). ``None`` default means optional-and-unset; REQUIRED
 # means the key must be given (in the file or the environment).
@@ -230,7 +238,7 @@ def load(path: str | None = None, env: dict[str, str] | None = None) -> Config:
             elif key in given:
                 values[name] = _coerce(name, typ, given[key], False)
             elif default is REQUIRED:
-                raise ConfigError(f"{name}: required (set it in {path} or {ename})")
+                raise ConfigMissing(name, f"{name}: required (set it in {path} or {ename})")
             else:
                 values[name] = default
     for ename in env:

@@ -65,6 +65,14 @@ def under_journal(stream=None) -> bool:
     return st.st_dev == dev and st.st_ino == ino
 
 
+def early(text: str, priority: int = 3, stream=None) -> None:
+    """One line written before logging is set up (a configuration that cannot be read):
+    under systemd with its syslog priority, so `journalctl -p err` finds a bad config."""
+    stream = stream or sys.stderr
+    stream.write(f"<{priority}>{text}\n" if under_journal(stream) else f"{text}\n")
+    stream.flush()
+
+
 def setup(level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if under_journal():

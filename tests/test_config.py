@@ -147,3 +147,42 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, monkeypatch):
     r = subprocess.run([sys.executable, "-m", "agent", "check-config", "--config",
                         write(tmp_path, GOOD)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+
+def _cli(*args, env=None, stderr_to_journal=False, tmp_path=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT_")} | (env or {})
+    if not stderr_to_journal:
+        return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True,
+                              text=True, timeout=30, env=env)
+    # what systemd does: JOURNAL_STREAM names the device:inode of our stderr
+    err = tmp_path / "stderr"
+    with open(err, "w") as f:
+        st = os.fstat(f.fileno())
+        env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+        r = subprocess.run([sys.executable, "-m", "agent", *args], stdout=subprocess.PIPE,
+                           stderr=f, text=True, timeout=30, env=env)
+    r.stderr = err.read_text()
+    return r
+
+
+def test_configured_skips_only_a_missing_url(tmp_path):
+    """systemd's ExecCondition: 1 skips the start without failing the unit."""
+    no_url = write(tmp_path, "[server]\n# url = \"https://fleet.example.com\"\n")
+    r = _cli("configured", "--config", no_url)
+    assert r.returncode == 1 and "not configured yet: set [server] url" in r.stderr
+    assert _cli("configured", "--config", no_url,
+                env={"EDGE_AGENT_SERVER_URL": "http://127.0.0.1:1"}).returncode == 0
+    # a typo is not "unconfigured": `run` must fail the unit and say why
+    typo = write(tmp_path, GOOD.replace("heartbeat_interval_s = 15", "heartbeat_interval_s = 4"))
+    assert _cli("configured", "--config", typo).returncode == 0
+    assert _cli("configured", "--config", str(tmp_path / "missing.toml")).returncode == 0
+
+
+def test_errors_before_logging_carry_their_priority_to_the_journal(tmp_path):
+    bad = write(tmp_path, GOOD.replace("heartbeat_interval_s = 15", "heartbeat_interval_s = 4"))
+    r = _cli("run", "--config", bad, stderr_to_journal=True, tmp_path=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("<3>edge-agent: config error: link.ack_timeout_s"), r.stderr
+    no_url = write(tmp_path, "[server]\n")
+    r = _cli("configured", "--config", no_url, stderr_to_journal=True, tmp_path=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("<5>edge-agent: not configured yet")
