@@ -76,6 +76,12 @@ class FleetServerProcess:
     def device(self, device_id: str = "screen-1") -> dict:
         return self.admin("/admin/devices").get(device_id, {})
 
+    def pair(self, code: str) -> subprocess.CompletedProcess:
+        """What an operator types after reading the code off the screen."""
+        return subprocess.run([str(REPO / "scripts" / "fleet-server"), "pair", code, "--url", self.url],
+                              capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
+
 
 def agent_config(server: FleetServerProcess, workdir: Path, /, **sections) -> Path:
     doc = {

@@ -1,10 +1,12 @@
 import os
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from devtools.harness import AgentProcess, FleetServerProcess
+from devtools.harness import REPO, AgentProcess, FleetServerProcess
 from devtools.netns import NetNS
 
 
@@ -63,3 +65,15 @@ def spawn_agent(tmp_path):
         a.stop()
         if os.environ.get("AGENT_TEST_SHOW_LOGS"):
             sys.stderr.write(a.log_text())
+
+
+@pytest.fixture(scope="session")
+def built_debs() -> tuple[Path, Path]:
+    """The .deb as scripts/build-deb makes it, and a higher revision to upgrade to."""
+    def build(*args):
+        r = subprocess.run([str(REPO / "scripts" / "build-deb"), *args], capture_output=True,
+                           text=True, timeout=600, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if r.returncode != 0:
+            pytest.fail(f"scripts/build-deb {' '.join(args)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        return Path(r.stdout.strip().splitlines()[-1])
+    return build(), build("--revision", "2")

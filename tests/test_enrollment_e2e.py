@@ -21,9 +21,7 @@ def pairing_code(agent):
 
 
 def pair(server, code):
-    return subprocess.run([str(REPO / "scripts" / "fleet-server"), "pair", code, "--url", server.url],
-                          capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
+    return server.pair(code)
 
 
 def test_code_shown_then_paired_then_online_then_revoked_and_re_enrolled(

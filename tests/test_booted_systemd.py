@@ -1,0 +1,454 @@
+"""The user story under real systemd: a Debian bookworm booted with systemd-nspawn (systemd
+252 as PID 1, journald), the .deb installed into it with apt, the screen configured,
+paired, wedged, cut off, upgraded and purged.
+
+One system is booted for the module, in the test's own network namespace (shared with
+the reference fleet server), and the tests run in order like an operator's day: each
+starts where the one before left the screen. WatchdogSec is lowered by a drop-in, as
+an operator would, so a watchdog restart takes seconds, not five minutes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from devtools.booted import BootedDebian, ensure_rootfs, package_depends
+from devtools.harness import REPO, FleetServerProcess, wait_for
+from devtools.netns import NetNS
+
+pytestmark = pytest.mark.system
+
+UNIT = "edge-agent.service"
+WATCHDOG_S = 3
+CONF = "/etc/edge-agent/agent.toml"
+STATE = "/var/lib/edge-agent"
+DROP_IN = f"""[Service]
+WatchdogSec={WATCHDOG_S}s
+RestartSec=1s
+# so that a core dump, if the agent allowed one, would land where the test looks:
+# a writable working directory and no rlimit in the way (systemd-coredump's pipe
+# ignores the rlimit anyway)
+WorkingDirectory={STATE}
+LimitCORE=infinity
+"""
+# the alarms apt's output must not raise on install, upgrade or purge
+ALARMING = re.compile(r"could not|fail|error|warning", re.I)
+
+
+@dataclass
+class Site:
+    ns: NetNS
+    server: FleetServerProcess
+    screen: BootedDebian
+    debs: tuple
+    files_before_install: set = field(default_factory=set)
+    statuses: list = field(default_factory=list)  # every Status: seen while (re)starting
+    start_cursor: str = ""                        # the journal where the configured start began
+    device_id: str = ""
+
+
+@pytest.fixture(scope="module")
+def rootfs():
+    missing = [t for t in ("systemd-nspawn", "debootstrap", "nsenter") if shutil.which(t) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(f"the booted-system tests need root and {', '.join(missing) or 'nothing'} "
+                    "(.ci/run installs systemd-container and debootstrap)")
+    return ensure_rootfs(package_depends(REPO / "debian" / "control"))
+
+
+@pytest.fixture(scope="module")
+def site(rootfs, built_debs, tmp_path_factory):
+    work = tmp_path_factory.mktemp("booted")
+    with NetNS() as ns:
+        server = FleetServerProcess(work, devices={}).start()
+        try:
+            with BootedDebian(rootfs) as screen:
+                for deb in built_debs:
+                    shutil.copy(deb, screen.path("/root/"))
+                yield Site(ns, server, screen, built_debs)
+        finally:
+            server.stop()
+
+
+# -- helpers ----------------------------------------------------------------------
+def as_user(user: str, group: str, *argv: str) -> list[str]:
+    return ["setpriv", f"--reuid={user}", f"--regid={group}", "--clear-groups", *argv]
+
+
+def status(screen, *, unprivileged: bool = False) -> tuple[int, dict]:
+    argv = ["edge-agent", "status", "--json"]
+    if unprivileged:
+        argv = as_user("nobody", "nogroup", *argv)
+    r = screen.run(*argv, check=False)
+    try:
+        return r.returncode, json.loads(r.stdout)
+    except ValueError:
+        return r.returncode, {}
+
+
+def wait_online(screen, timeout=20.0) -> dict:
+    def online():
+        rc, doc = status(screen)
+        return doc if rc == 0 else None
+    return wait_for(online, timeout, interval=0.2, what="edge-agent status: online")
+
+
+def unit_lines(screen, after: str | None = None) -> list[dict]:
+    """Everything about the unit, the agent's lines and systemd's, after a cursor.
+    (journalctl 252 returns nothing for a field match combined with --after-cursor,
+    so the filtering is done here.)"""
+    entries = screen.journal(*(("--after-cursor", after) if after else ()))
+    return [e for e in entries if UNIT in (e.get("_SYSTEMD_UNIT"), e.get("UNIT"))]
+
+
+def agent_lines(screen, after: str | None = None) -> list[dict]:
+    """The agent's own lines (not systemd's about it)."""
+    return [e for e in unit_lines(screen, after)
+            if e.get("_SYSTEMD_UNIT") == UNIT and e.get("SYSLOG_IDENTIFIER") == "edge-agent"]
+
+
+def text(entries) -> str:
+    return "\n".join(str(e.get("MESSAGE")) for e in entries)
+
+
+def main_pid(screen) -> int:
+    return int(screen.show(UNIT, "MainPID")["MainPID"])
+
+
+def apt(screen, *args):
+    r = screen.run("apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confold", *args,
+                   check=False, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    # apt-utils' absence is debconf's note, not ours
+    alarms = [line for line in out.splitlines()
+              if ALARMING.search(line) and "apt-utils is not installed" not in line]
+    assert not alarms, "apt said:\n" + "\n".join(alarms)
+    return out
+
+
+def write_config(screen, server, **extra) -> None:
+    # the file apt installed, so its owner and mode (root:edge-agent 0640) stay
+    body = (f'[server]\nurl = "{server.url}"\nconnect_timeout_s = 2\n'
+            '[link]\nheartbeat_interval_s = 2\nack_timeout_s = 1\nstable_after_s = 30\n'
+            '[link.backoff]\nbase_s = 0.5\ncap_s = 2\n'
+            '[uploads]\nbase_s = 1\ncap_s = 2\n')
+    for line in extra.get("replace", []):
+        body = body.replace(*line)
+    screen.path(CONF).write_text(body)
+
+
+class StatusSampler:
+    """What `systemctl status` shows as Status:, sampled while a restart happens."""
+
+    def __init__(self, screen, into: list):
+        self.screen, self.into = screen, into
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            r = self.screen.run("systemctl", "show", UNIT, "--property=StatusText,ActiveState",
+                                check=False)
+            props = dict(l.split("=", 1) for l in r.stdout.splitlines() if "=" in l)
+            if props.get("ActiveState") in ("activating", "active", "reloading"):
+                self.into.append(props.get("StatusText", ""))
+            self._stop.wait(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(10)
+
+
+def files(screen) -> set[str]:
+    return set(screen.run("find", "/", "-xdev").stdout.splitlines())
+
+
+# -- the day ----------------------------------------------------------------------
+def test_fresh_install_waits_for_its_configuration_instead_of_failing(site):
+    s = site.screen
+    site.files_before_install = files(s)
+    apt(s, "install", f"/root/{site.debs[0].name}")  # no 'Could not execute systemctl'
+
+    props = s.show(UNIT, "ActiveState", "Result", "UnitFileState", "NRestarts")
+    assert props == {"ActiveState": "inactive", "Result": "exec-condition",
+                     "UnitFileState": "enabled", "NRestarts": "0"}, props
+    assert s.run("systemctl", "is-failed", UNIT, check=False).stdout.strip() != "failed"
+    hint = [e for e in unit_lines(s) if "not configured yet" in str(e.get("MESSAGE"))]
+    assert hint and hint[0]["PRIORITY"] == "5", hint  # a notice, not an error
+    assert str(hint[0]["MESSAGE"]).startswith("edge-agent: not configured yet: set [server] url")
+
+    # the user, directories and modes the unit and the README promise
+    pw = s.run("getent", "passwd", "edge-agent").stdout.strip().split(":")
+    assert int(pw[2]) < 1000 and pw[5] == STATE and pw[6] in ("/usr/sbin/nologin", "/bin/false"), pw
+    modes = dict(line.split(" ", 1) for line in s.run(
+        "stat", "-c", "%n %a %U:%G", CONF, STATE, "/etc/edge-agent").stdout.splitlines())
+    assert modes == {CONF: "640 root:edge-agent", STATE: "700 edge-agent:edge-agent",
+                     "/etc/edge-agent": "755 root:root"}, modes
+    # on Debian's python3 and bookworm's packaged stack, not a virtualenv
+    assert s.path("/usr/bin/edge-agent").read_text().split("\n")[0] in (
+        "#!/usr/bin/python3", "#! /usr/bin/python3")
+    versions = s.run("dpkg-query", "-W", "-f=${Package} ${Version}\n", "edge-agent",
+                     "python3-socketio", "python3-engineio").stdout
+    assert "edge-agent 0.1.0-1" in versions and "python3-socketio 5.7.2" in versions \
+        and "python3-engineio 4.3.4" in versions, versions
+    r = s.run("systemd-analyze", "verify", UNIT, check=False)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+def test_a_bad_configuration_fails_the_unit_with_an_error_in_the_journal(site):
+    s = site.screen
+    write_config(s, site.server, replace=[("ack_timeout_s = 1", "ack_timeout_s = 5")])
+    cursor = s.cursor()
+    assert s.run("systemctl", "restart", UNIT, check=False).returncode != 0
+    props = s.show(UNIT, "ActiveState", "ExecMainStatus", "NRestarts")
+    # exit 2 is not restarted (RestartPreventExitStatus=2): no crash loop on a typo
+    assert props == {"ActiveState": "failed", "ExecMainStatus": "2", "NRestarts": "0"}, props
+    # journald reads the stream on its own time: wait for the line, then look at it
+    errors = wait_for(lambda: [e for e in agent_lines(s, cursor)
+                               if "config error" in e["MESSAGE"]], 10, interval=0.2,
+                      what="the config error in the journal")
+    assert len(errors) == 1, text(errors)
+    assert errors[0]["PRIORITY"] == "3", errors[0]
+    assert errors[0]["MESSAGE"] == ("edge-agent: config error: link.ack_timeout_s: must be less "
+                                    "than link.heartbeat_interval_s (2.0)")
+    s.run("systemctl", "reset-failed", UNIT)
+
+
+def test_enrolls_and_pairs_under_systemd(site):
+    s, server = site.screen, site.server
+    write_config(s, server)
+    s.path(f"/etc/systemd/system/{UNIT}.d").mkdir(parents=True, exist_ok=True)
+    s.path(f"/etc/systemd/system/{UNIT}.d/test.conf").write_text(DROP_IN)
+    s.run("systemctl", "daemon-reload")
+    site.start_cursor = s.cursor()
+    with StatusSampler(s, site.statuses):
+        s.run("systemctl", "restart", UNIT)
+        code = wait_for(lambda: s.run("cat", "/run/edge-agent/pairing-code", check=False).stdout.strip(),
+                        20, interval=0.2, what="the pairing code file")
+    assert re.fullmatch(r"\d{3}-\d{3}", code), code
+    said = wait_for(lambda: [e for e in agent_lines(s, site.start_cursor)
+                             if f"pairing code {code}" in e["MESSAGE"]], 10, interval=0.2,
+                    what="the pairing code in the journal")
+    assert said[0]["PRIORITY"] == "6", said
+    assert s.show(UNIT, "StatusText")["StatusText"] == f"waiting for pairing code {code}"
+    rc, doc = status(s)
+    assert rc == 1 and doc["pairing"]["code"] == code, doc
+
+    r = server.pair(code)
+    assert r.returncode == 0, r.stderr
+    doc = wait_online(s)
+    assert s.show(UNIT, "StatusText")["StatusText"].startswith("online")
+    # an operator without root sees the same
+    rc, as_nobody = status(s, unprivileged=True)
+    assert rc == 0 and as_nobody["device_id"] == doc["device_id"], as_nobody
+    creds = s.run("stat", "-c", "%a %U", f"{STATE}/credentials.json").stdout.split()
+    assert creds == ["600", "edge-agent"], creds
+    token = json.loads(s.path(f"{STATE}/credentials.json").read_text())["token"]
+    assert token not in text(unit_lines(s)), "the token reached the journal"
+    site.device_id = doc["device_id"]
+
+
+def test_the_sandbox_is_in_force(site):
+    s = site.screen
+    pid = main_pid(s)
+    proc = dict(line.split(":\t", 1) for line in s.run("cat", f"/proc/{pid}/status").stdout.splitlines()
+                if ":\t" in line)
+    uid = s.run("id", "-u", "edge-agent").stdout.strip()
+    assert proc["Uid"].split()[0] == uid
+    assert proc["NoNewPrivs"] == "1" and proc["Seccomp"] == "2"
+    assert int(proc["CapEff"], 16) == 0 and int(proc["CapBnd"], 16) == 0
+    mounts = {parts[4]: parts[5] for parts in
+              (line.split() for line in s.run("cat", f"/proc/{pid}/mountinfo").stdout.splitlines())}
+    assert mounts["/"].startswith("ro"), mounts.get("/")           # ProtectSystem=strict
+    assert mounts[STATE].startswith("rw"), mounts.get(STATE)       # ...but its state
+    for private in ("/home", "/root", "/tmp", "/dev"):             # ProtectHome, PrivateTmp/Devices
+        assert private in mounts, f"{private} is not a private mount"
+    # nothing systemd or the agent said since the start was a warning or an error
+    bad = [e for e in unit_lines(s, site.start_cursor) if int(e["PRIORITY"]) <= 4]
+    assert not bad, text(bad)
+
+    out = s.run("systemd-analyze", "security", UNIT, "--no-pager").stdout
+    exposure = float(re.search(r"Overall exposure level for edge-agent.service: ([0-9.]+)", out).group(1))
+    print(f"\nsystemd-analyze security {UNIT} on the booted system: {exposure}")
+    assert exposure <= 1.5
+
+    # MemoryMax/TasksMax need the memory and pids controllers for the unit's cgroup
+    cgroups = dict(line.split(":", 2)[1:] for line in
+                   s.run("cat", f"/proc/{pid}/cgroup").stdout.splitlines())
+    limits = s.show(UNIT, "MemoryMax", "TasksMax")
+    assert limits == {"MemoryMax": str(128 * 2 ** 20), "TasksMax": "64"}, limits
+    for controller, key in (("memory", "MemoryMax"), ("pids", "TasksMax")):
+        if cgroups.get(controller, "/") == "/" and not cgroups.get("", "").endswith(UNIT):
+            print(f"{key} not enforced on this host: its {controller} controller is cgroup v1, "
+                  "read-only in the container (a device on cgroup v2 enforces it)")
+            continue
+        path = f"/sys/fs/cgroup/unified{cgroups['']}" if cgroups.get(controller, "/") == "/" \
+            else f"/sys/fs/cgroup/{controller}{cgroups[controller]}"
+        name = {"memory": ("memory.max", "memory.limit_in_bytes"), "pids": ("pids.max",)}[controller]
+        values = [s.run("cat", f"{path}/{n}", check=False).stdout.strip() for n in name]
+        if not any(values):
+            print(f"{key} not enforced on this host: no {controller} controller in {path} "
+                  "(cgroup v1 controllers are read-only in the container; a device on cgroup "
+                  "v2 enforces it)")
+            continue
+        assert limits[key] in values, (key, values)
+
+
+def test_a_healthy_link_gets_pets_and_is_never_restarted(site):
+    s = site.screen
+    before = s.show(UNIT, "NRestarts", "MainPID", "WatchdogTimestampMonotonic")
+    time.sleep(4 * WATCHDOG_S)
+    after = s.show(UNIT, "NRestarts", "MainPID", "WatchdogTimestampMonotonic")
+    assert (after["NRestarts"], after["MainPID"]) == (before["NRestarts"], before["MainPID"])
+    # systemd's own record of the last WATCHDOG=1: it kept moving
+    assert int(after["WatchdogTimestampMonotonic"]) > int(before["WatchdogTimestampMonotonic"])
+    last_pet_age = (time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6
+                    - int(after["WatchdogTimestampMonotonic"])) / 1e6
+    assert last_pet_age < WATCHDOG_S, f"last pet {last_pet_age:.1f}s ago"
+    assert status(s)[0] == 0
+
+
+def test_a_wedged_agent_is_killed_by_the_watchdog_and_comes_back(site):
+    s = site.screen
+    pid, restarts = main_pid(s), int(s.show(UNIT, "NRestarts")["NRestarts"])
+    cursor = s.cursor()
+    with StatusSampler(s, site.statuses):
+        s.run("systemctl", "kill", "--kill-whom=main", "--signal=SIGSTOP", UNIT)
+        t0 = time.monotonic()
+        wait_for(lambda: "Watchdog timeout" in text(unit_lines(s, cursor)),
+                 WATCHDOG_S + 10, interval=0.2, what="systemd's watchdog timeout")
+        print(f"\nSIGSTOP -> systemd's watchdog timeout in {time.monotonic() - t0:.1f}s "
+              f"(WatchdogSec={WATCHDOG_S}s)")
+        wait_for(lambda: main_pid(s) not in (0, pid), 20, interval=0.2, what="a new main process")
+        wait_online(s)
+    assert int(s.show(UNIT, "NRestarts")["NRestarts"]) == restarts + 1
+    said = text(unit_lines(s, cursor))
+    # the stacks of every thread reach the journal: the clue to why it wedged
+    assert "Fatal Python error: Aborted" in said and "Thread 0x" in said, said
+    # ...and no core file: not to the SD card, not with the token in it
+    print("kernel.core_pattern on this host: " + Path("/proc/sys/kernel/core_pattern").read_text().strip())
+    assert "Main process exited, code=killed, status=6/ABRT" in said, said
+    assert "code=dumped" not in said
+    left = s.run("find", STATE, "/var/lib/systemd/coredump", "-type", "f", "-name", "core*",
+                 check=False).stdout
+    assert not left.strip(), left
+
+
+def test_a_silent_drop_past_watchdogsec_restarts_and_continues_the_backoff(site):
+    s, server = site.screen, site.server
+    pid, restarts = main_pid(s), int(s.show(UNIT, "NRestarts")["NRestarts"])
+    cursor = s.cursor()
+    site.ns.drop_port(server.port)  # silent: no FIN, no RST, until restored
+    try:
+        with StatusSampler(s, site.statuses):
+            wait_for(lambda: "Watchdog timeout" in text(unit_lines(s, cursor)),
+                     3 * WATCHDOG_S + 10, interval=0.2, what="systemd's watchdog timeout")
+
+            def continued():
+                for e in agent_lines(s, cursor):
+                    m = re.search(r"continuing the reconnect schedule of the previous process: "
+                                  r"attempt (\d+)", e["MESSAGE"])
+                    if m and int(e["_PID"]) != pid:
+                        return int(m.group(1))
+                return None
+            attempt = wait_for(continued, 20, interval=0.2,
+                               what="the new process to continue the schedule")
+            time.sleep(2.5)  # its first connect blocks on the dropped port: what does it say?
+    finally:
+        site.ns.restore()
+    assert attempt >= 2, "the restarted agent started its backoff from scratch"
+    wait_online(s, 30)
+    assert int(s.show(UNIT, "NRestarts")["NRestarts"]) >= restarts + 1
+    said = agent_lines(s, cursor)
+    assert any("withholding pets" in e["MESSAGE"] and e["PRIORITY"] == "4" for e in said), text(said)
+
+
+def test_journal_priorities_and_status_lines(site):
+    s = site.screen
+    lines = agent_lines(s)
+    by_priority: dict[str, list[str]] = {}
+    for e in lines:
+        by_priority.setdefault(e["PRIORITY"], []).append(e["MESSAGE"])
+    assert any(m.startswith("edge-agent 0.1.0 starting") for m in by_priority.get("6", []))
+    assert any("withholding pets" in m for m in by_priority.get("4", []))
+    assert any("config error" in m for m in by_priority.get("3", []))
+    # the <N> prefix is read by journald, never shown
+    assert not [e for e in lines if re.match(r"<\d>", str(e["MESSAGE"]))]
+    # `systemctl status` while starting and restarting: always a sentence, never None
+    print(f"\nStatus: lines seen while (re)starting: {sorted(set(site.statuses))}")
+    assert site.statuses, "no status was sampled"
+    assert "None" not in site.statuses, sorted(set(site.statuses))
+    assert {"starting link"} & set(site.statuses) or any(
+        x.startswith(("waiting for pairing", "online", "reconnecting")) for x in site.statuses)
+
+
+def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
+    s, server = site.screen, site.server
+    server.admin("/admin/behaviour", {"upload_mode": "500"})  # queued items stay queued
+    for i in range(2):
+        s.run(*as_user("edge-agent", "edge-agent", "edge-agent", "enqueue", "--kind", "log", "-"),
+              input=f"log line {i}\n")
+    wait_for(lambda: len(server.device(site.device_id).get("upload_requests", [])) >= 2, 15,
+             interval=0.2, what="uploads tried and refused")
+    assert status(s)[1]["uploads"]["items"] == 2
+    before = s.show(UNIT, "MainPID", "InvocationID")
+    ids = {p: s.path(p).read_bytes() for p in (f"{STATE}/device_id", f"{STATE}/credentials.json")}
+    conf = s.path(CONF)
+    conf.write_text(conf.read_text() + "# edited by the operator\n")
+
+    with StatusSampler(s, site.statuses):
+        apt(s, "install", f"/root/{site.debs[1].name}")
+        wait_for(lambda: s.show(UNIT, "InvocationID")["InvocationID"] != before["InvocationID"],
+                 20, interval=0.2, what="the agent restarted by the upgrade")
+        doc = wait_online(s)
+    assert s.run("dpkg-query", "-W", "-f=${Version}", "edge-agent").stdout == "0.1.0-2"
+    assert main_pid(s) != int(before["MainPID"])
+    assert {p: s.path(p).read_bytes() for p in ids} == ids, "device id or credentials changed"
+    assert doc["device_id"] == site.device_id and doc["uploads"]["items"] == 2, doc
+    assert "# edited by the operator" in conf.read_text()
+    server.admin("/admin/behaviour", {"upload_mode": "ok"})
+    wait_for(lambda: server.device(site.device_id).get("uploads") == 2, 20, interval=0.2,
+             what="the queued uploads delivered after the upgrade")
+
+
+def test_purge_removes_what_the_package_created(site):
+    s = site.screen
+    apt(s, "purge", "edge-agent")
+    assert s.show(UNIT, "LoadState")["LoadState"] == "not-found"
+    survivors = s.run("find", "/proc", "-maxdepth", "1", "-user", "edge-agent").stdout
+    assert not survivors.strip(), f"an agent survived: {survivors}"
+    assert s.run("test", "-e", "/run/edge-agent", check=False).returncode == 1
+    # the test's own files, and the system's records of an install that happened
+    ours = (f"/etc/systemd/system/{UNIT}.d", "/root/edge-agent_")
+    records = ("/var/lib/dpkg/", "/var/cache/apt/", "/var/cache/debconf/", "/var/log/",
+               "/var/lib/apt/", "/etc/passwd", "/etc/group", "/etc/shadow",
+               "/etc/gshadow", "/etc/subuid", "/etc/subgid", "/etc/.pwd.lock")
+    left = sorted(p for p in files(s) - site.files_before_install
+                  if not p.startswith(ours + records))
+    assert not left, left
+    # Debian policy: a system user may own files left elsewhere, so it stays
+    assert s.run("getent", "passwd", "edge-agent", check=False).returncode == 0
+
+
+def test_power_off_leaves_nothing_behind(site, rootfs):
+    s = site.screen
+    root = s.root
+    s.poweroff()
+    assert not s.leftovers(), s.leftovers()
+    assert str(root) not in Path("/proc/mounts").read_text()
+    assert not root.exists()
+    assert not (rootfs / "etc" / "edge-agent").exists(), "the cached rootfs was written to"
