@@ -145,7 +145,7 @@ class LinkCore:
             if self._next_heartbeat_at <= now:  # we were late; don't burst to catch up
                 self._next_heartbeat_at = now + interval
             actions.append(SendHeartbeat(self.seq))
-        if self._report_sent_on != self.journal.total_connections and self.watchdog.acked:
+        if self._report_sent_on != self.journal.total_connections and self.watchdog.proven:
             pending = self.journal.unreported()
             self._report_sent_on = self.journal.total_connections
             if pending:
@@ -179,6 +179,10 @@ class LinkCore:
     def on_inbound(self, now: float) -> None:
         if self.state == LinkState.ONLINE:
             self.watchdog.on_inbound(now)
+
+    def on_server_ping(self, now: float) -> None:
+        if self.state == LinkState.ONLINE:
+            self.watchdog.on_server_ping(now)
 
     def on_ack(self, seq: int, now: float) -> float | None:
         if self.state != LinkState.ONLINE:

@@ -2,13 +2,22 @@
 
 An emit that returned proves nothing: on a silently dropped link it lands in a socket
 buffer and dies there. A queued upload may be deleted only on proof, and the link has
-two kinds of it:
+two kinds of it (neither ScreenTinker server answers an upload message itself):
 
-- the server answers the message itself (a Socket.IO ACK callback);
 - the server ACKs a heartbeat that was sent *after* the message on the same
   connection. One TCP stream, one Socket.IO writer: the server cannot have read the
-  later heartbeat without reading the message first. That serves servers (such as
-  ScreenTinker's) whose upload events carry no ACK of their own.
+  later heartbeat without reading the message first. That serves servers whose upload
+  events carry no ACK of their own.
+- the server sends its second Engine.IO ping after the message. An Engine.IO 4 server
+  schedules each ping ``pingInterval`` after it *received* our pong to the previous
+  one; the pong to the first ping after the message left after the message, on the
+  same stream, so the second ping proves the server read the message. That serves a
+  server that ACKs nothing at all (ScreenTinker's released server), at the price of
+  up to two ping intervals of latency.
+
+Receipt is all any of these prove: a server that reads a message and discards it (a
+shape it does not accept) is indistinguishable from one that stored it, which is why
+the profiles never send a shape their server would discard.
 
 A message without either by the time its connection ends is not delivered, and goes
 back to the queue's per-item backoff.
@@ -18,41 +27,48 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable
 
-DELIVERED, REFUSED, LOST = "delivered", "refused", "lost"
+DELIVERED, LOST = "delivered", "lost"
 
 
 @dataclass(frozen=True)
 class Settled:
     key: Hashable
-    verdict: str   # DELIVERED | REFUSED | LOST
+    verdict: str   # DELIVERED | LOST
     detail: str = ""
 
 
 class DeliveryTracker:
     def __init__(self):
-        self._pending: dict[Hashable, tuple[int, int]] = {}  # key -> (generation, last seq)
+        # key -> (generation, last heartbeat seq, server pings seen) when it went out
+        self._pending: dict[Hashable, tuple[int, int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def sent(self, key: Hashable, generation: int, last_heartbeat_seq: int) -> None:
-        """``key`` went out on connection ``generation`` after heartbeat ``last_heartbeat_seq``."""
-        self._pending[key] = (generation, last_heartbeat_seq)
-
-    def answered(self, key: Hashable, refusal: str | None = None) -> list[Settled]:
-        if self._pending.pop(key, None) is None:
-            return []
-        return [Settled(key, REFUSED, refusal) if refusal else Settled(key, DELIVERED, "acked")]
+    def sent(self, key: Hashable, generation: int, last_heartbeat_seq: int,
+             server_pings: int = 0) -> None:
+        """``key`` went out on connection ``generation`` after heartbeat
+        ``last_heartbeat_seq``, with ``server_pings`` pings counted *after* it was queued
+        (counted before, a ping's pong could have left ahead of the message)."""
+        self._pending[key] = (generation, last_heartbeat_seq, server_pings)
 
     def heartbeat_acked(self, generation: int, seq: int) -> list[Settled]:
-        done = [k for k, (gen, before) in self._pending.items() if gen == generation and seq > before]
+        done = [k for k, (gen, before, _) in self._pending.items()
+                if gen == generation and seq > before]
         for key in done:
             del self._pending[key]
         return [Settled(k, DELIVERED, "received before a later heartbeat") for k in done]
 
+    def server_pinged(self, generation: int, pings: int) -> list[Settled]:
+        """The server's ``pings``-th ping on that connection arrived."""
+        done = [k for k, (gen, _, at) in self._pending.items() if gen == generation and pings >= at + 2]
+        for key in done:
+            del self._pending[key]
+        return [Settled(k, DELIVERED, "received before the pong to a later ping") for k in done]
+
     def connection_ended(self, generation: int | None = None) -> list[Settled]:
         """Everything still unproven on that connection (all, if None) is lost."""
-        done = [k for k, (gen, _) in self._pending.items() if generation is None or gen == generation]
+        done = [k for k, (gen, _, _) in self._pending.items() if generation is None or gen == generation]
         for key in done:
             del self._pending[key]
         return [Settled(k, LOST, "link lost before delivery was proven") for k in done]

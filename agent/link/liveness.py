@@ -12,6 +12,12 @@ Two independent verdicts:
 - ``silence``: nothing at all received for ``silence_timeout``. Always armed. When
   not configured it is derived from the traffic the link must carry: heartbeat ACKs
   once armed, the server's Engine.IO pings otherwise.
+
+"Proven live" (what the systemd watchdog pets are gated on) is a recent heartbeat ACK
+where the server ACKs. Where it does not (ScreenTinker's released server), it is a
+recent Engine.IO ping from the server: an Engine.IO 4 server sends its next ping only
+``pingInterval`` after it received our pong to the previous one, so a ping that keeps
+arriving on time proves both directions carry traffic end to end.
 """
 from __future__ import annotations
 
@@ -48,6 +54,8 @@ class LivenessWatchdog:
         self.last_ack_at: float | None = None
         self.last_rtt_s: float | None = None
         self.acked = 0
+        self.pings = 0
+        self.last_ping_at: float | None = None
         self.consecutive_misses = 0
         self._pending: dict[int, float] = {}  # seq -> sent_at
 
@@ -55,6 +63,17 @@ class LivenessWatchdog:
     def on_inbound(self, now: float) -> None:
         if now > self.last_inbound:
             self.last_inbound = now
+
+    def on_server_ping(self, now: float) -> None:
+        self.on_inbound(now)
+        self.pings += 1
+        if self.last_ping_at is None or now > self.last_ping_at:
+            self.last_ping_at = now
+
+    @property
+    def proven(self) -> bool:
+        """This connection has carried a round trip the server originated or answered."""
+        return self.acked > 0 or self.pings > 0
 
     def on_heartbeat_sent(self, seq: int, now: float) -> None:
         self._pending[seq] = now
@@ -110,7 +129,15 @@ class LivenessWatchdog:
         return deadline
 
     def proven_live(self, now: float) -> bool:
-        """An ACK within one heartbeat interval plus the ACK timeout."""
+        """An ACK within one heartbeat interval plus the ACK timeout; from a server that
+        does not ACK, a ping within its ping interval plus the ACK timeout."""
         p = self.policy
-        return (self.last_ack_at is not None
-                and now - self.last_ack_at <= p.heartbeat_interval_s + p.ack_timeout_s)
+        if self.armed:
+            return (self.last_ack_at is not None
+                    and now - self.last_ack_at <= p.heartbeat_interval_s + p.ack_timeout_s)
+        return (self.last_ping_at is not None
+                and now - self.last_ping_at <= self._server_ping_interval_s + p.ack_timeout_s)
+
+    @property
+    def server_ping_interval_s(self) -> float:
+        return self._server_ping_interval_s

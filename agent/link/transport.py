@@ -59,6 +59,7 @@ class SocketIOTransport:
         self._server_said_bye = False
         self._sock: socket.socket | None = None
         self.last_inbound = time.monotonic()
+        self.server_pings = 0  # Engine.IO pings from the server on this connection
         ssl_verify: bool | str = ca_file if ca_file else True
         self.client = socketio.Client(
             reconnection=False, logger=False, engineio_logger=False,
@@ -168,6 +169,7 @@ class SocketIOTransport:
         self._sink(self.generation, kind, *args)
 
     def _install_hooks(self) -> None:
+        from engineio import packet
         eio = self.client.eio
         receive = eio._receive_packet
 
@@ -175,7 +177,12 @@ class SocketIOTransport:
             # Any inbound packet, Engine.IO pings included, is proof of life. A plain
             # store: the link thread reads it when it next looks, no wake-up needed.
             self.last_inbound = time.monotonic()
-            if _is_goodbye(pkt):
+            if pkt.packet_type == packet.PING:
+                # counted before the library queues its pong (see delivery.py), and
+                # posted: from a server that ACKs nothing, pings are the only proof
+                self.server_pings += 1
+                self._post("ping", self.server_pings)
+            elif _is_goodbye(pkt):
                 self._server_said_bye = True
             return receive(pkt)
 
