@@ -137,6 +137,10 @@ def _render(doc: dict, link: dict, running: bool) -> str:
         names = ", ".join(str(e.get("type")) for e in recent[-3:] if isinstance(e, dict)) or "none"
         lines.append(f"events      {events.get('mode')}: {events.get('pending', 0)} waiting for the "
                      f"server, {events.get('delivered', 0)} delivered; latest {names}")
+    commands = doc.get("commands") if isinstance(doc.get("commands"), list) else []
+    if commands:
+        names = ", ".join(str(c.get("command")) for c in commands[-3:] if isinstance(c, dict))
+        lines.append(f"commands    {len(commands)} from the server refused (latest: {names})")
     if link.get("next_attempt_in_s") is not None:
         lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
     losses = link.get("losses_last_hour") or []
@@ -166,6 +170,11 @@ def cmd_enqueue(args) -> int:
                 payload = f.read(config.uploads.max_bytes + 1)
     except OSError as e:
         sys.stderr.write(f"edge-agent: {args.file}: {e.strerror}\n")
+        return EXIT_USAGE
+    problem = PROFILES[config.profile].enqueue_problem(args.kind, payload)
+    if problem:
+        sys.stderr.write(f"edge-agent: {args.kind}: {problem} (the {config.profile} server "
+                         f"would drop it unread); nothing was queued\n")
         return EXIT_USAGE
     try:
         store = QueueStore(config.queue_path, config.uploads)

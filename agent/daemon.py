@@ -29,10 +29,34 @@ log = logging.getLogger("edge_agent")
 STATUS_REFRESH_S = 30.0
 
 
+class CachedTelemetry:
+    """psutil figures for the heartbeat, sampled at most once a minute."""
+
+    EVERY_S = 60.0
+
+    def __init__(self, state_dir: str):
+        self.state_dir = state_dir
+        self._at = -1e18
+        self._value: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> dict:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at >= self.EVERY_S:
+                from .events.telemetry import sample
+                try:
+                    self._value = sample(self.state_dir)
+                except Exception as e:  # telemetry must never cost a heartbeat
+                    log.debug("telemetry sample failed: %s", e)
+                self._at = now
+            return dict(self._value)
+
+
 def status_line(link: dict, pairing: dict | None = None) -> str:
     """The one-line human state systemd shows in `systemctl status`."""
     state = link.get("state")
-    if pairing and pairing.get("code") and state in ("unpaired", "waiting", None):
+    if pairing and pairing.get("code") and state in ("unpaired", "waiting", "online", None):
         return f"waiting for pairing code {pairing['code']}"
     if state == "unpaired":
         return "enrolling: waiting for a pairing code" + (
@@ -61,6 +85,7 @@ class Agent:
         self.preprovisioned = config.token is not None
         self.token = config.token or self.credentials.load(self.device_id)
         self.local_device_id = self.device_id
+        self.claimed = self.preprovisioned or (bool(self.token) and self.credentials.claimed())
         if self.token and not config.device_id:
             # a server that assigns ids (screentinker) knows us by its own
             self.device_id = self.credentials.server_device_id() or self.device_id
@@ -76,10 +101,14 @@ class Agent:
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
         from .identity.enroller import hardware_facts
         from .link.profiles import PROFILES, ProfileContext
+        self._telemetry = CachedTelemetry(config.state_dir)
         self.profile = PROFILES[config.profile](ProfileContext(
             device_id=lambda: self.device_id, token=lambda: self.token,
             on_token=self._token_from_link, on_unpaired=self._unpaired_by_link,
-            facts=hardware_facts))
+            facts=hardware_facts,
+            pairing_code=lambda: self.credentials.pairing_code() if self.token else None,
+            claimed=lambda: self.claimed, on_claimed=self._claimed_by_link,
+            telemetry=self._telemetry.get))
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
                                  on_tick=lambda: self.gate.tick("link", time.monotonic()),
@@ -114,9 +143,7 @@ class Agent:
 
     def _upload_sender(self):
         if self.profile.link_upload_kinds:
-            live = self.config.liveness
-            return LinkUploadSender(self.runner, self.profile,
-                                    live.heartbeat_interval_s + live.ack_timeout_s + 5.0)
+            return LinkUploadSender(self.runner, self.profile)
         return UploadSender(self.config.server_url, self.identity, self.config.ca_file)
 
     def _outbox_put(self) -> None:
@@ -128,23 +155,37 @@ class Agent:
         token = self.token
         return (self.device_id, token) if token else None
 
-    def _token_from_link(self, token: str, server_device_id: str | None = None) -> None:
-        """A server that pairs inside the link (screentinker) handed us a token."""
-        if token != self.token:
-            self.credentials.save(self.local_device_id, token, server_device_id)
+    def _token_from_link(self, token: str, server_device_id: str | None = None,
+                         pairing_code: str | None = None) -> None:
+        """A server that registers devices inside the link (screentinker) handed us a
+        token: kept at once, so a restart before the operator pairs keeps the same
+        device row and shows the same code."""
+        if token != self.token or (server_device_id and server_device_id != self.device_id):
+            self.claimed = False
+            self.credentials.save(self.local_device_id, token, server_device_id, pairing_code,
+                                  claimed=False)
             self.token = token
             if server_device_id:
                 self.device_id = server_device_id
-            log.info("paired: credentials stored in %s", self.credentials.path)
+            log.info("registered with the server as %s: credentials stored in %s",
+                     self.device_id, self.credentials.path)
             self._refresh_status()
+
+    def _claimed_by_link(self, name: str) -> None:
+        if self.claimed or not self.token:
+            return
+        self.claimed = True
+        self.credentials.save(self.local_device_id, self.token, self.device_id, claimed=True)
+        log.info("paired: an operator added this screen%s", f" as {name!r}" if name else "")
+        self.uploads.wake()
+        self._refresh_status()
 
     def _unpaired_by_link(self, settle_s: float) -> None:
         if self.preprovisioned:
             log.error("the server unpaired this pre-provisioned device: check [identity] token")
             return
-        log.warning("the server unpaired this device: dropping its credentials; a new "
-                    "pairing code goes out in %.0fs", settle_s)
         self.token = None
+        self.claimed = False
         self.device_id = self.local_device_id
         self.credentials.clear()
 
@@ -171,7 +212,15 @@ class Agent:
         """Forget the token, stop linking, show a fresh pairing code (after a backoff
         delay, so a server that keeps refusing is never hammered)."""
         self.token = None
+        self.claimed = False
         self.credentials.clear()
+        if self.profile_pairs:
+            # pairing happens in the link: register again, with a new code
+            self.device_id = self.local_device_id
+            self.profile.forget_pairing()
+            self.runner.reregister("unpaired on this screen")
+            self._refresh_status()
+            return
         self.runner.pause()
         hold = max(0.0, self.runner.core.attempt_at() - time.monotonic())
         if self.enroller is not None:
@@ -180,10 +229,11 @@ class Agent:
     # -- status -----------------------------------------------------------------
     def _pairing(self) -> dict | None:
         if self.profile_pairs and not self.preprovisioned:
-            if self.token:
+            if self.token and self.claimed:
                 return {"state": "paired"}
             code = self.profile.pairing_code
-            return {"state": "waiting-for-pairing", "code": f"{code[:3]}-{code[3:]}"}
+            return {"state": "registered-waiting-for-pairing" if self.token else "waiting-for-pairing",
+                    "code": f"{code[:3]}-{code[3:]}"}
         return self.enroller.pairing() if self.enroller is not None else None
 
     def _on_link_status(self, link: dict) -> None:
@@ -210,6 +260,7 @@ class Agent:
                        "dropped": self.outbox.dropped,
                        "recent": [e.payload() for e in list(self.outbox.recent)]},
             "journal": [r.to_dict() for r in list(self.runner.core.journal.records)[-10:]],
+            "commands": list(self.runner.refused_commands),
         }
         with self._status_lock:
             try:
@@ -226,8 +277,8 @@ class Agent:
 
     def may_pet(self) -> tuple[bool, str]:
         # a screen waiting for its operator to type the code is healthy, not wedged
-        enrolling = ((self.enroller is not None and self.enroller.waiting)
-                     or (self.profile_pairs and self.token is None))
+        # (on screentinker the link is up while it waits, and proves itself)
+        enrolling = self.enroller is not None and self.enroller.waiting
         return self.gate.verdict(time.monotonic(), self.runner.link_live() or enrolling)
 
     # -- lifecycle --------------------------------------------------------------

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from agent import config as C
-from agent.link.delivery import DELIVERED, LOST, REFUSED, DeliveryTracker
-from agent.link.profiles import ProfileContext, ScreenTinkerProfile
+from agent.link.delivery import DELIVERED, LOST, DeliveryTracker
+from agent.link.profiles import ProfileContext, ScreenTinkerProfile, play_record
 from agent.link.runner import LinkRunner
 from agent.uploads.link_sender import LinkUploadSender
 from agent.uploads.schedule import OK, PERMANENT, TRANSIENT
@@ -24,19 +24,24 @@ def test_a_later_heartbeat_ack_on_the_same_connection_proves_receipt():
     assert len(t) == 0
 
 
-def test_answers_refusals_loss_and_forgetting_settle_once():
+def test_the_second_server_ping_after_it_proves_receipt_from_a_server_that_acks_nothing():
     t = DeliveryTracker()
-    for key in "abcd":
+    t.sent("a", 1, 0, server_pings=3)   # 3 pings counted once the message was queued
+    assert t.server_pinged(1, 4) == []  # its pong left after the message: not yet known
+    assert t.server_pinged(2, 9) == []  # another connection
+    assert [(s.key, s.verdict) for s in t.server_pinged(1, 5)] == [("a", DELIVERED)]
+
+
+def test_loss_and_forgetting_settle_once():
+    t = DeliveryTracker()
+    for key in "cd":
         t.sent(key, 1, 0)
-    assert [s.verdict for s in t.answered("a")] == [DELIVERED]
-    assert t.answered("a") == []                  # a duplicate answer settles nothing
-    assert [(s.verdict, s.detail) for s in t.answered("b", "too big")] == [(REFUSED, "too big")]
     t.forget("c")
     assert [(s.key, s.verdict) for s in t.connection_ended(1)] == [("d", LOST)]
-    assert t.heartbeat_acked(1, 99) == [] and len(t) == 0
+    assert t.heartbeat_acked(1, 99) == [] and t.server_pinged(1, 99) == [] and len(t) == 0
 
 
-def item(kind="screenshot", payload=b"\x89PNG....", item_id="u1"):
+def item(kind="screenshot", payload=b"\xff\xd8\xff....", item_id="u1"):
     return Item(item_id, kind, payload, 0, 0.0, 1700000000.5)
 
 
@@ -44,38 +49,38 @@ def st_profile(token="t" * 20):
     return ScreenTinkerProfile(ProfileContext(device_id=lambda: "st-1", token=lambda: token))
 
 
-def test_screentinker_messages_for_screenshots_and_proof_of_play():
+def test_screentinker_messages_are_the_shapes_its_server_reads():
     p = st_profile()
-    event, body = p.upload_message("screenshot", [item()])
+    event, body = p.upload_message(item())
     assert event == "device:screenshot"
-    assert body["image"] == b"\x89PNG...." and body["mime"] == "image/png"   # binary, not base64
-    assert body["upload_id"] == "u1" and body["taken_ms"] == 1700000000500
-    event, body = p.upload_message("proof-of-play", [
-        item("proof-of-play", json.dumps({"media": "a.mp4", "ms": 5000}).encode(), "p1"),
-        item("proof-of-play", b"not json", "p2")])
-    assert event == "device:play-event"
-    assert body["events"] == [{"media": "a.mp4", "ms": 5000, "upload_id": "p1"},
-                              {"record": "not json", "upload_id": "p2"}]
-    assert "carries no log" in p.upload_message("log", [item("log")])
-    big = item(payload=b"x" * (p.MAX_MESSAGE_BYTES + 1))
-    assert "over the" in p.upload_message("screenshot", [big])
+    assert body == {"device_id": "st-1", "image_b64": "/9j/Li4uLg=="}
+    start = {"event": "play_start", "content_id": "c-1", "content_name": "Welcome", "extra": 1}
+    event, body = p.upload_message(item("proof-of-play", json.dumps(start).encode(), "p1"))
+    assert (event, body) == ("device:play-event", {"device_id": "st-1", "event": "play_start",
+                                                   "content_id": "c-1", "content_name": "Welcome"})
+    assert "carries no log" in p.upload_message(item("log"))
+    assert "JPEG or PNG" in p.upload_message(item(payload=b"GIF89a...."))
+    big = item(payload=b"\xff\xd8" + b"x" * (3 * 2 ** 20 // 2))
+    assert "over the 2097152" in p.upload_message(big)
 
 
-@pytest.mark.parametrize("args, expected", [
-    ((), (None, None)),                                   # a bare ack() is an ACK
-    (({"ok": True},), (None, None)),
-    (({"acked": ["p1", 7]},), ({"p1"}, None)),
-    (({"ok": False, "error": "quota"},), (None, "quota")),
-    (({"error": "not registered"},), (None, "not registered")),
+@pytest.mark.parametrize("record, problem", [
+    ({"events": [{"event": "play_start"}]}, "event: must be play_start or play_end"),
+    ({"event": "play_start", "content_id": 7}, "content_id: wrong type"),
+    ({"event": "play_end", "completed": True}, "content_id: play_end needs"),
+    ({"event": "play_end", "content_id": "c", "completed": "yes"}, "completed: wrong type"),
+    ({"event": "play_start", "content_name": "x" * 257}, "longer than 256"),
 ])
-def test_screentinker_upload_answers(args, expected):
-    assert ScreenTinkerProfile.upload_answer(args) == expected
+def test_play_records_the_server_would_drop_are_named(record, problem):
+    assert problem in play_record(json.dumps(record).encode())[1]
+    assert play_record(b"[1, 2]")[1] == "not a JSON object"
 
 
 # -- the runner and the sender, without sockets ---------------------------------------
 class FakeTransport:
     server_ping_interval_s = None
     last_inbound = 0.0
+    server_pings = 0
 
     def __init__(self):
         self.emitted = []
@@ -127,12 +132,12 @@ def drain(runner):
 
 
 class Request(SimpleNamespace):
-    def finish(self, verdict, detail, answer):
-        self.settled = (verdict, detail, answer)
+    def finish(self, verdict, detail):
+        self.settled = (verdict, detail)
 
 
 def upload(runner, key):
-    req = Request(key=key, event="device:screenshot", payload={"image": b""}, settled=None)
+    req = Request(key=key, messages=[("device:screenshot", {"image_b64": ""})], settled=None)
     runner.deliver(req)
     drain(runner)
     return req
@@ -149,23 +154,28 @@ def test_nothing_goes_before_device_registered_on_this_connection(runner):
     assert runner.transports[0].emitted[-1][0] == "device:screenshot"
 
 
-def test_the_runner_settles_on_a_later_heartbeat_ack_an_answer_or_the_loss(runner):
+def test_the_runner_settles_on_a_later_heartbeat_ack_a_second_ping_or_the_loss(runner):
     connect(runner)
     runner.sink(runner.generation, "registered")
     drain(runner)
     seq_before = runner.core.seq
-    by_heartbeat, answered, lost = upload(runner, 1), upload(runner, 2), upload(runner, 3)
+    transport = runner.transports[0]
+    transport.server_pings = 7
+    by_heartbeat = upload(runner, 1)
     runner.sink(runner.generation, "ack", seq_before, runner.clock.monotonic())
     drain(runner)
     assert by_heartbeat.settled is None, "an ACK of an earlier heartbeat proves nothing"
-    callback = runner.transports[0].emitted[-2][2]
-    callback({"error": "quota"})  # the library calls it on its own thread
-    drain(runner)
-    assert answered.settled == (REFUSED, "quota", None)
     runner.sink(runner.generation, "ack", seq_before + 1, runner.clock.monotonic())
     drain(runner)
-    assert by_heartbeat.settled[0] == DELIVERED and lost.settled[0] == DELIVERED
-    last = upload(runner, 4)
+    assert by_heartbeat.settled[0] == DELIVERED
+    by_ping = upload(runner, 2)
+    runner.sink(runner.generation, "ping", 8)
+    drain(runner)
+    assert by_ping.settled is None, "the pong to this ping may be all the server has read"
+    runner.sink(runner.generation, "ping", 9)
+    drain(runner)
+    assert by_ping.settled == (DELIVERED, "received before the pong to a later ping")
+    last = upload(runner, 3)
     runner._abort("ack-timeout")
     assert last.settled[0] == LOST
     assert not runner.uploads_ready(), "a new connection must be registered again"
@@ -173,26 +183,41 @@ def test_the_runner_settles_on_a_later_heartbeat_ack_an_answer_or_the_loss(runne
 
 def test_the_sender_maps_verdicts_to_queue_outcomes_and_never_oks_without_proof():
     class FakeRunner:
-        def __init__(self, verdict, answer=None):
-            self.verdict, self.answer, self.forgotten = verdict, answer, []
+        def __init__(self, verdict):
+            self.verdict, self.forgotten, self.sent = verdict, [], []
 
         def uploads_ready(self):
             return True
 
+        def proof_window_s(self):
+            return 0.05
+
         def deliver(self, request):
+            self.sent.append([event for event, _ in request.messages])
             if self.verdict:
-                request.finish(self.verdict, "why", self.answer)
+                request.finish(self.verdict, "why")
 
         def forget(self, key):
             self.forgotten.append(key)
 
-    pops = [item("proof-of-play", b"{}", "p1"), item("proof-of-play", b"{}", "p2")]
-    kinds = lambda runner, items: {k: o.kind for k, o in
-                                   LinkUploadSender(runner, st_profile(), 0.05).send_batch(items).items()}
-    assert kinds(FakeRunner(DELIVERED), pops) == {"p1": OK, "p2": OK}
-    assert kinds(FakeRunner(DELIVERED, {"p2"}), pops) == {"p1": TRANSIENT, "p2": OK}
-    assert kinds(FakeRunner(REFUSED), pops) == {"p1": PERMANENT, "p2": PERMANENT}
-    assert kinds(FakeRunner(LOST), pops) == {"p1": TRANSIENT, "p2": TRANSIENT}
+    start = json.dumps({"event": "play_start", "content_name": "a"}).encode()
+    pops = [item("proof-of-play", start, "p1"), item("proof-of-play", b"{}", "p2"),
+            item("proof-of-play", start, "p3")]
+
+    def kinds(runner, items):
+        with_margin = LinkUploadSender(runner, st_profile())
+        return {k: o.kind for k, o in with_margin.send_batch(items).items()}
+
+    delivered = FakeRunner(DELIVERED)
+    # the bad record is dead-lettered on its own; the good ones go, one message each
+    assert kinds(delivered, pops) == {"p1": OK, "p2": PERMANENT, "p3": OK}
+    assert delivered.sent == [["device:play-event", "device:play-event"]]
+    assert kinds(FakeRunner(LOST), pops) == {"p1": TRANSIENT, "p2": PERMANENT, "p3": TRANSIENT}
     silent = FakeRunner(None)
-    assert kinds(silent, pops) == {"p1": TRANSIENT, "p2": TRANSIENT} and silent.forgotten
+    import agent.uploads.link_sender as ls
+    margin, ls.MARGIN_S = ls.MARGIN_S, 0.0
+    try:
+        assert kinds(silent, pops[:1]) == {"p1": TRANSIENT} and silent.forgotten
+    finally:
+        ls.MARGIN_S = margin
     assert kinds(FakeRunner(DELIVERED), [item("log", b"x", "l1")]) == {"l1": PERMANENT}

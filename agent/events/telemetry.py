@@ -10,12 +10,17 @@ THRESHOLDS = {"cpu_percent": 25.0, "mem_percent": 10.0, "disk_free_mb": 100.0,
 
 def sample(state_dir: str) -> dict:
     import psutil
+    memory = psutil.virtual_memory()
     out = {"cpu_percent": psutil.cpu_percent(interval=None),
-           "mem_percent": psutil.virtual_memory().percent,
+           "mem_percent": memory.percent,
+           "mem_total_mb": round(memory.total / 2 ** 20),
+           "mem_available_mb": round(memory.available / 2 ** 20),
            "uptime_s": round(time.time() - psutil.boot_time()),
            "agent_rss_mb": round(psutil.Process().memory_info().rss / 2 ** 20, 1)}
     try:
-        out["disk_free_mb"] = round(psutil.disk_usage(state_dir).free / 2 ** 20)
+        disk = psutil.disk_usage(state_dir)
+        out["disk_free_mb"] = round(disk.free / 2 ** 20)
+        out["disk_total_mb"] = round(disk.total / 2 ** 20)
     except OSError:
         pass
     try:

@@ -50,6 +50,19 @@ class SysfsState:
         return {os.path.basename(p).split("-", 1)[1]: _read(os.path.join(p, "status"))
                 for p in glob.glob(os.path.join(self.root, "class/drm/card*-HDMI-A-*"))}
 
+    def screen_size(self) -> tuple[int, int] | None:
+        """The preferred mode of the first connected display (the first line of modes)."""
+        for p in sorted(glob.glob(os.path.join(self.root, "class/drm/card*-*"))):
+            if _read(os.path.join(p, "status")) != "connected":
+                continue
+            try:
+                with open(os.path.join(p, "modes")) as f:
+                    width, _, height = f.readline().strip().partition("x")
+                return int(width), int(height.rstrip("ip"))
+            except (OSError, ValueError):
+                continue
+        return None
+
     def undervoltage_alarm(self) -> str | None:
         for hw in glob.glob(os.path.join(self.root, "class/hwmon/hwmon*")):
             if _read(os.path.join(hw, "name")) == "rpi_volt":

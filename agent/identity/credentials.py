@@ -21,14 +21,26 @@ class Credentials:
     def __init__(self, state_dir: str):
         self.path = os.path.join(state_dir, "credentials.json")
 
-    def server_device_id(self) -> str | None:
-        """The id a server assigned (screentinker profile), if it assigned one."""
+    def _field(self, name: str):
         try:
             with open(self.path, "rb") as f:
-                value = json.loads(f.read(65536)).get("server_device_id")
+                return json.loads(f.read(65536)).get(name)
         except (OSError, ValueError, AttributeError):
             return None
+
+    def server_device_id(self) -> str | None:
+        """The id a server assigned (screentinker profile), if it assigned one."""
+        value = self._field("server_device_id")
         return value if isinstance(value, str) and value else None
+
+    def pairing_code(self) -> str | None:
+        """The code this device registered with (screentinker), until claimed."""
+        value = self._field("pairing_code")
+        return value if isinstance(value, str) and len(value) == 6 and value.isdigit() else None
+
+    def claimed(self) -> bool:
+        """An operator claimed this device on the server (screentinker)."""
+        return self._field("claimed") is True
 
     def load(self, device_id: str) -> str | None:
         """The stored token for ``device_id``, or None (absent, corrupt or another id's)."""
@@ -56,10 +68,15 @@ class Credentials:
             return None
         return token
 
-    def save(self, device_id: str, token: str, server_device_id: str | None = None) -> None:
+    def save(self, device_id: str, token: str, server_device_id: str | None = None,
+             pairing_code: str | None = None, claimed: bool | None = None) -> None:
         doc = {"device_id": device_id, "token": token, "saved_at": round(time.time())}
         if server_device_id:
             doc["server_device_id"] = server_device_id
+        if pairing_code:
+            doc["pairing_code"] = pairing_code
+        if claimed is not None:
+            doc["claimed"] = claimed
         atomic_write(self.path, json.dumps(doc).encode())
 
     def clear(self) -> None:

@@ -41,6 +41,10 @@ def hardware_facts() -> dict:
     serial = device.board_serial()
     if serial:
         facts["serial"] = serial
+    from ..events.watcher import SysfsState
+    size = SysfsState().screen_size()
+    if size:
+        facts["screen_width"], facts["screen_height"] = size
     return facts
 
 

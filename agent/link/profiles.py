@@ -8,6 +8,7 @@ maps their actions onto a wire protocol and the server's messages back onto even
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -29,9 +30,16 @@ class ProfileContext:
     """What a profile may know and do about the device's identity."""
     device_id: Callable[[], str]
     token: Callable[[], str | None]
-    on_token: Callable[..., None] = lambda token, device_id=None: None  # a server handed a token
+    # a server handed a token (and its own id for us); screentinker: at registration
+    on_token: Callable[..., None] = lambda token, device_id=None, pairing_code=None: None
     on_unpaired: Callable[[float], None] = lambda settle_s: None  # the server dropped us
     facts: Callable[[], dict] = lambda: {}
+    # screentinker: the code this device registered with, and whether an operator
+    # has claimed it since, both kept with the credentials across restarts
+    pairing_code: Callable[[], str | None] = lambda: None
+    claimed: Callable[[], bool] = lambda: False
+    on_claimed: Callable[[str], None] = lambda name: None
+    telemetry: Callable[[], dict] = lambda: {}
 
 
 class EdgeAgentProfile:
@@ -58,6 +66,10 @@ class EdgeAgentProfile:
     def on_connected(self, transport, post: Post) -> None:
         pass
 
+    @staticmethod
+    def enqueue_problem(kind: str, payload: bytes) -> str | None:
+        return None  # HTTP uploads carry any bytes (docs/PROTOCOL.md)
+
     def send_heartbeat(self, transport, seq: int, wall: float, uptime_s: float, post: Post,
                        now: Callable[[], float]) -> None:
         def on_ack(*args):
@@ -72,30 +84,50 @@ class EdgeAgentProfile:
 
 
 class ScreenTinkerProfile:
-    """ScreenTinker's device protocol, contract v4, as its public behaviour describes it."""
+    """ScreenTinker's device protocol, as its server reads it (server/ws/deviceSocket.js
+    of github.com/screentinker/screentinker; tested against that server, see
+    tests/test_screentinker_real.py and docs/PROTOCOL.md).
+
+    A device registers on /device with a pairing code and gets its id and token at
+    once (status ``provisioning``); the operator then claims it on the dashboard
+    (``device:paired``, status ``online`` from then on). Uploads wait for the claim.
+    The released server ACKs nothing; newer ones answer heartbeats with
+    ``device:heartbeat-ack`` and may send ``device:throttled``.
+    """
     name = "screentinker"
-    supports_events = False  # no ACKed event channel in contract v4
-    needs_token = False      # an unpaired device registers with its pairing code
+    supports_events = False  # device:event exists only in newer servers, typed by them
+    needs_token = False      # an unclaimed device registers with its pairing code
     namespace = "/device"
     transports = ["websocket", "polling"]
     MAX_HOLD_S = 300.0
     STALE_RTT_S = 5.0
     link_upload_kinds = frozenset({"screenshot", "proof-of-play"})
     registers = True         # uploads wait for device:registered on each connection
-    # A Socket.IO server closes the connection on a message over its buffer limit
-    # (1 MB by default in both the Node and the Python server): a bigger screenshot
-    # would kill the link on every retry, so it is refused before it is sent.
-    MAX_MESSAGE_BYTES = 900_000
+    # The server drops a screenshot whose image_b64 is longer than this, unread.
+    MAX_IMAGE_B64 = 2 * 1024 * 1024
+    PLAY_EVENTS = ("play_start", "play_end")
+    # What the player (not this agent) handles: content, playback, remote view, walls.
+    PLAYER_EVENTS = frozenset({
+        "device:playlist-update", "device:content-delete", "device:remote-start",
+        "device:remote-stop", "device:remote-touch", "device:remote-key", "wall:sync",
+        "wall:sync-request", "group:sync", "group:sync-request", "device:live-publish",
+        "device:mute-changed", "device:pip-show", "device:pip-clear", "device:talk-start",
+        "device:talk-stop", "device:settings-pin", "device:self-unpair-ok",
+        "device:play-offline-ack", "device:trigger-wire"})
 
     def __init__(self, ctx: ProfileContext):
         self.ctx = ctx
-        self.pairing_code = f"{secrets.randbelow(10 ** 6):06d}"  # reused until paired
-        self.paired = ctx.token() is not None
+        self.pairing_code = ctx.pairing_code() or new_pairing_code()
         self.clock_offset_ms: float | None = None
         self._sent: dict[int, int] = {}  # client_ms -> seq
         self._cold_start = True
         self._lock = threading.Lock()
-        self._paired_seen = False
+        self._registered_with_token = False
+
+    @property
+    def paired(self) -> bool:
+        """Claimed by an operator: what the server says once it answers status online."""
+        return self.ctx.token() is not None and self.ctx.claimed()
 
     def auth(self) -> dict | None:
         return None  # ScreenTinker identifies devices by device:register, not the handshake
@@ -105,54 +137,57 @@ class ScreenTinkerProfile:
         body = ({"device_id": self.ctx.device_id(), "device_token": token} if token
                 else {"pairing_code": self.pairing_code})
         facts = self.ctx.facts()
-        return {**body, "device_info": facts, "fingerprint": fingerprint(facts),
+        return {**body, "device_info": device_info(facts), "fingerprint": fingerprint(facts),
                 "client_type": "edge-agent", "client_version": __version__,
                 "platform": f"linux-{platform.machine()}", "contract_version": "v4",
                 "capabilities": ["heartbeat-ack", "connectivity-report", "throttle"]}
 
     def on_connected(self, transport, post: Post) -> None:
+        self._registered_with_token = self.ctx.token() is not None
         transport.emit("device:register", self.register_payload())
 
-    def handlers(self, post: Post) -> dict:
-        def refresh_if_newly_paired():
-            # device:paired comes on every reconnect of a paired device too: only the
-            # transition unpaired -> paired, once the token is in hand, asks for a
-            # refresh register, or answering it would be a storm. The library runs each
-            # message on its own thread, so registered and paired may come in any order.
-            with self._lock:
-                if self._paired_seen and self.ctx.token() and not self.paired:
-                    self.paired = True
-                    post("emit", "device:register", self.register_payload())
+    def forget_pairing(self) -> None:
+        """Credentials dropped (unpair, or the server no longer knows us): a new code."""
+        self.pairing_code = new_pairing_code()
 
+    def handlers(self, post: Post) -> dict:
         def registered(_t, data=None, *_):
             if not isinstance(data, dict):
                 return post("malformed", "device:registered")
-            token, device_id = data.get("device_token"), data.get("device_id")
-            if not (isinstance(device_id, str) and 0 < len(device_id) <= 128):
-                device_id = None
-            if isinstance(token, str) and 16 <= len(token) <= 4096:
-                self.ctx.on_token(token, device_id)
-                refresh_if_newly_paired()
-            if device_id and data.get("status") != "pending" and self.ctx.token():
-                post("registered")  # the server knows who we are: uploads may go
+            token, device_id, status = (data.get("device_token"), data.get("device_id"),
+                                        data.get("status"))
+            if not (isinstance(device_id, str) and 0 < len(device_id) <= 128) \
+                    or not (isinstance(token, str) and 16 <= len(token) <= 4096):
+                return post("malformed", "device:registered")
+            with self._lock:
+                if token != self.ctx.token() or device_id != self.ctx.device_id():
+                    self.ctx.on_token(token, device_id, self.pairing_code)
+                if status == "online" and not self.ctx.claimed():
+                    self.ctx.on_claimed("")
+            if self.paired:
+                post("registered")  # claimed, and the server knows who we are: uploads go
 
         def paired(_t, data=None, *_):
-            self._paired_seen = True
-            refresh_if_newly_paired()
+            name = data.get("name") if isinstance(data, dict) else None
+            with self._lock:
+                newly = not self.ctx.claimed()
+                self.ctx.on_claimed(name if isinstance(name, str) else "")
+            if newly and self.ctx.token():
+                # register again with the token: the server then links this device's
+                # fingerprint to its row, so a later re-registration finds it again
+                post("emit", "device:register", self.register_payload())
+            if self.paired:
+                post("registered")
 
         def unpaired(_t, data=None, *_):
-            settle_s = 0.0
-            if isinstance(data, dict):
-                for key, scale in (("offline_s", 1.0), ("offline_ms", 0.001),
-                                   ("retry_after_ms", 0.001)):
-                    value = data.get(key)
-                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                        settle_s = max(0.0, min(float(value) * scale, self.MAX_HOLD_S))
-            if self.paired or self.ctx.token():
-                self.paired = self._paired_seen = False
-                self.pairing_code = f"{secrets.randbelow(10 ** 6):06d}"
-                self.ctx.on_unpaired(settle_s)
-                post("re-register", settle_s)
+            # the server no longer has this device (deleted on the dashboard)
+            self._drop("the server no longer knows this device", data, post)
+
+        def auth_error(_t, data=None, *_):
+            error = data.get("error") if isinstance(data, dict) else None
+            why = f"the server refused {'the token' if self._registered_with_token else 'the registration'}" \
+                  + (f": {str(error)[:120]}" if error else "")
+            self._drop(why, data, post)
 
         def heartbeat_ack(_t, data=None, *_):
             if not isinstance(data, dict):
@@ -174,9 +209,33 @@ class ScreenTinkerProfile:
                 return post("malformed", "device:throttled")
             post("throttle", max(1.0, min(ms / 1000.0, self.MAX_HOLD_S)))
 
-        return {"device:registered": registered, "device:paired": paired,
-                "device:unpaired": unpaired, "device:auth-error": unpaired,
-                "device:heartbeat-ack": heartbeat_ack, "device:throttled": throttled}
+        def command(_t, data=None, *_):
+            name = data.get("type") if isinstance(data, dict) else None
+            post("command", str(name)[:64] if name else "(no type)", "device:command")
+
+        def screenshot_request(_t, data=None, *_):
+            post("command", "screenshot", "device:screenshot-request")
+
+        handlers = {"device:registered": registered, "device:paired": paired,
+                    "device:unpaired": unpaired, "device:auth-error": auth_error,
+                    "device:heartbeat-ack": heartbeat_ack, "device:throttled": throttled,
+                    "device:command": command, "device:screenshot-request": screenshot_request}
+        for event in self.PLAYER_EVENTS:
+            handlers[event] = lambda *_: None
+        return handlers
+
+    def _drop(self, why: str, data, post: Post) -> None:
+        settle_s = 0.0
+        if isinstance(data, dict):
+            for key, scale in (("offline_s", 1.0), ("offline_ms", 0.001),
+                               ("retry_after_ms", 0.001)):
+                value = data.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    settle_s = max(0.0, min(float(value) * scale, self.MAX_HOLD_S))
+        with self._lock:
+            self.forget_pairing()
+            self.ctx.on_unpaired(settle_s)
+        post("re-register", settle_s, why)
 
     def send_heartbeat(self, transport, seq: int, wall: float, uptime_s: float, post: Post,
                        now: Callable[[], float]) -> None:
@@ -187,8 +246,7 @@ class ScreenTinkerProfile:
         if len(self._sent) > 64:
             del self._sent[min(self._sent)]
         transport.emit("device:heartbeat", {"device_id": self.ctx.device_id(), "client_ms": client_ms,
-                                            "telemetry": {"uptime_s": round(uptime_s)},
-                                            "display_power": "on"})
+                                            "telemetry": heartbeat_telemetry(self.ctx.telemetry())})
 
     def send_report(self, transport, connections: list[dict], offline_s: float | None,
                     wall: float, on_ack: Callable) -> None:
@@ -202,46 +260,100 @@ class ScreenTinkerProfile:
         self._cold_start = False
         on_ack({"ok": True})  # ScreenTinker does not ACK reports: sent once is all it gets
 
-
     # -- uploads over the link --------------------------------------------------
-    def upload_message(self, kind: str, items: list) -> tuple[str, dict] | str:
-        """The message carrying queued ``items`` (Item-like: id, payload, created_at),
-        or a one-line reason it cannot be carried."""
-        if kind == "screenshot":
-            item = items[0]
-            if len(item.payload) > self.MAX_MESSAGE_BYTES:
-                return (f"screenshot of {len(item.payload)} bytes is over the "
-                        f"{self.MAX_MESSAGE_BYTES} a Socket.IO message may carry")
-            return "device:screenshot", {
-                "device_id": self.ctx.device_id(), "upload_id": item.id,
-                "taken_ms": round(item.created_at * 1000), "mime": _image_mime(item.payload),
-                "image": item.payload}   # a binary attachment, not base64
-        if kind == "proof-of-play":
-            events = []
-            for item in items:
-                try:
-                    record = json.loads(item.payload)
-                except ValueError:
-                    record = None
-                if not isinstance(record, dict):
-                    record = {"record": item.payload.decode("utf-8", "replace")}
-                events.append({**record, "upload_id": item.id})
-            return "device:play-event", {"device_id": self.ctx.device_id(), "events": events}
-        return f"the screentinker profile carries no {kind} uploads"
-
     @staticmethod
-    def upload_answer(args: tuple) -> tuple[set | None, str | None]:
-        """A server's answer to an upload message: (ids it names as stored, or None for
-        all; a refusal, or None). Anything but an explicit error counts as stored."""
-        data = args[0] if args else None
-        if isinstance(data, dict):
-            error = data.get("error")
-            if data.get("ok") is False or (isinstance(error, str) and error):
-                return None, str(error or "refused")[:200]
-            acked = data.get("acked")
-            if isinstance(acked, list):
-                return {a for a in acked if isinstance(a, str)}, None
-        return None, None
+    def enqueue_problem(kind: str, payload: bytes) -> str | None:
+        """Why the server would drop this upload unread, checked before it is queued."""
+        if kind == "screenshot":
+            return screenshot_problem(payload)
+        if kind == "proof-of-play":
+            return play_record(payload)[1]
+        return None
+
+    def upload_message(self, item) -> tuple[str, dict] | str:
+        """The message carrying a queued item (Item-like: id, kind, payload) as the
+        server reads it, or a one-line reason the server would drop it unread (then
+        it is never sent)."""
+        if item.kind == "screenshot":
+            reason = screenshot_problem(item.payload)
+            if reason:
+                return reason
+            return "device:screenshot", {"device_id": self.ctx.device_id(),
+                                         "image_b64": base64.b64encode(item.payload).decode("ascii")}
+        if item.kind == "proof-of-play":
+            record, reason = play_record(item.payload)
+            if reason:
+                return reason
+            return "device:play-event", {"device_id": self.ctx.device_id(), **record}
+        return f"the screentinker profile carries no {item.kind} uploads"
+
+
+def new_pairing_code() -> str:
+    return f"{secrets.randbelow(10 ** 6):06d}"
+
+
+def screenshot_problem(data: bytes) -> str | None:
+    """Why the server would drop this screenshot unread, or None."""
+    if _image_mime(data) not in ("image/jpeg", "image/png"):
+        return "a screenshot must be a JPEG or PNG image"
+    encoded = 4 * ((len(data) + 2) // 3)
+    if encoded > ScreenTinkerProfile.MAX_IMAGE_B64:
+        return (f"screenshot of {len(data)} bytes is {encoded} in base64, over the "
+                f"{ScreenTinkerProfile.MAX_IMAGE_B64} the server accepts")
+    return None
+
+
+PLAY_FIELDS = {"event": str, "content_id": str, "content_name": str, "zone_id": str,
+               "completed": bool, "duration_sec": (int, float)}
+
+
+def play_record(payload: bytes) -> tuple[dict, str | None]:
+    """A proof-of-play record as ScreenTinker's device:play-event reads it:
+    ``{"event": "play_start"|"play_end", "content_id": ..., "content_name": ...,
+    "zone_id": ..., "completed": ..., "duration_sec": ...}``. Returns it (known fields
+    only), or the reason the server would not store it, naming the field."""
+    try:
+        record = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return {}, "not a JSON object"
+    if not isinstance(record, dict):
+        return {}, "not a JSON object"
+    if record.get("event") not in ScreenTinkerProfile.PLAY_EVENTS:
+        return {}, "event: must be play_start or play_end"
+    out = {}
+    for key, typ in PLAY_FIELDS.items():
+        value = record.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) and typ is not bool or not isinstance(value, typ):
+            return {}, f"{key}: wrong type"
+        if isinstance(value, str) and len(value) > 256:
+            return {}, f"{key}: longer than 256 characters"
+        out[key] = value
+    if out["event"] == "play_end" and not out.get("content_id"):
+        return {}, "content_id: play_end needs the content_id its play_start named"
+    return out, None
+
+
+# ScreenTinker's device_telemetry columns, from the agent's own sample
+TELEMETRY_NAMES = {"uptime_s": "uptime_seconds", "cpu_percent": "cpu_usage",
+                   "mem_available_mb": "ram_free_mb", "mem_total_mb": "ram_total_mb",
+                   "disk_free_mb": "storage_free_mb", "disk_total_mb": "storage_total_mb"}
+
+
+def heartbeat_telemetry(sample: dict) -> dict:
+    return {theirs: sample[ours] for ours, theirs in TELEMETRY_NAMES.items() if ours in sample}
+
+
+def device_info(facts: dict) -> dict:
+    """What ScreenTinker's devices table and dashboard read (its columns are named for
+    Android players: ``android_version`` carries the OS)."""
+    info = {"android_version": facts.get("os"), "app_version": f"edge-agent {__version__}",
+            "hardware_model": facts.get("model")}
+    width, height = facts.get("screen_width"), facts.get("screen_height")
+    if width and height:
+        info["screen_width"], info["screen_height"] = width, height
+    return info
 
 
 def _image_mime(data: bytes) -> str:

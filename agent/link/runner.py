@@ -15,7 +15,7 @@ from typing import Callable
 from ..clock import Clock, SystemClock
 from . import journal as J
 from . import protocol
-from .delivery import DeliveryTracker
+from .delivery import LOST, DeliveryTracker
 from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
 from .profiles import PROFILES, ProfileContext
 from .schedule_store import ScheduleStore
@@ -68,6 +68,7 @@ class LinkRunner:
         self._started = self.clock.monotonic()
         self._published: tuple | None = None
         self._warned: set[str] = set()
+        self.refused_commands: list[dict] = []  # the last few, for `edge-agent status`
 
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, kind: str, *args) -> None:
@@ -86,10 +87,15 @@ class LinkRunner:
     def resume(self) -> None:
         self.sink(None, "resume")
 
+    def reregister(self, why: str) -> None:
+        """The credentials were dropped on this side: drop the link and register anew
+        (profiles that register inside the link)."""
+        self.sink(None, "reregister", why)
+
     def deliver(self, request) -> None:
         """Send a queued upload over the link (profiles that carry them). ``request``
-        has key, event, payload and finish(verdict, detail, answer); finish is called
-        exactly once, from the link thread, unless forget() came first."""
+        has key, messages [(event, payload)] and finish(verdict, detail); finish is
+        called exactly once, from the link thread, unless forget() came first."""
         self.sink(None, "upload", request)
 
     def forget(self, key) -> None:
@@ -107,6 +113,13 @@ class LinkRunner:
         """The longest this loop may go without a tick while healthy: one blocking
         connect attempt plus one abort, with margin."""
         return self.config.connect_timeout_s + 2 * ABORT_JOIN_S + MAX_WAIT_S + 2.0
+
+    def proof_window_s(self) -> float:
+        """How long delivery proof may take on this link: a heartbeat ACK's round trip,
+        or, from a server that ACKs nothing, two of its ping intervals."""
+        live = self.config.liveness
+        return max(live.heartbeat_interval_s + live.ack_timeout_s,
+                   2 * self.core.watchdog.server_ping_interval_s + live.ack_timeout_s)
 
     def link_live(self) -> bool:
         core = self.core
@@ -237,16 +250,16 @@ class LinkRunner:
 
     def _send_upload(self, request) -> None:
         if not self.uploads_ready():
-            request.finish("lost", "link not up and registered", None)
+            request.finish(LOST, "link not up and registered")
             return
-        gen, key = self.generation, request.key
+        gen, key, seq = self.generation, request.key, self.core.seq
         self._uploads[key] = request
-        self.deliveries.sent(key, gen, self.core.seq)
-
-        def on_answer(*args):
-            self.sink(gen, "upload-answer", key, args)
-
-        self._emit(request.event, request.payload, on_answer)
+        for event, payload in request.messages:
+            self._emit(event, payload, None)
+        if self.transport is None:
+            return  # the emit found the link gone: _closed settled it as lost
+        # pings counted only now: an earlier one's pong may have left before the messages
+        self.deliveries.sent(key, gen, seq, self.transport.server_pings)
 
     def _flush_outbox(self) -> None:
         """Hardware events go out in order once the link has carried an ACK, each until
@@ -273,7 +286,7 @@ class LinkRunner:
         for s in settled:
             request = self._uploads.pop(s.key, None)
             if request is not None:
-                request.finish(s.verdict, s.detail, None)
+                request.finish(s.verdict, s.detail)
 
     def _abort(self, reason: str) -> None:
         self._settle(self.deliveries.connection_ended())
@@ -331,6 +344,11 @@ class LinkRunner:
         if kind == "upload":
             self._send_upload(args[0])
             return
+        if kind == "reregister":
+            if self.core.state == LinkState.ONLINE:
+                log.info("%s: registering again", args[0])
+                self._closed(J.SERVER_DISCONNECT, args[0])
+            return
         if kind == "upload-forget":
             self.deliveries.forget(args[0])
             self._uploads.pop(args[0], None)
@@ -342,19 +360,15 @@ class LinkRunner:
             self.core.on_ack(seq, at)
             if self._uploads:
                 self._settle(self.deliveries.heartbeat_acked(generation, seq))
+        elif kind == "ping":
+            self.core.on_server_ping(self.clock.monotonic())
+            if self._uploads:
+                self._settle(self.deliveries.server_pinged(generation, args[0]))
         elif kind == "registered":
             if self._registered_on != generation:
                 self._registered_on = generation
                 if self._on_link_up is not None:
                     self._on_link_up()
-        elif kind == "upload-answer":
-            key, answer = args
-            acked, refusal = self.profile.upload_answer(answer)
-            request = self._uploads.get(key)
-            for s in self.deliveries.answered(key, refusal):
-                self._uploads.pop(key, None)
-                if request is not None:
-                    request.finish(s.verdict, s.detail, acked)
         elif kind == "bad-ack":
             self._warn_once("ack", f"ignoring malformed heartbeat ack: {args[0]}")
         elif kind == "malformed":
@@ -364,8 +378,13 @@ class LinkRunner:
         elif kind == "re-register":
             # The server dropped our pairing: one fresh register, after its settle
             # window and never sooner than the backoff says; not an inline one.
-            self.core.on_throttle(args[0], self.clock.monotonic())
-            self._closed(J.SERVER_DISCONNECT, "unpaired by the server")
+            settle_s, why = args
+            self.core.on_throttle(settle_s, self.clock.monotonic())
+            log.warning("%s: registering again with pairing code %s", why,
+                        getattr(self.profile, "pairing_code", "?"))
+            self._closed(J.SERVER_DISCONNECT, why)
+        elif kind == "command":
+            self._refuse_command(*args)
         elif kind == "event-ack":
             event_id, payload = args
             if protocol.parse_ok(payload):
@@ -387,6 +406,23 @@ class LinkRunner:
         if key not in self._warned and len(self._warned) < 256:
             self._warned.add(key)
             log.warning(message)
+
+    def _refuse_command(self, name: str, via: str) -> None:
+        """The server asked this screen to act. Until remote operations exist, each
+        request is refused out loud: in the journal, in `edge-agent status`, and back
+        to the server as a device:log line its dashboard shows (older servers ignore
+        it), never dropped in silence."""
+        why = "remote operations are not supported by this agent yet"
+        log.warning("server asked for %r (%s): refused, %s", name, via, why)
+        self.refused_commands.append({"command": name, "via": via, "at": round(self.clock.wall(), 3),
+                                      "result": "refused: " + why})
+        del self.refused_commands[:-10]
+        if self.transport is not None and self.profile.name == "screentinker":
+            self._emit("device:log", {"device_id": self.profile.ctx.device_id(),
+                                      "tag": "edge-agent", "level": "w",
+                                      "message": f"edge-agent refused {name!r}: {why}"}, None)
+        if self._on_status is not None:
+            self._on_status(self.snapshot())
 
     # -- status -----------------------------------------------------------------
     def snapshot(self) -> dict:

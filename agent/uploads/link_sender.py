@@ -3,30 +3,33 @@ messages (screentinker: device:screenshot, device:play-event) instead of HTTP.
 
 Same interface as UploadSender, so the worker, the store and the per-item backoff
 are the ones HTTP uploads use. An item counts as sent only on proof of delivery
-(agent/link/delivery.py): the server's ACK of the message, or its ACK of a later
-heartbeat on the same connection. A bare emit never deletes anything.
+(agent/link/delivery.py): the ACK of a later heartbeat on the same connection, or the
+server's second ping after it. A bare emit never deletes anything, and an item whose
+shape the server would drop unread is never sent: it is dead-lettered with the reason.
 """
 from __future__ import annotations
 
 import itertools
 import threading
 
-from ..link.delivery import DELIVERED, REFUSED
+from ..link.delivery import DELIVERED
 from .schedule import OK, PERMANENT, TRANSIENT, Outcome
 from .store import Item
 
 _keys = itertools.count(1)
+# on top of the link's own proof window: the send queue and the link thread's wake-up
+MARGIN_S = 5.0
 
 
 class UploadRequest:
-    def __init__(self, event: str, payload: dict):
+    def __init__(self, messages: list[tuple[str, dict]]):
         self.key = next(_keys)
-        self.event, self.payload = event, payload
+        self.messages = messages
         self._done = threading.Event()
-        self.verdict, self.detail, self.answer = None, "", None
+        self.verdict, self.detail = None, ""
 
-    def finish(self, verdict: str, detail: str, answer) -> None:
-        self.verdict, self.detail, self.answer = verdict, detail, answer
+    def finish(self, verdict: str, detail: str) -> None:
+        self.verdict, self.detail = verdict, detail
         self._done.set()
 
     def wait(self, timeout: float) -> bool:
@@ -34,12 +37,8 @@ class UploadRequest:
 
 
 class LinkUploadSender:
-    def __init__(self, runner, profile, proof_timeout_s: float):
-        """``proof_timeout_s``: how long to wait for proof; at least one heartbeat
-        interval plus its ACK timeout, or a server that ACKs only heartbeats could
-        never prove a delivery."""
+    def __init__(self, runner, profile):
         self.runner, self.profile = runner, profile
-        self.proof_timeout_s = proof_timeout_s
 
     @property
     def ready(self) -> bool:
@@ -52,19 +51,25 @@ class LinkUploadSender:
         return self._send(items[0].kind, items)
 
     def _send(self, kind: str, items: list[Item]) -> dict[str, Outcome]:
-        message = self.profile.upload_message(kind, items)
-        if isinstance(message, str):
-            return {i.id: Outcome(PERMANENT, message) for i in items}
-        request = UploadRequest(*message)
+        outcomes: dict[str, Outcome] = {}
+        messages, carried = [], []
+        for item in items:
+            message = self.profile.upload_message(item)
+            if isinstance(message, str):
+                outcomes[item.id] = Outcome(PERMANENT, message)
+            else:
+                messages.append(message)
+                carried.append(item)
+        if not carried:
+            return outcomes
+        request = UploadRequest(messages)
+        timeout = self.runner.proof_window_s() + MARGIN_S
         self.runner.deliver(request)
-        if not request.wait(self.proof_timeout_s):
+        if not request.wait(timeout):
             self.runner.forget(request.key)
-            missing = Outcome(TRANSIENT, f"no proof of delivery within {self.proof_timeout_s:.0f}s")
-            return {i.id: missing for i in items}
-        if request.verdict == REFUSED:
-            return {i.id: Outcome(PERMANENT, f"server refused: {request.detail}") for i in items}
-        if request.verdict != DELIVERED:
-            return {i.id: Outcome(TRANSIENT, request.detail) for i in items}
-        acked = request.answer
-        missing = Outcome(TRANSIENT, "not acknowledged in the server's answer")
-        return {i.id: (Outcome(OK) if acked is None or i.id in acked else missing) for i in items}
+            outcome = Outcome(TRANSIENT, f"no proof of delivery within {timeout:.0f}s")
+        elif request.verdict != DELIVERED:
+            outcome = Outcome(TRANSIENT, request.detail)
+        else:
+            outcome = Outcome(OK)
+        return {**outcomes, **{i.id: outcome for i in carried}}

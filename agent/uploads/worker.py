@@ -80,6 +80,7 @@ class UploadWorker(threading.Thread):
         if not items:
             earliest = self.store.earliest_due()
             return MAX_NAP_S if earliest is None else max(0.05, earliest - wall)
+        self._on_change()  # status shows what is queued while it is on its way
         pop = [i for i in items if i.kind == "proof-of-play"]
         others = [i for i in items if i.kind != "proof-of-play"]
         if pop:
