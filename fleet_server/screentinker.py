@@ -1,33 +1,72 @@
-"""An emulation of ScreenTinker's device protocol (contract v4), server side, for tests.
+"""An emulation of ScreenTinker's device protocol, server side, for fast tests.
 
-It follows the public behaviour the agent's `screentinker` profile speaks to: namespace
-/device, device:register with a token or a pairing code, device:registered and
-device:paired (the latter on every reconnect of a paired device, as the real server
-does), device:heartbeat answered by device:heartbeat-ack (switchable off, like older
-servers), device:throttled, device:unpaired / device:auth-error, and
-device:connectivity-report, device:screenshot and device:play-event (ACKed by callback,
-or with `st_upload_ack = "none"` never, like a server that does not ACK uploads).
+It follows what the real server (server/ws/deviceSocket.js of
+github.com/screentinker/screentinker, run by tests/test_screentinker_real.py) does
+with each message, and accepts nothing it would not: a device registers on /device
+with a pairing code and gets an id and a token at once (status ``provisioning``);
+the operator's pairing claims it (``device:paired``); a later register with the
+token answers status ``online``; an unknown device id gets ``device:unpaired``, a
+wrong token ``device:auth-error``; the fingerprint of a known screen relinks it to
+its row. ``device:play-event`` is one record (``play_start`` / ``play_end``, content
+ids the server knows); ``device:screenshot`` carries ``image_b64`` of at most 2 MiB;
+neither is ever ACKed. What the newer contract adds is switchable: heartbeats are
+answered with ``device:heartbeat-ack`` unless ``--ack-mode none`` (the released
+server), and ``/admin/throttle`` sends ``device:throttled``.
 It is ours, not ScreenTinker's code.
 """
 from __future__ import annotations
 
-import asyncio
+import base64
+import binascii
 import hashlib
-import json
 import secrets
 import time
+import uuid
 
 NS = "/device"
+MAX_IMAGE_B64 = 2 * 1024 * 1024
+
+
+class State:
+    def __init__(self):
+        self.rows: dict[str, dict] = {}          # device id -> the devices table row
+        self.fingerprints: dict[str, str | None] = {}  # fingerprint -> device id
+        self.registers: dict[str, int] = {}      # device id or pairing code -> count
+        self.content: set[str] = set()           # content ids the server has
+        self.play_logs: list[dict] = []
+        self.screenshots: dict[str, str] = {}    # device id -> sha256 of the latest image
+        self.telemetry: list[dict] = []
+        self.sessions: dict[str, str] = {}       # sid -> authenticated device id
+
+    def view(self) -> dict:
+        return {"devices": self.rows, "play_logs": self.play_logs,
+                "screenshots": self.screenshots, "telemetry": self.telemetry[-50:],
+                "registers": self.registers,
+                "pending": sorted(r["pairing_code"] for r in self.rows.values() if r["pairing_code"])}
 
 
 def attach(server) -> None:
     sio = server.sio
-    server.st_pending = {}   # pairing code -> sid
-    server.st_registers = {} # device_id or code -> register count
+    st = server.st = State()
+    for device_id, token in server.tokens.items():  # --device ID:TOKEN: already claimed
+        st.rows[device_id] = {"id": device_id, "token": token, "pairing_code": None,
+                              "status": "offline", "user": "operator", "name": device_id,
+                              "device_info": None, "sid": None}
 
-    def dev_for(sid):
-        device_id = server.by_sid.get(sid)
-        return server.devices.get(device_id) if device_id else None
+    def session(sid, data) -> str | None:
+        """The device this socket registered as, if ``data`` names it (requireDeviceAuth)."""
+        device_id = st.sessions.get(sid)
+        if device_id is None:
+            return None
+        if isinstance(data, dict) and data.get("device_id") not in (None, device_id):
+            return None
+        return device_id
+
+    async def authenticated(sid, device_id: str, status: str, token: str):
+        st.sessions[sid] = device_id
+        server.attach_device(sid, device_id)
+        await sio.emit("device:registered", {"device_id": device_id, "device_token": token,
+                                             "status": status}, to=sid, namespace=NS)
 
     @sio.on("connect", namespace=NS)
     async def connect(sid, environ, auth=None):
@@ -37,6 +76,7 @@ def attach(server) -> None:
 
     @sio.on("disconnect", namespace=NS)
     async def disconnect(sid, *args):
+        st.sessions.pop(sid, None)
         device_id = server.by_sid.pop(sid, None)
         server.transports.pop(sid, None)
         if device_id and device_id in server.devices:
@@ -46,106 +86,122 @@ def attach(server) -> None:
 
     @sio.on("device:register", namespace=NS)
     async def register(sid, data=None):
-        if not isinstance(data, dict) or data.get("contract_version") != "v4":
+        if not isinstance(data, dict):
             return
-        device_id, token = data.get("device_id"), data.get("device_token")
-        key = device_id or data.get("pairing_code")
-        server.st_registers[key] = server.st_registers.get(key, 0) + 1
-        if device_id and token:
-            if server.tokens.get(device_id) != token:
-                await sio.emit("device:auth-error", {"error": "invalid token",
-                                                     "offline_s": server.behaviour.st_settle_s},
+        device_id, token, code = data.get("device_id"), data.get("device_token"), data.get("pairing_code")
+        fingerprint = data.get("fingerprint")
+        key = device_id or code
+        if key:
+            st.registers[str(key)] = st.registers.get(str(key), 0) + 1
+        if fingerprint and not device_id and code and st.fingerprints.get(fingerprint) in st.rows:
+            # a known screen registering afresh: linked back to its row, new token
+            row = st.rows[st.fingerprints[fingerprint]]
+            row["token"] = secrets.token_hex(32)
+            await authenticated(sid, row["id"], "online", row["token"])
+            if row["user"]:
+                await sio.emit("device:paired", {"name": row["name"]}, to=sid, namespace=NS)
+            return
+        if fingerprint and (device_id or code):
+            st.fingerprints.setdefault(fingerprint, device_id)
+            if device_id and st.fingerprints[fingerprint] is None:
+                st.fingerprints[fingerprint] = device_id
+        if device_id:
+            row = st.rows.get(device_id)
+            if row is None:
+                await sio.emit("device:unpaired", {"reason": "not_found"}, to=sid, namespace=NS)
+                return
+            if row["token"] != token:
+                await sio.emit("device:auth-error", {"error": "Invalid device token"},
                                to=sid, namespace=NS)
                 return
-            server.attach_device(sid, device_id)
-            await sio.emit("device:registered", {"device_id": device_id, "status": "paired"},
-                           to=sid, namespace=NS)
-            await sio.emit("device:paired", {"name": device_id, "device_id": device_id},
-                           to=sid, namespace=NS)
+            if fingerprint:
+                st.fingerprints[fingerprint] = device_id
+            await authenticated(sid, device_id, "online", row["token"])
             return
-        code = data.get("pairing_code")
-        if isinstance(code, str) and len(code) == 6 and code.isdigit():
-            server.st_pending[code] = sid
-            await sio.emit("device:registered", {"status": "pending"}, to=sid, namespace=NS)
+        if code:
+            row = {"id": str(uuid.uuid4()), "token": secrets.token_hex(32),
+                   "pairing_code": str(code), "status": "provisioning", "user": None,
+                   "name": None, "device_info": data.get("device_info"), "sid": sid}
+            st.rows[row["id"]] = row
+            await authenticated(sid, row["id"], "provisioning", row["token"])
 
     @sio.on("device:heartbeat", namespace=NS)
     async def heartbeat(sid, data=None):
-        dev = dev_for(sid)
-        if dev is None or not isinstance(data, dict) or not isinstance(data.get("client_ms"), int):
+        device_id = session(sid, data)
+        if device_id is None or not isinstance(data, dict) or data.get("device_id") != device_id:
             return
+        dev = server.devices[device_id]
         dev.heartbeats += 1
         dev.last_heartbeat = time.monotonic()
+        st.rows[device_id]["status"] = "online"
+        if isinstance(data.get("telemetry"), dict):
+            st.telemetry.append({"device_id": device_id, **data["telemetry"]})
         if sid not in dev._sids_heard:
             dev._sids_heard.add(sid)
             dev.first_heartbeat_times.append(round(time.time(), 3))
         if server.behaviour.ack_mode == "none":
-            return  # an older server: no heartbeat-ack at all
+            return  # the released server: no heartbeat-ack at all
         await sio.emit("device:heartbeat-ack", {"server_ms": int(time.time() * 1000),
-                                                "client_ms": data["client_ms"]},
+                                                "client_ms": data.get("client_ms")},
                        to=sid, namespace=NS)
 
     @sio.on("device:connectivity-report", namespace=NS)
     async def connectivity(sid, data=None):
-        dev = dev_for(sid)
-        if dev is not None and isinstance(data, dict):
-            dev.reports.append(data)
-
-
-    async def answer_upload():
-        if server.behaviour.st_upload_ack == "none":
-            await asyncio.sleep(3600)  # python-socketio ACKs whatever a handler returns
-        return {"ok": True}
-
-    def store(dev, upload_id, kind, body: bytes) -> bool:
-        if not isinstance(upload_id, str) or not 0 < len(upload_id) <= 200:
-            return False
-        if upload_id in dev.uploads:
-            dev.upload_repeats += 1  # a retry whose proof was lost: stored once
-        else:
-            dev.uploads[upload_id] = (kind, hashlib.sha256(body).hexdigest())
-        return True
+        device_id = session(sid, data)
+        if device_id is not None and isinstance(data, dict):
+            server.devices[device_id].reports.append(data)
 
     @sio.on("device:screenshot", namespace=NS)
     async def screenshot(sid, data=None):
-        dev = dev_for(sid)
-        if dev is None:
-            return {"error": "not registered"}
-        if not isinstance(data, dict) or not isinstance(data.get("image"), bytes):
-            return {"error": "bad screenshot"}
+        device_id = session(sid, data)
+        image = data.get("image_b64") if isinstance(data, dict) else None
+        if device_id is None or data.get("device_id") != device_id or not isinstance(image, str) \
+                or not image or len(image) > MAX_IMAGE_B64:
+            return  # the real server returns without a word, and so do we
+        try:
+            raw = base64.b64decode(image, validate=True)
+        except binascii.Error:
+            return
+        dev = server.devices[device_id]
         dev.upload_requests.append(round(time.time(), 3))
-        store(dev, data.get("upload_id"), "screenshot", data["image"])
-        return await answer_upload()
+        st.screenshots[device_id] = hashlib.sha256(raw).hexdigest()
 
     @sio.on("device:play-event", namespace=NS)
     async def play_event(sid, data=None):
-        dev = dev_for(sid)
-        if dev is None:
-            return {"error": "not registered"}
-        events = data.get("events") if isinstance(data, dict) else None
-        if not isinstance(events, list):
-            return {"error": "bad play-event"}
-        dev.upload_requests.append(round(time.time(), 3))
-        acked = []
-        for ev in events[:500]:
-            if isinstance(ev, dict):
-                record = {k: v for k, v in ev.items() if k != "upload_id"}
-                if store(dev, ev.get("upload_id"), "proof-of-play",
-                         json.dumps(record, sort_keys=True).encode()):
-                    acked.append(ev["upload_id"])
-        answer = await answer_upload()
-        return {**answer, "acked": acked}
+        device_id = session(sid, data)
+        if device_id is None or not isinstance(data, dict) or data.get("device_id") != device_id:
+            return
+        content_id = data.get("content_id") or None
+        server.devices[device_id].upload_requests.append(round(time.time(), 3))
+        if data.get("event") == "play_start":
+            if content_id is not None and content_id not in st.content:
+                return  # a foreign key the real server's sqlite refuses
+            st.play_logs.append({"device_id": device_id, "content_id": content_id,
+                                 "content_name": data.get("content_name") or "Unknown",
+                                 "started_at": time.time(), "ended_at": None, "completed": None})
+        elif data.get("event") == "play_end":
+            for log in reversed(st.play_logs):
+                if (log["device_id"] == device_id and log["content_id"] == content_id
+                        and content_id is not None and log["ended_at"] is None):
+                    log["ended_at"], log["completed"] = time.time(), bool(data.get("completed"))
+                    break
 
 
-async def pair(server, code: str):
-    """Operator pairs a pending code: the device gets its id and token in the link."""
-    sid = server.st_pending.pop(code, None)
-    if sid is None:
+async def pair(server, code: str, name: str = "Display") -> str | None:
+    """The operator claims the screen showing ``code``; it hears device:paired if online."""
+    st = server.st
+    row = next((r for r in st.rows.values() if r["pairing_code"] == code), None)
+    if row is None:
         return None
-    device_id = "st-" + secrets.token_hex(6)
-    token = secrets.token_urlsafe(32)
-    server.tokens[device_id] = token
-    await server.sio.emit("device:registered", {"device_id": device_id, "device_token": token,
-                                                "status": "paired"}, to=sid, namespace=NS)
-    await server.sio.emit("device:paired", {"name": device_id, "device_id": device_id},
-                          to=sid, namespace=NS)
-    return device_id
+    row.update(pairing_code=None, user="operator", status="online", name=name)
+    for sid, device_id in list(st.sessions.items()):
+        if device_id == row["id"]:
+            await server.sio.emit("device:paired", {"device_id": row["id"], "name": name},
+                                  to=sid, namespace=NS)
+    return row["id"]
+
+
+async def delete(server, device_id: str) -> bool:
+    """The operator deletes the screen on the dashboard: nothing is said to it; its
+    next register with the token gets device:unpaired."""
+    return server.st.rows.pop(device_id, None) is not None

@@ -42,9 +42,7 @@ class Behaviour:
     throttle_s: float = 30.0     # known devices: a soft server:throttle
     quarantine_s: float = 1800.0 # unknown identities: refused outright
     pair_limit: int = 5          # pairing attempts per operator per minute
-    st_settle_s: float = 2.0     # screentinker: "offline for N s" in auth-error
     upload_mode: str = "ok"      # ok | 500 | 429 | 413 | hang
-    st_upload_ack: str = "callback"  # screentinker uploads: callback | none
     retry_after_s: float = 120.0 # with 429
 
 
@@ -297,6 +295,7 @@ class FleetServer:
         r.add_post("/admin/revoke", self._admin_revoke)
         r.add_get("/admin/limiter", self._admin_limiter)
         r.add_get("/admin/screentinker", self._admin_screentinker)
+        r.add_post("/admin/screentinker", self._admin_screentinker)
         r.add_post("/api/v1/enroll", self._enroll)
         r.add_get("/api/v1/enroll/{device_id}", self._enroll_poll)
         r.add_post("/api/v1/pair", self._pair)
@@ -311,7 +310,7 @@ class FleetServer:
         body = await _json(request)
         for key in ("ack_mode", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s",
                     "upload_mode", "retry_after_s", "code_ttl_s", "flap_limit", "flap_window_s",
-                    "throttle_s", "quarantine_s", "pair_limit", "st_settle_s"):
+                    "throttle_s", "quarantine_s", "pair_limit"):
             if key in body:
                 setattr(self.behaviour, key, type(getattr(self.behaviour, key))(body[key]))
         return web.json_response(vars(self.behaviour))
@@ -394,9 +393,13 @@ class FleetServer:
             return web.json_response({"ok": False, "error": "too many attempts"}, status=429,
                                      headers={"Retry-After": "60"})
         code = str(body.get("code", "")).replace("-", "").strip()
-        if self.profile == "screentinker" and code in getattr(self, "st_pending", {}):
+        if self.profile == "screentinker":
             from . import screentinker
-            device_id = await screentinker.pair(self, code)
+            device_id = await screentinker.pair(self, code, str(body.get("name") or "Display"))
+            if device_id is None:
+                failures.append(now)
+                return web.json_response({"ok": False, "error": "No device found with that "
+                                                               "pairing code"}, status=404)
             log.info("operator %s paired device %s (screentinker)", operator, device_id)
             return web.json_response({"ok": True, "device_id": device_id})
         device_id = self.codes.get(code)
@@ -417,17 +420,32 @@ class FleetServer:
         self.tokens.pop(device_id, None)
         self.enrollments.pop(device_id, None)
         dev = self.devices.get(device_id)
+        if self.profile == "screentinker":
+            from . import screentinker
+            await screentinker.delete(self, device_id)
+            return web.json_response({"ok": True})
         for sid in list(dev.sids) if dev else []:
-            if self.profile == "screentinker":
-                await self.sio.emit("device:unpaired", {"offline_s": self.behaviour.st_settle_s},
-                                    to=sid, namespace="/device")
-                continue
             await self.sio.disconnect(sid)
         return web.json_response({"ok": True})
 
-    async def _admin_screentinker(self, _request) -> web.Response:
-        return web.json_response({"registers": getattr(self, "st_registers", {}),
-                                  "pending": sorted(getattr(self, "st_pending", {}))})
+    async def _admin_screentinker(self, request) -> web.Response:
+        """GET: the emulated server's tables. POST {"content_id"}: content it has;
+        POST {"device_id", "command"}: what its dashboard's buttons send."""
+        st = self.st
+        if request.method == "POST":
+            body = await _json(request)
+            if isinstance(body.get("content_id"), str):
+                st.content.add(body["content_id"])
+            device_id = body.get("device_id")
+            for sid, dev in list(st.sessions.items()):
+                if dev != device_id:
+                    continue
+                if body.get("command") == "screenshot":
+                    await self.sio.emit("device:screenshot-request", {}, to=sid, namespace="/device")
+                elif isinstance(body.get("command"), str):
+                    await self.sio.emit("device:command", {"type": body["command"], "payload": {}},
+                                        to=sid, namespace="/device")
+        return web.json_response(st.view())
 
     async def _admin_limiter(self, _request) -> web.Response:
         now = time.monotonic()
