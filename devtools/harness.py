@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -214,3 +215,44 @@ class SocketSampler:
             self.max_seen = max(self.max_seen, n)
             self.samples += 1
             self._stop.wait(self.interval)
+
+
+class FakeSystemd:
+    """An AF_UNIX datagram socket standing in for systemd's notify socket."""
+
+    def __init__(self, path, watchdog_s: float | None = None):
+        self.path = str(path)
+        self.watchdog_s = watchdog_s
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            for line in data.decode().split("\n"):
+                self.messages.append((time.monotonic(), line))
+
+    def times(self, line):
+        return [t for t, m in self.messages if m == line]
+
+    def statuses(self):
+        return [m[7:] for _, m in self.messages if m.startswith("STATUS=")]
+
+    def env(self):
+        env = {"NOTIFY_SOCKET": self.path}
+        if self.watchdog_s:
+            env["WATCHDOG_USEC"] = str(int(self.watchdog_s * 1e6))
+        return env
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()

@@ -9,7 +9,7 @@ import pytest
 
 from agent.link.runner import MAX_WAIT_S as LINK_MAX_WAIT_S
 from agent.link.transport import ABORT_JOIN_S
-from devtools.harness import REPO, agent_config, wait_for
+from devtools.harness import REPO, FakeSystemd, agent_config, wait_for
 
 pytestmark = pytest.mark.netns
 
@@ -17,49 +17,9 @@ HB, ACK = 2.0, 1.0
 WATCHDOG_S = 1.0  # pets every 0.5 s
 
 
-class FakeSystemd:
-    """An AF_UNIX datagram socket standing in for systemd's notify socket."""
-
-    def __init__(self, path):
-        self.path = str(path)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.sock.settimeout(0.2)
-        self.messages: list[tuple[float, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(4096)
-            except socket.timeout:
-                continue
-            for line in data.decode().split("\n"):
-                self.messages.append((time.monotonic(), line))
-
-    def times(self, line):
-        return [t for t, m in self.messages if m == line]
-
-    def statuses(self):
-        return [m[7:] for _, m in self.messages if m.startswith("STATUS=")]
-
-    def env(self, watchdog_s=WATCHDOG_S):
-        env = {"NOTIFY_SOCKET": self.path}
-        if watchdog_s:
-            env["WATCHDOG_USEC"] = str(int(watchdog_s * 1e6))
-        return env
-
-    def close(self):
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
-
-
 @pytest.fixture
 def systemd(tmp_path):
-    fake = FakeSystemd(tmp_path / "notify.sock")
+    fake = FakeSystemd(tmp_path / "notify.sock", WATCHDOG_S)
     yield fake
     fake.close()
 
