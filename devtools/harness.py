@@ -28,6 +28,18 @@ def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "con
         time.sleep(interval)
 
 
+def terminate(proc: subprocess.Popen | None, timeout: float = 10.0) -> int | None:
+    """SIGTERM, then SIGKILL if it has not gone within ``timeout``; its exit status."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode if proc is not None else None
+
+
 class FleetServerProcess:
     def __init__(self, workdir: Path, *args: str, devices: dict[str, str] | None = None):
         self.workdir = workdir
@@ -56,12 +68,7 @@ class FleetServerProcess:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self.proc)
 
     @property
     def url(self) -> str:
@@ -178,14 +185,7 @@ class AgentProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode if self.proc else None
+        return terminate(self.proc, timeout)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from devtools.harness import REPO, wait_for
+from devtools.harness import REPO, terminate, wait_for
 
 PEER_DIR = Path(os.environ.get("EDGE_AGENT_SCREENTINKER_DIR",
                                "/var/cache/edge-agent/peers/screentinker/server"))
@@ -102,13 +102,7 @@ class ScreenTinkerServer:
             return False
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
