@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -68,7 +69,14 @@ def cmd_run(args) -> int:
     from . import crashes
     crashes.prepare()
     from .daemon import Agent  # imports socketio; keep `status` light
-    return Agent(config).run()
+    from .uploads.store import QueueUnavailable
+    try:
+        agent = Agent(config)
+    except QueueUnavailable as e:
+        # not a configuration error: systemd restarts the agent, the queue is untouched
+        logging.getLogger("edge_agent").error("upload queue unavailable: %s", e)
+        return EXIT_DEGRADED
+    return agent.run()
 
 
 def cmd_configured(args) -> int:
@@ -161,13 +169,14 @@ def cmd_enqueue(args) -> int:
         sys.stderr.write(f"edge-agent: --kind: the {config.profile} profile carries no "
                          f"{args.kind} uploads (it carries {', '.join(sorted(carried))})\n")
         return EXIT_USAGE
-    from .uploads.store import QueueDiskFull, QueueStore
+    from .uploads.store import QueueDiskFull, QueueStore, QueueUnavailable
     try:
+        limit = min(config.uploads.max_bytes, config.uploads.max_item_bytes)
         if args.file == "-":
-            payload = sys.stdin.buffer.read(config.uploads.max_bytes + 1)
+            payload = sys.stdin.buffer.read(limit + 1)
         else:
             with open(args.file, "rb") as f:
-                payload = f.read(config.uploads.max_bytes + 1)
+                payload = f.read(limit + 1)
     except OSError as e:
         sys.stderr.write(f"edge-agent: {args.file}: {e.strerror}\n")
         return EXIT_USAGE
@@ -182,6 +191,9 @@ def cmd_enqueue(args) -> int:
         store.close()
     except QueueDiskFull:
         sys.stderr.write("edge-agent: the state partition is full; nothing was queued\n")
+        return EXIT_DEGRADED
+    except QueueUnavailable as e:
+        sys.stderr.write(f"edge-agent: the upload queue is unavailable ({e}); nothing was queued\n")
         return EXIT_DEGRADED
     except OSError as e:
         sys.stderr.write(f"edge-agent: {config.queue_path}: {e.strerror}\n")

@@ -15,7 +15,7 @@ from .events.outbox import Outbox
 from .events.watcher import MAX_WAIT_S as EVENTS_MAX_WAIT_S, EventWatcher, SysfsState
 from .identity import device
 from .identity.credentials import Credentials
-from .identity.enroller import Enroller
+from .identity.enroller import MAX_SILENCE_S as ENROLL_MAX_SILENCE_S, Enroller
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
@@ -92,10 +92,14 @@ class Agent:
         self.enroller = None
         self.profile_pairs = config.profile == "screentinker"  # pairing inside the link
         if not self.preprovisioned and not self.profile_pairs:
-            self.enroller = Enroller(config.server_url, self.device_id, self.credentials,
-                                     config.runtime_dir, config.ca_file,
-                                     on_paired=self._paired, on_change=self._refresh_status,
-                                     show_on_console=config.show_code_on_console)
+            self.enroller = Enroller(
+                config.server_url, self.device_id, self.credentials, config.runtime_dir,
+                config.ca_file, on_paired=self._paired, on_change=self._refresh_status,
+                show_on_console=config.show_code_on_console,
+                # on the watchdog gate while it has work: a dead enroller must not
+                # leave an unpaired screen that systemd never restarts
+                on_tick=lambda: self.gate.register("enroll", ENROLL_MAX_SILENCE_S, time.monotonic()),
+                on_idle=lambda: self.gate.unregister("enroll"))
             if self.token is not None:
                 self.enroller.core.on_paired(self.token)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
@@ -112,7 +116,7 @@ class Agent:
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
                                  on_tick=lambda: self.gate.tick("link", time.monotonic()),
-                                 on_link_up=lambda: self.uploads.wake(),
+                                 on_link_up=lambda: self.uploads.link_up(),
                                  on_refused=self._refused, identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path))
         self.store = QueueStore(config.queue_path, config.uploads)
@@ -177,7 +181,7 @@ class Agent:
         self.claimed = True
         self.credentials.save(self.local_device_id, self.token, self.device_id, claimed=True)
         log.info("paired: an operator added this screen%s", f" as {name!r}" if name else "")
-        self.uploads.wake()
+        self.uploads.link_up()
         self._refresh_status()
 
     def _unpaired_by_link(self, settle_s: float) -> None:
@@ -192,7 +196,7 @@ class Agent:
     def _paired(self, token: str) -> None:
         self.token = token
         self.runner.resume()
-        self.uploads.wake()
+        self.uploads.link_up()  # new credentials end a hold on refused ones
 
     def _refused(self, detail: str) -> None:
         """The server refused our token at connect."""

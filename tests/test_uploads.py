@@ -7,8 +7,9 @@ import time
 import pytest
 
 from agent.clock import FakeClock
-from agent.uploads.schedule import (OK, PERMANENT, SLOW_DOWN, TRANSIENT, Outcome,
-                                    UploadPolicy, UploadScheduler, classify, parse_retry_after)
+from agent.uploads.schedule import (AUTH, OK, PERMANENT, SLOW_DOWN, TRANSIENT, UNAVAILABLE,
+                                    UNREACHABLE, Outcome, UploadPolicy, UploadScheduler,
+                                    classify, parse_retry_after)
 from agent.uploads.store import QueueStore
 from agent.uploads.worker import UploadWorker
 
@@ -23,11 +24,17 @@ def test_per_item_backoff_30s_doubling_to_30min():
 
 
 @pytest.mark.parametrize("status, header, kind, retry", [
-    (200, None, OK, None), (201, None, OK, None), (None, None, TRANSIENT, None),
-    (500, None, TRANSIENT, None), (502, None, TRANSIENT, None), (408, None, TRANSIENT, None),
+    (200, None, OK, None), (201, None, OK, None), (None, None, UNREACHABLE, None),
+    (500, None, TRANSIENT, None), (502, None, UNREACHABLE, None), (504, None, UNREACHABLE, None),
+    (408, None, TRANSIENT, None), (409, None, TRANSIENT, None),
     (429, "120", SLOW_DOWN, 120.0), (503, None, SLOW_DOWN, None), (503, "soon", SLOW_DOWN, None),
-    (429, "99999999", SLOW_DOWN, 6 * 3600.0), (413, None, PERMANENT, None),
-    (400, None, PERMANENT, None), (401, None, PERMANENT, None), (404, None, PERMANENT, None),
+    (429, "99999999", SLOW_DOWN, 6 * 3600.0),
+    # only an item the server calls malformed is given up on
+    (413, None, PERMANENT, None), (400, None, PERMANENT, None), (415, None, PERMANENT, None),
+    (422, None, PERMANENT, None),
+    # credentials and routes are about the agent and the server, not the item
+    (401, None, AUTH, None), (403, None, AUTH, None), (404, None, UNAVAILABLE, None),
+    (405, None, UNAVAILABLE, None), (501, None, UNAVAILABLE, None),
 ])
 def test_classify(status, header, kind, retry):
     o = classify(status, header)
@@ -109,6 +116,28 @@ def test_queries_use_indexes_and_enqueue_stays_fast_with_10000_items(store):
     assert [i.created_at for i in first] == sorted(i.created_at for i in first)
 
 
+def test_a_locked_database_is_not_corruption_and_nothing_is_moved_aside(tmp_path, caplog):
+    path = tmp_path / "queue.db"
+    first = QueueStore(str(path), UploadPolicy())
+    assert first.enqueue("proof-of-play", b'{"keep": 1}', now=1.0)
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process mid-write, holding the lock
+    import agent.uploads.store as store_mod
+    wait, store_mod.LOCKED_WAIT_S = store_mod.LOCKED_WAIT_S, 0.5
+    try:
+        with pytest.raises(store_mod.QueueUnavailable, match="locked"):
+            QueueStore(str(path), UploadPolicy(), timeout_s=0.1)
+    finally:
+        store_mod.LOCKED_WAIT_S = wait
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert not [p for p in os.listdir(tmp_path) if ".corrupt-" in p], "a live queue was moved aside"
+    again = QueueStore(str(path), UploadPolicy())
+    assert again.stats()["items"] == 1
+    first.close()
+    again.close()
+
+
 def test_corrupt_database_is_moved_aside_and_a_fresh_queue_starts(tmp_path, caplog):
     path = tmp_path / "queue.db"
     path.write_bytes(b"this is not a database" * 100)
@@ -184,6 +213,74 @@ def test_429_retry_after_holds_the_whole_queue(store):
     clock.advance(0.5)
     worker._work_once()
     assert len(sender.calls) == 3 and store.stats()["items"] == 0
+
+
+def test_an_outage_holds_the_queue_writes_nothing_and_ends_when_the_link_is_back(store, tmp_path):
+    clock = FakeClock(wall_offset=0.0)
+    for i in range(50):
+        store.enqueue("screenshot", b"shot-%d" % i, now=clock.wall())
+    sender = FakeSender({b"shot": Outcome(UNREACHABLE, "ConnectionError")})
+    worker = make_worker(store, sender, clock)
+    wal = tmp_path / "queue.db-wal"
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    written = wal.stat().st_size if wal.exists() else 0
+    for _ in range(200):  # an hour of the network being gone
+        worker._work_once()
+        clock.advance(18.0)
+    assert len(sender.calls) <= 10, f"{len(sender.calls)} attempts: the queue did not hold"
+    assert (wal.stat().st_size if wal.exists() else 0) == written, "an outage wrote to the SD card"
+    assert {a for (a,) in store.db.execute("SELECT attempts FROM items")} == {0}
+    sender.answers = {}
+    worker.link_up()
+    worker._work_once()
+    assert store.stats()["items"] == 0, "the link came back and the queue did not go"
+
+
+def test_refused_credentials_hold_the_queue_and_lose_nothing(store):
+    clock = FakeClock(wall_offset=0.0)
+    for kind in ("screenshot", "log", "proof-of-play"):
+        store.enqueue(kind, b'{"%s": 1}' % kind.encode(), now=clock.wall())
+    sender = FakeSender({b"": Outcome(AUTH, "HTTP 401")})
+    worker = make_worker(store, sender, clock)
+    for _ in range(20):
+        worker._work_once()
+        clock.advance(60.0)
+    assert store.stats() == {"items": 3, "bytes": store.stats()["bytes"], "dead_letter": 0,
+                             "dropped": {}}
+    sender.answers = {}
+    worker.link_up()  # what pairing anew does
+    worker._work_once()
+    worker._work_once()
+    assert store.stats()["items"] == 0 and store.stats()["dead_letter"] == 0
+
+
+def test_a_round_holds_a_byte_budget_of_payloads_whatever_the_backlog(tmp_path):
+    s = QueueStore(str(tmp_path / "q.db"), UploadPolicy(max_bytes=1 << 30))
+    for i in range(40):
+        s.enqueue("screenshot", os.urandom(1 << 20), now=1.0 + i)  # 40 MiB queued
+    items = s.due(100.0, 200, 8 << 20)
+    assert len(items) == 8 and sum(len(i.payload) for i in items) <= 8 << 20
+    assert len(s.due(100.0, 200, 100)) == 1, "one item always goes, even over the budget"
+    assert s.enqueue("screenshot", b"x" * ((16 << 20) + 1), now=200.0) is None
+    assert s.dropped["too-large"] == 1
+    s.close()
+
+
+def test_an_unexpected_exception_restarts_the_loop_and_one_that_keeps_dying_stops(caplog):
+    from agent import supervise as sv
+    calls, pauses = [], []
+
+    def loop():
+        calls.append(1)
+        if len(calls) < 3:
+            raise KeyError("surprise")  # what a library may raise that nobody documented
+
+    sv.supervise("test", loop, lambda: False, lambda s: pauses.append(s) and False)
+    assert len(calls) == 3 and pauses == [1.0, 2.0]
+    assert caplog.text.count("Traceback") == 1, "the traceback once per kind, not per death"
+    calls.clear()
+    sv.supervise("doomed", lambda: calls.append(1) or 1 / 0, lambda: False, lambda s: False)
+    assert len(calls) == sv.MAX_DEATHS and "leaving it stopped" in caplog.text
 
 
 def test_permanent_refusal_goes_to_dead_letter_not_retried(store):

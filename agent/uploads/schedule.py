@@ -1,15 +1,24 @@
 """Upload scheduling rules, sans I/O: per-item backoff, queue-wide holds, outcomes.
 
 A failing item backs off on its own (30 s doubling to a 30 min cap, jittered) and
-never delays the others; only the server saying "slow down" (429, 503, Retry-After)
-holds the whole queue. Other 4xx answers are permanent: retrying cannot fix them.
+never delays the others. What is about the server or the agent, not the item, holds
+the whole queue instead, and writes nothing to the items (so an outage costs the SD
+card nothing and the items no attempts): the server saying "slow down" (429, 503,
+Retry-After), the server out of reach (no answer, 502, 504), a route it does not have
+yet (404, 405, 501), and credentials it refuses (401, 403: a state of the agent, which
+re-authenticates). Only an item the server calls malformed (400, 413, 415, 422) is
+dead-lettered, with the reason.
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-OK, TRANSIENT, PERMANENT, SLOW_DOWN = "ok", "transient", "permanent", "slow-down"
+OK, TRANSIENT, PERMANENT = "ok", "transient", "permanent"
+# queue-wide: the item is not at fault
+SLOW_DOWN, UNREACHABLE, UNAVAILABLE, AUTH = "slow-down", "unreachable", "unavailable", "auth"
+QUEUE_WIDE = (SLOW_DOWN, UNREACHABLE, UNAVAILABLE, AUTH)
+MALFORMED = (400, 413, 415, 422)
 
 # What goes first when the queue is full: lowest priority first.
 KINDS = {"screenshot": 0, "log": 1, "proof-of-play": 2}
@@ -26,6 +35,8 @@ class UploadPolicy:
     max_age_days: float = 14.0
     dedupe_window_s: float = 3600.0
     batch_max: int = 200         # proof-of-play records per request
+    batch_bytes: int = 8 << 20   # payload bytes one round holds in memory, whatever the queue holds
+    max_item_bytes: int = 16 << 20  # one item; the unit's MemoryMax must hold a round
 
 
 @dataclass(frozen=True)
@@ -38,14 +49,18 @@ class Outcome:
 def classify(status: int | None, retry_after: str | None = None, error: str = "") -> Outcome:
     """An HTTP answer (or a network error, status None) as an Outcome."""
     if status is None:
-        return Outcome(TRANSIENT, error or "network error")
+        return Outcome(UNREACHABLE, error or "network error")
     if 200 <= status < 300:
         return Outcome(OK)
     if status in (429, 503):
         return Outcome(SLOW_DOWN, f"HTTP {status}", parse_retry_after(retry_after))
-    if status == 408:
-        return Outcome(TRANSIENT, "HTTP 408")
-    if 400 <= status < 500:
+    if status in (502, 504):
+        return Outcome(UNREACHABLE, f"HTTP {status}")
+    if status in (401, 403):
+        return Outcome(AUTH, f"HTTP {status}")
+    if status in (404, 405, 501):
+        return Outcome(UNAVAILABLE, f"HTTP {status}")
+    if status in MALFORMED:
         return Outcome(PERMANENT, f"HTTP {status}")
     return Outcome(TRANSIENT, f"HTTP {status}")
 
@@ -67,6 +82,8 @@ class UploadScheduler:
     def __init__(self, policy: UploadPolicy, rng: random.Random | None = None):
         self.policy = policy
         self.hold_until = 0.0
+        self.hold_reason: str | None = None   # a queue-wide outcome kind, while held
+        self.hold_failures = 0                # queue-wide failures in a row
         self._rng = rng or random.Random()
 
     def retry_delay(self, attempts: int) -> float:
@@ -76,13 +93,30 @@ class UploadScheduler:
         return ceiling * (1 + self._rng.uniform(-p.jitter, p.jitter))
 
     def after_failure(self, outcome: Outcome, attempts: int, now: float) -> float:
-        """When this item may go again; a slow-down also holds the whole queue."""
-        due = now + self.retry_delay(attempts)
-        if outcome.kind == SLOW_DOWN:
-            hold = outcome.retry_after_s if outcome.retry_after_s is not None else self.retry_delay(attempts)
-            self.hold_until = max(self.hold_until, now + hold)
-            due = max(due, self.hold_until)
-        return due
+        """When this item may go again (an item-specific failure)."""
+        return now + self.retry_delay(attempts)
+
+    def hold(self, outcome: Outcome, now: float) -> float:
+        """A queue-wide outcome: nothing goes before the returned time."""
+        self.hold_failures += 1
+        delay = (outcome.retry_after_s if outcome.retry_after_s is not None
+                 else self.retry_delay(self.hold_failures))
+        self.hold_until = max(self.hold_until, now + delay)
+        self.hold_reason = outcome.kind
+        return self.hold_until
+
+    def succeeded(self) -> None:
+        self.hold_failures = 0
+        self.hold_reason = None
+
+    def link_up(self, now: float) -> bool:
+        """The link (or fresh credentials) came back: a hold that was about reaching the
+        server or being let in ends now; one the server asked for (slow-down) does not."""
+        if self.hold_reason in (UNREACHABLE, AUTH) and self.hold_until > now:
+            self.hold_until = now
+            self.hold_failures = 0
+            return True
+        return False
 
     def may_send(self, now: float) -> bool:
         return now >= self.hold_until

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import requests
+import urllib3
 
 from .schedule import Outcome, classify, OK, TRANSIENT
 from .store import Item
@@ -69,7 +70,9 @@ class UploadSender:
                                   verify=self._verify, allow_redirects=False, stream=True)
             raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True) if r.raw else b""
             r.close()
-        except requests.RequestException as e:
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+            # r.raw.read() raises urllib3's own errors (ReadTimeoutError, ProtocolError,
+            # DecodeError), which are not RequestExceptions
             return classify(None, error=f"{type(e).__name__}"), None
         if 300 <= r.status_code < 400:
             return classify(400, error="redirect refused"), None

@@ -53,6 +53,19 @@ class QueueDiskFull(Exception):
     pass
 
 
+class QueueUnavailable(Exception):
+    """The queue cannot be opened now (locked, unreadable): nothing was touched."""
+
+
+class QueueCorrupt(sqlite3.DatabaseError):
+    """sqlite's own integrity check failed."""
+
+
+# How long opening waits for another process (`edge-agent enqueue`) to let go.
+LOCKED_WAIT_S = 30.0
+CORRUPTION = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
 # Free space the state partition must keep for a kind to be queued at all: as the
 # disk fills, screenshots stop first, then logs; proof-of-play goes on to the end.
 MIN_FREE_BYTES = {"screenshot": 64 << 20, "log": 16 << 20, "proof-of-play": 0}
@@ -74,8 +87,9 @@ class Item:
 
 
 class QueueStore:
-    def __init__(self, path: str, policy: UploadPolicy):
+    def __init__(self, path: str, policy: UploadPolicy, timeout_s: float = 5.0):
         self.path = path
+        self.timeout_s = timeout_s
         self.policy = policy
         self.dropped: dict[str, int] = {}  # reason -> count, reported in status
         self.free_bytes = lambda: free_bytes(os.path.dirname(self.path) or ".")
@@ -84,27 +98,42 @@ class QueueStore:
 
     # -- opening ----------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
+        """Only a database sqlite itself calls corrupt is moved aside (kept for
+        inspection) for a fresh one; a locked or unreadable one is left as it is."""
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-        try:
-            return self._connect()
-        except sqlite3.DatabaseError as e:
-            aside = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
-            log.error("upload queue %s is unreadable (%s); moved aside to %s, starting a "
-                      "fresh queue", self.path, e, aside)
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(self.path + suffix):
-                    os.replace(self.path + suffix, aside + suffix)
-            return self._connect()
+        deadline = time.monotonic() + LOCKED_WAIT_S
+        while True:
+            try:
+                return self._connect()
+            except QueueCorrupt as e:
+                return self._move_aside(e)
+            except sqlite3.DatabaseError as e:
+                name = getattr(e, "sqlite_errorname", "")
+                if name in CORRUPTION:
+                    return self._move_aside(e)
+                if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise QueueUnavailable(f"{self.path}: {e}") from None
+
+    def _move_aside(self, e: Exception) -> sqlite3.Connection:
+        aside = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+        log.error("upload queue %s is corrupt (%s); moved aside to %s, starting a fresh "
+                  "queue", self.path, e, aside)
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(self.path + suffix):
+                os.replace(self.path + suffix, aside + suffix)
+        return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None,
+        db = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None,
                              check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             ok = db.execute("PRAGMA quick_check").fetchone()
             if not ok or ok[0] != "ok":
-                raise sqlite3.DatabaseError(f"quick_check: {ok[0] if ok else 'no answer'}")
+                raise QueueCorrupt(f"quick_check: {ok[0] if ok else 'no answer'}")
             db.executescript(SCHEMA)
         except sqlite3.DatabaseError:
             db.close()
@@ -127,9 +156,10 @@ class QueueStore:
         if not self._space_for(kind, size):
             self._count(f"disk-low:{kind}")
             return None
-        if size > p.max_bytes:
+        if size > min(p.max_bytes, p.max_item_bytes):
             self._count("too-large")
-            log.warning("dropping a %s of %d bytes: larger than uploads.max_bytes", kind, size)
+            log.warning("dropping a %s of %d bytes: larger than one upload may be (%d)", kind,
+                        size, min(p.max_bytes, p.max_item_bytes))
             return None
         try:
             with self._tx():
@@ -201,18 +231,28 @@ class QueueStore:
                 return False
 
     # -- the worker's side ------------------------------------------------------
-    def due(self, now: float, limit: int) -> list[Item]:
+    def due(self, now: float, limit: int, max_bytes: int | None = None) -> list[Item]:
+        """Up to ``limit`` due items, oldest due first, whose payloads together stay
+        within ``max_bytes`` (at least one): memory follows a budget, not the backlog."""
         cap = self.policy.cap_s * 1.5
-        rows = self.db.execute(
-            "SELECT id, kind, payload, attempts, next_attempt_at, created_at FROM items "
-            "WHERE next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall()
+        meta = "SELECT id, size FROM items WHERE next_attempt_at {} ? ORDER BY next_attempt_at LIMIT ?"
+        rows = self.db.execute(meta.format("<="), (now, limit)).fetchall()
         if len(rows) < limit:
             # due times beyond the cap come from a clock that jumped back: due now
-            rows += self.db.execute(
-                "SELECT id, kind, payload, attempts, next_attempt_at, created_at FROM items "
-                "WHERE next_attempt_at > ? ORDER BY next_attempt_at LIMIT ?",
-                (now + cap, limit - len(rows))).fetchall()
-        return [Item(r[0], r[1], bytes(r[2]), r[3], r[4], r[5]) for r in rows]
+            rows += self.db.execute(meta.format(">"), (now + cap, limit - len(rows))).fetchall()
+        chosen, total = [], 0
+        for item_id, size in rows:
+            if chosen and max_bytes is not None and total + size > max_bytes:
+                break
+            chosen.append(item_id)
+            total += size
+        items = []
+        for item_id in chosen:  # one payload at a time into the list: no double copy
+            r = self.db.execute("SELECT id, kind, payload, attempts, next_attempt_at, created_at "
+                                "FROM items WHERE id=?", (item_id,)).fetchone()
+            if r is not None:
+                items.append(Item(r[0], r[1], bytes(r[2]), r[3], r[4], r[5]))
+        return items
 
     def earliest_due(self) -> float | None:
         row = self.db.execute("SELECT MIN(next_attempt_at) FROM items").fetchone()

@@ -11,7 +11,7 @@ import threading
 from typing import Callable
 
 from ..clock import Clock, SystemClock
-from .schedule import OK, PERMANENT, UploadPolicy, UploadScheduler
+from .schedule import OK, PERMANENT, QUEUE_WIDE, UploadPolicy, UploadScheduler
 from .sender import UploadSender
 from .store import Item, QueueStore
 
@@ -37,6 +37,7 @@ class UploadWorker(threading.Thread):
         self.scheduler = UploadScheduler(policy, rng)
         self._wake = threading.Condition()
         self._woken = False
+        self._link_up = False
         self._stopping = False
         self._on_tick = on_tick or (lambda: None)
         self._on_change = on_change or (lambda: None)
@@ -48,6 +49,13 @@ class UploadWorker(threading.Thread):
             self._woken = True
             self._wake.notify()
 
+    def link_up(self) -> None:
+        """The server is reachable again (or we were paired anew): end an outage hold."""
+        with self._wake:
+            self._link_up = True
+            self._woken = True
+            self._wake.notify()
+
     def stop(self) -> None:
         with self._wake:
             self._stopping = True
@@ -55,6 +63,16 @@ class UploadWorker(threading.Thread):
 
     # -- the loop -----------------------------------------------------------------
     def run(self) -> None:
+        from ..supervise import supervise
+        supervise("uploads", self._loop, lambda: self._stopping, self._pause)
+
+    def _pause(self, seconds: float) -> bool:
+        with self._wake:
+            if not self._stopping:
+                self._wake.wait(seconds)
+            return self._stopping
+
+    def _loop(self) -> None:
         while not self._stopping:
             self._on_tick()
             try:
@@ -71,12 +89,16 @@ class UploadWorker(threading.Thread):
     def _work_once(self) -> float:
         """Sends what is due; returns seconds until something could be due."""
         mono, wall = self.clock.monotonic(), self.clock.wall()
+        with self._wake:
+            link_up, self._link_up = self._link_up, False
+        if link_up and self.scheduler.link_up(mono):
+            log.info("uploads: the server is reachable again, sending what is queued")
         if not getattr(self.sender, "ready", True):
             self._on_change()  # items may have been queued meanwhile: status shows them
             return MAX_NAP_S  # not paired yet; woken when the link comes up
         if not self.scheduler.may_send(mono):
             return self.scheduler.hold_until - mono
-        items = self.store.due(wall, self.policy.batch_max)
+        items = self.store.due(wall, self.policy.batch_max, self.policy.batch_bytes)
         if not items:
             earliest = self.store.earliest_due()
             return MAX_NAP_S if earliest is None else max(0.05, earliest - wall)
@@ -92,12 +114,26 @@ class UploadWorker(threading.Thread):
             if self._stopping or not self.scheduler.may_send(now) or now - started > MAX_ROUND_S:
                 break
             self._settle(item, self.sender.send_one(item))
+        del items, pop, others  # the payloads: memory goes back before the nap
         self._on_change()
         return 0.0
 
     def _settle(self, item: Item, outcome) -> None:
         mono, wall = self.clock.monotonic(), self.clock.wall()
+        if outcome.kind in QUEUE_WIDE:
+            # the server, the network or our credentials: the item is not touched (no
+            # attempt counted, nothing written) and the whole queue waits
+            first = self.scheduler.hold_reason != outcome.kind
+            until = self.scheduler.hold(outcome, mono)
+            if first:
+                log.warning("uploads held (%s: %s): %d queued, trying again in %.0fs%s",
+                            outcome.kind, outcome.detail, self._queued(), until - mono,
+                            ", or when the link is back" if outcome.kind != "slow-down" else "")
+            return
         if outcome.kind == OK:
+            if self.scheduler.hold_reason is not None:
+                log.info("uploads flowing again")
+            self.scheduler.succeeded()
             self.store.confirmed([item], wall)
             self.sent += 1
             return
@@ -106,7 +142,14 @@ class UploadWorker(threading.Thread):
             log.warning("upload %s (%s) refused for good (%s): moved to the dead-letter table",
                         item.id, item.kind, outcome.detail)
             return
+        self.scheduler.succeeded()  # the server answered: not an outage
         due_mono = self.scheduler.after_failure(outcome, item.attempts + 1, mono)
         self.store.failed(item, wall + (due_mono - mono), outcome.detail)
         log.warning("upload of a %s failed (%s), retrying in %.0fs", item.kind, outcome.detail,
                     due_mono - mono)
+
+    def _queued(self) -> int:
+        try:
+            return self.store.stats()["items"]
+        except sqlite3.Error:
+            return -1
