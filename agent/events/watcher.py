@@ -29,7 +29,8 @@ log = logging.getLogger("edge_agent.events")
 SUBSYSTEMS = ("drm", "power_supply", "hwmon", "net")
 RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
 NETLINK_ROUTE = 0
-MAX_WAIT_S = 30.0  # ticks for the watchdog gate even when nothing happens
+MAX_WAIT_S = 60.0  # ticks for the watchdog gate even when nothing happens
+TELEMETRY_SAMPLE_S = 60.0  # psutil is read this often to see whether anything moved
 
 
 def _read(path: str) -> str:
@@ -184,21 +185,33 @@ class EventWatcher(threading.Thread):
 
     # -- the loop -------------------------------------------------------------------
     def run(self) -> None:
+        from ..supervise import supervise
+        supervise("events", self._loop, lambda: False,
+                  lambda seconds: bool(select.select([self._stop_r], [], [], seconds)[0]))
+
+    def _loop(self) -> None:
+        """Woken by netlink (udev, rtnetlink), not by a timer: state is read when the
+        kernel says it changed. Timers only flush the debouncer, sample telemetry once
+        a minute and tick the watchdog gate; sysfs is polled only without netlink."""
         monitor, rtnl = self._open_udev(), self._open_rtnetlink()
         self.mode = "netlink" if monitor is not None and rtnl is not None else "sysfs-poll"
         fds = [self._stop_r] + [x.fileno() for x in (monitor, rtnl) if x is not None]
-        self.scan(time.monotonic(), baseline=True)
+        now = time.monotonic()
+        self.scan(now, baseline=True)
+        next_poll, next_sample = now + self.fallback_interval_s, now + TELEMETRY_SAMPLE_S
         while True:
             self._on_tick()
             now = time.monotonic()
-            wait = MAX_WAIT_S if self.mode == "netlink" else min(MAX_WAIT_S, self.fallback_interval_s)
-            deadline = self.debouncer.next_deadline()
-            if deadline is not None:
-                wait = max(0.0, min(wait, deadline - now))
+            deadlines = [now + MAX_WAIT_S, next_sample, self.debouncer.next_deadline()]
+            if self.mode != "netlink":
+                deadlines.append(next_poll)
+            wait = max(0.0, min(d for d in deadlines if d is not None) - now)
             ready, _, _ = select.select(fds, [], [], wait)
             if self._stop_r in ready:
                 return
+            changed = False
             if monitor is not None and monitor.fileno() in ready:
+                changed = True
                 try:
                     while monitor.poll(timeout=0) is not None:
                         pass  # drain; the state is read from sysfs below
@@ -207,18 +220,33 @@ class EventWatcher(threading.Thread):
                     fds.remove(monitor.fileno())
                     monitor, self.mode = None, "sysfs-poll"
             if rtnl is not None and rtnl.fileno() in ready:
+                changed = True
                 try:
                     while rtnl.recv(65536):
                         pass
                 except (BlockingIOError, OSError):
                     pass
+            now = time.monotonic()
+            if self.mode != "netlink" and now >= next_poll:
+                changed, next_poll = True, now + self.fallback_interval_s
             try:
-                self.scan(time.monotonic(), baseline=False)
+                if changed:
+                    self._read_state(now, baseline=False)
+                self._flush(now)
+                if now >= next_sample:
+                    next_sample = now + TELEMETRY_SAMPLE_S
+                    self._sample_telemetry(now)
             except Exception as e:  # odd sysfs content must cost a line, not the thread
                 log.warning("reading device state failed (%s: %s); will try again",
                             type(e).__name__, e)
 
     def scan(self, now: float, baseline: bool = False) -> None:
+        """Everything at once: device state, due events, telemetry."""
+        self._read_state(now, baseline)
+        self._flush(now)
+        self._sample_telemetry(now)
+
+    def _read_state(self, now: float, baseline: bool) -> None:
         wall = time.time()
         for connector, status in self.sysfs.connectors().items():
             if self._displays.get(connector) != status:
@@ -245,8 +273,13 @@ class EventWatcher(threading.Thread):
                 # the link loop is waiting out a backoff for a network that is back
                 self._on_network_up()
             self.debouncer.feed("network", Event(kind, wall, {"links": NetworkState.usable(links)}), now)
+
+    def _flush(self, now: float) -> None:
         for event in self.debouncer.due(now):
             self.outbox.put(event)
+
+    def _sample_telemetry(self, now: float) -> None:
+        wall = time.time()
         if self._telemetry_dir is not None:
             try:
                 values = sample(self._telemetry_dir)

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 import requests
+import urllib3
 
 from .. import __version__
 from ..clock import SystemClock
@@ -28,6 +29,10 @@ log = logging.getLogger("edge_agent.identity")
 MAX_ANSWER_BYTES = 16 * 1024
 TIMEOUT = (5.0, 15.0)
 CODE_RE = re.compile(r"^[0-9]{6}$")
+# The longest this loop sleeps while it has work; with two request timeouts this is
+# what the watchdog gate allows it between ticks.
+MAX_WAIT_S = 30.0
+MAX_SILENCE_S = MAX_WAIT_S + 2 * sum(TIMEOUT) + 10.0
 
 
 class BadAnswer(Exception):
@@ -64,7 +69,9 @@ class Enroller(threading.Thread):
                  runtime_dir: str, ca_file: str | None = None,
                  on_paired: Callable[[str], None] | None = None,
                  on_change: Callable[[], None] | None = None,
-                 show_on_console: bool = False):
+                 show_on_console: bool = False,
+                 on_tick: Callable[[], None] | None = None,
+                 on_idle: Callable[[], None] | None = None):
         super().__init__(name="enroll", daemon=True)
         self.base = server_url
         self.device_id = device_id
@@ -75,6 +82,8 @@ class Enroller(threading.Thread):
         self._verify: bool | str = ca_file or True
         self._on_paired = on_paired or (lambda token: None)
         self._on_change = on_change or (lambda: None)
+        self._on_tick = on_tick or (lambda: None)   # the watchdog gate hears this loop
+        self._on_idle = on_idle or (lambda: None)   # ...and lets it go quiet when paired
         self._console = show_on_console
         self._wake = threading.Event()
         self._stopping = False
@@ -104,12 +113,23 @@ class Enroller(threading.Thread):
 
     # -- the loop -----------------------------------------------------------------
     def run(self) -> None:
+        from ..supervise import supervise
         self.core.start(self.clock.monotonic(), self._load_code())
+        supervise("enrollment", self._loop, lambda: self._stopping,
+                  lambda seconds: self._wake.wait(seconds) and self._stopping)
+
+    def _loop(self) -> None:
         while not self._stopping:
+            self._on_tick()
             for action in self.core.poll(self.clock.monotonic()):
                 self._execute(action)
-            wait = self.core.next_wakeup() - self.clock.monotonic()
-            self._wake.wait(min(max(wait, 0.0), 30.0))
+            if self.core.state == PAIRED:
+                # nothing to do until unpaired: no timer, no wake-ups, off the gate
+                self._on_idle()
+                self._wake.wait()
+            else:
+                wait = self.core.next_wakeup() - self.clock.monotonic()
+                self._wake.wait(min(max(wait, 0.0), MAX_WAIT_S))
             self._wake.clear()
 
     def _execute(self, action) -> None:
@@ -132,7 +152,7 @@ class Enroller(threading.Thread):
         except CodeGone:
             log.info("pairing code expired or used elsewhere; requesting a new one")
             self.core.on_code_gone(now())
-        except (BadAnswer, requests.RequestException, OSError) as e:
+        except (BadAnswer, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             why = str(e) if isinstance(e, BadAnswer) else type(e).__name__
             delay = self.core.on_error(now(), why)
             log.warning("enrollment: %s; retrying in %.0fs", why, delay)
