@@ -131,10 +131,14 @@ def _render(doc: dict, link: dict, running: bool) -> str:
              *([f"pairing     {_pairing_text(doc['pairing'])}"]
                if isinstance(doc.get("pairing"), dict) else []),
              f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
+    # the file is written on changes only: ages are as of its writing, plus since then
+    elapsed = _elapsed_since(doc.get("updated_at"))
     if link.get("since_s") is not None and running:
-        lines.append(f"since       {link['since_s']} s in this state")
+        lines.append(f"since       {_age(link['since_s'], elapsed)} in this state")
     if link.get("rtt_ms") is not None:
-        lines.append(f"rtt         {link['rtt_ms']} ms, last ack {link.get('last_ack_age_s')} s ago")
+        ack = (f", last ack {_age(link['last_ack_age_s'], elapsed)} ago"
+               if link.get("last_ack_age_s") is not None else "")
+        lines.append(f"rtt         {link['rtt_ms']} ms{ack}")
     uploads = doc.get("uploads") if isinstance(doc.get("uploads"), dict) else None
     if uploads and "items" in uploads:
         lines.append(f"uploads     {uploads['items']} queued ({uploads.get('bytes', 0)} bytes), "
@@ -159,6 +163,24 @@ def _render(doc: dict, link: dict, running: bool) -> str:
         summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
         lines.append(f"losses/hour {summary}")
     return "\n".join(lines)
+
+
+def _elapsed_since(updated_at) -> float:
+    import time
+    if isinstance(updated_at, bool) or not isinstance(updated_at, (int, float)):
+        return 0.0
+    return max(0.0, time.time() - updated_at)
+
+
+def _age(seconds, elapsed: float) -> str:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return "?"
+    total = seconds + elapsed
+    if total < 120:
+        return f"{total:.0f} s"
+    if total < 7200:
+        return f"{total / 60:.0f} min"
+    return f"{total / 3600:.1f} h"
 
 
 def cmd_enqueue(args) -> int:
@@ -243,7 +265,7 @@ def _pairing_text(p: dict) -> str:
 
 def cmd_check_config(args) -> int:
     config = _load(args.config)
-    print(f"{config.source}: ok (device {config.device_id or 'derived'}, server {config.server_url})")
+    print(f"{config.source}: ok (device {config.device_id or 'derived'}, server {config.server_display})")
     return EXIT_OK
 
 

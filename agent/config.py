@@ -144,6 +144,12 @@ class Config:
     source: str = ""
 
     @property
+    def server_display(self) -> str:
+        """The server URL for logs and the world-readable status file: without any
+        user:password a URL may carry."""
+        return redact_url(self.server_url)
+
+    @property
     def status_path(self) -> str:
         return os.path.join(self.runtime_dir, "status.json")
 
@@ -154,6 +160,16 @@ class Config:
     @property
     def schedule_path(self) -> str:
         return os.path.join(self.runtime_dir, "backoff.json")
+
+
+def redact_url(url: str) -> str:
+    parsed = urlparse(url)
+    if parsed.username is None and parsed.password is None:
+        return url
+    host = parsed.hostname or ""
+    if parsed.port:
+        host += f":{parsed.port}"
+    return parsed._replace(netloc=f"***@{host}").geturl()
 
 
 def env_name(section: str, key: str) -> str:

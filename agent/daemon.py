@@ -255,7 +255,7 @@ class Agent:
             "version": __version__,
             "device_id": self.device_id,
             "pairing": self._pairing() or {"state": "pre-provisioned"},
-            "server": self.config.server_url,
+            "server": self.config.server_display,
             "updated_at": round(time.time(), 3),
             "link": link,
             "uploads": {**self._queue_stats(), "sent": self.uploads.sent},
@@ -301,7 +301,7 @@ class Agent:
         # `edge-agent unpair` / `enroll` ask for a fresh pairing
         signal.signal(signal.SIGUSR2, lambda *_: self.revoke() if not self.preprovisioned else None)
         log.info("edge-agent %s starting: device %s, server %s, %s", __version__,
-                 self.device_id, self.config.server_url,
+                 self.device_id, self.config.server_display,
                  "pre-provisioned token" if self.preprovisioned else
                  "paired" if self.token else "not paired yet")
         link = threading.Thread(target=self._run_link, name="link", daemon=True)

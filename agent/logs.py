@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4,
              logging.ERROR: 3, logging.CRITICAL: 2}
 
@@ -38,7 +40,10 @@ class RepeatFilter(logging.Filter):
         if record.levelno < logging.WARNING:
             return True
         first = record.args[0] if isinstance(record.args, tuple) and record.args else None
-        kind = (record.name, record.msg, first if isinstance(first, str) else None)
+        # the first argument names the kind ("link lost: <why>"), its numbers do not
+        # (a sequence number in every line made every line a kind of its own)
+        kind = (record.name, record.msg,
+                _NUMBERS.sub("#", first) if isinstance(first, str) else None)
         now = self.clock()
         entry = self._seen.get(kind)
         if entry is not None and now - entry[0] < self.window_s:

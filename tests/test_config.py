@@ -186,3 +186,11 @@ def test_errors_before_logging_carry_their_priority_to_the_journal(tmp_path):
     no_url = write(tmp_path, "[server]\n")
     r = _cli("configured", "--config", no_url, stderr_to_journal=True, tmp_path=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("<5>edge-agent: not configured yet")
+
+
+def test_a_url_with_credentials_never_reaches_logs_or_the_status_file(tmp_path):
+    cfg = C.load(write(tmp_path, GOOD.replace("http://127.0.0.1:8470",
+                                              "https://fleet:hunter2@fleet.example.com:8443")), env={})
+    assert cfg.server_url.startswith("https://fleet:hunter2@")   # still used to connect
+    assert cfg.server_display == "https://***@fleet.example.com:8443"
+    assert C.load(write(tmp_path, GOOD), env={}).server_display == "http://127.0.0.1:8470"

@@ -117,3 +117,21 @@ def test_watcher_falls_back_to_sysfs_reads_without_netlink(tmp_path, monkeypatch
     finally:
         w.stop()
         w.join(2)
+
+
+def test_repeated_warnings_with_changing_numbers_are_one_kind():
+    import logging
+    from agent.logs import RepeatFilter
+    now = [0.0]
+    f = RepeatFilter(window_s=60.0, clock=lambda: now[0])
+
+    def record(*args):
+        return logging.LogRecord("edge_agent.link", logging.WARNING, __file__, 1,
+                                 "link lost: %s, reconnecting in %.1fs", args, None)
+    assert f.filter(record("no heartbeat ack for 5.0s (seq 41, 1 missed)", 3.2))
+    now[0] = 10.0
+    assert not f.filter(record("no heartbeat ack for 5.0s (seq 57, 1 missed)", 1.1))
+    assert f.filter(record("server-disconnect", 1.0)), "another kind still gets through"
+    now[0] = 70.0
+    r = record("no heartbeat ack for 5.0s (seq 99, 1 missed)", 2.0)
+    assert f.filter(r) and "1 more like this" in r.getMessage()

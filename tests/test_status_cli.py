@@ -58,3 +58,14 @@ def test_status_lines_for_systemd():
     # before the link thread's first report: a sentence, never "None"
     assert status_line({}) == "starting link"
     assert status_line({"state": "connecting"}) == "connecting"
+
+
+def test_ages_count_from_when_the_status_file_was_written(tmp_path):
+    """The file is rewritten on changes only: a link up for a minute is not '0.0 s'."""
+    import time
+    status.write(str(tmp_path / "status.json"),
+                 {"pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1",
+                  "server": "http://127.0.0.1:1", "updated_at": time.time() - 65,
+                  "link": {"state": "online", "since_s": 0.0, "rtt_ms": 3.0, "last_ack_age_s": 0.0}})
+    out = run_status(tmp_path).stdout
+    assert "since       65 s in this state" in out and "last ack 65 s ago" in out, out

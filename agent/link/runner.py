@@ -189,7 +189,7 @@ class LinkRunner:
             self.core.on_connect_failed(now, e.reason)
             delay = self.core.attempt_at() - now
             log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",
-                        self.config.server_url, e.reason, e.detail, delay, attempt + 1)
+                        self.config.server_display, e.reason, e.detail, delay, attempt + 1)
             if e.reason == J.REFUSED and self._on_refused is not None:
                 self._on_refused(e.detail)
             return
@@ -197,7 +197,7 @@ class LinkRunner:
         now = self.clock.monotonic()
         self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
                                transport.local_addr())
-        log.info("link up: connected to %s from %s (connection %d)", self.config.server_url,
+        log.info("link up: connected to %s from %s (connection %d)", self.config.server_display,
                  transport.local_addr(), self.core.journal.total_connections)
         try:
             self.profile.on_connected(transport, self._poster(self.generation))
