@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from .identity.rules import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
 from .link.backoff import JITTER_MODES, BackoffPolicy
 from .link.liveness import LivenessPolicy
 from .link.sockopts import KeepalivePolicy
@@ -23,7 +24,6 @@ from .uploads.schedule import UploadPolicy
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
 ENV_PREFIX = "EDGE_AGENT_"
-DEVICE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 PROFILES = ("edge-agent", "screentinker")
 
 
@@ -287,11 +287,11 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         raise ConfigError(f"server.ca_file: no such file: {v['server.ca_file']}")
     if v["server.profile"] not in PROFILES:
         raise ConfigError(f"server.profile: must be one of {', '.join(PROFILES)}")
-    if v["identity.device_id"] is not None and not DEVICE_ID_RE.match(v["identity.device_id"]):
-        raise ConfigError("identity.device_id: 1-128 characters of A-Z a-z 0-9 . _ : -")
+    if v["identity.device_id"] is not None and not usable_device_id(v["identity.device_id"]):
+        raise ConfigError(f"identity.device_id: {DEVICE_ID_RULE}")
     token = v["identity.token"]
-    if token is not None and (not token or len(token) > 4096 or any(c.isspace() for c in token)):
-        raise ConfigError("identity.token: must be 1-4096 non-space characters")
+    if token is not None and not usable_token(token):
+        raise ConfigError(f"identity.token: {TOKEN_RULE}")
     if token is not None and v["identity.device_id"] is None:
         raise ConfigError("identity.token: a pre-provisioned token needs identity.device_id too")
 

@@ -13,6 +13,7 @@ import os
 import time
 
 from ..fsutil import atomic_write
+from .rules import usable_token
 
 log = logging.getLogger("edge_agent.identity")
 
@@ -55,7 +56,7 @@ class Credentials:
         try:
             doc = json.loads(raw)
             token = doc["token"]
-            if not isinstance(token, str) or not token or len(token) > 4096:
+            if not usable_token(token):
                 raise ValueError("bad token")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             aside = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"

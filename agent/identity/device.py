@@ -9,14 +9,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import secrets
 
 from ..fsutil import atomic_write
+from .rules import usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
 
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MACHINE_ID = "/etc/machine-id"
 SERIAL_PATHS = ("/sys/firmware/devicetree/base/serial-number", "/proc/device-tree/serial-number")
 MODEL_PATHS = ("/sys/firmware/devicetree/base/model", "/proc/device-tree/model")
@@ -56,7 +55,7 @@ def load_or_create(state_dir: str) -> str:
     try:
         with open(path) as f:
             value = f.read(200).strip()
-        if ID_RE.match(value):
+        if usable_device_id(value):
             return value
         log.warning("ignoring malformed %s; deriving the device id again", path)
     except FileNotFoundError:

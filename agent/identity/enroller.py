@@ -22,6 +22,7 @@ from ..clock import SystemClock
 from . import device
 from ..fsutil import atomic_write
 from .credentials import Credentials
+from .rules import usable_token
 from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
 
 log = logging.getLogger("edge_agent.identity")
@@ -181,7 +182,7 @@ class Enroller(threading.Thread):
             return None
         if status == "paired":
             token = body.get("token")
-            if not isinstance(token, str) or not 16 <= len(token) <= 4096 or any(c.isspace() for c in token):
+            if not usable_token(token):
                 raise BadAnswer("paired answer without a usable token")
             return token
         raise BadAnswer(f"enroll status {str(status)[:40]!r}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import __version__
+from ..identity.rules import usable_device_id, usable_token
 from . import protocol
 
 Post = Callable[..., None]   # post(kind, *args): an event into the runner, for this connection
@@ -156,8 +157,7 @@ class ScreenTinkerProfile:
                 return post("malformed", "device:registered")
             token, device_id, status = (data.get("device_token"), data.get("device_id"),
                                         data.get("status"))
-            if not (isinstance(device_id, str) and 0 < len(device_id) <= 128) \
-                    or not (isinstance(token, str) and 16 <= len(token) <= 4096):
+            if not usable_device_id(device_id) or not usable_token(token):
                 return post("malformed", "device:registered")
             with self._lock:
                 if token != self.ctx.token() or device_id != self.ctx.device_id():
