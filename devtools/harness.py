@@ -197,6 +197,7 @@ class SocketSampler:
     def __init__(self, agent: AgentProcess, server_port_fn, interval: float = 0.01):
         self.agent, self.port_fn, self.interval = agent, server_port_fn, interval
         self.max_seen = 0
+        self.worst: list[dict] = []
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -211,8 +212,10 @@ class SocketSampler:
 
     def _run(self):
         while not self._stop.is_set():
-            n = len(self.agent.sockets(self.port_fn()))
-            self.max_seen = max(self.max_seen, n)
+            held = self.agent.sockets(self.port_fn())
+            if len(held) > self.max_seen:
+                self.worst = held  # what they were, for the assertion message
+            self.max_seen = max(self.max_seen, len(held))
             self.samples += 1
             self._stop.wait(self.interval)
 
