@@ -115,7 +115,7 @@ class Agent:
             telemetry=self._telemetry.get))
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
-                                 on_tick=lambda: self.gate.tick("link", time.monotonic()),
+                                 on_tick=self._link_tick,
                                  on_link_up=lambda: self.uploads.link_up(),
                                  on_refused=self._refused, identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path))
@@ -141,9 +141,19 @@ class Agent:
                 telemetry_every_s=config.telemetry_every_s)
             self.gate.register("events", EVENTS_MAX_WAIT_S + 10.0, now)
         self._last_link: dict = {}
+        self._status_refreshed = time.monotonic()
         self._status_lock = threading.Lock()
         self._stopping = threading.Event()
         self._failed = False
+
+    def _link_tick(self) -> None:
+        """Each turn of the link loop: tell the gate it turns, and refresh STATUS= (it
+        carries the RTT) now and then, on a wake-up the loop had anyway."""
+        now = time.monotonic()
+        self.gate.tick("link", now)
+        if now - self._status_refreshed >= STATUS_REFRESH_S:
+            self._status_refreshed = now
+            self.notifier.status(status_line(self.runner.snapshot(), self._pairing()))
 
     def _upload_sender(self):
         if self.profile.link_upload_kinds:
@@ -322,14 +332,10 @@ class Agent:
             log.info("systemd watchdog armed: %.0fs, pets every %.1fs while %s", period,
                      petter.interval_s, "the link is proven live" if self.gate.require_link
                      else "the agent's loops make progress")
-        last_refresh = time.monotonic()
         while link.is_alive():
-            # A signal interrupts the wait (its handler stops the link), so an idle
-            # agent need not wake this thread every second.
-            link.join(max(0.1, STATUS_REFRESH_S - (time.monotonic() - last_refresh)))
-            if time.monotonic() - last_refresh >= STATUS_REFRESH_S:
-                last_refresh = time.monotonic()
-                self.notifier.status(status_line(self.runner.snapshot(), self._pairing()))
+            # A signal interrupts the wait (its handler stops the link): this thread
+            # has nothing else to do and never wakes on a timer.
+            link.join()
         if petter is not None:
             petter.stop()
         if self.enroller is not None:

@@ -90,7 +90,9 @@ def test_deleted_on_the_dashboard_means_a_new_code_on_the_next_register(
                    what="a new pairing code")
     wait_for(lambda: new.replace("-", "") in tables(server)["pending"], 5, what="registered anew")
     assert "the server no longer knows this device" in agent.log_text()
-    assert json.loads((tmp_path / "state" / "credentials.json").read_text())["claimed"] is False
+    creds = tmp_path / "state" / "credentials.json"
+    wait_for(creds.exists, 5, what="the new registration's credentials")  # it answers after
+    assert json.loads(creds.read_text())["claimed"] is False
 
 
 def test_silent_drop_heals_within_the_same_bound_when_the_server_acks(

@@ -23,10 +23,12 @@ from .transport import ABORT_JOIN_S, SocketIOTransport, TransportError
 
 log = logging.getLogger("edge_agent.link")
 
-# The loop re-reads the transport's inbound timestamp at least this often. Waking at a
-# deadline computed from a stale timestamp is safe (it only comes early), so this
-# only bounds the gap between watchdog-gate ticks: an idle agent wakes rarely.
-MAX_WAIT_S = 5.0
+# The loop re-reads the transport's inbound timestamp and ping count at least this
+# often. Waking at a deadline computed from a stale timestamp is safe (it only comes
+# early), so this bounds the gap between watchdog-gate ticks and how late a ping's
+# proof of delivery is seen (next to its own two ping intervals): an idle agent wakes
+# for its heartbeats, and otherwise rarely.
+MAX_WAIT_S = 30.0
 
 TransportFactory = Callable[[int, Callable], SocketIOTransport]
 
@@ -69,6 +71,7 @@ class LinkRunner:
         self._published: tuple | None = None
         self._warned: set[str] = set()
         self.refused_commands: list[dict] = []  # the last few, for `edge-agent status`
+        self._pings_seen = 0
 
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, kind: str, *args) -> None:
@@ -143,7 +146,7 @@ class LinkRunner:
             if self._on_tick is not None:
                 self._on_tick()
             if self.transport is not None:
-                self.core.on_inbound(self.transport.last_inbound)
+                self._read_transport()
             for action in self.core.poll(now):
                 self._execute(action)
             self._flush_outbox()
@@ -160,6 +163,18 @@ class LinkRunner:
                 except queue.Empty:
                     event = None
         self._publish()
+
+    def _read_transport(self) -> None:
+        """What the library's threads stored without waking us: inbound traffic and
+        the server's pings (proof of life, and of delivery where nothing is ACKed)."""
+        transport = self.transport
+        self.core.on_inbound(transport.last_inbound)
+        pings = transport.server_pings
+        if pings != self._pings_seen:
+            self._pings_seen = pings
+            self.core.on_server_ping(transport.last_server_ping or self.clock.monotonic())
+            if self._uploads:
+                self._settle(self.deliveries.server_pinged(self.generation, pings))
 
     # -- actions ----------------------------------------------------------------
     def _execute(self, action) -> None:
@@ -194,6 +209,7 @@ class LinkRunner:
                 self._on_refused(e.detail)
             return
         self.transport = transport
+        self._pings_seen = 0
         now = self.clock.monotonic()
         self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
                                transport.local_addr())
@@ -360,10 +376,6 @@ class LinkRunner:
             self.core.on_ack(seq, at)
             if self._uploads:
                 self._settle(self.deliveries.heartbeat_acked(generation, seq))
-        elif kind == "ping":
-            self.core.on_server_ping(self.clock.monotonic())
-            if self._uploads:
-                self._settle(self.deliveries.server_pinged(generation, args[0]))
         elif kind == "registered":
             if self._registered_on != generation:
                 self._registered_on = generation

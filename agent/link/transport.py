@@ -60,6 +60,7 @@ class SocketIOTransport:
         self._sock: socket.socket | None = None
         self.last_inbound = time.monotonic()
         self.server_pings = 0  # Engine.IO pings from the server on this connection
+        self.last_server_ping: float | None = None
         ssl_verify: bool | str = ca_file if ca_file else True
         self.client = socketio.Client(
             reconnection=False, logger=False, engineio_logger=False,
@@ -178,10 +179,10 @@ class SocketIOTransport:
             # store: the link thread reads it when it next looks, no wake-up needed.
             self.last_inbound = time.monotonic()
             if pkt.packet_type == packet.PING:
-                # counted before the library queues its pong (see delivery.py), and
-                # posted: from a server that ACKs nothing, pings are the only proof
+                # counted before the library queues its pong (see delivery.py); read by
+                # the link thread when it next looks, like last_inbound: no wake-up
+                self.last_server_ping = self.last_inbound
                 self.server_pings += 1
-                self._post("ping", self.server_pings)
             elif _is_goodbye(pkt):
                 self._server_said_bye = True
             return receive(pkt)

@@ -18,7 +18,7 @@ from .store import Item, QueueStore
 log = logging.getLogger("edge_agent.uploads")
 
 # The longest nap: the watchdog gate wants to hear from this loop now and then.
-MAX_NAP_S = 30.0
+MAX_NAP_S = 60.0
 # One round of sending stops after this long, so a hanging server cannot wedge the loop.
 MAX_ROUND_S = 20.0
 # What the watchdog gate allows this loop between ticks: a nap, one round that started
