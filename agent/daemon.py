@@ -225,6 +225,9 @@ class Agent:
     def revoke(self) -> None:
         """Forget the token, stop linking, show a fresh pairing code (after a backoff
         delay, so a server that keeps refusing is never hammered)."""
+        if self.enroller is not None:
+            # first: once this returns, a pairing answer in flight can no longer be kept
+            self.enroller.restart(max(0.0, self.runner.core.attempt_at() - time.monotonic()))
         self.token = None
         self.claimed = False
         self.credentials.clear()
@@ -236,9 +239,6 @@ class Agent:
             self._refresh_status()
             return
         self.runner.pause()
-        hold = max(0.0, self.runner.core.attempt_at() - time.monotonic())
-        if self.enroller is not None:
-            self.enroller.restart(hold)
 
     # -- status -----------------------------------------------------------------
     def _pairing(self) -> dict | None:

@@ -180,3 +180,31 @@ def test_expired_code_is_code_gone(hostile, tmp_path):
     e.core.code = code(0.0)
     with pytest.raises(CodeGone):
         e._poll()
+
+
+def test_an_unpair_while_the_pairing_answer_is_on_its_way_is_not_undone(tmp_path):
+    """The answer that carries a token arrives just after the operator (or the server)
+    unpaired the screen: the token must not be stored, nor the revoke undone."""
+    import threading
+    from agent.identity.enrollment import PollPairing
+    paired = []
+    e = Enroller("http://127.0.0.1:9", "dev", Credentials(str(tmp_path)), str(tmp_path / "run"),
+                 on_paired=paired.append)
+    e.core.code = code(0.0)
+    answering, go_on = threading.Event(), threading.Event()
+
+    def slow_poll():
+        answering.set()
+        go_on.wait(5)        # the revoke lands while this answer is in flight
+        return "t" * 32
+
+    e._poll = slow_poll
+    worker = threading.Thread(target=e._execute, args=(PollPairing(),))
+    worker.start()
+    answering.wait(5)
+    e.restart(0.0)
+    go_on.set()
+    worker.join(5)
+    assert paired == [] and not os.path.exists(tmp_path / "credentials.json")
+    e._take_restart()
+    assert e.core.state != "paired" and e.core.token is None

@@ -87,14 +87,27 @@ class Enroller(threading.Thread):
         self._on_idle = on_idle or (lambda: None)   # ...and lets it go quiet when paired
         self._console = show_on_console
         self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._restart_hold: float | None = None
         self._stopping = False
         self.session = requests.Session()
 
     # -- control ------------------------------------------------------------------
     def restart(self, hold_s: float = 0.0) -> None:
-        """The token was refused: enroll again (this thread idles while paired)."""
-        self.core.revoke(self.clock.monotonic(), hold_s)
+        """The token was refused or dropped: enroll again. Called from any thread; the
+        core is this thread's alone, so the request waits for it, and a token that a
+        poll in flight brings back meanwhile is thrown away, not stored."""
+        with self._lock:
+            self._restart_hold = hold_s
         self._wake.set()
+
+    def _take_restart(self) -> bool:
+        with self._lock:
+            hold, self._restart_hold = self._restart_hold, None
+        if hold is None:
+            return False
+        self.core.revoke(self.clock.monotonic(), hold)
+        return True
 
     def stop(self) -> None:
         self._stopping = True
@@ -122,6 +135,7 @@ class Enroller(threading.Thread):
     def _loop(self) -> None:
         while not self._stopping:
             self._on_tick()
+            self._take_restart()
             for action in self.core.poll(self.clock.monotonic()):
                 self._execute(action)
             if self.core.state == PAIRED:
@@ -142,14 +156,19 @@ class Enroller(threading.Thread):
                 self._show(code)
             elif isinstance(action, PollPairing):
                 token = self._poll()
-                if token is None:
-                    self.core.on_pending(now())
-                    return
-                self.credentials.save(self.device_id, token)  # before anyone uses it
-                self.core.on_paired(token)
-                self._clear_code_files()
-                log.info("paired: credentials stored in %s", self.credentials.path)
-                self._on_paired(token)
+                with self._lock:  # a restart() now either came before this, or waits
+                    if self._restart_hold is not None:
+                        log.info("enrollment: unpaired while the pairing answer was on its "
+                                 "way; not keeping that token")
+                        return
+                    if token is None:
+                        self.core.on_pending(now())
+                        return
+                    self.credentials.save(self.device_id, token)  # before anyone uses it
+                    self.core.on_paired(token)
+                    self._clear_code_files()
+                    log.info("paired: credentials stored in %s", self.credentials.path)
+                    self._on_paired(token)
         except CodeGone:
             log.info("pairing code expired or used elsewhere; requesting a new one")
             self.core.on_code_gone(now())
