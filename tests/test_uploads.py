@@ -105,7 +105,7 @@ def test_queries_use_indexes_and_enqueue_stays_fast_with_10000_items(store):
     assert "INDEX items_hash" in plan("SELECT 1 FROM items WHERE content_hash=? LIMIT 1", "x")
     assert "SCAN" not in plan("SELECT 1 FROM sent WHERE content_hash=? AND sent_at>=?", "x", 1.0)
     assert "items_kind_age" in plan("SELECT id FROM items WHERE kind=? ORDER BY created_at LIMIT 1", "log")
-    assert "items_age" in plan("DELETE FROM items WHERE created_at < ?", 1.0)
+    assert "items_kind_age" in plan("DELETE FROM items WHERE kind = ? AND created_at < ?", "log", 1.0)
     for sql in ("SELECT id FROM items WHERE next_attempt_at <= ? ORDER BY next_attempt_at LIMIT 200",):
         assert "SCAN items" not in plan(sql, 5.0)
     # the bounds check reads the trigger-kept totals, not the table
