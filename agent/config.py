@@ -101,6 +101,15 @@ SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
         # Pet systemd's watchdog only while the link is proven live (see README).
         "require_link": (bool, True),
     },
+    "commands": {
+        # What the fleet server may ask of this screen (docs/PROTOCOL.md, remote
+        # operations). reboot, restart-agent, display and screenshot are opt-in.
+        "allow": (list, ["diagnostics", "logs"]),
+        "screenshot_command": (str, None),   # prints a JPEG or PNG, e.g. "grim -t jpeg -"
+        "display_on_command": (str, None),   # e.g. "wlr-randr --output HDMI-A-1 --on"
+        "display_off_command": (str, None),
+        "timeout_s": (float, 60.0),
+    },
     "log": {
         "level": (str, "info"),
     },
@@ -139,6 +148,11 @@ class Config:
     events_udev_source: str = "auto"
     telemetry_every_s: float = 300.0
     watchdog_require_link: bool = True
+    commands_allow: frozenset = frozenset({"diagnostics", "logs"})
+    screenshot_command: str | None = None
+    display_on_command: str | None = None
+    display_off_command: str | None = None
+    command_timeout_s: float = 60.0
     debug_stall_link_after_s: float | None = None
     debug_sysfs_root: str | None = None
     source: str = ""
@@ -152,6 +166,10 @@ class Config:
     @property
     def status_path(self) -> str:
         return os.path.join(self.runtime_dir, "status.json")
+
+    @property
+    def commands_path(self) -> str:
+        return os.path.join(self.state_dir, "commands.json")
 
     @property
     def queue_path(self) -> str:
@@ -204,6 +222,11 @@ def _coerce(name: str, typ: type, value: Any, from_env: bool) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{name}: expected true or false, got {type(value).__name__}")
         return value
+    if typ is list:
+        items = ([x.strip() for x in value.split(",") if x.strip()] if from_env else value)
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+            raise ConfigError(f"{name}: expected a list of strings")
+        return items
     if from_env:
         try:
             if typ is int:
@@ -323,6 +346,12 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         raise ConfigError("link.backoff.cap_s: must be >= link.backoff.base_s")
     if v["link.backoff.jitter"] not in JITTER_MODES:
         raise ConfigError(f"link.backoff.jitter: must be one of {', '.join(JITTER_MODES)}")
+    from .commands.core import COMMANDS
+    unknown = [c for c in v["commands.allow"] if c not in COMMANDS]
+    if unknown:
+        raise ConfigError(f"commands.allow: unknown command {unknown[0]!r} (one of "
+                          f"{', '.join(sorted(COMMANDS))})")
+    _positive(v, "commands.timeout_s")
     if v["log.level"] not in LOG_LEVELS:
         raise ConfigError(f"log.level: must be one of {', '.join(LOG_LEVELS)}")
 
@@ -358,6 +387,11 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         events_udev_source=v["events.udev_source"],
         telemetry_every_s=v["events.telemetry_every_s"],
         watchdog_require_link=v["watchdog.require_link"],
+        commands_allow=frozenset(v["commands.allow"]),
+        screenshot_command=v["commands.screenshot_command"],
+        display_on_command=v["commands.display_on_command"],
+        display_off_command=v["commands.display_off_command"],
+        command_timeout_s=v["commands.timeout_s"],
         debug_stall_link_after_s=v["debug.stall_link_after_s"],
         debug_sysfs_root=v["debug.sysfs_root"],
         source=path,

@@ -113,12 +113,21 @@ class Agent:
             pairing_code=lambda: self.credentials.pairing_code() if self.token else None,
             claimed=lambda: self.claimed, on_claimed=self._claimed_by_link,
             telemetry=self._telemetry.get))
+        from .commands.actions import Actions
+        from .commands.service import CommandService
+        self.commands = CommandService(
+            config.commands_path, config.commands_allow,
+            Actions(config, snapshot=lambda: self._status_doc(self._last_link),
+                    link_socket=lambda: getattr(self.runner.transport, "_sock", None),
+                    request_restart=self._restart_requested, enqueue=self._enqueue),
+            post=lambda kind, *args: self.runner.sink(None, kind, *args))
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
                                  on_tick=self._link_tick,
                                  on_link_up=lambda: self.uploads.link_up(),
                                  on_refused=self._refused, identity=self.identity,
-                                 schedule_store=ScheduleStore(config.schedule_path))
+                                 schedule_store=ScheduleStore(config.schedule_path),
+                                 commands=self.commands)
         self.store = QueueStore(config.queue_path, config.uploads)
         self.uploads = UploadWorker(
             self.store, self._upload_sender(), config.uploads,
@@ -154,6 +163,22 @@ class Agent:
         if now - self._status_refreshed >= STATUS_REFRESH_S:
             self._status_refreshed = now
             self.notifier.status(status_line(self.runner.snapshot(), self._pairing()))
+
+    def _restart_requested(self) -> None:
+        """restart-agent: stop as on SIGTERM; systemd (Restart=always) starts a fresh
+        process, whose ledger turns the command's record into its result."""
+        log.warning("restarting on the server's request")
+        self._stop("restart requested by the server")
+
+    def _enqueue(self, kind: str, payload: bytes) -> str | None:
+        """From the command thread: its own connection to the queue's database."""
+        store = QueueStore(self.config.queue_path, self.config.uploads)
+        try:
+            item_id = store.enqueue(kind, payload)
+        finally:
+            store.close()
+        self.uploads.wake()
+        return item_id
 
     def _upload_sender(self):
         if self.profile.link_upload_kinds:
@@ -260,7 +285,16 @@ class Agent:
         self._write_status(self._last_link)
 
     def _write_status(self, link: dict) -> None:
-        doc = {
+        doc = self._status_doc(link)
+        with self._status_lock:
+            try:
+                status.write(self.config.status_path, doc)
+            except OSError as e:
+                log.warning("cannot write status file %s: %s", self.config.status_path,
+                            e.strerror)
+
+    def _status_doc(self, link: dict) -> dict:
+        return {
             "pid": os.getpid(),
             "version": __version__,
             "device_id": self.device_id,
@@ -274,14 +308,8 @@ class Agent:
                        "dropped": self.outbox.dropped,
                        "recent": [e.payload() for e in list(self.outbox.recent)]},
             "journal": [r.to_dict() for r in list(self.runner.core.journal.records)[-10:]],
-            "commands": list(self.runner.refused_commands),
+            "commands": self.commands.recent(),
         }
-        with self._status_lock:
-            try:
-                status.write(self.config.status_path, doc)
-            except OSError as e:
-                log.warning("cannot write status file %s: %s", self.config.status_path,
-                            e.strerror)
 
     def _queue_stats(self) -> dict:
         try:
@@ -296,13 +324,16 @@ class Agent:
         return self.gate.verdict(time.monotonic(), self.runner.link_live() or enrolling)
 
     # -- lifecycle --------------------------------------------------------------
+    def _stop(self, why: str) -> None:
+        if not self._stopping.is_set():
+            log.info("%s, stopping", why)
+            self._stopping.set()
+            self.notifier.stopping()
+            self.runner.request_stop()
+
     def run(self) -> int:
         def on_signal(signum, _frame):
-            if not self._stopping.is_set():
-                log.info("received %s, stopping", signal.Signals(signum).name)
-                self._stopping.set()
-                self.notifier.stopping()
-                self.runner.request_stop()
+            self._stop(f"received {signal.Signals(signum).name}")
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
@@ -342,6 +373,7 @@ class Agent:
             self.enroller.stop()
         if self.events is not None:
             self.events.stop()
+        self.commands.stop()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.stop()
         self.uploads.join(3.0)

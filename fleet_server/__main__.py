@@ -90,10 +90,80 @@ def pair(argv) -> int:
     return 0
 
 
+def _duration(text: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def command(argv) -> int:
+    """`fleet-server command DEVICE NAME [...]`: ask a screen to act, wait, print the result."""
+    import gzip
+    import time
+    import urllib.error
+    import urllib.request
+    p = argparse.ArgumentParser(prog="fleet-server command")
+    p.add_argument("device_id")
+    p.add_argument("name", help="diagnostics | logs | screenshot | display | restart-agent | reboot")
+    p.add_argument("--since", type=_duration, help="logs: how far back (30m, 1h, 2d)")
+    p.add_argument("--priority", type=int, help="logs: the least important priority (0-7)")
+    p.add_argument("--state", choices=["on", "off"], help="display: on or off")
+    p.add_argument("--expires-in", type=float, default=300.0)
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the result")
+    p.add_argument("--url", default="http://127.0.0.1:8470")
+    a = p.parse_args(argv)
+    args = {k: v for k, v in (("since_s", a.since), ("priority", a.priority),
+                              ("state", a.state)) if v is not None}
+
+    def call(path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(a.url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.read()
+
+    try:
+        record = json.loads(call("/api/v1/commands", {"device_id": a.device_id, "name": a.name,
+                                                      "args": args, "expires_in_s": a.expires_in}))
+        deadline = time.monotonic() + a.wait
+        result = None
+        while time.monotonic() < deadline and result is None:
+            time.sleep(0.2)
+            result = json.loads(call(f"/api/v1/devices/{a.device_id}/commands"))[record["id"]]["result"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+        print(f"fleet-server command: {e}", file=sys.stderr)
+        return 1
+    if result is None:
+        print(f"fleet-server command: no result within {a.wait:.0f}s (command {record['id']} "
+              "stays queued for the device)", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=1, sort_keys=True))
+    if result.get("ok") and a.name == "logs" and result.get("upload_id"):
+        path = f"/admin/uploads/{a.device_id}/{result['upload_id']}/content"
+        while True:  # the bundle travels through the device's upload queue
+            try:
+                lines = gzip.decompress(call(path)).decode().splitlines()
+                break
+            except urllib.error.HTTPError:
+                if time.monotonic() > deadline:
+                    print("fleet-server command: the log bundle has not arrived yet",
+                          file=sys.stderr)
+                    return 1
+                time.sleep(0.2)
+        for line in lines:
+            entry = json.loads(line)
+            stamp = time.strftime("%H:%M:%S", time.localtime(entry["ts"]))
+            print(f"{stamp} <{entry['priority']}> {entry['message']}")
+    return 0 if result.get("ok") else 2
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "pair":
         return pair(argv[1:])
+    if argv and argv[0] == "command":
+        return command(argv[1:])
     args, tokens = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s fleet-server %(message)s")

@@ -44,6 +44,7 @@ class Behaviour:
     pair_limit: int = 5          # pairing attempts per operator per minute
     upload_mode: str = "ok"      # ok | 500 | 429 | 413 | hang
     retry_after_s: float = 120.0 # with 429
+    result_ack: str = "ok"       # ok | none: confirmations of command results lost
 
 
 @dataclass
@@ -65,6 +66,8 @@ class Device:
     upload_repeats: int = 0
     upload_requests: list = field(default_factory=list)  # wall time of each upload request
     first_heartbeat_times: list = field(default_factory=list)  # wall, per connection
+    commands: dict = field(default_factory=dict)       # command id -> its record
+    log_bundles: dict = field(default_factory=dict)    # upload id -> bytes (kind log, last 20)
     heartbeat_times: list = field(default_factory=list)  # wall, the last 200 heartbeats
     seqs: set = field(default_factory=set)               # distinct heartbeat seqs received
     _sids_heard: set = field(default_factory=set)
@@ -149,6 +152,10 @@ class FleetServer:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
                 self.transports[sid] = transport
             self.attach_device(sid, device_id)
+            # commands the device never confirmed receiving go again; it runs each id once
+            for record in self.devices[device_id].commands.values():
+                if not record["received"] and record["result"] is None:
+                    asyncio.get_running_loop().create_task(self._send_command(sid, record))
             if flapping:
                 # a paired device is never quarantined: it is asked, softly, to slow down
                 self.throttled[device_id] = self.throttled.get(device_id, 0) + 1
@@ -198,6 +205,21 @@ class FleetServer:
             if mode == "garbage":
                 return "not-an-ack", [1, 2]
             return {"seq": seq, "server_ts": round(time.time(), 3)}
+
+        @sio.on("device:command-result")
+        async def command_result(sid, data=None):
+            dev = self._device(sid)
+            if dev is None or not isinstance(data, dict) or not isinstance(data.get("id"), str):
+                return {"ok": False, "error": "bad result"}
+            record = dev.commands.get(data["id"])
+            if record is None:
+                return {"ok": False, "error": "unknown command id"}
+            record["results"] += 1  # a repeat (its confirmation was lost) is stored once
+            if record["result"] is None:
+                record["result"] = data
+            if self.behaviour.result_ack == "none":
+                return None  # the test switch: confirmations lost
+            return {"ok": True}
 
         @sio.on("device:report")
         async def report(sid, data=None):
@@ -293,6 +315,9 @@ class FleetServer:
         r.add_post("/admin/emit", self._admin_emit)
         r.add_get("/admin/uploads/{device_id}", self._admin_uploads)
         r.add_post("/admin/revoke", self._admin_revoke)
+        r.add_post("/api/v1/commands", self._operator_command)
+        r.add_get("/api/v1/devices/{device_id}/commands", self._operator_commands)
+        r.add_get("/admin/uploads/{device_id}/{upload_id}/content", self._admin_log_bundle)
         r.add_get("/admin/limiter", self._admin_limiter)
         r.add_get("/admin/screentinker", self._admin_screentinker)
         r.add_post("/admin/screentinker", self._admin_screentinker)
@@ -302,6 +327,50 @@ class FleetServer:
         r.add_post("/api/v1/devices/{device_id}/uploads", self._upload)
         r.add_post("/api/v1/devices/{device_id}/proof-of-play", self._proof_of_play)
 
+    async def _send_command(self, sid: str, record: dict) -> None:
+        def receipt(*args):
+            if args and isinstance(args[0], dict) and args[0].get("ok") is True:
+                record["received"] = True
+        record["sent"] += 1
+        await self.sio.emit("server:command", {k: record[k] for k in ("id", "name", "args",
+                                                                        "expires_at")},
+                            to=sid, callback=receipt)
+
+    async def _operator_command(self, request) -> web.Response:
+        """POST {device_id, name, args, expires_in_s, id?}: queue a command for a device;
+        it goes now if the device is online, else when it connects."""
+        body = await _json(request)
+        device_id = str(body.get("device_id"))
+        dev = self.devices.get(device_id)
+        if dev is None:
+            raise web.HTTPNotFound(text="no such device")
+        cid = str(body.get("id") or secrets.token_hex(8))
+        expires = body.get("expires_in_s", 300)
+        record = {"id": cid, "name": body.get("name"), "args": body.get("args") or {},
+                  "expires_at": (round(time.time() + float(expires), 3)
+                                 if expires is not None else None),
+                  "received": False, "sent": 0, "result": None, "results": 0,
+                  "created_at": round(time.time(), 3)}
+        if isinstance(body.get("expires_at"), (int, float)):
+            record["expires_at"] = body["expires_at"]
+        dev.commands.setdefault(cid, record)
+        for sid in list(dev.sids):
+            await self._send_command(sid, dev.commands[cid])
+        return web.json_response(dev.commands[cid])
+
+    async def _operator_commands(self, request) -> web.Response:
+        dev = self.devices.get(request.match_info["device_id"])
+        if dev is None:
+            raise web.HTTPNotFound(text="no such device")
+        return web.json_response(dev.commands)
+
+    async def _admin_log_bundle(self, request) -> web.Response:
+        dev = self.devices.get(request.match_info["device_id"])
+        body = dev.log_bundles.get(request.match_info["upload_id"]) if dev else None
+        if body is None:
+            raise web.HTTPNotFound(text="no such log bundle")
+        return web.Response(body=body, content_type="application/gzip")
+
     async def _admin_devices(self, _request) -> web.Response:
         now = time.monotonic()
         return web.json_response({d: dev.view(now) for d, dev in self.devices.items()})
@@ -310,7 +379,7 @@ class FleetServer:
         body = await _json(request)
         for key in ("ack_mode", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s",
                     "upload_mode", "retry_after_s", "code_ttl_s", "flap_limit", "flap_window_s",
-                    "throttle_s", "quarantine_s", "pair_limit"):
+                    "throttle_s", "quarantine_s", "pair_limit", "result_ack"):
             if key in body:
                 setattr(self.behaviour, key, type(getattr(self.behaviour, key))(body[key]))
         return web.json_response(vars(self.behaviour))
@@ -487,8 +556,12 @@ class FleetServer:
         if key in dev.uploads:
             dev.upload_repeats += 1  # a retry whose first answer was lost: stored once
         else:
-            dev.uploads[key] = (request.headers.get("X-Upload-Kind", "?"),
-                                hashlib.sha256(body).hexdigest())
+            kind = request.headers.get("X-Upload-Kind", "?")
+            dev.uploads[key] = (kind, hashlib.sha256(body).hexdigest())
+            if kind == "log":  # an operator reads these (`fleet-server command ... logs`)
+                dev.log_bundles[key] = body
+                for old in list(dev.log_bundles)[:-20]:
+                    del dev.log_bundles[old]
         return web.json_response({"ok": True, "id": key})
 
     async def _proof_of_play(self, request) -> web.Response:

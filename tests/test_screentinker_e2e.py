@@ -182,7 +182,7 @@ def test_delivery_is_proven_by_a_later_heartbeat_ack_and_a_silent_drop_loses_not
     assert tables(server)["screenshots"][device_id] == hashlib.sha256(second).hexdigest()
 
 
-def test_commands_are_refused_out_loud_not_dropped(
+def test_commands_not_allowed_are_refused_out_loud_not_dropped(
         netns, fleet, spawn_agent, agent_python, tmp_path):
     server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path)
     device_id = paired(server, agent)
@@ -190,5 +190,7 @@ def test_commands_are_refused_out_loud_not_dropped(
         server.admin("/admin/screentinker", {"device_id": device_id, "command": command})
     refused = wait_for(lambda: len(agent.status().get("commands", [])) >= 3
                        and agent.status()["commands"], 10, what="three refusals")
-    assert [c["command"] for c in refused] == ["reboot", "screen_off", "screenshot"]
-    assert all(c["result"].startswith("refused") for c in refused)
+    # its command types mapped onto the agent's; none of them allowed by default
+    assert [c["command"] for c in refused] == ["reboot", "display", "screenshot"]
+    assert all(c["result"].startswith("refused: ") and "not allowed" in c["result"]
+               for c in refused)

@@ -257,7 +257,8 @@ def test_commands_from_the_dashboard_are_refused_out_loud(st, spawn_agent, agent
     finally:
         dashboard.disconnect()
     assert [c["command"] for c in refused] == ["reboot", "screenshot"]
+    assert all(c["result"].startswith("refused: ") for c in refused)
     log = agent.log_text()
-    assert "server asked for 'reboot' (device:command): refused" in log
-    assert "server asked for 'screenshot' (device:screenshot-request): refused" in log
+    assert "(reboot): error: 'reboot' is not allowed on this screen" in log
+    assert "(screenshot): error: 'screenshot' is not allowed on this screen" in log
     assert agent.link()["connection"] == 1

@@ -62,7 +62,16 @@ class EdgeAgentProfile:
         def throttle(_transport, *args):
             seconds = protocol.parse_throttle(args)
             post("throttle", seconds) if seconds is not None else post("malformed", protocol.THROTTLE)
-        return {protocol.THROTTLE: throttle}
+
+        def command(_transport, data=None, *_):
+            post("command", data, protocol.COMMAND)
+            return {"ok": True}  # the receipt; the result follows as its own message
+        return {protocol.THROTTLE: throttle, protocol.COMMAND: command}
+
+    @staticmethod
+    def command_result(result: dict) -> tuple[str, dict, bool]:
+        """(event, payload, whether the server confirms it)."""
+        return protocol.COMMAND_RESULT, result, True
 
     def on_connected(self, transport, post: Post) -> None:
         pass
@@ -107,6 +116,9 @@ class ScreenTinkerProfile:
     # The server drops a screenshot whose image_b64 is longer than this, unread.
     MAX_IMAGE_B64 = 2 * 1024 * 1024
     PLAY_EVENTS = ("play_start", "play_end")
+    # device:command types that mean one of the agent's commands
+    COMMANDS = {"reboot": ("reboot", {}), "screen_on": ("display", {"state": "on"}),
+                "screen_off": ("display", {"state": "off"})}
     # What the player (not this agent) handles: content, playback, remote view, walls.
     PLAYER_EVENTS = frozenset({
         "device:playlist-update", "device:content-delete", "device:remote-start",
@@ -210,11 +222,15 @@ class ScreenTinkerProfile:
             post("throttle", max(1.0, min(ms / 1000.0, self.MAX_HOLD_S)))
 
         def command(_t, data=None, *_):
-            name = data.get("type") if isinstance(data, dict) else None
-            post("command", str(name)[:64] if name else "(no type)", "device:command")
+            kind = data.get("type") if isinstance(data, dict) else None
+            name, args = self.COMMANDS.get(kind, (str(kind)[:40] if kind else "(no type)", {}))
+            # no command ids on this protocol: each message is one request
+            post("command", {"id": "st-" + secrets.token_hex(6), "name": name, "args": args},
+                 "device:command")
 
         def screenshot_request(_t, data=None, *_):
-            post("command", "screenshot", "device:screenshot-request")
+            post("command", {"id": "st-" + secrets.token_hex(6), "name": "screenshot",
+                             "args": {}}, "device:screenshot-request")
 
         handlers = {"device:registered": registered, "device:paired": paired,
                     "device:unpaired": unpaired, "device:auth-error": auth_error,
@@ -223,6 +239,16 @@ class ScreenTinkerProfile:
         for event in self.PLAYER_EVENTS:
             handlers[event] = lambda *_: None
         return handlers
+
+    def command_result(self, result: dict) -> tuple[str, dict, bool]:
+        """No result channel on this protocol: a device:log line, which newer servers
+        show on the dashboard (the released one ignores it); the journal and `edge-agent
+        status` have it too."""
+        text = result.get("output") if result["ok"] else result.get("error")
+        return "device:log", {"device_id": self.ctx.device_id(), "tag": "edge-agent",
+                              "level": "i" if result["ok"] else "w",
+                              "message": f"edge-agent {result['name']}: "
+                                         f"{'ok' if result['ok'] else 'error'}: {text or ''}"[:2000]}, False
 
     def _drop(self, why: str, data, post: Post) -> None:
         settle_s = 0.0

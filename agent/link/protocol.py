@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: server:command / device:command-result
 
 HEARTBEAT = "device:heartbeat"
 EVENT = "device:event"
 REPORT = "device:report"
 THROTTLE = "server:throttle"
+COMMAND = "server:command"
+COMMAND_RESULT = "device:command-result"
 
 # Anything bigger than this is not a payload we asked for.
 MAX_FIELD_REPR = 200

@@ -43,6 +43,7 @@ class LinkRunner:
                  identity: Callable[[], tuple[str, str] | None] | None = None,
                  outbox=None, profile=None,
                  schedule_store: ScheduleStore | None = None,
+                 commands=None,
                  rng: random.Random | None = None):
         self.config = config
         self.clock = clock or SystemClock()
@@ -70,7 +71,7 @@ class LinkRunner:
         self._started = self.clock.monotonic()
         self._published: tuple | None = None
         self._warned: set[str] = set()
-        self.refused_commands: list[dict] = []  # the last few, for `edge-agent status`
+        self.commands = commands        # the command service (remote operations), if any
         self._pings_seen = 0
 
     # -- called from any thread -------------------------------------------------
@@ -130,6 +131,8 @@ class LinkRunner:
 
     def run(self) -> None:
         now = self.clock.monotonic()
+        if self.commands is not None:
+            self.commands.start()  # results of commands from before: sent once connected
         attempts, resume_at = self._store.load() if self._store else (0, None)
         if resume_at is not None:
             # never further out than the cap: a bogus file must not silence the agent
@@ -222,6 +225,9 @@ class LinkRunner:
             return
         if self._on_link_up is not None:
             self._on_link_up()
+        if self.commands is not None:
+            for report in self.commands.unacked():  # until the server confirms each
+                self._send_result(report.result)
 
     def _poster(self, generation: int):
         return lambda kind, *args: self.sink(generation, kind, *args)
@@ -360,6 +366,10 @@ class LinkRunner:
         if kind == "upload":
             self._send_upload(args[0])
             return
+        if kind == "command-done":
+            for report in self.commands.finished(*args):
+                self._send_result(report.result)
+            return
         if kind == "reregister":
             if self.core.state == LinkState.ONLINE:
                 log.info("%s: registering again", args[0])
@@ -396,7 +406,16 @@ class LinkRunner:
                         getattr(self.profile, "pairing_code", "?"))
             self._closed(J.SERVER_DISCONNECT, why)
         elif kind == "command":
-            self._refuse_command(*args)
+            raw, via = args
+            if self.commands is None:
+                log.warning("server asked for a command (%s) and this agent runs none", via)
+                return
+            for report in self.commands.received(raw):
+                self._send_result(report.result)
+        elif kind == "command-result-ack":
+            cid, payload = args
+            if protocol.parse_ok(payload):
+                self.commands.acked(cid)
         elif kind == "event-ack":
             event_id, payload = args
             if protocol.parse_ok(payload):
@@ -419,20 +438,21 @@ class LinkRunner:
             self._warned.add(key)
             log.warning(message)
 
-    def _refuse_command(self, name: str, via: str) -> None:
-        """The server asked this screen to act. Until remote operations exist, each
-        request is refused out loud: in the journal, in `edge-agent status`, and back
-        to the server as a device:log line its dashboard shows (older servers ignore
-        it), never dropped in silence."""
-        why = "remote operations are not supported by this agent yet"
-        log.warning("server asked for %r (%s): refused, %s", name, via, why)
-        self.refused_commands.append({"command": name, "via": via, "at": round(self.clock.wall(), 3),
-                                      "result": "refused: " + why})
-        del self.refused_commands[:-10]
-        if self.transport is not None and self.profile.name == "screentinker":
-            self._emit("device:log", {"device_id": self.profile.ctx.device_id(),
-                                      "tag": "edge-agent", "level": "w",
-                                      "message": f"edge-agent refused {name!r}: {why}"}, None)
+    def _send_result(self, result: dict) -> None:
+        """A command's result to the server, until it confirms (it stays in the ledger
+        unconfirmed, and goes again on the next connection)."""
+        if self.transport is None:
+            return
+        gen = self.generation
+        event, payload, confirms = self.profile.command_result(result)
+        if confirms:
+            def on_ack(*args, cid=result["id"]):
+                self.sink(gen, "command-result-ack", cid, args)
+            self._emit(event, payload, on_ack)
+        else:
+            self._emit(event, payload, None)
+            if self.transport is not None:
+                self.commands.acked(result["id"])  # no confirmation exists: sent once
         if self._on_status is not None:
             self._on_status(self.snapshot())
 

@@ -1,0 +1,125 @@
+"""The command core's shell: the ledger on disk, and one executor thread.
+
+Everything that touches the core runs on the link thread (the runner calls in): a
+command received, one finished (the executor posts it back), a result confirmed. The
+ledger is written durably whenever the core changed, before anything it decided is
+done, which is what makes "at most once" hold across a power cut.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Callable
+
+from . import ledger
+from .actions import LATER, Actions
+from .core import CommandCore, Report, Run
+
+log = logging.getLogger("edge_agent.commands")
+
+
+def boot_id() -> str:
+    from ..link.schedule_store import boot_id as read
+    return read()
+
+
+class CommandService:
+    def __init__(self, path: str, allow: frozenset, actions: Actions,
+                 post: Callable[..., None], clock: Callable[[], float] = time.time):
+        self.path = path
+        self.core = CommandCore(allow, ledger.load(path))
+        self.actions = actions
+        self._post = post           # post(kind, *args) into the link thread
+        self._clock = clock
+        self._boot, self._pid = boot_id(), os.getpid()
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="commands", daemon=True)
+
+    # -- on the link thread --------------------------------------------------------
+    def start(self) -> list[Report]:
+        reports = self.core.recover(self._boot, self._pid, self._clock())
+        self._persist()
+        for r in reports:
+            log.info("command %s (%s) from before this start: %s", r.result["id"],
+                     r.result["name"], r.result.get("output") or r.result.get("error"))
+        self._thread.start()
+        return reports
+
+    def received(self, raw) -> list[Report]:
+        actions = self.core.receive(raw, self._clock(), self._boot, self._pid)
+        self._persist()  # before anything runs: a command id runs at most once
+        reports = []
+        for a in actions:
+            if isinstance(a, Run):
+                log.warning("server command %s: running %r %s", a.id, a.name, a.args or "")
+                self._jobs.put(a)
+            else:
+                reports.append(a)
+                self._log_result(a.result)
+        return reports
+
+    def finished(self, cid: str, outcome, started: float) -> list[Report]:
+        if outcome is LATER:
+            return []  # its result is known after the restart it causes
+        reports = self.core.finished(cid, outcome.ok, outcome.output, outcome.error, started,
+                                     self._clock(), outcome.extra)
+        self._persist()
+        for r in reports:
+            self._log_result(r.result)
+        return reports
+
+    def acked(self, cid: str) -> None:
+        self.core.result_acked(cid)
+        self._persist()
+
+    def unacked(self) -> list[Report]:
+        return self.core.unacked()
+
+    def recent(self, n: int = 10) -> list[dict]:
+        """The latest results, for `edge-agent status`."""
+        done = sorted((e for e in self.core.entries.values() if e.result),
+                      key=lambda e: e.received_at)[-n:]
+        out = []
+        for e in done:
+            r = e.result
+            state = "done" if r["ok"] else ("failed" if "started_at" in r else "refused")
+            out.append({"id": e.id, "command": e.name, "ok": r["ok"], "at": r["finished_at"],
+                        "result": f"{state}: {r.get('output') or r.get('error') or ''}"[:300]})
+        return out
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    # -- internals -------------------------------------------------------------------
+    def _persist(self) -> None:
+        if not self.core.dirty:
+            return
+        try:
+            ledger.save(self.path, self.core.entries)
+            self.core.dirty = False
+        except OSError as e:
+            # not durable means not at-most-once: say so loudly, keep going
+            log.error("cannot write the command ledger %s: %s", self.path, e.strerror)
+
+    def _log_result(self, result: dict) -> None:
+        log.warning("server command %s (%s): %s %s", result["id"], result["name"],
+                    "ok" if result["ok"] else "error:",
+                    (result.get("output") if result["ok"] else result.get("error")) or "")
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            started = self._clock()
+            try:
+                outcome = self.actions.run(job.name, job.args)
+            except Exception as e:  # a bug in one command must not end the others
+                log.error("command %s failed: %s: %s", job.name, type(e).__name__, e,
+                          exc_info=True)
+                from .actions import Outcome
+                outcome = Outcome(False, error=f"internal error: {type(e).__name__}")
+            self._post("command-done", job.id, outcome, started)

@@ -1,0 +1,127 @@
+"""Remote operations against the reference fleet server, with real faults.
+
+Receipt ACK, the result until confirmed (across a silent drop), at most once across
+kill -9, expiry, the allow-list, bad arguments, restart-agent, and the operator's
+command line. Reboot and journal logs are proven under real systemd
+(tests/test_booted_systemd.py).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from devtools.harness import REPO, agent_config, wait_for
+
+pytestmark = pytest.mark.netns
+
+
+def commands(server, device="screen-1"):
+    return server.admin(f"/api/v1/devices/{device}/commands")
+
+
+def ask(server, name, args=None, **extra):
+    return server.admin("/api/v1/commands", {"device_id": "screen-1", "name": name,
+                                             "args": args or {}, **extra})
+
+
+def result_of(server, cid, timeout=15.0):
+    return wait_for(lambda: commands(server)[cid]["result"], timeout, interval=0.1,
+                    what=f"the result of command {cid}")
+
+
+def cfg(server, tmp_path, **commands_section):
+    return agent_config(server, tmp_path, commands={"allow": ["diagnostics", "logs", "display",
+                                                              "restart-agent"],
+                                                    **commands_section})
+
+
+def test_receipt_then_the_result_and_refusals_that_run_nothing(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    server = fleet()
+    agent = spawn_agent(agent_python, cfg(server, tmp_path))
+    agent.wait_live(15)
+    cid = ask(server, "diagnostics")["id"]
+    result = result_of(server, cid)
+    record = commands(server)[cid]
+    assert record["received"] and record["results"] == 1
+    assert result["ok"] and result["name"] == "diagnostics"
+    report = json.loads(result["output"])
+    assert report["dns"]["addresses"] == ["127.0.0.1"] and report["path_mtu"] > 0
+    assert report["status"]["link"]["state"] == "online"
+    for name, args, extra, why in (
+            ("reboot", {}, {}, "not allowed on this screen"),
+            ("logs", {"since_s": "an hour"}, {}, "bad argument: since_s"),
+            ("diagnostics", {}, {"expires_at": time.time() - 60}, "expired"),
+            ("format-disk", {}, {}, "unknown command")):
+        r = result_of(server, ask(server, name, args, **extra)["id"])
+        assert r["ok"] is False and why in r["error"], (name, r)
+        assert "started_at" not in r, "a refused command ran"
+    status = agent.status()["commands"]
+    assert [c["result"].split(":")[0] for c in status[-4:]] == ["refused"] * 4
+    assert "server command" in agent.log_text()
+
+
+def test_a_result_goes_again_until_confirmed_across_a_silent_drop(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    server = fleet()
+    agent = spawn_agent(agent_python, cfg(server, tmp_path))
+    link = agent.wait_live(15, connection=1)
+    server.admin("/admin/behaviour", {"result_ack": "none"})  # confirmations get lost
+    cid = ask(server, "diagnostics")["id"]
+    result_of(server, cid)
+    server.admin("/admin/behaviour", {"result_ack": "ok"})
+    netns.drop_flow(int(link["local_addr"].rsplit(":", 1)[1]), server.port)
+    agent.wait_live(15, connection=2)
+    wait_for(lambda: commands(server)[cid]["results"] >= 2, 10, what="the result sent again")
+    ledger = json.loads((tmp_path / "state" / "commands.json").read_text())["entries"]
+    assert [e["acked"] for e in ledger if e["id"] == cid] == [True]
+    netns.restore()
+    before = commands(server)[cid]["results"]
+    server.admin("/admin/throttle", {"device_id": "screen-1", "retry_after_s": 1})  # reconnect
+    agent.wait_live(15, connection=3)
+    time.sleep(1.0)
+    assert commands(server)[cid]["results"] == before, "a confirmed result was sent again"
+
+
+def test_at_most_once_across_kill_9_and_restart_agent(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    server = fleet()
+    runs = tmp_path / "runs"
+    config = cfg(server, tmp_path,
+                 display_on_command=f"sh -c 'echo run >> {runs}; sleep 30'")
+    agent = spawn_agent(agent_python, config)
+    agent.wait_live(15)
+    cid = ask(server, "display", {"state": "on"})["id"]
+    wait_for(lambda: runs.exists(), 10, what="the command running")
+    agent.proc.kill()  # in the middle of it
+    agent.proc.wait(5)
+    again = spawn_agent(agent_python, config)
+    result = result_of(server, cid, 20)
+    assert result["ok"] is False and "not run again" in result["error"]
+    assert runs.read_text() == "run\n", "ran twice"
+    # restart-agent: the process goes (systemd starts the next; here the test does)
+    rid = ask(server, "restart-agent")["id"]
+    assert again.proc.wait(15) == 0
+    spawn_agent(agent_python, config).wait_live(15)
+    r = result_of(server, rid, 20)
+    assert r["ok"] and r["output"] == "the agent restarted"
+
+
+def test_the_operator_command_line_waits_and_prints_the_result(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    server = fleet()
+    spawn_agent(agent_python, cfg(server, tmp_path)).wait_live(15)
+    r = subprocess.run([str(REPO / "scripts" / "fleet-server"), "command", "screen-1",
+                        "diagnostics", "--url", server.url, "--wait", "20"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ok"] is True
+    r = subprocess.run([str(REPO / "scripts" / "fleet-server"), "command", "screen-1",
+                        "reboot", "--url", server.url, "--wait", "20"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
+    assert r.returncode == 2 and "not allowed" in r.stdout
