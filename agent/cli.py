@@ -91,7 +91,7 @@ def cmd_configured(args) -> int:
                        f"(or {cfgmod.env_name('server', 'url')}), then "
                        f"systemctl restart edge-agent", priority=5)
             return EXIT_DEGRADED
-    except cfgmod.ConfigError:
+    except Exception:  # a config error or a bug: `run` says which, loudly, not a skip
         pass
     return EXIT_OK
 
@@ -151,8 +151,9 @@ def _render(doc: dict, link: dict, running: bool) -> str:
                      f"server, {events.get('delivered', 0)} delivered; latest {names}")
     commands = doc.get("commands") if isinstance(doc.get("commands"), list) else []
     if commands:
-        names = ", ".join(str(c.get("command")) for c in commands[-3:] if isinstance(c, dict))
-        lines.append(f"commands    {len(commands)} from the server refused (latest: {names})")
+        latest = "; ".join(f"{c.get('command')} {str(c.get('result', '')).split(':')[0]}"
+                           for c in commands[-3:] if isinstance(c, dict))
+        lines.append(f"commands    latest from the server: {latest}")
     if link.get("next_attempt_in_s") is not None:
         lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
     losses = link.get("losses_last_hour") or []

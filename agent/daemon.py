@@ -120,7 +120,8 @@ class Agent:
             Actions(config, snapshot=lambda: self._status_doc(self._last_link),
                     link_socket=lambda: getattr(self.runner.transport, "_sock", None),
                     request_restart=self._restart_requested, enqueue=self._enqueue),
-            post=lambda kind, *args: self.runner.sink(None, kind, *args))
+            post=lambda kind, *args: self.runner.sink(None, kind, *args),
+            runtime_dir=config.runtime_dir)
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
                                  on_tick=self._link_tick,

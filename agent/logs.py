@@ -78,6 +78,27 @@ def early(text: str, priority: int = 3, stream=None) -> None:
     stream.flush()
 
 
+class RecentLines(logging.Handler):
+    """The agent's last lines in memory: what the `logs` command sends when the agent
+    does not run under journald (a terminal, the demo); under systemd it reads the
+    journal itself."""
+
+    def __init__(self, capacity: int = 1000):
+        super().__init__()
+        from collections import deque
+        self.lines = deque(maxlen=capacity)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append({"ts": record.created, "priority": _PRIORITY.get(record.levelno, 6),
+                               "pid": os.getpid(), "message": record.getMessage()})
+        except Exception:
+            pass
+
+
+RECENT = RecentLines()
+
+
 def setup(level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if under_journal():
@@ -86,6 +107,6 @@ def setup(level: str = "info") -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     handler.addFilter(RepeatFilter())
     root = logging.getLogger("edge_agent")
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler, RECENT]
     root.setLevel(level.upper())
     root.propagate = False

@@ -40,14 +40,13 @@ class BootError(Exception):
 
 
 # -- the root filesystem ------------------------------------------------------------
-def package_depends(control: Path) -> list[str]:
-    """The literal package names in the binary package's Depends (no substvars)."""
+def package_depends(control: Path, field: str = "Depends") -> list[str]:
+    """The literal package names in a relation field of the binary package (no
+    substvars): Depends, or Recommends (apt installs those too)."""
     text = control.read_text()
-    m = re.search(r"^Depends:(.*?)(?=^\S|\Z)", text, re.M | re.S)
-    if not m:
-        return []
+    m = re.search(rf"^{field}:(.*?)(?=^\S|\Z)", text, re.M | re.S)
     names = []
-    for alt in m.group(1).split(","):
+    for alt in (m.group(1).split(",") if m else []):
         name = alt.split("|")[0].strip().split(" ")[0].split("(")[0].strip()
         if name and not name.startswith("$"):
             names.append(name)
@@ -71,10 +70,13 @@ def host_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
-def ensure_rootfs(packages: list[str], log=print) -> Path:
-    """The cached bookworm root with ``packages`` in it; made with debootstrap if absent."""
+def ensure_rootfs(packages: list[str], later: list[str] = (), log=print) -> Path:
+    """The cached bookworm root with ``packages`` in it; made with debootstrap if absent.
+    ``later`` are installed with apt in a chroot afterwards: packages whose maintainer
+    scripts debootstrap's bare configure stage cannot run (polkitd)."""
     include = sorted(set(BASE_PACKAGES) | set(packages))
-    key = hashlib.sha256(f"{SUITE} {' '.join(include)}".encode()).hexdigest()[:12]
+    later = sorted(set(later) - set(include))
+    key = hashlib.sha256(f"{SUITE} {' '.join(include)} + {' '.join(later)}".encode()).hexdigest()[:12]
     root = ROOTFS_CACHE / f"{SUITE}-{key}"
     if (root / ".complete").exists():
         return root
@@ -93,8 +95,21 @@ def ensure_rootfs(packages: list[str], log=print) -> Path:
         if r.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
             raise BootError(f"debootstrap failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
-        # no package lists: installs in the tests resolve against what is installed
-        (tmp / ".complete").write_text(f"{' '.join(include)}\n")
+        if later:
+            subprocess.run(["mount", "-t", "proc", "proc", str(tmp / "proc")], check=True)
+            try:
+                r = subprocess.run(["chroot", str(tmp), "sh", "-c",
+                                    "apt-get update -qq && apt-get install -y -q "
+                                    + " ".join(later) + " && apt-get clean"],
+                                   capture_output=True, text=True, timeout=900,
+                                   env={**INSIDE_ENV})
+            finally:
+                subprocess.run(["umount", str(tmp / "proc")], check=False)
+            if r.returncode != 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise BootError(f"installing {' '.join(later)} failed: {r.stdout[-2000:]}{r.stderr[-2000:]}")
+        # installs in the tests resolve against what is installed, not a mirror
+        (tmp / ".complete").write_text(f"{' '.join(include)} + {' '.join(later)}\n")
         shutil.rmtree(root, ignore_errors=True)
         os.rename(tmp, root)
         log(f"rootfs ready in {time.monotonic() - t0:.0f}s")
@@ -155,6 +170,29 @@ class BootedDebian:
         self.poweroff()
 
     def boot(self, timeout: float = 90.0) -> None:
+        self._prepare()
+        self._spawn(timeout)
+
+    def rebooted(self, timeout: float = 60.0) -> int:
+        """Waits for the system inside to reboot (nspawn exits 133 for that, as a
+        service unit would restart it) and boots it again on the same disk."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise BootError(f"no reboot within {timeout:.0f}s") from None
+        if code != 133:
+            raise BootError(f"systemd-nspawn exited {code}, not 133 (reboot)")
+        self.leader = None
+        for top in self._cgroups:  # the last boot's groups, emptied by its exit
+            for sub in ("payload", "supervisor"):
+                _rmdir_tree(top / sub)
+                (top / sub).mkdir(exist_ok=True)
+        self.boots += 1
+        self._spawn(timeout)
+        return code
+
+    def _prepare(self) -> None:
+        self.boots = 1
         self.work = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="edge-agent-booted."))
         upper, workdir, self.root = (self.work / d for d in ("upper", "work", "root"))
         for d in (upper, workdir, self.root):
@@ -170,6 +208,8 @@ class BootedDebian:
                 for sub in ("payload", "supervisor"):
                     (top / sub).mkdir(parents=True, exist_ok=True)
                 self._cgroups.append(top)
+
+    def _spawn(self, timeout: float) -> None:
         procs = [str(top / "cgroup.procs") for top in self._cgroups]
 
         def into_own_cgroup():
@@ -177,7 +217,7 @@ class BootedDebian:
                 with open(path, "w") as f:
                     f.write("0")
 
-        self.console = open(self.work / "console.log", "wb")
+        self.console = open(self.work / "console.log", "ab")
         self.proc = subprocess.Popen(
             ["systemd-nspawn", "-D", str(self.root), "-b", "--register=no", "--keep-unit",
              "--console=passive", f"--machine={self.name}"],

@@ -62,7 +62,8 @@ def rootfs():
     if os.geteuid() != 0 or missing:
         pytest.fail(f"the booted-system tests need root and {', '.join(missing) or 'nothing'} "
                     "(.ci/run installs systemd-container and debootstrap)")
-    return ensure_rootfs(package_depends(REPO / "debian" / "control"))
+    control = REPO / "debian" / "control"
+    return ensure_rootfs(package_depends(control), package_depends(control, "Recommends"))
 
 
 @pytest.fixture(scope="module")
@@ -396,14 +397,51 @@ def test_journal_priorities_and_status_lines(site):
         x.startswith(("waiting for pairing", "online", "reconnecting")) for x in site.statuses)
 
 
+def command(site, name, args=None, timeout=30.0) -> dict:
+    """What `fleet-server command` does: queue it for the screen, wait for the result."""
+    server = site.server
+    cid = server.admin("/api/v1/commands", {"device_id": site.device_id, "name": name,
+                                            "args": args or {}})["id"]
+    return wait_for(lambda: server.admin(f"/api/v1/devices/{site.device_id}/commands")[cid]["result"],
+                    timeout, interval=0.2, what=f"the result of {name}")
+
+
+def bundle(site, upload_id):
+    import urllib.error
+    import urllib.request
+    url = f"{site.server.url}/admin/uploads/{site.device_id}/{upload_id}/content"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read()
+    except urllib.error.HTTPError:
+        return None
+
+
+def test_a_logs_command_returns_the_agents_journal_lines_with_their_priorities(site):
+    import gzip
+    result = command(site, "logs", {"since_s": 3600, "priority": 7})
+    assert result["ok"] and result["source"] == "the journal", result
+    data = wait_for(lambda: bundle(site, result["upload_id"]), 30, interval=0.2,
+                    what="the journal bundle through the upload queue")
+    lines = [json.loads(x) for x in gzip.decompress(data).decode().splitlines()]
+    priorities = {x["priority"] for x in lines}
+    assert {3, 4, 6} <= priorities, priorities  # the config error, the withheld pets, starts
+    assert any(x["message"].startswith("edge-agent 0.1.0 starting") for x in lines
+               if x["priority"] == 6)
+    assert not [x for x in lines if re.match(r"<\d>", x["message"])]
+
+
 def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     s, server = site.screen, site.server
     server.admin("/admin/behaviour", {"upload_mode": "500"})  # queued items stay queued
+    # counted from here: the logs command's journal bundle went before
+    stored_before = server.device(site.device_id).get("uploads", 0)
+    tried_before = len(server.device(site.device_id).get("upload_requests", []))
     for i in range(2):
         s.run(*as_user("edge-agent", "edge-agent", "edge-agent", "enqueue", "--kind", "log", "-"),
               input=f"log line {i}\n")
-    wait_for(lambda: len(server.device(site.device_id).get("upload_requests", [])) >= 2, 15,
-             interval=0.2, what="uploads tried and refused")
+    wait_for(lambda: len(server.device(site.device_id).get("upload_requests", [])) >= tried_before + 2,
+             15, interval=0.2, what="uploads tried and refused")
     assert status(s)[1]["uploads"]["items"] == 2
     before = s.show(UNIT, "MainPID", "InvocationID")
     ids = {p: s.path(p).read_bytes() for p in (f"{STATE}/device_id", f"{STATE}/credentials.json")}
@@ -421,8 +459,27 @@ def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     assert doc["device_id"] == site.device_id and doc["uploads"]["items"] == 2, doc
     assert "# edited by the operator" in conf.read_text()
     server.admin("/admin/behaviour", {"upload_mode": "ok"})
-    wait_for(lambda: server.device(site.device_id).get("uploads") == 2, 20, interval=0.2,
-             what="the queued uploads delivered after the upgrade")
+    wait_for(lambda: server.device(site.device_id).get("uploads") == stored_before + 2, 20,
+             interval=0.2, what="the queued uploads delivered after the upgrade")
+
+
+def test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back(site):
+    s, server = site.screen, site.server
+    conf = s.path(CONF)
+    conf.write_text(conf.read_text() + '[commands]\nallow = ["diagnostics", "logs", "reboot"]\n')
+    s.run("systemctl", "restart", UNIT)
+    wait_online(s)
+    cid = server.admin("/api/v1/commands", {"device_id": site.device_id, "name": "reboot"})["id"]
+    s.rebooted(60)  # logind, asked by the edge-agent user under the polkit rule
+    wait_online(s, 60)
+    record = wait_for(lambda: server.admin(f"/api/v1/devices/{site.device_id}/commands")[cid]
+                      if server.admin(f"/api/v1/devices/{site.device_id}/commands")[cid]["result"]
+                      else None, 30, interval=0.2, what="the reboot's result")
+    assert record["result"]["ok"] and record["result"]["output"] == "the device rebooted"
+    time.sleep(3 * WATCHDOG_S)
+    assert s.proc.poll() is None and s.boots == 2, "it rebooted again"
+    ledger = json.loads(s.path(f"{STATE}/commands.json").read_text())["entries"]
+    assert [e["state"] for e in ledger if e["id"] == cid] == ["done"]
 
 
 def test_purge_removes_what_the_package_created(site):
@@ -436,7 +493,8 @@ def test_purge_removes_what_the_package_created(site):
     ours = (f"/etc/systemd/system/{UNIT}.d", "/root/edge-agent_")
     records = ("/var/lib/dpkg/", "/var/cache/apt/", "/var/cache/debconf/", "/var/log/",
                "/var/lib/apt/", "/etc/passwd", "/etc/group", "/etc/shadow",
-               "/etc/gshadow", "/etc/subuid", "/etc/subgid", "/etc/.pwd.lock")
+               "/etc/gshadow", "/etc/subuid", "/etc/subgid", "/etc/.pwd.lock",
+               "/var/tmp/systemd-private-")  # the second boot's, of systemd's own services
     left = sorted(p for p in files(s) - site.files_before_install
                   if not p.startswith(ours + records))
     assert not left, left

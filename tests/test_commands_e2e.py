@@ -125,3 +125,31 @@ def test_the_operator_command_line_waits_and_prints_the_result(
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
     assert r.returncode == 2 and "not allowed" in r.stdout
+
+
+def test_logs_outside_journald_come_from_the_agents_memory_through_the_queue(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """Under systemd the bundle is the journal's (test_booted_systemd.py); a terminal or
+    the demo has no journal, so the agent sends its own last lines, saying so."""
+    import gzip
+    server = fleet()
+    spawn_agent(agent_python, cfg(server, tmp_path)).wait_live(15)
+    result = result_of(server, ask(server, "logs", {"since_s": 600, "priority": 7})["id"])
+    assert result["ok"] and result["source"].startswith("this process's memory")
+    bundle = wait_for(lambda: _bundle(server, result["upload_id"]), 15,
+                      what="the bundle through the upload queue")
+    lines = [json.loads(x) for x in gzip.decompress(bundle).decode().splitlines()]
+    assert len(lines) == result["lines"] > 0
+    assert any(x["message"].startswith("edge-agent 0.1.0 starting") and x["priority"] == 6
+               for x in lines)
+
+
+def _bundle(server, upload_id):
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"{server.url}/admin/uploads/screen-1/{upload_id}/content",
+                                    timeout=5) as r:
+            return r.read()
+    except urllib.error.HTTPError:
+        return None

@@ -11,3 +11,15 @@ def test_deb_lints_clean(built_debs):
                            capture_output=True, text=True, timeout=600)
         problems = [line for line in r.stdout.splitlines() if re.match(r"^[EW]: ", line)]
         assert r.returncode == 0 and not problems, r.stdout + r.stderr
+
+
+def test_every_package_of_the_agent_is_in_the_deb(built_debs):
+    """A subpackage left out of pyproject's list is missing from the .deb: the agent
+    then dies at import on the device, while every test from the checkout passes."""
+    from pathlib import Path
+    listing = subprocess.run(["dpkg-deb", "-c", str(built_debs[0])], capture_output=True,
+                             text=True, timeout=60).stdout
+    repo = Path(__file__).resolve().parent.parent
+    for init in sorted(repo.glob("agent/**/__init__.py")):
+        package = init.parent.relative_to(repo)
+        assert f"/dist-packages/{package}/__init__.py" in listing, f"{package} is not in the .deb"

@@ -65,6 +65,11 @@ class Actions:
 
     def logs(self, args: dict) -> Outcome:
         since = time.time() - args["since_s"]
+        from ..logs import RECENT, under_journal
+        if not under_journal():
+            lines = [dict(x) for x in list(RECENT.lines)
+                     if x["ts"] >= since and x["priority"] <= args["priority"]]
+            return self._bundle(lines, "this process's memory (not running under journald)")
         cmd = ["journalctl", "--no-pager", "-o", "json", "-u", UNIT, f"--since=@{since:.0f}",
                "-p", str(args["priority"])]
         try:
@@ -86,14 +91,17 @@ class Actions:
             lines.append({"ts": int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6,
                           "priority": int(entry.get("PRIORITY", 6)), "pid": entry.get("_PID"),
                           "message": message})
+        return self._bundle(lines, "the journal")
+
+    def _bundle(self, lines: list[dict], source: str) -> Outcome:
         bundle = gzip.compress("\n".join(json.dumps(x) for x in lines).encode(), 6)
         upload_id = self.enqueue("log", bundle)
         if upload_id is None:
             return Outcome(False, error="the upload queue did not take the bundle (full, or "
                                         "the same bundle was sent in the last hour)")
-        return Outcome(True, f"{len(lines)} journal lines queued as upload {upload_id} "
+        return Outcome(True, f"{len(lines)} lines from {source} queued as upload {upload_id} "
                              f"({len(bundle)} bytes, gzip, one JSON object a line)",
-                       extra={"upload_id": upload_id, "lines": len(lines)})
+                       extra={"upload_id": upload_id, "lines": len(lines), "source": source})
 
     def screenshot(self, args: dict) -> Outcome:
         command = self.config.screenshot_command

@@ -21,20 +21,37 @@ from .core import CommandCore, Report, Run
 log = logging.getLogger("edge_agent.commands")
 
 
-def boot_id() -> str:
-    from ..link.schedule_store import boot_id as read
-    return read()
+def boot_token(runtime_dir: str) -> str:
+    """Which boot this is. The kernel's boot_id is the host's inside a container, so
+    the mark is a token in the runtime directory: tmpfs, kept across restarts of the
+    service (RuntimeDirectoryPreserve=restart), gone at every boot."""
+    path = os.path.join(runtime_dir, "boot-token")
+    try:
+        with open(path) as f:
+            token = f.read(64).strip()
+        if token:
+            return token
+    except OSError:
+        pass
+    token = os.urandom(8).hex()
+    try:
+        from ..fsutil import atomic_write
+        atomic_write(path, token.encode(), 0o644, durable=False)
+    except OSError as e:
+        log.warning("cannot keep the boot token in %s: %s", path, e.strerror)
+    return token
 
 
 class CommandService:
     def __init__(self, path: str, allow: frozenset, actions: Actions,
-                 post: Callable[..., None], clock: Callable[[], float] = time.time):
+                 post: Callable[..., None], runtime_dir: str,
+                 clock: Callable[[], float] = time.time):
         self.path = path
         self.core = CommandCore(allow, ledger.load(path))
         self.actions = actions
         self._post = post           # post(kind, *args) into the link thread
         self._clock = clock
-        self._boot, self._pid = boot_id(), os.getpid()
+        self._boot, self._pid = boot_token(runtime_dir), os.getpid()
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="commands", daemon=True)
 
