@@ -136,6 +136,18 @@ def main(argv=None) -> int:
                 r = reports[-1]
                 say(f"the server got the agent's journal: connection {r['n']} ended by "
                     f"{r['ended_reason']} after {r['lived_s']} s, rtt avg {r['rtt_ms_avg']} ms")
+            say(f"a remote operation: the operator asks the screen for its last log lines: "
+                f"scripts/fleet-server command {device_id} logs --since 10m")
+            asked = subprocess.run([str(REPO / "scripts" / "fleet-server"), "command", device_id,
+                                    "logs", "--since", "10m", "--url", server.url, "--wait", "30"],
+                                   capture_output=True, text=True,
+                                   env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
+            pump(0.1, show_rtt=False)
+            printed = [line for line in asked.stdout.splitlines() if line.startswith(tuple("012"))]
+            say(f"the result came back ({'ok' if asked.returncode == 0 else asked.stderr.strip()}); "
+                f"the bundle travelled through the upload queue; its last lines:")
+            for line in printed[-6:]:
+                print("    " + line)
             say("edge-agent status:")
             status = subprocess.run([args.agent_python, "-m", "agent", "status", "--config",
                                      str(cfg)], cwd=REPO, capture_output=True, text=True,

@@ -71,7 +71,7 @@ class CommandService:
         reports = []
         for a in actions:
             if isinstance(a, Run):
-                log.warning("server command %s: running %r %s", a.id, a.name, a.args or "")
+                log.info("server command %s: running %r %s", a.id, a.name, a.args or "")
                 self._jobs.put(a)
             else:
                 reports.append(a)
@@ -122,9 +122,10 @@ class CommandService:
             log.error("cannot write the command ledger %s: %s", self.path, e.strerror)
 
     def _log_result(self, result: dict) -> None:
-        log.warning("server command %s (%s): %s %s", result["id"], result["name"],
-                    "ok" if result["ok"] else "error:",
-                    (result.get("output") if result["ok"] else result.get("error")) or "")
+        level = logging.INFO if result["ok"] else logging.WARNING
+        log.log(level, "server command %s (%s): %s %s", result["id"], result["name"],
+                "ok" if result["ok"] else "error:",
+                ((result.get("output") if result["ok"] else result.get("error")) or "")[:300])
 
     def _work(self) -> None:
         while True:
