@@ -153,3 +153,26 @@ def _bundle(server, upload_id):
             return r.read()
     except urllib.error.HTTPError:
         return None
+
+
+def test_screenshot_and_display_run_the_configured_commands(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    import hashlib
+    jpeg = tmp_path / "frame.jpg"
+    jpeg.write_bytes(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)
+    marks = tmp_path / "display"
+    server = fleet()
+    config = agent_config(server, tmp_path, commands={
+        "allow": ["screenshot", "display"], "screenshot_command": f"cat {jpeg}",
+        "display_on_command": f"sh -c 'echo on > {marks}'",
+        "display_off_command": "sh -c 'echo no such output >&2; exit 3'"})
+    spawn_agent(agent_python, config).wait_live(15)
+    shot = result_of(server, ask(server, "screenshot")["id"])
+    assert shot["ok"], shot
+    wait_for(lambda: server.device().get("uploads", 0) >= 1, 15, what="the screenshot upload")
+    stored = server.admin("/admin/uploads/screen-1")
+    assert stored[shot["upload_id"]] == ["screenshot", hashlib.sha256(jpeg.read_bytes()).hexdigest()]
+    on = result_of(server, ask(server, "display", {"state": "on"})["id"])
+    assert on["ok"] and marks.read_text() == "on\n"
+    off = result_of(server, ask(server, "display", {"state": "off"})["id"])
+    assert off["ok"] is False and "exited 3: no such output" in off["error"]
