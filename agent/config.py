@@ -173,7 +173,7 @@ class Config:
 
     @property
     def queue_path(self) -> str:
-        return os.path.join(self.state_dir, "queue.db")
+        return os.path.join(self.state_dir, "queue")
 
     @property
     def schedule_path(self) -> str:

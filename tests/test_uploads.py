@@ -1,7 +1,6 @@
-"""The upload queue: rules with a fake clock, the real sqlite file, a fake sender."""
+"""The upload queue: rules with a fake clock, the real spool files, a fake sender."""
 import os
 import random
-import sqlite3
 import time
 
 import pytest
@@ -48,7 +47,7 @@ def test_retry_after_parsing_rejects_nonsense():
 
 @pytest.fixture
 def store(tmp_path):
-    s = QueueStore(str(tmp_path / "queue.db"), UploadPolicy())
+    s = QueueStore(str(tmp_path / "queue"), UploadPolicy())
     yield s
     s.close()
 
@@ -65,7 +64,7 @@ def test_enqueue_dedupes_by_content(store):
 
 
 def test_bounds_drop_old_screenshots_before_proof_of_play(tmp_path):
-    s = QueueStore(str(tmp_path / "q.db"), UploadPolicy(max_items=5))
+    s = QueueStore(str(tmp_path / "q"), UploadPolicy(max_items=5))
     for i in range(3):
         s.enqueue("proof-of-play", b'{"play": %d}' % i, now=100.0 + i)
     for i in range(2):
@@ -86,7 +85,7 @@ def test_bounds_drop_old_screenshots_before_proof_of_play(tmp_path):
 
 
 def test_max_bytes_and_age(tmp_path):
-    s = QueueStore(str(tmp_path / "q.db"), UploadPolicy(max_bytes=100, max_age_days=1))
+    s = QueueStore(str(tmp_path / "q"), UploadPolicy(max_bytes=100, max_age_days=1))
     assert s.enqueue("log", b"x" * 101, now=0.0) is None and s.dropped["too-large"] == 1
     assert s.enqueue("log", b"a" * 60, now=0.0)
     assert s.enqueue("log", b"b" * 60, now=10.0)     # evicts the first (same kind, oldest)
@@ -95,62 +94,147 @@ def test_max_bytes_and_age(tmp_path):
     assert s.dropped["too-old"] == 1 and s.stats()["items"] == 1
 
 
-def test_queries_use_indexes_and_enqueue_stays_fast_with_10000_items(store):
+def test_10000_items_come_back_oldest_first_and_a_fresh_process_sees_them_all(store, tmp_path):
     for i in range(10_000):
         store.enqueue("proof-of-play", b'{"n": %d}' % i, now=1000.0 + i)
-    plan = lambda sql, *a: " ".join(r[-1] for r in store.db.execute("EXPLAIN QUERY PLAN " + sql, a))
-    assert "USING INDEX items_due" in plan(
-        "SELECT id FROM items WHERE next_attempt_at <= ? ORDER BY next_attempt_at LIMIT 200", 5.0)
-    assert "USING COVERING INDEX items_due" in plan("SELECT MIN(next_attempt_at) FROM items")
-    assert "INDEX items_hash" in plan("SELECT 1 FROM items WHERE content_hash=? LIMIT 1", "x")
-    assert "SCAN" not in plan("SELECT 1 FROM sent WHERE content_hash=? AND sent_at>=?", "x", 1.0)
-    assert "items_kind_age" in plan("SELECT id FROM items WHERE kind=? ORDER BY created_at LIMIT 1", "log")
-    assert "items_kind_age" in plan("DELETE FROM items WHERE kind = ? AND created_at < ?", "log", 1.0)
-    for sql in ("SELECT id FROM items WHERE next_attempt_at <= ? ORDER BY next_attempt_at LIMIT 200",):
-        assert "SCAN items" not in plan(sql, 5.0)
-    # the bounds check reads the trigger-kept totals, not the table
     assert store.stats()["items"] == 10_000
-    assert store.db.execute("SELECT count FROM totals").fetchone()[0] == 10_000
     first = store.due(1000.0 + 10_000, 200)
     assert len(first) == 200 and first[0].created_at == 1000.0
     assert [i.created_at for i in first] == sorted(i.created_at for i in first)
+    again = QueueStore(store.path, UploadPolicy())   # what a restart reads from the files
+    assert again.stats()["items"] == 10_000
+    assert [i.id for i in again.due(1000.0 + 10_000, 200)] == [i.id for i in first]
+    again.close()
 
 
-def test_a_locked_database_is_not_corruption_and_nothing_is_moved_aside(tmp_path, caplog):
-    path = tmp_path / "queue.db"
-    first = QueueStore(str(path), UploadPolicy())
-    assert first.enqueue("proof-of-play", b'{"keep": 1}', now=1.0)
-    holder = sqlite3.connect(str(path), isolation_level=None)
-    holder.execute("BEGIN EXCLUSIVE")  # another process mid-write, holding the lock
+def test_a_locked_queue_is_unavailable_and_nothing_is_touched(tmp_path):
+    import fcntl
     import agent.uploads.store as store_mod
-    wait, store_mod.LOCKED_WAIT_S = store_mod.LOCKED_WAIT_S, 0.5
+    path = str(tmp_path / "queue")
+    first = QueueStore(path, UploadPolicy())
+    assert first.enqueue("proof-of-play", b'{"keep": 1}', now=1.0)
+    before = {n: os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)}
+    holder = os.open(os.path.join(path, "lock"), os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)   # another process mid-operation, holding the lock
     try:
         with pytest.raises(store_mod.QueueUnavailable, match="locked"):
-            QueueStore(str(path), UploadPolicy(), timeout_s=0.1)
+            QueueStore(path, UploadPolicy(), timeout_s=0.1)
+        with pytest.raises(store_mod.QueueUnavailable, match="locked"):
+            first.timeout_s = 0.1
+            first.enqueue("log", b"while locked", now=2.0)
     finally:
-        store_mod.LOCKED_WAIT_S = wait
-        holder.execute("ROLLBACK")
-        holder.close()
-    assert not [p for p in os.listdir(tmp_path) if ".corrupt-" in p], "a live queue was moved aside"
-    again = QueueStore(str(path), UploadPolicy())
+        os.close(holder)
+    assert {n: os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)} == before
+    again = QueueStore(path, UploadPolicy())
     assert again.stats()["items"] == 1
     first.close()
     again.close()
 
 
-def test_corrupt_database_is_moved_aside_and_a_fresh_queue_starts(tmp_path, caplog):
-    path = tmp_path / "queue.db"
-    path.write_bytes(b"this is not a database" * 100)
-    s = QueueStore(str(path), UploadPolicy())
-    assert s.enqueue("log", b"after", now=1.0)
-    aside = [p for p in os.listdir(tmp_path) if p.startswith("queue.db.corrupt-")]
-    assert aside and "moved aside" in caplog.text
-    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+def _segment(path):
+    [seg] = [n for n in os.listdir(path) if n.endswith(".seg")]
+    return os.path.join(path, seg)
 
 
-def test_database_is_durable_wal_full(store):
-    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+def test_an_incomplete_item_left_by_a_dead_writer_is_cut_off_and_the_rest_kept(tmp_path, caplog):
+    path = str(tmp_path / "queue")
+    s = QueueStore(path, UploadPolicy())
+    ids = [s.enqueue("log", b"line-%d" % i * 100, now=1.0 + i) for i in range(3)]
+    s.close()
+    seg = _segment(path)
+    whole = os.path.getsize(seg)
+    with open(seg, "r+b") as f:   # a fourth enqueue that died half-way through its write
+        f.seek(0, 2)
+        f.write(open(seg, "rb").read(200)[:150])
+    again = QueueStore(path, UploadPolicy())
+    assert [i.id for i in again.due(1e9, 10)] == ids
+    assert os.path.getsize(seg) == whole and "cut off an incomplete item" in caplog.text
+    assert again.enqueue("log", b"after", now=9.0)
+    assert len(again.due(1e9, 10)) == 4
+    again.close()
+
+
+def test_a_damaged_item_is_skipped_or_dead_lettered_never_silently_lost(tmp_path, caplog):
+    path = str(tmp_path / "queue")
+    s = QueueStore(path, UploadPolicy())
+    ids = [s.enqueue("screenshot", bytes([65 + i]) * 500, now=1.0 + i) for i in range(4)]
+    s.close()
+    from agent.uploads.store import HEADER_BYTES
+    record = HEADER_BYTES + 500
+    with open(_segment(path), "r+b") as f:
+        f.seek(record + 2)            # the second item's header: bit rot
+        f.write(b"\xff\xff")
+        f.seek(2 * record + HEADER_BYTES + 7)   # the third item's payload
+        f.write(b"\x00")
+    again = QueueStore(path, UploadPolicy())
+    assert "skipped" in caplog.text and again.dropped["damaged"] == 1
+    sent = [i.id for i in again.due(1e9, 10)]
+    assert sent == [ids[0], ids[3]]
+    [dead] = again.dead_letters()
+    assert dead["id"] == ids[2] and "checksum" in dead["reason"]
+    again.close()
+
+
+def test_an_enqueue_syncs_once_and_settling_an_item_never_waits_for_the_card(store, monkeypatch):
+    syncs = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: syncs.append(fd) or real(fd))
+    monkeypatch.setattr(os, "fsync", lambda fd: syncs.append(fd) or real(fd))
+    store.enqueue("log", b"first", now=1.0)   # a new segment: its directory entry too
+    syncs.clear()
+    for i in range(10):
+        store.enqueue("log", b"line %d" % i, now=2.0)
+    assert len(syncs) == 10
+    syncs.clear()
+    items = store.due(10.0, 100)
+    store.failed(items[0], 100.0, "HTTP 500")
+    store.confirmed(items[1:], now=10.0)
+    assert syncs == [], "a confirm or a failure was synced to the SD card"
+    assert store.stats()["items"] == 1
+
+
+def test_segments_rotate_and_settled_ones_are_deleted_after_the_dedupe_window(tmp_path, monkeypatch):
+    import agent.uploads.store as store_mod
+    monkeypatch.setattr(store_mod, "SEGMENT_BYTES", 4096)
+    path = str(tmp_path / "queue")
+    s = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))
+    reader = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))  # another process
+    for i in range(20):
+        s.enqueue("log", os.urandom(1000), now=1.0)
+    segs = lambda: sorted(n for n in os.listdir(path) if n.endswith(".seg"))
+    assert len(segs()) == 7
+    items = reader.due(1.0, 100)
+    assert len(items) == 20, "what one process queued, the other sends"
+    reader.confirmed(items, now=2.0)
+    assert len(segs()) == 7, "deleted inside the dedupe window"
+    assert s.stats()["items"] == 0
+    reader.confirmed([], now=200.0)
+    assert segs() == ["00000007.seg"], "only the newest segment stays"
+    assert sorted(os.listdir(path)) == ["00000007.ack", "00000007.seg", "lock"]
+    assert s.enqueue("log", b"next", now=201.0) and reader.stats()["items"] == 1
+    s.close()
+    reader.close()
+
+
+def test_an_upgrade_moves_the_sqlite_queue_of_earlier_versions_into_the_spool(tmp_path):
+    from devtools.bench.sqlite_queue import QueueStore as SqliteQueue
+    old = SqliteQueue(str(tmp_path / "queue.db"), UploadPolicy())
+    a = old.enqueue("screenshot", b"shot", now=10.0)
+    b = old.enqueue("proof-of-play", b'{"play": 1}', now=11.0)
+    c = old.enqueue("log", b"refused", now=12.0)
+    [item_b] = [i for i in old.due(20.0, 10) if i.id == b]
+    old.failed(item_b, 500.0, "HTTP 500")
+    [item_c] = [i for i in old.due(20.0, 10) if i.id == c]
+    old.dead(item_c, "HTTP 413", now=20.0)
+    old.close()
+    s = QueueStore(str(tmp_path / "queue"), UploadPolicy())
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("queue.db")]
+    items = {i.id: i for i in s.due(1e3, 10)}
+    assert set(items) == {a, b}, "the same ids: the server's Idempotency-Key still matches"
+    assert items[b].attempts == 1 and items[b].next_attempt_at == 500.0
+    assert items[a].payload == b"shot" and items[a].created_at == 10.0
+    assert [d["reason"] for d in s.dead_letters()] == ["HTTP 413"]
+    s.close()
 
 
 class FakeSender:
@@ -221,15 +305,14 @@ def test_an_outage_holds_the_queue_writes_nothing_and_ends_when_the_link_is_back
         store.enqueue("screenshot", b"shot-%d" % i, now=clock.wall())
     sender = FakeSender({b"shot": Outcome(UNREACHABLE, "ConnectionError")})
     worker = make_worker(store, sender, clock)
-    wal = tmp_path / "queue.db-wal"
-    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    written = wal.stat().st_size if wal.exists() else 0
+    on_disk = lambda: {n: os.stat(os.path.join(store.path, n)).st_size for n in os.listdir(store.path)}
+    written = on_disk()
     for _ in range(200):  # an hour of the network being gone
         worker._work_once()
         clock.advance(18.0)
     assert len(sender.calls) <= 10, f"{len(sender.calls)} attempts: the queue did not hold"
-    assert (wal.stat().st_size if wal.exists() else 0) == written, "an outage wrote to the SD card"
-    assert {a for (a,) in store.db.execute("SELECT attempts FROM items")} == {0}
+    assert on_disk() == written, "an outage wrote to the SD card"
+    assert {i.attempts for i in store.due(clock.wall(), 100)} == {0}
     sender.answers = {}
     worker.link_up()
     worker._work_once()
@@ -255,7 +338,7 @@ def test_refused_credentials_hold_the_queue_and_lose_nothing(store):
 
 
 def test_a_round_holds_a_byte_budget_of_payloads_whatever_the_backlog(tmp_path):
-    s = QueueStore(str(tmp_path / "q.db"), UploadPolicy(max_bytes=1 << 30))
+    s = QueueStore(str(tmp_path / "q"), UploadPolicy(max_bytes=1 << 30))
     for i in range(40):
         s.enqueue("screenshot", os.urandom(1 << 20), now=1.0 + i)  # 40 MiB queued
     items = s.due(100.0, 200, 8 << 20)
@@ -289,8 +372,8 @@ def test_permanent_refusal_goes_to_dead_letter_not_retried(store):
     worker = make_worker(store, FakeSender({b"too-big": Outcome(PERMANENT, "HTTP 413")}), clock)
     worker._work_once()
     assert store.stats()["dead_letter"] == 1 and store.stats()["items"] == 0
-    reason = store.db.execute("SELECT reason FROM dead_letter").fetchone()[0]
-    assert reason == "HTTP 413"
+    [record] = store.dead_letters()
+    assert record["reason"] == "HTTP 413" and record["kind"] == "screenshot"
 
 
 def test_proof_of_play_goes_in_batches_of_200(store):
@@ -332,10 +415,15 @@ def test_a_filling_disk_stops_screenshots_first_and_recovers(store, caplog):
     assert store.dropped["disk-low:screenshot"] == 2 and store.dropped["disk-low:log"] == 1
 
 
-def test_worker_survives_a_failing_database(store):
+def test_worker_survives_a_failing_card(store, monkeypatch):
     clock = FakeClock(wall_offset=0.0)
     worker = make_worker(store, FakeSender(), clock)
-    store.db.close()  # every query now raises sqlite3.ProgrammingError (a sqlite3.Error)
+    import errno
+
+    def failing(*_a, **_k):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(store, "due", failing)
+    monkeypatch.setattr(store, "earliest_due", failing)
     worker._stopping = False
     import threading
     t = threading.Thread(target=worker.run, daemon=True)
@@ -345,4 +433,3 @@ def test_worker_survives_a_failing_database(store):
     worker.stop()
     t.join(2)
     assert not t.is_alive()
-    store.db = sqlite3.connect(":memory:")  # let the fixture close something

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.netns
 def test_kill_9_mid_upload_and_mid_enqueue_loses_nothing_and_stores_nothing_twice(
         netns, fleet, tmp_path):
     server = fleet()
-    db, log = tmp_path / "queue.db", tmp_path / "enqueued.log"
+    db, log = tmp_path / "queue", tmp_path / "enqueued.log"
     cmd = [sys.executable, "-m", "devtools.queue_churn", "--db", str(db), "--server",
            server.url, "--token", "s3cret-token", "--log", str(log)]
     rng = random.Random(7)

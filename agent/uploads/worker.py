@@ -6,14 +6,13 @@ item or by the link coming back; it does not poll the database.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from typing import Callable
 
 from ..clock import Clock, SystemClock
 from .schedule import OK, PERMANENT, QUEUE_WIDE, UploadPolicy, UploadScheduler
 from .sender import UploadSender
-from .store import Item, QueueStore
+from .store import Item, QueueStore, QueueUnavailable
 
 log = logging.getLogger("edge_agent.uploads")
 
@@ -77,7 +76,7 @@ class UploadWorker(threading.Thread):
             self._on_tick()
             try:
                 nap = self._work_once()
-            except sqlite3.Error as e:
+            except (OSError, QueueUnavailable) as e:
                 # a full or failing disk: keep running, nothing queued is lost by waiting
                 log.warning("upload queue unavailable (%s); trying again in %.0fs", e, MAX_NAP_S)
                 nap = MAX_NAP_S
@@ -151,5 +150,5 @@ class UploadWorker(threading.Thread):
     def _queued(self) -> int:
         try:
             return self.store.stats()["items"]
-        except sqlite3.Error:
+        except (OSError, QueueUnavailable):
             return -1

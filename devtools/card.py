@@ -1,0 +1,69 @@
+"""A stand-in SD card: an ext4 file system on a loop device, which can lose power.
+
+ext4 is mounted as Raspberry Pi OS mounts its root (ordered data, noatime), with the
+periodic journal commit pushed out to 5 minutes, so that within a test only what a
+program synced has reached the "card". ``power_cut()`` then keeps exactly that: it
+copies the image as the loop device holds it (the page cache, with every write not
+yet synced, is what a power cut takes away), unmounts, and mounts the copy after the
+journal replay a boot would do. ``bytes_written()`` is what the card was asked to
+write, journal included: the wear figure.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+MOUNT_OPTIONS = "loop,noatime,data=ordered,commit=300"
+
+
+def _run(*cmd: str) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+class SdCard:
+    def __init__(self, workdir: Path, size_mb: int = 128):
+        self.image = workdir / "card.img"
+        self.mountpoint = workdir / "card"
+        self.size_mb = size_mb
+
+    def __enter__(self) -> "SdCard":
+        missing = [t for t in ("mkfs.ext4", "e2fsck", "losetup") if shutil.which(t) is None]
+        if os.geteuid() != 0 or missing:
+            raise RuntimeError(f"an SD card stand-in needs root and {', '.join(missing) or 'loop devices'}")
+        with open(self.image, "wb") as f:
+            f.truncate(self.size_mb << 20)
+        _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", str(self.image))
+        self.mountpoint.mkdir(exist_ok=True)
+        self._mount()
+        return self
+
+    def __exit__(self, *_):
+        self._umount()
+        self.image.unlink(missing_ok=True)
+
+    def _mount(self) -> None:
+        _run("mount", "-o", MOUNT_OPTIONS, str(self.image), str(self.mountpoint))
+        self.device = _run("findmnt", "-n", "-o", "SOURCE", str(self.mountpoint)).strip()
+
+    def _umount(self) -> None:
+        if os.path.ismount(self.mountpoint):
+            subprocess.run(["umount", str(self.mountpoint)], check=True)
+
+    def power_cut(self) -> None:
+        """Whatever was not synced is gone; the card comes back as a reboot finds it."""
+        snapshot = self.image.with_suffix(".cut")
+        shutil.copyfile(self.image, snapshot)
+        self._umount()
+        os.replace(snapshot, self.image)
+        r = subprocess.run(["e2fsck", "-p", str(self.image)], capture_output=True, text=True)
+        if r.returncode >= 4:  # 1 and 2: fixed (the journal replayed); 4+: damage left
+            raise RuntimeError(f"e2fsck after the power cut: {r.returncode} {r.stdout} {r.stderr}")
+        self._mount()
+
+    def bytes_written(self) -> int:
+        """Bytes the file system has sent to the card so far (after syncing it)."""
+        os.sync()
+        stat = Path(f"/sys/block/{os.path.basename(self.device)}/stat").read_text().split()
+        return int(stat[6]) * 512
