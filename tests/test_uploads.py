@@ -152,6 +152,11 @@ def test_an_incomplete_item_left_by_a_dead_writer_is_cut_off_and_the_rest_kept(t
     assert again.enqueue("log", b"after", now=9.0)
     assert len(again.due(1e9, 10)) == 4
     again.close()
+    os.truncate(seg, os.path.getsize(seg) - 100)   # died in the padding of a whole item
+    third = QueueStore(path, UploadPolicy())
+    assert len(third.due(1e9, 10)) == 4 and third.enqueue("log", b"and on", now=10.0)
+    assert len(third.due(1e9, 10)) == 5
+    third.close()
 
 
 def test_a_damaged_item_is_skipped_or_dead_lettered_never_silently_lost(tmp_path, caplog):
@@ -159,8 +164,8 @@ def test_a_damaged_item_is_skipped_or_dead_lettered_never_silently_lost(tmp_path
     s = QueueStore(path, UploadPolicy())
     ids = [s.enqueue("screenshot", bytes([65 + i]) * 500, now=1.0 + i) for i in range(4)]
     s.close()
-    from agent.uploads.store import HEADER_BYTES
-    record = HEADER_BYTES + 500
+    from agent.uploads.store import HEADER_BYTES, PAGE
+    record = PAGE  # each item starts on a page of its own
     with open(_segment(path), "r+b") as f:
         f.seek(record + 2)            # the second item's header: bit rot
         f.write(b"\xff\xff")
@@ -195,7 +200,7 @@ def test_an_enqueue_syncs_once_and_settling_an_item_never_waits_for_the_card(sto
 
 def test_segments_rotate_and_settled_ones_are_deleted_after_the_dedupe_window(tmp_path, monkeypatch):
     import agent.uploads.store as store_mod
-    monkeypatch.setattr(store_mod, "SEGMENT_BYTES", 4096)
+    monkeypatch.setattr(store_mod, "SEGMENT_BYTES", 3 * store_mod.PAGE)
     path = str(tmp_path / "queue")
     s = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))
     reader = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))  # another process

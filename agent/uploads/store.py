@@ -1,7 +1,7 @@
 """The upload queue on the SD card: a spool of append-only segment files.
 
-Each enqueue appends one record to the newest segment and fdatasyncs it: one write of the
-payload plus a 73-byte header, nothing else, before it returns, so an item the caller was
+Each enqueue appends one record to the newest segment, starting on a page of its own, and
+fdatasyncs it: the payload and a 73-byte header, nothing else, before it returns, so an item the caller was
 told is queued survives kill -9 and a power cut. What becomes of an item (sent, failed
 with its next try, refused for good, dropped) is a 27-byte record appended to the
 segment's ``.ack`` file without a sync: losing the tail of it to a power cut only means
@@ -46,6 +46,9 @@ SEG_HEAD = struct.Struct("<4sIII")
 SEG_META = struct.Struct("<Bd16s32s")        # kind, created_at (wall), id, sha256
 SEG_MAGIC = b"EAQ1"
 HEADER_BYTES = SEG_HEAD.size + SEG_META.size
+# Each item starts on a page of its own: a sync writes the pages it dirtied, so an item
+# sharing its first page with the one before would write that page a second time.
+PAGE = 4096
 # crc32 of the rest; record offset in the segment, state, attempts, at, next try (wall)
 ACK_BODY = struct.Struct("<IBHdd")
 ACK_BYTES = 4 + ACK_BODY.size
@@ -202,7 +205,9 @@ class QueueStore:
                 continue
             seg.entries[pos] = entry
             self._add(entry)
-            pos += HEADER_BYTES + entry.size
+            pos += _padded(HEADER_BYTES + entry.size)
+        if pos > size:  # a writer died in the padding of an item that is whole
+            os.ftruncate(seg.fd, pos)
         seg.read_off = pos
 
     def _parse(self, seg: _Segment, pos: int, size: int) -> _Entry | None:
@@ -216,7 +221,7 @@ class QueueStore:
         kind, created, raw_id, digest = SEG_META.unpack(meta)
         if kind not in KIND_NAMES:
             return None
-        if pos + HEADER_BYTES + length == size:
+        if pos + _padded(HEADER_BYTES + length) >= size:
             # the last record is where a writer that died left its work: check it whole
             if zlib.crc32(os.pread(seg.fd, length, pos + HEADER_BYTES)) != payload_crc:
                 return None
@@ -321,6 +326,7 @@ class QueueStore:
         path = self._file(number, "seg")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._own(path)
+        _reserve(fd, SEGMENT_BYTES)
         _fsync_dir(self.path)   # the new name must survive a power cut with its first item
         seg = self._segs[number] = _Segment(number, fd)
         return seg
@@ -331,9 +337,10 @@ class QueueStore:
         meta = SEG_META.pack(KIND_CODES[kind], now, raw_id, digest)
         crc = zlib.crc32(payload)
         record = SEG_HEAD.pack(SEG_MAGIC, len(payload), crc, zlib.crc32(meta)) + meta
-        seg = self._segment_for(len(record) + len(payload))
+        length = _padded(len(record) + len(payload))
+        seg = self._segment_for(length)
         try:
-            _write_all(seg.fd, record + payload)
+            _write_all(seg.fd, record + payload + bytes(length - len(record) - len(payload)))
             os.fdatasync(seg.fd)
         except OSError:
             os.ftruncate(seg.fd, seg.read_off)  # nothing half-written stays behind
@@ -341,7 +348,7 @@ class QueueStore:
         entry = _Entry(seg.number, seg.read_off, kind, now, raw_id.hex(), digest, len(payload),
                        crc, next_at=now)
         seg.entries[seg.read_off] = entry
-        seg.read_off += HEADER_BYTES + len(payload)
+        seg.read_off += length
         self._add(entry)
         return entry
 
@@ -613,10 +620,34 @@ class _Locked:
         return False
 
 
+def _padded(length: int) -> int:
+    return -(-length // PAGE) * PAGE
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+_libc = None
+
+
+def _reserve(fd: int, length: int) -> None:
+    """Allocates the segment's blocks up front, past its end (its size still says where
+    the items end): an enqueue's sync then writes its pages and the inode, not also the
+    allocation bitmaps. Best effort: a file system without fallocate just allocates as
+    it goes."""
+    global _libc
+    try:
+        if _libc is None:
+            import ctypes
+            import ctypes.util
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+        _libc.fallocate(fd, 1, 0, length)   # 1: FALLOC_FL_KEEP_SIZE
+    except (OSError, AttributeError):
+        pass
 
 
 def _fsync_dir(path: str) -> None:

@@ -16,7 +16,7 @@ from devtools.harness import REPO
 
 from . import faults as F, footprint as FP, netback as NB, silent_drop as SD, storm as ST, timeline
 from .common import ACK_DEFAULT, HB_DEFAULT
-from .uploads import upload_queue
+from .uploads import upload_queue, uploads_section
 
 
 def _med(values):
@@ -162,16 +162,6 @@ def footprint_section(fps) -> list[str]:
               + f"; {ours.bytes_per_heartbeat:.0f} bytes written per heartbeat (target 0: "
               f"{'met' if ours.write_bytes == 0 else 'NOT met'})."]
     return lines
-
-
-def uploads_section(u) -> list[str]:
-    return ["## 6. Upload queue", "",
-            f"{u['items']} items of {u['payload_bytes']} bytes, queued in sqlite (WAL, "
-            "synchronous=FULL) then sent one request each to the reference server on loopback.", "",
-            "| items/s | bytes written per enqueue | bytes written per confirmed send | stored at server |",
-            "|---|---|---|---|",
-            f"| {u['items_per_s']} | {u['enqueue_bytes_per_item']} | {u['send_bytes_per_item']} | "
-            f"{u['stored']}/{u['items']} |"]
 
 
 def main(argv=None) -> int:
