@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,92 +39,115 @@ class ConfigMissing(ConfigError):
 
 
 # -- schema -------------------------------------------------------------------
-# Each key: (type, default). ``None`` default means optional-and-unset; REQUIRED
-# means the key must be given (in the file or the environment).
+# Every key is declared here and only here: its type, its default, the rule it must
+# obey, and where it lands in Config ("uploads.base_s" is Config.uploads.base_s). A
+# default that a policy object already has is taken from it, not written twice.
 REQUIRED = object()
-
-SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
-    "server": {
-        "url": (str, REQUIRED),
-        "ca_file": (str, None),
-        "profile": (str, "edge-agent"),
-        "connect_timeout_s": (float, 10.0),
-    },
-    "identity": {
-        # Both optional: without a device_id one is derived and kept in state_dir;
-        # without a token the agent enrolls and shows a pairing code.
-        "device_id": (str, None),
-        "token": (str, None),
-        "state_dir": (str, "/var/lib/edge-agent"),
-        "show_code_on_console": (bool, False),
-    },
-    "runtime": {
-        # systemd's RuntimeDirectory= sets $RUNTIME_DIRECTORY; tmpfs, never the SD card.
-        "dir": (str, None),
-    },
-    "link": {
-        "heartbeat_interval_s": (float, 15.0),
-        "ack_timeout_s": (float, 5.0),
-        "missed_acks": (int, 1),
-        "silence_timeout_s": (float, None),
-        "stable_after_s": (float, 60.0),
-        "wake_min_interval_s": (float, 5.0),
-    },
-    "link.backoff": {
-        "base_s": (float, 1.0),
-        "cap_s": (float, 60.0),
-        "jitter": (str, "full"),
-    },
-    "link.keepalive": {
-        "idle_s": (int, 15),
-        "interval_s": (int, 5),
-        "count": (int, 3),
-        "user_timeout_s": (float, 20.0),
-    },
-    "uploads": {
-        "base_s": (float, 30.0),
-        "cap_s": (float, 1800.0),
-        "max_items": (int, 10_000),
-        "max_bytes": (int, 256 * 1024 * 1024),
-        "max_age_days": (float, 14.0),
-        "dedupe_window_s": (float, 3600.0),
-    },
-    "events": {
-        "enabled": (bool, True),
-        "settle_s": (float, 2.0),              # one event per kind per settle window
-        "fallback_interval_s": (float, 60.0),  # sysfs reads when netlink is unavailable
-        "udev_source": (str, "auto"),          # auto | udev | kernel
-        "telemetry_every_s": (float, 300.0),
-    },
-    "watchdog": {
-        # Pet systemd's watchdog only while the link is proven live (see README).
-        "require_link": (bool, True),
-    },
-    "commands": {
-        # What the fleet server may ask of this screen (docs/PROTOCOL.md, remote
-        # operations). reboot, restart-agent, display and screenshot are opt-in.
-        "allow": (list, ["diagnostics", "logs"]),
-        "screenshot_command": (str, None),   # prints a JPEG or PNG, e.g. "grim -t jpeg -"
-        "display_on_command": (str, None),   # e.g. "wlr-randr --output HDMI-A-1 --on"
-        "display_off_command": (str, None),
-        "timeout_s": (float, 60.0),
-    },
-    "log": {
-        "level": (str, "info"),
-    },
-    "debug": {
-        # Test hook: the link thread wedges itself this long after start.
-        "stall_link_after_s": (float, None),
-        # Test hook: read display/power/network state from this tree instead of /sys.
-        "sysfs_root": (str, None),
-    },
-}
-
+POSITIVE, NOT_NEGATIVE = "> 0", ">= 0"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
+class Key:
+    type: type
+    default: Any
+    into: str
+    rule: str | tuple | None = None   # POSITIVE, NOT_NEGATIVE, or the allowed values
+
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    "server": {
+        "url": Key(str, REQUIRED, "server_url"),
+        "ca_file": Key(str, None, "ca_file"),
+        "profile": Key(str, "edge-agent", "profile", PROFILES),
+        "connect_timeout_s": Key(float, 10.0, "connect_timeout_s", POSITIVE),
+    },
+    "identity": {
+        # Both optional: without a device_id one is derived and kept in state_dir;
+        # without a token the agent enrolls and shows a pairing code.
+        "device_id": Key(str, None, "device_id"),
+        "token": Key(str, None, "token"),
+        "state_dir": Key(str, "/var/lib/edge-agent", "state_dir"),
+        "show_code_on_console": Key(bool, False, "show_code_on_console"),
+    },
+    "runtime": {
+        # systemd's RuntimeDirectory= sets $RUNTIME_DIRECTORY; tmpfs, never the SD card.
+        "dir": Key(str, None, "runtime_dir"),
+    },
+    "link": {
+        "heartbeat_interval_s": Key(float, LivenessPolicy.heartbeat_interval_s,
+                                    "liveness.heartbeat_interval_s", POSITIVE),
+        "ack_timeout_s": Key(float, LivenessPolicy.ack_timeout_s, "liveness.ack_timeout_s",
+                             POSITIVE),
+        "missed_acks": Key(int, LivenessPolicy.missed_acks, "liveness.missed_acks", POSITIVE),
+        "silence_timeout_s": Key(float, LivenessPolicy.silence_timeout_s,
+                                 "liveness.silence_timeout_s", POSITIVE),
+        "stable_after_s": Key(float, 60.0, "stable_after_s", POSITIVE),
+        "wake_min_interval_s": Key(float, 5.0, "wake_min_interval_s", NOT_NEGATIVE),
+    },
+    "link.backoff": {
+        "base_s": Key(float, BackoffPolicy.base_s, "backoff.base_s", POSITIVE),
+        "cap_s": Key(float, BackoffPolicy.cap_s, "backoff.cap_s", POSITIVE),
+        "jitter": Key(str, BackoffPolicy.jitter, "backoff.jitter", JITTER_MODES),
+    },
+    "link.keepalive": {
+        "idle_s": Key(int, KeepalivePolicy.idle_s, "keepalive.idle_s", POSITIVE),
+        "interval_s": Key(int, KeepalivePolicy.interval_s, "keepalive.interval_s", POSITIVE),
+        "count": Key(int, KeepalivePolicy.count, "keepalive.count", POSITIVE),
+        "user_timeout_s": Key(float, KeepalivePolicy.user_timeout_s, "keepalive.user_timeout_s",
+                              POSITIVE),
+    },
+    "uploads": {
+        "base_s": Key(float, UploadPolicy.base_s, "uploads.base_s", POSITIVE),
+        "cap_s": Key(float, UploadPolicy.cap_s, "uploads.cap_s", POSITIVE),
+        "max_items": Key(int, UploadPolicy.max_items, "uploads.max_items", POSITIVE),
+        "max_bytes": Key(int, UploadPolicy.max_bytes, "uploads.max_bytes", POSITIVE),
+        "max_age_days": Key(float, UploadPolicy.max_age_days, "uploads.max_age_days", POSITIVE),
+        "dedupe_window_s": Key(float, UploadPolicy.dedupe_window_s, "uploads.dedupe_window_s",
+                               NOT_NEGATIVE),
+    },
+    "events": {
+        "enabled": Key(bool, True, "events_enabled"),
+        # one event per kind per settle window
+        "settle_s": Key(float, 2.0, "events_settle_s", POSITIVE),
+        # sysfs reads when netlink is unavailable
+        "fallback_interval_s": Key(float, 60.0, "events_fallback_interval_s", POSITIVE),
+        "udev_source": Key(str, "auto", "events_udev_source", ("auto", "udev", "kernel")),
+        "telemetry_every_s": Key(float, 300.0, "telemetry_every_s", POSITIVE),
+    },
+    "watchdog": {
+        # Pet systemd's watchdog only while the link is proven live (see README).
+        "require_link": Key(bool, True, "watchdog_require_link"),
+    },
+    "commands": {
+        # What the fleet server may ask of this screen (docs/PROTOCOL.md, remote
+        # operations). reboot, restart-agent, display and screenshot are opt-in.
+        "allow": Key(list, ["diagnostics", "logs"], "commands_allow"),
+        # prints a JPEG or PNG, e.g. "grim -t jpeg -"
+        "screenshot_command": Key(str, None, "screenshot_command"),
+        # e.g. "wlr-randr --output HDMI-A-1 --on"
+        "display_on_command": Key(str, None, "display_on_command"),
+        "display_off_command": Key(str, None, "display_off_command"),
+        "timeout_s": Key(float, 60.0, "command_timeout_s", POSITIVE),
+    },
+    "log": {
+        "level": Key(str, "info", "log_level", LOG_LEVELS),
+    },
+    "debug": {
+        # Test hook: the link thread wedges itself this long after start.
+        "stall_link_after_s": Key(float, None, "debug_stall_link_after_s", NOT_NEGATIVE),
+        # Test hook: read display/power/network state from this tree instead of /sys.
+        "sysfs_root": Key(str, None, "debug_sysfs_root"),
+    },
+}
+# The policy objects Config holds; keys land in them by the prefix of ``into``.
+POLICIES = {"liveness": LivenessPolicy, "backoff": BackoffPolicy, "keepalive": KeepalivePolicy,
+            "uploads": UploadPolicy}
+
+
+@dataclass(frozen=True)
 class Config:
+    """What load() validated; SCHEMA says where each field comes from and its default."""
     server_url: str
     ca_file: str | None
     profile: str
@@ -133,28 +155,28 @@ class Config:
     device_id: str | None
     token: str | None = field(repr=False)
     state_dir: str
+    show_code_on_console: bool
     runtime_dir: str
     liveness: LivenessPolicy
     backoff: BackoffPolicy
     keepalive: KeepalivePolicy
     stable_after_s: float
     wake_min_interval_s: float
+    uploads: UploadPolicy
+    events_enabled: bool
+    events_settle_s: float
+    events_fallback_interval_s: float
+    events_udev_source: str
+    telemetry_every_s: float
+    watchdog_require_link: bool
+    commands_allow: frozenset
+    screenshot_command: str | None
+    display_on_command: str | None
+    display_off_command: str | None
+    command_timeout_s: float
     log_level: str
-    uploads: UploadPolicy = UploadPolicy()
-    show_code_on_console: bool = False
-    events_enabled: bool = True
-    events_settle_s: float = 2.0
-    events_fallback_interval_s: float = 60.0
-    events_udev_source: str = "auto"
-    telemetry_every_s: float = 300.0
-    watchdog_require_link: bool = True
-    commands_allow: frozenset = frozenset({"diagnostics", "logs"})
-    screenshot_command: str | None = None
-    display_on_command: str | None = None
-    display_off_command: str | None = None
-    command_timeout_s: float = 60.0
-    debug_stall_link_after_s: float | None = None
-    debug_sysfs_root: str | None = None
+    debug_stall_link_after_s: float | None
+    debug_sysfs_root: str | None
     source: str = ""
 
     @property
@@ -269,13 +291,14 @@ def load(path: str | None = None, env: dict[str, str] | None = None) -> Config:
         for key in given:
             if key not in keys:
                 raise ConfigError(f"{section}.{key}: unknown key")
-        for key, (typ, default) in keys.items():
+        for key, spec in keys.items():
             name = f"{section}.{key}"
             ename = env_name(section, key)
+            default = spec.default
             if ename in env:
-                values[name] = _coerce(f"{name} (from {ename})", typ, env[ename], True)
+                values[name] = _coerce(f"{name} (from {ename})", spec.type, env[ename], True)
             elif key in given:
-                values[name] = _coerce(name, typ, given[key], False)
+                values[name] = _coerce(name, spec.type, given[key], False)
             elif default is REQUIRED:
                 raise ConfigMissing(name, f"{name}: required (set it in {path} or {ename})")
             else:
@@ -287,17 +310,23 @@ def load(path: str | None = None, env: dict[str, str] | None = None) -> Config:
     return _validate(values, env, path)
 
 
-def _positive(values: dict, name: str, allow_zero: bool = False) -> None:
-    v = values[name]
-    if v is None:
+def _check_rule(name: str, spec: Key, v: Any) -> None:
+    if v is None or spec.rule is None:
+        return
+    if isinstance(spec.rule, tuple):
+        if v not in spec.rule:
+            raise ConfigError(f"{name}: must be one of {', '.join(spec.rule)}")
         return
     if isinstance(v, float) and not math.isfinite(v):
         raise ConfigError(f"{name}: must be a finite number")
-    if v < 0 or (v == 0 and not allow_zero):
-        raise ConfigError(f"{name}: must be {'>= 0' if allow_zero else '> 0'}, got {v}")
+    if v < 0 or (v == 0 and spec.rule == POSITIVE):
+        raise ConfigError(f"{name}: must be {spec.rule}, got {v}")
 
 
 def _validate(v: dict, env: dict, path: str) -> Config:
+    for section, keys in SCHEMA.items():
+        for key, spec in keys.items():
+            _check_rule(f"{section}.{key}", spec, v[f"{section}.{key}"])
     url = v["server.url"]
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -308,8 +337,6 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         raise ConfigError(f"server.url: bad port in {url!r}") from None
     if v["server.ca_file"] is not None and not os.path.isfile(v["server.ca_file"]):
         raise ConfigError(f"server.ca_file: no such file: {v['server.ca_file']}")
-    if v["server.profile"] not in PROFILES:
-        raise ConfigError(f"server.profile: must be one of {', '.join(PROFILES)}")
     if v["identity.device_id"] is not None and not usable_device_id(v["identity.device_id"]):
         raise ConfigError(f"identity.device_id: {DEVICE_ID_RULE}")
     token = v["identity.token"]
@@ -317,22 +344,6 @@ def _validate(v: dict, env: dict, path: str) -> Config:
         raise ConfigError(f"identity.token: {TOKEN_RULE}")
     if token is not None and v["identity.device_id"] is None:
         raise ConfigError("identity.token: a pre-provisioned token needs identity.device_id too")
-
-    for name in ("server.connect_timeout_s", "link.heartbeat_interval_s", "link.ack_timeout_s",
-                 "link.silence_timeout_s", "link.stable_after_s", "link.backoff.base_s",
-                 "link.backoff.cap_s", "link.keepalive.idle_s", "link.keepalive.interval_s",
-                 "link.keepalive.count", "link.keepalive.user_timeout_s", "link.missed_acks"):
-        _positive(v, name)
-    _positive(v, "link.wake_min_interval_s", allow_zero=True)
-    _positive(v, "debug.stall_link_after_s", allow_zero=True)
-    for name in ("uploads.base_s", "uploads.cap_s", "uploads.max_items", "uploads.max_bytes",
-                 "uploads.max_age_days"):
-        _positive(v, name)
-    _positive(v, "uploads.dedupe_window_s", allow_zero=True)
-    for name in ("events.settle_s", "events.fallback_interval_s", "events.telemetry_every_s"):
-        _positive(v, name)
-    if v["events.udev_source"] not in ("auto", "udev", "kernel"):
-        raise ConfigError("events.udev_source: must be one of auto, udev, kernel")
     if v["uploads.cap_s"] < v["uploads.base_s"]:
         raise ConfigError("uploads.cap_s: must be >= uploads.base_s")
     hb, ack = v["link.heartbeat_interval_s"], v["link.ack_timeout_s"]
@@ -344,55 +355,25 @@ def _validate(v: dict, env: dict, path: str) -> Config:
             f"link.silence_timeout_s: must be greater than link.heartbeat_interval_s ({hb})")
     if v["link.backoff.cap_s"] < v["link.backoff.base_s"]:
         raise ConfigError("link.backoff.cap_s: must be >= link.backoff.base_s")
-    if v["link.backoff.jitter"] not in JITTER_MODES:
-        raise ConfigError(f"link.backoff.jitter: must be one of {', '.join(JITTER_MODES)}")
     from .commands.core import COMMANDS
     unknown = [c for c in v["commands.allow"] if c not in COMMANDS]
     if unknown:
         raise ConfigError(f"commands.allow: unknown command {unknown[0]!r} (one of "
                           f"{', '.join(sorted(COMMANDS))})")
-    _positive(v, "commands.timeout_s")
-    if v["log.level"] not in LOG_LEVELS:
-        raise ConfigError(f"log.level: must be one of {', '.join(LOG_LEVELS)}")
+    return _build(v, env, path)
 
-    runtime_dir = v["runtime.dir"] or env.get("RUNTIME_DIRECTORY") or "/run/edge-agent"
-    return Config(
-        server_url=url.rstrip("/"),
-        ca_file=v["server.ca_file"],
-        profile=v["server.profile"],
-        connect_timeout_s=v["server.connect_timeout_s"],
-        device_id=v["identity.device_id"],
-        token=token,
-        state_dir=v["identity.state_dir"],
-        runtime_dir=runtime_dir.split(":")[0],
-        liveness=LivenessPolicy(
-            heartbeat_interval_s=hb, ack_timeout_s=ack, missed_acks=v["link.missed_acks"],
-            silence_timeout_s=silence),
-        backoff=BackoffPolicy(base_s=v["link.backoff.base_s"], cap_s=v["link.backoff.cap_s"],
-                              jitter=v["link.backoff.jitter"]),
-        keepalive=KeepalivePolicy(
-            idle_s=v["link.keepalive.idle_s"], interval_s=v["link.keepalive.interval_s"],
-            count=v["link.keepalive.count"], user_timeout_s=v["link.keepalive.user_timeout_s"]),
-        stable_after_s=v["link.stable_after_s"],
-        wake_min_interval_s=v["link.wake_min_interval_s"],
-        log_level=v["log.level"],
-        uploads=UploadPolicy(base_s=v["uploads.base_s"], cap_s=v["uploads.cap_s"],
-                             max_items=v["uploads.max_items"], max_bytes=v["uploads.max_bytes"],
-                             max_age_days=v["uploads.max_age_days"],
-                             dedupe_window_s=v["uploads.dedupe_window_s"]),
-        show_code_on_console=v["identity.show_code_on_console"],
-        events_enabled=v["events.enabled"],
-        events_settle_s=v["events.settle_s"],
-        events_fallback_interval_s=v["events.fallback_interval_s"],
-        events_udev_source=v["events.udev_source"],
-        telemetry_every_s=v["events.telemetry_every_s"],
-        watchdog_require_link=v["watchdog.require_link"],
-        commands_allow=frozenset(v["commands.allow"]),
-        screenshot_command=v["commands.screenshot_command"],
-        display_on_command=v["commands.display_on_command"],
-        display_off_command=v["commands.display_off_command"],
-        command_timeout_s=v["commands.timeout_s"],
-        debug_stall_link_after_s=v["debug.stall_link_after_s"],
-        debug_sysfs_root=v["debug.sysfs_root"],
-        source=path,
-    )
+
+def _build(v: dict, env: dict, path: str) -> Config:
+    """Config from the validated values, each where SCHEMA's ``into`` says."""
+    flat: dict[str, Any] = {}
+    policies: dict[str, dict[str, Any]] = {name: {} for name in POLICIES}
+    for section, keys in SCHEMA.items():
+        for key, spec in keys.items():
+            owner, _, attr = spec.into.rpartition(".")
+            (policies[owner] if owner else flat)[attr] = v[f"{section}.{key}"]
+    flat["server_url"] = flat["server_url"].rstrip("/")
+    runtime_dir = flat["runtime_dir"] or env.get("RUNTIME_DIRECTORY") or "/run/edge-agent"
+    flat["runtime_dir"] = runtime_dir.split(":")[0]
+    flat["commands_allow"] = frozenset(flat["commands_allow"])
+    return Config(**flat, **{name: cls(**policies[name]) for name, cls in POLICIES.items()},
+                  source=path)

@@ -7,9 +7,12 @@ PYTHON="${PYTHON:-python3}"
 
 # Debian packages the demo needs: the faults (nftables, iproute2) and venvs.
 DEMO_DEBS=(nftables iproute2 python3-venv)
-# ...and the tests, on top: systemd-analyze, building and linting the .deb, and
-# booting a Debian with systemd as PID 1 to install it into (systemd-nspawn, debootstrap).
-TEST_DEBS=("${DEMO_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
+# ...the benchmark: a stand-in SD card (ext4 on a loop device) to count the queue's wear.
+BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
+# ...and the tests, on top: the card again (a power cut), systemd-analyze, building and
+# linting the .deb, and booting a Debian with systemd as PID 1 to install it into
+# (systemd-nspawn, debootstrap).
+TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap)
 
 host_tools() {  # host_tools PACKAGE...: apt-get install the ones not installed yet

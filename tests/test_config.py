@@ -194,3 +194,38 @@ def test_a_url_with_credentials_never_reaches_logs_or_the_status_file(tmp_path):
     assert cfg.server_url.startswith("https://fleet:hunter2@")   # still used to connect
     assert cfg.server_display == "https://***@fleet.example.com:8443"
     assert C.load(write(tmp_path, GOOD), env={}).server_display == "http://127.0.0.1:8470"
+
+
+def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
+    """One declaration per key: a key whose ``into`` were wrong or missing would not
+    change the Config it is declared to change."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    special = {"server.url": "http://127.0.0.1:9999", "server.ca_file": str(ca),
+               "identity.device_id": "screen-9", "identity.token": "another-token",
+               "identity.state_dir": "/var/lib/other", "runtime.dir": "/run/other",
+               "commands.allow": "logs", "debug.sysfs_root": "/tmp/sys"}
+    for section, keys in C.SCHEMA.items():
+        for key, spec in keys.items():
+            name = f"{section}.{key}"
+            if name in special:
+                raw = special[name]
+            elif isinstance(spec.rule, tuple):
+                raw = next(c for c in spec.rule if c != spec.default)
+            elif spec.type is bool:
+                raw = "false" if spec.default else "true"
+            elif spec.type in (int, float):
+                raw = str((spec.default or 20) * 2)
+            else:
+                raw = "/usr/bin/true"
+            env = {C.env_name(section, key): raw}
+            if name == "identity.token":
+                env[C.env_name("identity", "device_id")] = "screen-9"
+            cfg = C.load(write(tmp_path, GOOD.replace("heartbeat_interval_s = 15\n", "")), env=env)
+            got = cfg
+            for part in spec.into.split("."):
+                got = getattr(got, part)
+            want = C._coerce(name, spec.type, raw, True)
+            if name == "commands.allow":
+                want = frozenset(want)
+            assert got == want, f"{name} -> Config.{spec.into}: {got!r}, not {want!r}"
