@@ -7,7 +7,9 @@ the line was written, so each one must end up at the server, exactly once.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import subprocess
 import sys
 import time
 
@@ -47,6 +49,34 @@ def main(argv=None) -> int:
         n += 1
         time.sleep(0.003)
 
+
+class Churn:
+    """The tests' side: rounds of this process killed at random moments, a drain, and
+    what reached the server."""
+
+    def __init__(self, queue, server, log, repo):
+        self.server, self.log, self.repo = server, log, repo
+        self.cmd = [sys.executable, "-m", "devtools.queue_churn", "--db", str(queue), "--server",
+                    server.url, "--token", "s3cret-token", "--log", str(log)]
+
+    def killed_after(self, round_no: int, seconds: float) -> None:
+        proc = subprocess.Popen(self.cmd + ["--start", str(round_no * 100_000)], cwd=self.repo)
+        time.sleep(seconds)
+        proc.kill()
+        proc.wait(5)
+
+    def assert_delivered(self, at_least: int) -> tuple[list[str], list[str]]:
+        """Drains the queue; every name the queue accepted reached the server, stored once.
+        Returns (accepted names, payload hashes stored)."""
+        drain = subprocess.run(self.cmd + ["--drain"], cwd=self.repo, timeout=120)
+        assert drain.returncode == 0, "the queue did not drain"
+        names = self.log.read_text().split()
+        assert len(names) > at_least, "the churn did not get far enough to mean anything"
+        hashes = [h for _, h in self.server.admin("/admin/uploads/screen-1").values()]
+        assert len(hashes) == len(set(hashes)), "a payload was stored twice at the server"
+        missing = {hashlib.sha256(n.encode()).hexdigest() for n in names} - set(hashes)
+        assert not missing, f"{len(missing)} items the queue had accepted never reached the server"
+        return names, hashes
 
 if __name__ == "__main__":
     sys.exit(main())

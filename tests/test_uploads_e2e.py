@@ -1,13 +1,12 @@
 """The upload queue against the real reference server, and killed with -9 mid-flight."""
-import hashlib
 import random
 import subprocess
-import sys
 import time
 
 import pytest
 
 from devtools.harness import REPO, agent_config, wait_for
+from devtools.queue_churn import Churn
 
 pytestmark = pytest.mark.netns
 
@@ -15,25 +14,11 @@ pytestmark = pytest.mark.netns
 def test_kill_9_mid_upload_and_mid_enqueue_loses_nothing_and_stores_nothing_twice(
         netns, fleet, tmp_path):
     server = fleet()
-    db, log = tmp_path / "queue", tmp_path / "enqueued.log"
-    cmd = [sys.executable, "-m", "devtools.queue_churn", "--db", str(db), "--server",
-           server.url, "--token", "s3cret-token", "--log", str(log)]
+    churn = Churn(tmp_path / "queue", server, tmp_path / "enqueued.log", REPO)
     rng = random.Random(7)
     for round_no in range(50):
-        proc = subprocess.Popen(cmd + ["--start", str(round_no * 100_000)], cwd=REPO)
-        time.sleep(rng.uniform(0.4, 0.9))
-        proc.kill()
-        proc.wait(5)
-    drain = subprocess.run(cmd + ["--drain"], cwd=REPO, timeout=120)
-    assert drain.returncode == 0, "the queue did not drain"
-    names = log.read_text().split()
-    assert len(names) > 500, "the churn did not get far enough to mean anything"
-    stored = server.admin("/admin/uploads/screen-1")
-    hashes = [h for _, h in stored.values()]
-    assert len(hashes) == len(set(hashes)), "a payload was stored twice at the server"
-    expected = {hashlib.sha256(n.encode()).hexdigest() for n in names}
-    missing = expected - set(hashes)
-    assert not missing, f"{len(missing)} committed items never reached the server"
+        churn.killed_after(round_no, rng.uniform(0.4, 0.9))
+    names, hashes = churn.assert_delivered(at_least=500)
     print(f"\n{len(names)} items enqueued across 50 kill -9s, {len(hashes)} stored once each, "
           f"{server.device()['upload_repeats']} retries deduplicated by Idempotency-Key")
 

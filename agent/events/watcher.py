@@ -96,7 +96,11 @@ IFLA_IFNAME = 3
 
 
 def rtnetlink_links() -> dict[str, tuple[str, str]]:
-    """Every link of this network namespace: (up|down, carrier 1|0), from an RTM_GETLINK dump."""
+    """Every link of this network namespace: (up|down, carrier 1|0), from an RTM_GETLINK dump.
+
+    Not psutil.net_if_stats(): its ``isup`` is IFF_UP and IFF_RUNNING merged (since psutil
+    5.7.3) and it has no carrier bit (IFF_LOWER_UP), so "cable out" and "interface down",
+    which the network events report apart, would look the same."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
         sock.settimeout(2.0)
         sock.bind((0, 0))
