@@ -15,7 +15,9 @@ from .events.outbox import Outbox
 from .events.watcher import MAX_WAIT_S as EVENTS_MAX_WAIT_S, EventWatcher, SysfsState
 from .identity import device
 from .identity.credentials import Credentials
+from .identity.core import Claimed, Enrolled, Refused, Registered, Revoked, UnpairedByServer
 from .identity.enroller import MAX_SILENCE_S as ENROLL_MAX_SILENCE_S, Enroller
+from .identity.service import Hooks, IdentityService
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
@@ -80,21 +82,19 @@ class Agent:
         self.environ = os.environ if environ is None else environ
         self.notifier = Notifier(self.environ)
         self.gate = WatchdogGate(require_link=config.watchdog_require_link)
-        self.device_id = config.device_id or device.load_or_create(config.state_dir)
         self.credentials = Credentials(config.state_dir)
-        self.preprovisioned = config.token is not None
-        self.token = config.token or self.credentials.load(self.device_id)
-        self.local_device_id = self.device_id
-        self.claimed = self.preprovisioned or (bool(self.token) and self.credentials.claimed())
-        if self.token and not config.device_id:
-            # a server that assigns ids (screentinker) knows us by its own
-            self.device_id = self.credentials.server_device_id() or self.device_id
-        self.enroller = None
         self.profile_pairs = config.profile == "screentinker"  # pairing inside the link
+        self.ids = IdentityService.load(
+            config.device_id or device.load_or_create(config.state_dir), self.credentials,
+            config.token, config.device_id is not None, self.profile_pairs)
+        self.preprovisioned = self.ids.preprovisioned
+        self.enroller = None
         if not self.preprovisioned and not self.profile_pairs:
             self.enroller = Enroller(
-                config.server_url, self.device_id, self.credentials, config.runtime_dir,
-                config.ca_file, on_paired=self._paired, on_change=self._refresh_status,
+                config.server_url, self.device_id, config.runtime_dir,
+                config.ca_file, on_paired=lambda token, generation: self.ids.handle(
+                    Enrolled(token, generation)),
+                on_change=self._refresh_status,
                 show_on_console=config.show_code_on_console,
                 # on the watchdog gate while it has work: a dead enroller must not
                 # leave an unpaired screen that systemd never restarts
@@ -108,10 +108,13 @@ class Agent:
         self._telemetry = CachedTelemetry(config.state_dir)
         self.profile = PROFILES[config.profile](ProfileContext(
             device_id=lambda: self.device_id, token=lambda: self.token,
-            on_token=self._token_from_link, on_unpaired=self._unpaired_by_link,
+            on_token=lambda token, server_id=None, code=None: self.ids.handle(
+                Registered(token, server_id, code)),
+            on_unpaired=lambda settle_s: self.ids.handle(UnpairedByServer()),
             facts=hardware_facts,
-            pairing_code=lambda: self.credentials.pairing_code() if self.token else None,
-            claimed=lambda: self.claimed, on_claimed=self._claimed_by_link,
+            pairing_code=lambda: self.ids.current.pairing_code,
+            claimed=lambda: self.ids.current.claimed,
+            on_claimed=lambda name: self.ids.handle(Claimed(name)),
             telemetry=self._telemetry.get))
         from .commands.actions import Actions
         from .commands.service import CommandService
@@ -134,6 +137,7 @@ class Agent:
             self.store, self._upload_sender(), config.uploads,
             on_tick=lambda: self.gate.tick("uploads", time.monotonic()),
             on_change=self._refresh_status)
+        self.ids.hooks = self._identity_hooks()
         if self.token is None and self.profile.needs_token:
             self.runner.core.paused = True  # nothing to connect with until paired
         now = time.monotonic()
@@ -191,85 +195,47 @@ class Agent:
         self._refresh_status()
 
     # -- identity ---------------------------------------------------------------
+    @property
+    def token(self) -> str | None:
+        return self.ids.current.token
+
+    @property
+    def device_id(self) -> str:
+        return self.ids.current.device_id
+
     def identity(self) -> tuple[str, str] | None:
-        token = self.token
-        return (self.device_id, token) if token else None
+        current = self.ids.current
+        return (current.device_id, current.token) if current.token else None
 
-    def _token_from_link(self, token: str, server_device_id: str | None = None,
-                         pairing_code: str | None = None) -> None:
-        """A server that registers devices inside the link (screentinker) handed us a
-        token: kept at once, so a restart before the operator pairs keeps the same
-        device row and shows the same code."""
-        if token != self.token or (server_device_id and server_device_id != self.device_id):
-            self.claimed = False
-            self.credentials.save(self.local_device_id, token, server_device_id, pairing_code,
-                                  claimed=False)
-            self.token = token
-            if server_device_id:
-                self.device_id = server_device_id
-            log.info("registered with the server as %s: credentials stored in %s",
-                     self.device_id, self.credentials.path)
-            self._refresh_status()
+    def _identity_hooks(self) -> Hooks:
+        def reregister(why: str) -> None:
+            self.profile.forget_pairing()
+            self.runner.reregister(why)
 
-    def _claimed_by_link(self, name: str) -> None:
-        if self.claimed or not self.token:
-            return
-        self.claimed = True
-        self.credentials.save(self.local_device_id, self.token, self.device_id, claimed=True)
-        log.info("paired: an operator added this screen%s", f" as {name!r}" if name else "")
-        self.uploads.link_up()
-        self._refresh_status()
+        def restart_enrollment(generation: int) -> None:
+            # not before the link would have tried again: a server that keeps refusing
+            # is never hammered
+            hold = max(0.0, self.runner.core.attempt_at() - time.monotonic())
+            self.enroller.restart(hold, generation)
 
-    def _unpaired_by_link(self, settle_s: float) -> None:
-        if self.preprovisioned:
-            log.error("the server unpaired this pre-provisioned device: check [identity] token")
-            return
-        self.token = None
-        self.claimed = False
-        self.device_id = self.local_device_id
-        self.credentials.clear()
-
-    def _paired(self, token: str) -> None:
-        self.token = token
-        self.runner.resume()
-        self.uploads.link_up()  # new credentials end a hold on refused ones
+        return Hooks(restart_enrollment=restart_enrollment, pause_link=self.runner.pause,
+                     resume_link=self.runner.resume, reregister=reregister,
+                     resume_uploads=lambda: self.uploads.link_up(),
+                     status_changed=self._refresh_status)
 
     def _refused(self, detail: str) -> None:
         """The server refused our token at connect."""
-        if self.preprovisioned:
-            log.error("the server refused the pre-provisioned token (%s): check [identity] "
-                      "token; backing off", detail)
-            return
-        if self.profile_pairs:
-            return  # that profile answers refusals with device:auth-error in the link
-        if self.token is None:
-            return
-        log.warning("the server refused this device's token (%s): dropping it and "
-                    "enrolling again", detail)
-        self.revoke()
+        self.ids.handle(Refused(detail))
 
     def revoke(self) -> None:
         """Forget the token, stop linking, show a fresh pairing code (after a backoff
         delay, so a server that keeps refusing is never hammered)."""
-        if self.enroller is not None:
-            # first: once this returns, a pairing answer in flight can no longer be kept
-            self.enroller.restart(max(0.0, self.runner.core.attempt_at() - time.monotonic()))
-        self.token = None
-        self.claimed = False
-        self.credentials.clear()
-        if self.profile_pairs:
-            # pairing happens in the link: register again, with a new code
-            self.device_id = self.local_device_id
-            self.profile.forget_pairing()
-            self.runner.reregister("unpaired on this screen")
-            self._refresh_status()
-            return
-        self.runner.pause()
+        self.ids.handle(Revoked())
 
     # -- status -----------------------------------------------------------------
     def _pairing(self) -> dict | None:
         if self.profile_pairs and not self.preprovisioned:
-            if self.token and self.claimed:
+            if self.token and self.ids.current.claimed:
                 return {"state": "paired"}
             code = self.profile.pairing_code
             return {"state": "registered-waiting-for-pairing" if self.token else "waiting-for-pairing",
@@ -341,7 +307,7 @@ class Agent:
         # `edge-agent enqueue` pokes us when it queued something
         signal.signal(signal.SIGUSR1, lambda *_: self.uploads.wake())
         # `edge-agent unpair` / `enroll` ask for a fresh pairing
-        signal.signal(signal.SIGUSR2, lambda *_: self.revoke() if not self.preprovisioned else None)
+        signal.signal(signal.SIGUSR2, lambda *_: self.revoke())
         log.info("edge-agent %s starting: device %s, server %s, %s", __version__,
                  self.device_id, self.config.server_display,
                  "pre-provisioned token" if self.preprovisioned else

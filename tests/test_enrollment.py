@@ -166,8 +166,7 @@ def hostile():
 ])
 def test_hostile_enroll_answers_are_errors_not_crashes(hostile, tmp_path, answer, error):
     Hostile.answer = answer
-    e = Enroller(f"http://127.0.0.1:{hostile.server_port}", "dev", Credentials(str(tmp_path)),
-                 str(tmp_path / "run"))
+    e = Enroller(f"http://127.0.0.1:{hostile.server_port}", "dev", str(tmp_path / "run"))
     with pytest.raises(BadAnswer, match=error):
         e._request_code()
     assert not os.path.exists(tmp_path / "credentials.json")
@@ -175,8 +174,7 @@ def test_hostile_enroll_answers_are_errors_not_crashes(hostile, tmp_path, answer
 
 def test_expired_code_is_code_gone(hostile, tmp_path):
     Hostile.answer = (404, b"", {})
-    e = Enroller(f"http://127.0.0.1:{hostile.server_port}", "dev", Credentials(str(tmp_path)),
-                 str(tmp_path / "run"))
+    e = Enroller(f"http://127.0.0.1:{hostile.server_port}", "dev", str(tmp_path / "run"))
     e.core.code = code(0.0)
     with pytest.raises(CodeGone):
         e._poll()
@@ -186,10 +184,15 @@ def test_an_unpair_while_the_pairing_answer_is_on_its_way_is_not_undone(tmp_path
     """The answer that carries a token arrives just after the operator (or the server)
     unpaired the screen: the token must not be stored, nor the revoke undone."""
     import threading
+    from agent.identity.core import Enrolled, Revoked
     from agent.identity.enrollment import PollPairing
-    paired = []
-    e = Enroller("http://127.0.0.1:9", "dev", Credentials(str(tmp_path)), str(tmp_path / "run"),
-                 on_paired=paired.append)
+    from agent.identity.service import Hooks, IdentityService
+    creds = Credentials(str(tmp_path))
+    creds.save("dev", "s" * 32)
+    ids = IdentityService.load("dev", creds, None, False, pairs_in_link=False)
+    e = Enroller("http://127.0.0.1:9", "dev", str(tmp_path / "run"),
+                 on_paired=lambda token, generation: ids.handle(Enrolled(token, generation)))
+    ids.hooks = Hooks(restart_enrollment=lambda generation: e.restart(0.0, generation))
     e.core.code = code(0.0)
     answering, go_on = threading.Event(), threading.Event()
 
@@ -202,9 +205,9 @@ def test_an_unpair_while_the_pairing_answer_is_on_its_way_is_not_undone(tmp_path
     worker = threading.Thread(target=e._execute, args=(PollPairing(),))
     worker.start()
     answering.wait(5)
-    e.restart(0.0)
+    ids.handle(Revoked())    # the operator unpairs (SIGUSR2) while the answer is in flight
     go_on.set()
     worker.join(5)
-    assert paired == [] and not os.path.exists(tmp_path / "credentials.json")
+    assert ids.current.token is None and not os.path.exists(tmp_path / "credentials.json")
     e._take_restart()
     assert e.core.state != "paired" and e.core.token is None

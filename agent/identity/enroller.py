@@ -21,7 +21,6 @@ from .. import __version__
 from ..clock import SystemClock
 from . import device
 from ..fsutil import atomic_write
-from .credentials import Credentials
 from .rules import usable_token
 from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
 
@@ -66,9 +65,9 @@ def _os_name() -> str:
 
 
 class Enroller(threading.Thread):
-    def __init__(self, server_url: str, device_id: str, credentials: Credentials,
+    def __init__(self, server_url: str, device_id: str,
                  runtime_dir: str, ca_file: str | None = None,
-                 on_paired: Callable[[str], None] | None = None,
+                 on_paired: Callable[[str, int], None] | None = None,
                  on_change: Callable[[], None] | None = None,
                  show_on_console: bool = False,
                  on_tick: Callable[[], None] | None = None,
@@ -76,12 +75,12 @@ class Enroller(threading.Thread):
         super().__init__(name="enroll", daemon=True)
         self.base = server_url
         self.device_id = device_id
-        self.credentials = credentials
         self.runtime_dir = runtime_dir
         self.clock = SystemClock()
         self.core = EnrollmentCore()
         self._verify: bool | str = ca_file or True
-        self._on_paired = on_paired or (lambda token: None)
+        # (token, generation): the identity core keeps it, or not if revoked meanwhile
+        self._on_paired = on_paired or (lambda token, generation: None)
         self._on_change = on_change or (lambda: None)
         self._on_tick = on_tick or (lambda: None)   # the watchdog gate hears this loop
         self._on_idle = on_idle or (lambda: None)   # ...and lets it go quiet when paired
@@ -89,16 +88,19 @@ class Enroller(threading.Thread):
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._restart_hold: float | None = None
+        self._generation = 0     # the identity core's, for the enrollment under way
         self._stopping = False
         self.session = requests.Session()
 
     # -- control ------------------------------------------------------------------
-    def restart(self, hold_s: float = 0.0) -> None:
+    def restart(self, hold_s: float = 0.0, generation: int | None = None) -> None:
         """The token was refused or dropped: enroll again. Called from any thread; the
-        core is this thread's alone, so the request waits for it, and a token that a
-        poll in flight brings back meanwhile is thrown away, not stored."""
+        core is this thread's alone, so the request waits for it. A token that a poll in
+        flight brings back meanwhile carries the old generation: the identity core
+        throws it away."""
         with self._lock:
             self._restart_hold = hold_s
+            self._generation = self._generation + 1 if generation is None else generation
         self._wake.set()
 
     def _take_restart(self) -> bool:
@@ -155,20 +157,17 @@ class Enroller(threading.Thread):
                 self.core.on_code(now(), code)
                 self._show(code)
             elif isinstance(action, PollPairing):
+                with self._lock:
+                    generation = self._generation
                 token = self._poll()
-                with self._lock:  # a restart() now either came before this, or waits
-                    if self._restart_hold is not None:
-                        log.info("enrollment: unpaired while the pairing answer was on its "
-                                 "way; not keeping that token")
-                        return
-                    if token is None:
-                        self.core.on_pending(now())
-                        return
-                    self.credentials.save(self.device_id, token)  # before anyone uses it
-                    self.core.on_paired(token)
-                    self._clear_code_files()
-                    log.info("paired: credentials stored in %s", self.credentials.path)
-                    self._on_paired(token)
+                if token is None:
+                    self.core.on_pending(now())
+                    return
+                # unpaired meanwhile? the identity core sees the old generation and drops
+                # the token; this loop's restart comes next
+                self.core.on_paired(token)
+                self._clear_code_files()
+                self._on_paired(token, generation)
         except CodeGone:
             log.info("pairing code expired or used elsewhere; requesting a new one")
             self.core.on_code_gone(now())
