@@ -135,7 +135,9 @@ class Agent:
         self.store = QueueStore(config.queue_path, config.uploads)
         self.uploads = UploadWorker(
             self.store, self._upload_sender(), config.uploads,
-            on_tick=lambda: self.gate.tick("uploads", time.monotonic()),
+            # on the gate while it has work, like the enroller
+            on_tick=lambda: self.gate.register("uploads", UPLOADS_MAX_SILENCE_S, time.monotonic()),
+            on_idle=lambda: self.gate.unregister("uploads"),
             on_change=self._refresh_status)
         self.ids.hooks = self._identity_hooks()
         if self.token is None and self.profile.needs_token:

@@ -438,3 +438,24 @@ def test_worker_survives_a_failing_card(store, monkeypatch):
     worker.stop()
     t.join(2)
     assert not t.is_alive()
+
+
+def test_an_empty_queue_sleeps_until_woken_and_leaves_the_watchdog_gate(store):
+    import threading
+    idle, rounds = threading.Event(), []
+    sender = FakeSender()
+    worker = UploadWorker(store, sender, UploadPolicy(), on_idle=idle.set,
+                          on_tick=lambda: rounds.append(1))
+    worker.start()
+    try:
+        assert idle.wait(2), "an empty queue did not go idle"
+        time.sleep(0.5)
+        assert len(rounds) == 1, "an idle worker woke up on its own"
+        idle.clear()
+        store.enqueue("log", b"wake up", now=time.time())
+        worker.wake()
+        assert idle.wait(2) and sender.calls == [b"wake up"]
+        assert len(rounds) == 3   # the round that sent it, and the one that found nothing
+    finally:
+        worker.stop()
+        worker.join(2)

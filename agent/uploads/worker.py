@@ -1,12 +1,15 @@
 """The upload worker: a thin thread around the store, the scheduler and the sender.
 
 It sleeps until the earliest due item (or a queue-wide hold) and is woken by a new
-item or by the link coming back; it does not poll the database.
+item or by the link coming back; it does not poll the queue. With nothing queued it
+sleeps until woken, off the watchdog gate: an idle loop has nothing to be stuck on, and
+a timer would only wake the board for nothing.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import math
 from typing import Callable
 
 from ..clock import Clock, SystemClock
@@ -16,8 +19,9 @@ from .store import Item, QueueStore, QueueUnavailable
 
 log = logging.getLogger("edge_agent.uploads")
 
-# The longest nap: the watchdog gate wants to hear from this loop now and then.
+# The longest nap while items wait: the watchdog gate wants to hear from this loop.
 MAX_NAP_S = 60.0
+IDLE = math.inf  # nothing queued: until woken
 # One round of sending stops after this long, so a hanging server cannot wedge the loop.
 MAX_ROUND_S = 20.0
 # What the watchdog gate allows this loop between ticks: a nap, one round that started
@@ -29,7 +33,7 @@ class UploadWorker(threading.Thread):
     def __init__(self, store: QueueStore, sender: UploadSender, policy: UploadPolicy,
                  on_tick: Callable[[], None] | None = None,
                  on_change: Callable[[], None] | None = None, clock: Clock | None = None,
-                 rng=None):
+                 rng=None, on_idle: Callable[[], None] | None = None):
         super().__init__(name="uploads", daemon=True)
         self.clock = clock or SystemClock()
         self.store, self.sender, self.policy = store, sender, policy
@@ -40,6 +44,7 @@ class UploadWorker(threading.Thread):
         self._stopping = False
         self._on_tick = on_tick or (lambda: None)
         self._on_change = on_change or (lambda: None)
+        self._on_idle = on_idle or (lambda: None)
         self.sent = 0
 
     # -- from any thread ----------------------------------------------------------
@@ -82,7 +87,11 @@ class UploadWorker(threading.Thread):
                 nap = MAX_NAP_S
             with self._wake:
                 if not self._woken and not self._stopping and nap > 0:
-                    self._wake.wait(min(nap, MAX_NAP_S))
+                    if nap == IDLE:
+                        self._on_idle()
+                        self._wake.wait()
+                    else:
+                        self._wake.wait(min(nap, MAX_NAP_S))
                 self._woken = False
 
     def _work_once(self) -> float:
@@ -100,7 +109,7 @@ class UploadWorker(threading.Thread):
         items = self.store.due(wall, self.policy.batch_max, self.policy.batch_bytes)
         if not items:
             earliest = self.store.earliest_due()
-            return MAX_NAP_S if earliest is None else max(0.05, earliest - wall)
+            return IDLE if earliest is None else max(0.05, earliest - wall)
         self._on_change()  # status shows what is queued while it is on its way
         pop = [i for i in items if i.kind == "proof-of-play"]
         others = [i for i in items if i.kind != "proof-of-play"]
