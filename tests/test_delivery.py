@@ -128,8 +128,21 @@ def connect(runner):
 
 
 def drain(runner):
+    runner._take_in_lazy()
     while not runner.events.empty():
         runner._handle(*runner.events.get_nowait())
+
+
+def test_an_ack_waits_for_the_link_threads_next_turn_instead_of_waking_it(runner):
+    connect(runner)
+    for action in runner.core.poll(runner.clock.monotonic()):   # the first heartbeat
+        runner._execute(action)
+    [seq] = runner.core.watchdog._pending
+    runner.sink(runner.generation, "ack", seq, runner.clock.monotonic())
+    assert runner.events.empty(), "an ACK woke the link thread"
+    assert runner.core.watchdog.last_ack_at is None
+    drain(runner)   # what the loop does when it wakes, at the latest at the ACK's deadline
+    assert runner.core.watchdog.last_ack_at is not None
 
 
 class Request(SimpleNamespace):

@@ -129,12 +129,14 @@ class LivenessWatchdog:
         return deadline
 
     def proven_live(self, now: float) -> bool:
-        """An ACK within one heartbeat interval plus the ACK timeout; from a server that
-        does not ACK, a ping within its ping interval plus the ACK timeout."""
+        """An ACK within one heartbeat interval plus twice the ACK timeout (the link
+        thread takes an ACK in at the latest at its deadline: the one before must still
+        count until then); from a server that does not ACK, a ping within its ping
+        interval plus the ACK timeout."""
         p = self.policy
         if self.armed:
             return (self.last_ack_at is not None
-                    and now - self.last_ack_at <= p.heartbeat_interval_s + p.ack_timeout_s)
+                    and now - self.last_ack_at <= p.heartbeat_interval_s + 2 * p.ack_timeout_s)
         return (self.last_ping_at is not None
                 and now - self.last_ping_at <= self._server_ping_interval_s + p.ack_timeout_s)
 
