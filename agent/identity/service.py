@@ -80,13 +80,8 @@ class IdentityService:
             log.log(effect.level, "%s", effect.message)
         elif isinstance(effect, C.RestartEnrollment):
             h.restart_enrollment(effect.generation)
-        elif isinstance(effect, C.PauseLink):
-            h.pause_link()
-        elif isinstance(effect, C.ResumeLink):
-            h.resume_link()
         elif isinstance(effect, C.Reregister):
             h.reregister(effect.why)
-        elif isinstance(effect, C.ResumeUploads):
-            h.resume_uploads()
-        elif isinstance(effect, C.StatusChanged):
-            h.status_changed()
+        elif not isinstance(effect, (C.Store, C.Forget)):   # those went first, to the disk
+            {C.PauseLink: h.pause_link, C.ResumeLink: h.resume_link,
+             C.ResumeUploads: h.resume_uploads, C.StatusChanged: h.status_changed}[type(effect)]()
