@@ -13,13 +13,11 @@ from devtools.netns import NetNS
 
 from .common import DEVICE, StockProcess, edge_agent
 
-TICK = os.sysconf("SC_CLK_TCK")
-
 
 def _sample(pid: int) -> dict:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / TICK
+    """CPU from each thread's schedstat (nanoseconds on the CPU): /proc/PID/stat counts
+    10 ms ticks, too coarse for an idle process over minutes (0.05 s is 5 ticks)."""
+    cpu = 0.0
     rss = vol = 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -27,6 +25,8 @@ def _sample(pid: int) -> dict:
                 rss = int(line.split()[1]) * 1024
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                cpu += int(f.read().split()[0]) / 1e9
             with open(f"/proc/{pid}/task/{tid}/status") as f:
                 for line in f:
                     if line.startswith("voluntary_ctxt_switches:"):
@@ -84,7 +84,7 @@ def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footpri
             for name, dev in (("edge-agent", DEVICE), ("bare", "bare-1")):
                 a, b = s0[name], s1[name]
                 out.append(Footprint(name, window_s, rss_mb=round(b["rss"] / 2**20, 1),
-                                     cpu_s=round(b["cpu_s"] - a["cpu_s"], 2),
+                                     cpu_s=round(b["cpu_s"] - a["cpu_s"], 3),
                                      wakeups_per_min=round((b["vol"] - a["vol"]) / window_s * 60, 1),
                                      write_bytes=b["write_bytes"] - a["write_bytes"],
                                      heartbeats=hb1[dev] - hb0[dev], threads=b["threads"]))
