@@ -135,14 +135,23 @@ def drain(runner):
 
 def test_an_ack_waits_for_the_link_threads_next_turn_instead_of_waking_it(runner):
     connect(runner)
-    for action in runner.core.poll(runner.clock.monotonic()):   # the first heartbeat
-        runner._execute(action)
-    [seq] = runner.core.watchdog._pending
-    runner.sink(runner.generation, "ack", seq, runner.clock.monotonic())
-    assert runner.events.empty(), "an ACK woke the link thread"
-    assert runner.core.watchdog.last_ack_at is None
+
+    def heartbeat():
+        runner.core._next_heartbeat_at = runner.clock.monotonic()
+        for action in runner.core.poll(runner.clock.monotonic()):
+            runner._execute(action)
+        return max(runner.core.watchdog._pending)
+
+    runner.sink(runner.generation, "ack", heartbeat(), runner.clock.monotonic())
+    assert not runner.events.empty(), "the first ACK of a connection proves it at once"
+    drain(runner)
+    first = runner.core.watchdog.last_ack_at
+    assert first is not None
+    runner.sink(runner.generation, "ack", heartbeat(), runner.clock.monotonic())
+    assert runner.events.empty(), "a later ACK woke the link thread"
+    assert runner.core.watchdog.last_ack_at == first
     drain(runner)   # what the loop does when it wakes, at the latest at the ACK's deadline
-    assert runner.core.watchdog.last_ack_at is not None
+    assert runner.core.watchdog.last_ack_at > first
 
 
 class Request(SimpleNamespace):

@@ -34,6 +34,8 @@ MAX_WAIT_S = 30.0
 # ACK is looked at, at the latest, at its deadline, when the loop wakes anyway. Woken by
 # each ACK instead, the link thread cost two context switches per heartbeat (the queue,
 # then the GIL the library's read thread held): a sixth of the idle agent's wake-ups.
+# Not the first ACK of a connection: that one proves the link (and lets systemd's
+# watchdog be petted) at once.
 LAZY = frozenset({"ack"})
 
 TransportFactory = Callable[[int, Callable], SocketIOTransport]
@@ -58,6 +60,7 @@ class LinkRunner:
                                         wake_min_interval_s=config.wake_min_interval_s), rng)
         self.events: queue.Queue = queue.Queue()
         self._lazy: collections.deque = collections.deque()
+        self._acks_may_wait = False   # this connection has been proven by an ACK
         self.transport: SocketIOTransport | None = None
         self.generation = 0
         self._factory = transport_factory or self._default_transport
@@ -84,7 +87,7 @@ class LinkRunner:
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, kind: str, *args) -> None:
         """From any thread: an event for the link thread (see LAZY for those that wait)."""
-        if kind in LAZY:
+        if kind in LAZY and self._acks_may_wait:
             self._lazy.append((generation, kind, args))
             return
         self.events.put((generation, kind, args))
@@ -228,6 +231,7 @@ class LinkRunner:
                 self._on_refused(e.detail)
             return
         self.transport = transport
+        self._acks_may_wait = False
         self._pings_seen = 0
         now = self.clock.monotonic()
         self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
@@ -400,6 +404,7 @@ class LinkRunner:
         if kind == "ack":
             seq, at = args
             self.core.on_ack(seq, at)
+            self._acks_may_wait = self.core.watchdog.proven_live(self.clock.monotonic())
             if self._uploads:
                 self._settle(self.deliveries.heartbeat_acked(generation, seq))
         elif kind == "registered":
