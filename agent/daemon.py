@@ -178,12 +178,9 @@ class Agent:
         self._stop("restart requested by the server")
 
     def _enqueue(self, kind: str, payload: bytes) -> str | None:
-        """From the command thread: its own connection to the queue's database."""
-        store = QueueStore(self.config.queue_path, self.config.uploads)
-        try:
-            item_id = store.enqueue(kind, payload)
-        finally:
-            store.close()
+        """From the command thread, through the worker's store (it serialises threads):
+        a store of its own would read every queued item's header again on each call."""
+        item_id = self.store.enqueue(kind, payload)
         self.uploads.wake()
         return item_id
 

@@ -459,3 +459,18 @@ def test_an_empty_queue_sleeps_until_woken_and_leaves_the_watchdog_gate(store):
     finally:
         worker.stop()
         worker.join(2)
+
+
+def test_the_dead_letter_count_follows_the_file_whoever_wrote_it(tmp_path):
+    path = str(tmp_path / "queue")
+    writer, reader = QueueStore(path, UploadPolicy()), QueueStore(path, UploadPolicy())
+    for n in range(3):
+        writer.enqueue("log", b"refused %d" % n, now=1.0)
+    assert reader.stats()["dead_letter"] == 0
+    items = writer.due(2.0, 10)
+    writer.dead(items[0], "HTTP 413", now=2.0)
+    assert reader.stats()["dead_letter"] == 1
+    writer.dead(items[1], "HTTP 422", now=3.0)
+    assert reader.stats()["dead_letter"] == 2 == len(reader.dead_letters())
+    writer.close()
+    reader.close()

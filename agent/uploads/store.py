@@ -135,6 +135,7 @@ class QueueStore:
         self._hashes: dict[bytes, int] = {}
         self._sent: dict[bytes, float] = {}
         self._n_items = self._n_bytes = 0
+        self._dead_counted: tuple[list, int] = ([], 0)   # (files' stat, lines)
         self._mutex = threading.RLock()
         os.makedirs(path, mode=0o700, exist_ok=True)
         self._lock_fd = os.open(os.path.join(path, "lock"),
@@ -537,11 +538,30 @@ class QueueStore:
                 pass
         return out
 
+    def _dead_letter_count(self) -> int:
+        """Lines in the dead-letter files, counted again only when they changed: stats()
+        runs on every status refresh, the files hold up to ~20,000 reasons."""
+        key, paths = [], [os.path.join(self.path, n) for n in (DEAD_LETTER + ".1", DEAD_LETTER)]
+        for path in paths:
+            try:
+                st = os.stat(path)
+                key.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except FileNotFoundError:
+                key.append(None)
+        if key != self._dead_counted[0]:
+            count = 0
+            for path, stamp in zip(paths, key):
+                if stamp is not None:
+                    with open(path, "rb") as f:
+                        count += f.read().count(b"\n")
+            self._dead_counted = (key, count)
+        return self._dead_counted[1]
+
     def stats(self) -> dict:
         with self._locked():
             count, total = self._n_items, self._n_bytes
-        return {"items": count, "bytes": total, "dead_letter": len(self.dead_letters()),
-                "dropped": dict(self.dropped)}
+            dead = self._dead_letter_count()
+        return {"items": count, "bytes": total, "dead_letter": dead, "dropped": dict(self.dropped)}
 
     def close(self) -> None:
         with self._mutex:
