@@ -234,10 +234,11 @@ class Agent:
     # -- status -----------------------------------------------------------------
     def _pairing(self) -> dict | None:
         if self.profile_pairs and not self.preprovisioned:
-            if self.token and self.ids.current.claimed:
+            current = self.ids.current   # one snapshot: token and claim from the same change
+            if current.token and current.claimed:
                 return {"state": "paired"}
             code = self.profile.pairing_code
-            return {"state": "registered-waiting-for-pairing" if self.token else "waiting-for-pairing",
+            return {"state": "registered-waiting-for-pairing" if current.token else "waiting-for-pairing",
                     "code": f"{code[:3]}-{code[3:]}"}
         return self.enroller.pairing() if self.enroller is not None else None
 

@@ -93,14 +93,14 @@ class Enroller(threading.Thread):
         self.session = requests.Session()
 
     # -- control ------------------------------------------------------------------
-    def restart(self, hold_s: float = 0.0, generation: int | None = None) -> None:
+    def restart(self, hold_s: float, generation: int) -> None:
         """The token was refused or dropped: enroll again. Called from any thread; the
         core is this thread's alone, so the request waits for it. A token that a poll in
         flight brings back meanwhile carries the old generation: the identity core
         throws it away."""
         with self._lock:
             self._restart_hold = hold_s
-            self._generation = self._generation + 1 if generation is None else generation
+            self._generation = generation
         self._wake.set()
 
     def _take_restart(self) -> bool:

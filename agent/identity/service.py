@@ -56,10 +56,6 @@ class IdentityService:
     def preprovisioned(self) -> bool:
         return self.core.preprovisioned
 
-    @property
-    def generation(self) -> int:
-        return self.core.generation
-
     def handle(self, event) -> None:
         with self._lock:
             effects = self.core.handle(event)
