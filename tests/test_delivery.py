@@ -128,7 +128,7 @@ def connect(runner):
 
 
 def drain(runner):
-    runner._take_in_lazy()
+    runner._take_in_acks()
     while not runner.events.empty():
         runner._handle(*runner.events.get_nowait())
 

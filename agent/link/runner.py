@@ -30,13 +30,6 @@ log = logging.getLogger("edge_agent.link")
 # proof of delivery is seen (next to its own two ping intervals): an idle agent wakes
 # for its heartbeats, and otherwise rarely.
 MAX_WAIT_S = 30.0
-# Taken in when the loop next wakes, not worth a wake-up of their own: a heartbeat's
-# ACK is looked at, at the latest, at its deadline, when the loop wakes anyway. Woken by
-# each ACK instead, the link thread cost two context switches per heartbeat (the queue,
-# then the GIL the library's read thread held): a sixth of the idle agent's wake-ups.
-# Not the first ACK of a connection: that one proves the link (and lets systemd's
-# watchdog be petted) at once.
-LAZY = frozenset({"ack"})
 
 TransportFactory = Callable[[int, Callable], SocketIOTransport]
 
@@ -59,7 +52,7 @@ class LinkRunner:
                                         stable_after_s=config.stable_after_s,
                                         wake_min_interval_s=config.wake_min_interval_s), rng)
         self.events: queue.Queue = queue.Queue()
-        self._lazy: collections.deque = collections.deque()
+        self._acks_waiting: collections.deque = collections.deque()
         self._acks_may_wait = False   # this connection has been proven by an ACK
         self.transport: SocketIOTransport | None = None
         self.generation = 0
@@ -86,9 +79,16 @@ class LinkRunner:
 
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, kind: str, *args) -> None:
-        """From any thread: an event for the link thread (see LAZY for those that wait)."""
-        if kind in LAZY and self._acks_may_wait:
-            self._lazy.append((generation, kind, args))
+        """From any thread: an event for the link thread.
+
+        A heartbeat's ACK on a connection already proven waits for the loop's next turn,
+        at the latest its deadline, when it wakes anyway: woken by each ACK, the link
+        thread cost two context switches per heartbeat (the queue, then the GIL the
+        library's read thread held), a sixth of the idle agent's wake-ups. The first ACK
+        of a connection wakes it at once: it proves the link, and systemd's watchdog
+        is petted only then."""
+        if kind == "ack" and self._acks_may_wait:
+            self._acks_waiting.append((generation, kind, args))
             return
         self.events.put((generation, kind, args))
 
@@ -164,7 +164,7 @@ class LinkRunner:
                 self._on_tick()
             if self.transport is not None:
                 self._read_transport()
-            self._take_in_lazy()
+            self._take_in_acks()
             for action in self.core.poll(now):
                 self._execute(action)
             self._flush_outbox()
@@ -182,9 +182,9 @@ class LinkRunner:
                     event = None
         self._publish()
 
-    def _take_in_lazy(self) -> None:
-        while self._lazy:
-            self._handle(*self._lazy.popleft())
+    def _take_in_acks(self) -> None:
+        while self._acks_waiting:
+            self._handle(*self._acks_waiting.popleft())
 
     def _read_transport(self) -> None:
         """What the library's threads stored without waking us: inbound traffic and

@@ -8,8 +8,8 @@ a timer would only wake the board for nothing.
 from __future__ import annotations
 
 import logging
-import threading
 import math
+import threading
 from typing import Callable
 
 from ..clock import Clock, SystemClock
