@@ -10,9 +10,11 @@ import os
 import sqlite3
 import time
 import uuid
-from dataclasses import dataclass
 
 from agent.uploads.schedule import KINDS, UploadPolicy
+# What the spool kept from this design: its errors, items and free-space rule.
+from agent.uploads.store import (Item, QueueDiskFull, QueueUnavailable,  # noqa: F401
+                                 QueueStore as SpoolStore, free_bytes)
 
 log = logging.getLogger("edge_agent.uploads")
 
@@ -42,14 +44,6 @@ CREATE INDEX IF NOT EXISTS sent_age ON sent(sent_at);
 """
 
 
-class QueueDiskFull(Exception):
-    pass
-
-
-class QueueUnavailable(Exception):
-    """The queue cannot be opened now (locked, unreadable): nothing was touched."""
-
-
 class QueueCorrupt(sqlite3.DatabaseError):
     """sqlite's own integrity check failed."""
 
@@ -60,26 +54,6 @@ EXPIRE_EVERY_S = 3600.0
 # How long opening waits for another process (`edge-agent enqueue`) to let go.
 LOCKED_WAIT_S = 30.0
 CORRUPTION = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
-
-
-# Free space the state partition must keep for a kind to be queued at all: as the
-# disk fills, screenshots stop first, then logs; proof-of-play goes on to the end.
-MIN_FREE_BYTES = {"screenshot": 64 << 20, "log": 16 << 20, "proof-of-play": 0}
-
-
-def free_bytes(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-@dataclass
-class Item:
-    id: str
-    kind: str
-    payload: bytes
-    attempts: int
-    next_attempt_at: float
-    created_at: float
 
 
 class QueueStore:
@@ -186,20 +160,7 @@ class QueueStore:
                 raise QueueDiskFull(str(e)) from None
             raise
 
-    def _space_for(self, kind: str, size: int) -> bool:
-        try:
-            free = self.free_bytes()
-        except OSError:
-            return True
-        ok = free - size > MIN_FREE_BYTES[kind]
-        if not ok and kind not in self._refusing:
-            self._refusing.add(kind)
-            log.warning("state partition nearly full (%d MiB free): not queueing %ss until "
-                        "space returns", free >> 20, kind)
-        elif ok and kind in self._refusing:
-            self._refusing.discard(kind)
-            log.info("space is back on the state partition: queueing %ss again", kind)
-        return ok
+    _space_for = SpoolStore._space_for   # the same rule, kept in one place
 
     def _expire(self, now: float) -> None:
         if abs(now - self._expired_at) < EXPIRE_EVERY_S:
@@ -295,8 +256,7 @@ class QueueStore:
         return {"items": count, "bytes": total, "dead_letter": dead, "dropped": dict(self.dropped)}
 
     # -- internals --------------------------------------------------------------
-    def _count(self, reason: str, n: int = 1) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
+    _count = SpoolStore._count
 
     def _tx(self):
         return _Transaction(self.db)
