@@ -1,5 +1,6 @@
 """Uploads over the link: deleted from the queue only on proof of delivery."""
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -102,11 +103,11 @@ class FakeTransport:
     close = abort
 
 
-@pytest.fixture
-def runner(tmp_path):
+def make_runner(tmp_path, link: str = ""):
     path = tmp_path / "agent.toml"
     path.write_text('[server]\nurl = "http://127.0.0.1:9"\nprofile = "screentinker"\n'
-                    f'[identity]\nstate_dir = "{tmp_path}"\n[runtime]\ndir = "{tmp_path}"\n')
+                    f'[identity]\nstate_dir = "{tmp_path}"\n[runtime]\ndir = "{tmp_path}"\n'
+                    f'[link]\n{link}\n')
     cfg = C.load(str(path), env={})
     transports = []
 
@@ -121,6 +122,11 @@ def runner(tmp_path):
     return r
 
 
+@pytest.fixture
+def runner(tmp_path):
+    return make_runner(tmp_path)
+
+
 def connect(runner):
     for action in runner.core.poll(runner.clock.monotonic()):
         runner._execute(action)
@@ -128,30 +134,51 @@ def connect(runner):
 
 
 def drain(runner):
-    runner._take_in_acks()
-    while not runner.events.empty():
-        runner._handle(*runner.events.get_nowait())
+    runner._take_in_events()
 
 
-def test_an_ack_waits_for_the_link_threads_next_turn_instead_of_waking_it(runner):
+def heartbeat(runner) -> int:
+    runner.core._next_heartbeat_at = runner.clock.monotonic()
+    for action in runner.core.poll(runner.clock.monotonic()):
+        runner._execute(action)
+    return max(runner.core.watchdog._pending)
+
+
+def slept(runner, at_most_s: float) -> float:
+    """How long the link thread's wait lasts, given the deadlines the loop would set."""
+    timeout = min(max(runner._next_wakeup() - runner.clock.monotonic(), 0.0), at_most_s)
+    t0 = time.monotonic()
+    runner.wakeup.wait(timeout)
+    return time.monotonic() - t0
+
+
+def test_an_ack_waits_for_the_link_threads_next_turn_instead_of_waking_it(tmp_path):
+    runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2")
     connect(runner)
-
-    def heartbeat():
-        runner.core._next_heartbeat_at = runner.clock.monotonic()
-        for action in runner.core.poll(runner.clock.monotonic()):
-            runner._execute(action)
-        return max(runner.core.watchdog._pending)
-
-    runner.sink(runner.generation, "ack", heartbeat(), runner.clock.monotonic())
-    assert not runner.events.empty(), "the first ACK of a connection proves it at once"
+    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    assert slept(runner, 5.0) < 1.0, "the first ACK of a connection proves it at once"
     drain(runner)
     first = runner.core.watchdog.last_ack_at
-    assert first is not None
-    runner.sink(runner.generation, "ack", heartbeat(), runner.clock.monotonic())
-    assert runner.events.empty(), "a later ACK woke the link thread"
+    assert first is not None and runner._acks_may_wait
+
+    seq = heartbeat(runner)
+    runner.sink(runner.generation, "ack", seq, runner.clock.monotonic())
+    assert slept(runner, 0.6) >= 0.6, "a later ACK, or its deadline, woke the link thread"
     assert runner.core.watchdog.last_ack_at == first
-    drain(runner)   # what the loop does when it wakes, at the latest at the ACK's deadline
+    drain(runner)   # what the loop does on its next turn
     assert runner.core.watchdog.last_ack_at > first
+
+
+def test_a_late_ack_wakes_the_link_thread_at_its_deadline(tmp_path):
+    runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2")
+    connect(runner)
+    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    assert slept(runner, 5.0) < 1.0
+    drain(runner)
+    heartbeat(runner)
+    # the ACK deadline, not the next heartbeat 5 s away
+    assert 0.1 < slept(runner, 3.0) < 1.0
+    assert runner.core.poll(runner.clock.monotonic())[0].reason == "ack-timeout"
 
 
 class Request(SimpleNamespace):

@@ -99,11 +99,13 @@ class LinkCore:
     def attempt_at(self) -> float:
         return max(self.next_attempt_at, self.hold_until)
 
-    def next_wakeup(self) -> float:
+    def next_wakeup(self, acks: bool = True) -> float:
+        """When poll() next has something to do; with acks=False, leaving out the ACK
+        deadline (watchdog.ack_deadline()), which the shell may keep on a timer of its own."""
         if self.state == LinkState.WAITING:
             return math.inf if self.paused else self.attempt_at()
         if self.state == LinkState.ONLINE:
-            t = min(self._next_heartbeat_at, self.watchdog.next_deadline())
+            t = min(self._next_heartbeat_at, self.watchdog.next_deadline(acks))
             if not self.stable and self.connected_at is not None:
                 t = min(t, self.connected_at + self.policy.stable_after_s)
             return t

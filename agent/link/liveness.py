@@ -121,12 +121,19 @@ class LivenessWatchdog:
             return SILENCE
         return None
 
-    def next_deadline(self) -> float:
-        """The earliest time ``check`` could change its answer."""
+    def next_deadline(self, acks: bool = True) -> float:
+        """The earliest time ``check`` could change its answer; with acks=False, leaving
+        out the ACK deadline (the shell keeps that one on a timer of its own)."""
         deadline = self.last_inbound + self.silence_timeout()
-        if self.armed and self._pending:
-            deadline = min(deadline, min(self._pending.values()) + self.policy.ack_timeout_s)
-        return deadline
+        ack = self.ack_deadline() if acks else None
+        return min(deadline, ack[1]) if ack else deadline
+
+    def ack_deadline(self) -> tuple[int, float] | None:
+        """(seq, time) of the first armed ACK deadline, if one is pending."""
+        if not (self.armed and self._pending):
+            return None
+        seq = min(self._pending, key=self._pending.__getitem__)
+        return seq, self._pending[seq] + self.policy.ack_timeout_s
 
     def proven_live(self, now: float) -> bool:
         """An ACK within one heartbeat interval plus twice the ACK timeout (the link

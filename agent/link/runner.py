@@ -6,9 +6,7 @@ library's callbacks (which arrive on its own threads) back through one queue.
 """
 from __future__ import annotations
 
-import collections
 import logging
-import queue
 import random
 import time
 from typing import Callable
@@ -21,6 +19,7 @@ from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat
 from .profiles import PROFILES, ProfileContext
 from .schedule_store import ScheduleStore
 from .transport import ABORT_JOIN_S, SocketIOTransport, TransportError
+from .wakeup import Wakeup
 
 log = logging.getLogger("edge_agent.link")
 
@@ -51,8 +50,8 @@ class LinkRunner:
         self.core = LinkCore(LinkPolicy(liveness=config.liveness, backoff=config.backoff,
                                         stable_after_s=config.stable_after_s,
                                         wake_min_interval_s=config.wake_min_interval_s), rng)
-        self.events: queue.Queue = queue.Queue()
-        self._acks_waiting: collections.deque = collections.deque()
+        # the ACK deadline's kernel timer runs on real time only
+        self.wakeup = Wakeup(cancellable_deadlines=isinstance(self.clock, SystemClock))
         self._acks_may_wait = False   # this connection has been proven by an ACK
         self.transport: SocketIOTransport | None = None
         self.generation = 0
@@ -81,16 +80,17 @@ class LinkRunner:
     def sink(self, generation: int | None, kind: str, *args) -> None:
         """From any thread: an event for the link thread.
 
-        A heartbeat's ACK on a connection already proven waits for the loop's next turn,
-        at the latest its deadline, when it wakes anyway: woken by each ACK, the link
-        thread cost two context switches per heartbeat (the queue, then the GIL the
-        library's read thread held), a sixth of the idle agent's wake-ups. The first ACK
-        of a connection wakes it at once: it proves the link, and systemd's watchdog
-        is petted only then."""
+        A heartbeat's ACK on a connection already proven waits for the loop's next turn
+        and calls off its deadline's timer (wakeup.py): woken by each ACK, or by each
+        deadline, the link thread cost two context switches per heartbeat (the wait, then
+        the GIL the library's read thread held). The first ACK of a connection wakes it
+        at once: it proves the link, and systemd's watchdog is petted only then."""
         if kind == "ack" and self._acks_may_wait:
-            self._acks_waiting.append((generation, kind, args))
+            self.wakeup.put((generation, kind, args), wake=False)
+            if self.wakeup.cancellable and args:
+                self.wakeup.call_off((generation, args[0]))
             return
-        self.events.put((generation, kind, args))
+        self.wakeup.put((generation, kind, args))
 
     def request_stop(self) -> None:
         self.sink(None, "stop")
@@ -156,35 +156,40 @@ class LinkRunner:
         self.core.start(now, resume_at, attempts)
         stall_at = (self._started + self.config.debug_stall_link_after_s
                     if self.config.debug_stall_link_after_s is not None else None)
-        while self.core.state != LinkState.STOPPED:
-            now = self.clock.monotonic()
-            if stall_at is not None and now >= stall_at:
-                _stall_forever()
+        while True:
             if self._on_tick is not None:
                 self._on_tick()
             if self.transport is not None:
                 self._read_transport()
-            self._take_in_acks()
+            self._take_in_events()
+            if self.core.state == LinkState.STOPPED:
+                break
+            now = self.clock.monotonic()
+            if stall_at is not None and now >= stall_at:
+                _stall_forever()
             for action in self.core.poll(now):
                 self._execute(action)
             self._flush_outbox()
             self._publish()
-            wait = self.core.next_wakeup() - self.clock.monotonic()
-            try:
-                event = self.events.get(timeout=min(max(wait, 0.0), MAX_WAIT_S))
-            except queue.Empty:
-                continue
-            while event is not None:
-                self._handle(*event)
-                try:
-                    event = self.events.get_nowait()
-                except queue.Empty:
-                    event = None
+            self.wakeup.wait(min(max(self._next_wakeup() - self.clock.monotonic(), 0.0),
+                                 MAX_WAIT_S))
         self._publish()
 
-    def _take_in_acks(self) -> None:
-        while self._acks_waiting:
-            self._handle(*self._acks_waiting.popleft())
+    def _take_in_events(self) -> None:
+        for event in self.wakeup.take_all():
+            self._handle(*event)
+
+    def _next_wakeup(self) -> float:
+        """The core's next deadline; on a proven connection, the ACK deadline goes on the
+        timer the ACK itself calls off."""
+        ack = self.core.watchdog.ack_deadline() if self.wakeup.cancellable else None
+        if ack is None or not self._acks_may_wait or self.core.state != LinkState.ONLINE:
+            if self.wakeup.cancellable:
+                self.wakeup.arm(None, None)
+            return self.core.next_wakeup()
+        seq, at = ack
+        self.wakeup.arm((self.generation, seq), at)
+        return self.core.next_wakeup(acks=False)
 
     def _read_transport(self) -> None:
         """What the library's threads stored without waking us: inbound traffic and
@@ -366,6 +371,10 @@ class LinkRunner:
 
     # -- events -----------------------------------------------------------------
     def _handle(self, generation, kind: str, args: tuple) -> None:
+        if kind == "ack":   # first: an idle link's one event
+            if generation == self.generation and self.transport is not None:
+                self._heartbeat_acked(generation, *args)
+            return
         if kind == "stop":
             for action in self.core.stop(self.clock.monotonic()):
                 self._execute(action)
@@ -401,13 +410,7 @@ class LinkRunner:
             return
         if generation != self.generation or self.transport is None:
             return  # from a connection already torn down
-        if kind == "ack":
-            seq, at = args
-            self.core.on_ack(seq, at)
-            self._acks_may_wait = self.core.watchdog.proven_live(self.clock.monotonic())
-            if self._uploads:
-                self._settle(self.deliveries.heartbeat_acked(generation, seq))
-        elif kind == "registered":
+        if kind == "registered":
             if self._registered_on != generation:
                 self._registered_on = generation
                 if self._on_link_up is not None:
@@ -454,6 +457,12 @@ class LinkRunner:
             self._warn_once("unknown:" + str(args[0])[:64],
                             f"ignoring unknown server event {str(args[0])[:64]!r}")
 
+    def _heartbeat_acked(self, generation: int, seq: int, at: float) -> None:
+        self.core.on_ack(seq, at)
+        self._acks_may_wait = self.core.watchdog.proven_live(self.clock.monotonic())
+        if self._uploads:
+            self._settle(self.deliveries.heartbeat_acked(generation, seq))
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned and len(self._warned) < 256:
             self._warned.add(key)
@@ -488,13 +497,16 @@ class LinkRunner:
             self._store.save(core.backoff.attempts, core.attempt_at() if waiting else 0.0)
         if self._on_status is None:
             return
-        snap = self.snapshot()
-        # Only what an operator would call a change; RTT jitter is not one.
-        key = (snap["state"], snap["reason"], snap["connection"], snap["proven_live"],
-               snap["attempts"], self.core.hold_until)
+        # Only what an operator would call a change; RTT jitter is not one. Read off the
+        # core, not a snapshot: this runs on every turn of the loop.
+        current = core.journal.current
+        online = core.state == LinkState.ONLINE
+        key = (core.state, core.paused, core.last_reason, current.n if current else None,
+               online and core.watchdog.proven_live(self.clock.monotonic()),
+               core.backoff.attempts, core.hold_until)
         if key != self._published:
             self._published = key
-            self._on_status(snap)
+            self._on_status(self.snapshot())
 
     # -- wiring -----------------------------------------------------------------
     def _default_transport(self, generation: int, sink: Callable) -> SocketIOTransport:
