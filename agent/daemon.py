@@ -40,15 +40,18 @@ class CachedTelemetry:
         self.state_dir = state_dir
         self._at = -1e18
         self._value: dict = {}
+        self._sampler = None
         self._lock = threading.Lock()
 
     def get(self) -> dict:
         with self._lock:
             now = time.monotonic()
             if now - self._at >= self.EVERY_S:
-                from .events.telemetry import sample
+                from .events.telemetry import TelemetrySampler
                 try:
-                    self._value = sample(self.state_dir)
+                    if self._sampler is None:
+                        self._sampler = TelemetrySampler(self.state_dir)
+                    self._value = self._sampler.sample()
                 except Exception as e:  # telemetry must never cost a heartbeat
                     log.debug("telemetry sample failed: %s", e)
                 self._at = now
@@ -167,7 +170,7 @@ class Agent:
         carries the RTT) now and then, on a wake-up the loop had anyway."""
         now = time.monotonic()
         self.gate.tick("link", now)
-        if now - self._status_refreshed >= STATUS_REFRESH_S:
+        if self.notifier.enabled and now - self._status_refreshed >= STATUS_REFRESH_S:
             self._status_refreshed = now
             self.notifier.status(status_line(self.runner.snapshot(), self._pairing()))
 

@@ -5,7 +5,7 @@ import os
 from agent.events.debounce import Debouncer
 from agent.events.model import Event, NetworkState, UndervoltageLatch
 from agent.events.outbox import Outbox
-from agent.events.telemetry import TelemetryGate
+from agent.events.telemetry import TelemetryGate, TelemetrySampler
 from agent.events.watcher import EventWatcher, SysfsState
 
 
@@ -44,6 +44,23 @@ def test_telemetry_only_when_it_moved_or_periodically():
     assert not g.should_send({"cpu_percent": 20.0, "mem_percent": 42.0}, 60.0)
     assert g.should_send({"cpu_percent": 80.0, "mem_percent": 40.0}, 61.0)
     assert g.should_send(v, 300.0)
+
+
+def test_the_soc_temperature_is_read_from_its_one_hwmon_file(tmp_path):
+    write(tmp_path, "class/hwmon/hwmon0/name", "acpitz")
+    write(tmp_path, "class/hwmon/hwmon0/temp1_input", "30000")
+    write(tmp_path, "class/hwmon/hwmon1/name", "coretemp")
+    write(tmp_path, "class/hwmon/hwmon1/temp1_input", "61000")
+    write(tmp_path, "class/hwmon/hwmon2/name", "cpu_thermal")
+    write(tmp_path, "class/hwmon/hwmon2/temp1_input", "48312")
+    sampler = TelemetrySampler(str(tmp_path), str(tmp_path))
+    values = sampler.sample()
+    assert values["soc_temp_c"] == 48.3 and values["uptime_s"] > 0 and values["disk_total_mb"] > 0
+    write(tmp_path, "class/hwmon/hwmon2/temp1_input", "52000")
+    assert sampler.sample()["soc_temp_c"] == 52.0
+    os.remove(os.path.join(tmp_path, "class/hwmon/hwmon2/temp1_input"))
+    assert "soc_temp_c" not in sampler.sample()   # gone; looked for again minutes later
+    assert "soc_temp_c" not in TelemetrySampler(str(tmp_path), str(tmp_path / "none")).sample()
 
 
 def test_outbox_is_bounded_ordered_and_counts_what_it_drops():

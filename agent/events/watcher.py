@@ -22,7 +22,7 @@ from typing import Callable
 from .debounce import Debouncer
 from .model import Event, NetworkState, UndervoltageLatch, display_event
 from .outbox import Outbox
-from .telemetry import TelemetryGate, sample
+from .telemetry import TelemetryGate, TelemetrySampler
 
 log = logging.getLogger("edge_agent.events")
 
@@ -154,6 +154,7 @@ class EventWatcher(threading.Thread):
         self._stop_r, self._stop_w = os.pipe()
         self.mode = "starting"
         self._telemetry_dir = telemetry_state_dir
+        self._sampler: TelemetrySampler | None = None
         self.telemetry = TelemetryGate(telemetry_every_s)
 
     def stop(self) -> None:
@@ -286,7 +287,9 @@ class EventWatcher(threading.Thread):
         wall = time.time()
         if self._telemetry_dir is not None:
             try:
-                values = sample(self._telemetry_dir)
+                if self._sampler is None:
+                    self._sampler = TelemetrySampler(self._telemetry_dir, self.sysfs.root)
+                values = self._sampler.sample()
             except Exception as e:  # psutil missing or /proc hidden: telemetry is optional
                 log.warning("telemetry unavailable (%s); not sending it", type(e).__name__)
                 self._telemetry_dir = None
