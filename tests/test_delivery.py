@@ -134,6 +134,7 @@ def connect(runner):
 
 
 def drain(runner):
+    runner.wakeup.wait(0)   # as the loop does: the wait, then what came
     runner._take_in_events()
 
 
@@ -229,6 +230,23 @@ def test_the_runner_settles_on_a_later_heartbeat_ack_a_second_ping_or_the_loss(r
     runner._abort("ack-timeout")
     assert last.settled[0] == LOST
     assert not runner.uploads_ready(), "a new connection must be registered again"
+
+
+def test_an_ack_wakes_the_link_thread_while_an_upload_waits_for_its_proof(tmp_path):
+    """Taken in only with the next heartbeat's turn, the proof would come after the
+    sender's proof window (one heartbeat plus the ACK timeout) had run out."""
+    runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2")
+    connect(runner)
+    runner.sink(runner.generation, "registered")
+    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    assert slept(runner, 5.0) < 1.0
+    drain(runner)
+    assert runner._acks_may_wait
+    waiting = upload(runner, 1)
+    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    assert slept(runner, 5.0) < 0.1
+    drain(runner)
+    assert waiting.settled[0] == DELIVERED
 
 
 def test_the_sender_maps_verdicts_to_queue_outcomes_and_never_oks_without_proof():

@@ -79,9 +79,10 @@ def test_proven_live_needs_a_recent_ack():
     assert not wd.proven_live(100.0)
     wd.on_heartbeat_sent(1, 100.0)
     wd.on_ack(1, 100.2)
-    # the next heartbeat's ACK may be taken in only at its deadline, 15 + 5 s later
-    assert wd.proven_live(125.2)
-    assert not wd.proven_live(125.3)
+    # the next heartbeat (115.0) is ACKed at once, but taken in only with the turn of
+    # the one after it (130.0), and that one's own ACK may take 5 s
+    assert wd.proven_live(135.2)
+    assert not wd.proven_live(135.3)
 
 
 def test_pending_heartbeats_stay_bounded_without_acks():

@@ -136,14 +136,15 @@ class LivenessWatchdog:
         return seq, self._pending[seq] + self.policy.ack_timeout_s
 
     def proven_live(self, now: float) -> bool:
-        """An ACK within one heartbeat interval plus twice the ACK timeout (the link
-        thread takes an ACK in at the latest at its deadline: the one before must still
-        count until then); from a server that does not ACK, a ping within its ping
-        interval plus the ACK timeout."""
+        """An ACK within two heartbeat intervals plus the ACK timeout (on a proven
+        connection the link thread takes an ACK in with the next heartbeat's turn: the
+        one before must still count until then; a missing one is caught at its deadline
+        by check()); from a server that does not ACK, a ping within its ping interval
+        plus the ACK timeout."""
         p = self.policy
         if self.armed:
             return (self.last_ack_at is not None
-                    and now - self.last_ack_at <= p.heartbeat_interval_s + 2 * p.ack_timeout_s)
+                    and now - self.last_ack_at <= 2 * p.heartbeat_interval_s + p.ack_timeout_s)
         return (self.last_ping_at is not None
                 and now - self.last_ping_at <= self._server_ping_interval_s + p.ack_timeout_s)
 

@@ -84,8 +84,9 @@ class LinkRunner:
         and calls off its deadline's timer (wakeup.py): woken by each ACK, or by each
         deadline, the link thread cost two context switches per heartbeat (the wait, then
         the GIL the library's read thread held). The first ACK of a connection wakes it
-        at once: it proves the link, and systemd's watchdog is petted only then."""
-        if kind == "ack" and self._acks_may_wait:
+        at once: it proves the link, and systemd's watchdog is petted only then; so does
+        any ACK while an upload waits for its proof of delivery (proof_window_s())."""
+        if kind == "ack" and self._acks_may_wait and not self._uploads:
             self.wakeup.put((generation, kind, args), wake=False)
             if self.wakeup.cancellable and args:
                 self.wakeup.call_off((generation, args[0]))
