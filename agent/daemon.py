@@ -12,6 +12,7 @@ from .config import Config
 from .link.runner import LinkRunner
 from .link.schedule_store import ScheduleStore
 from .events.outbox import Outbox
+from .events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, TelemetrySource
 from .events.watcher import MAX_WAIT_S as EVENTS_MAX_WAIT_S, EventWatcher, SysfsState
 from .identity import device
 from .identity.credentials import Credentials
@@ -29,33 +30,6 @@ log = logging.getLogger("edge_agent")
 
 # How often STATUS= is refreshed while nothing else changes (it carries the RTT).
 STATUS_REFRESH_S = 30.0
-
-
-class CachedTelemetry:
-    """psutil figures for the heartbeat, sampled at most once a minute."""
-
-    EVERY_S = 60.0
-
-    def __init__(self, state_dir: str):
-        self.state_dir = state_dir
-        self._at = -1e18
-        self._value: dict = {}
-        self._sampler = None
-        self._lock = threading.Lock()
-
-    def get(self) -> dict:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._at >= self.EVERY_S:
-                from .events.telemetry import TelemetrySampler
-                try:
-                    if self._sampler is None:
-                        self._sampler = TelemetrySampler(self.state_dir)
-                    self._value = self._sampler.sample()
-                except Exception as e:  # telemetry must never cost a heartbeat
-                    log.debug("telemetry sample failed: %s", e)
-                self._at = now
-            return dict(self._value)
 
 
 def status_line(link: dict, pairing: dict | None = None) -> str:
@@ -108,7 +82,8 @@ class Agent:
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
         from .identity.enroller import hardware_facts
         from .link.profiles import PROFILES, ProfileContext
-        self._telemetry = CachedTelemetry(config.state_dir)
+        self._telemetry = TelemetrySource(config.state_dir, config.debug_sysfs_root or "/sys")
+        self._telemetry_due = 0.0
         self.profile = PROFILES[config.profile](ProfileContext(
             device_id=lambda: self.device_id, token=lambda: self.token,
             on_token=lambda token, server_id=None, code=None: self.ids.handle(
@@ -152,11 +127,13 @@ class Agent:
         if config.events_enabled:
             self.events = EventWatcher(
                 self.outbox, on_network_up=self.runner.network_up,
-                on_tick=lambda: self.gate.tick("events", time.monotonic()),
+                on_tick=lambda: self.gate.register("events", EVENTS_MAX_WAIT_S + 10.0,
+                                                   time.monotonic()),
+                on_idle=lambda: self.gate.unregister("events"),
                 sysfs=SysfsState(config.debug_sysfs_root or "/sys"),
                 settle_s=config.events_settle_s,
                 fallback_interval_s=config.events_fallback_interval_s,
-                udev_source=config.events_udev_source, telemetry_state_dir=config.state_dir,
+                udev_source=config.events_udev_source,
                 telemetry_every_s=config.telemetry_every_s)
             self.gate.register("events", EVENTS_MAX_WAIT_S + 10.0, now)
         self._last_link: dict = {}
@@ -166,10 +143,14 @@ class Agent:
         self._failed = False
 
     def _link_tick(self) -> None:
-        """Each turn of the link loop: tell the gate it turns, and refresh STATUS= (it
-        carries the RTT) now and then, on a wake-up the loop had anyway."""
+        """Each turn of the link loop: tell the gate it turns, and now and then, on a
+        wake-up the loop had anyway, sample telemetry and refresh STATUS= (it carries
+        the RTT)."""
         now = time.monotonic()
         self.gate.tick("link", now)
+        if self.events is not None and now >= self._telemetry_due:
+            self._telemetry_due = now + TELEMETRY_SAMPLE_EVERY_S
+            self.events.telemetry_sampled(self._telemetry.get(), now)
         if self.notifier.enabled and now - self._status_refreshed >= STATUS_REFRESH_S:
             self._status_refreshed = now
             self.notifier.status(status_line(self.runner.snapshot(), self._pairing()))

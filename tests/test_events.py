@@ -136,6 +136,81 @@ def test_watcher_falls_back_to_sysfs_reads_without_netlink(tmp_path, monkeypatch
         w.join(2)
 
 
+class FakeNetlink:
+    """A netlink source the test makes readable: a socketpair end, drained as the
+    watcher drains udev (poll) and rtnetlink (recv)."""
+
+    def __init__(self):
+        import socket
+        self.sock, self.peer = socket.socketpair()
+        self.sock.setblocking(False)
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def poll(self, timeout=0):
+        try:
+            return self.sock.recv(1) or None
+        except BlockingIOError:
+            return None
+
+    def recv(self, n):
+        return self.sock.recv(n)
+
+
+def test_the_watcher_waits_untimed_and_off_the_watchdog_gate_while_idle(tmp_path, monkeypatch):
+    import threading
+    import time
+    root = str(tmp_path)
+    pi_tree(root)
+    box = Outbox()
+    log, idle = [], threading.Event()
+    udev, rtnl = FakeNetlink(), FakeNetlink()
+    w = EventWatcher(box, sysfs=SysfsState(root), settle_s=0.2,
+                     on_tick=lambda: log.append("tick"),
+                     on_idle=lambda: (log.append("idle"), idle.set()))
+    monkeypatch.setattr(w, "_open_udev", lambda: udev)
+    monkeypatch.setattr(w, "_open_rtnetlink", lambda: rtnl)
+    w.start()
+    try:
+        assert idle.wait(3) and w.mode == "netlink"
+        time.sleep(0.5)
+        assert log == ["tick", "idle"], "an idle watcher woke on a timer"
+        idle.clear()
+        write(root, "class/drm/card1-HDMI-A-2/status", "connected")
+        udev.peer.send(b"x")                       # the kernel's uevent
+        assert idle.wait(3), "back to idle once the settle window flushed"
+        assert [e.type for e in box.pending()] == ["display.connected"]
+        assert log[2:] == ["tick", "tick", "idle"], "timed (on the gate) while settling"
+    finally:
+        w.stop()
+        w.join(2)
+
+
+def test_telemetry_is_sampled_at_most_once_a_minute_and_optional(tmp_path, monkeypatch, caplog):
+    from agent.events import telemetry as T
+    now = [0.0]
+    source = T.TelemetrySource(str(tmp_path), str(tmp_path), clock=lambda: now[0])
+    first = source.get()
+    assert first["mem_total_mb"] > 0
+    monkeypatch.setattr(T.TelemetrySampler, "sample", lambda self: {"cpu_percent": 99.0})
+    now[0] = 59.0
+    assert source.get() == first
+    now[0] = 60.0
+    assert source.get() == {"cpu_percent": 99.0}
+    broken = T.TelemetrySource(str(tmp_path), clock=lambda: now[0])
+    monkeypatch.setattr(T.TelemetrySampler, "__init__", lambda *a: (_ for _ in ()).throw(
+        ImportError("No module named 'psutil'")))
+    assert broken.get() == {} and "telemetry unavailable (ImportError" in caplog.text
+    now[0] = 1000.0
+    caplog.clear()
+    assert broken.get() == {} and caplog.text == "", "said once"
+    w = EventWatcher(Outbox(), sysfs=SysfsState(str(tmp_path)))
+    w.telemetry_sampled({}, 0.0)
+    w.telemetry_sampled({"cpu_percent": 3.0}, 0.0)
+    assert [e.type for e in w.outbox.pending()] == ["device.telemetry"]
+
+
 def test_repeated_warnings_with_changing_numbers_are_one_kind():
     import logging
     from agent.logs import RepeatFilter

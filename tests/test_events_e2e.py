@@ -56,12 +56,18 @@ def test_events_raised_while_the_server_is_down_arrive_in_order_after_it_returns
         netns, fleet, spawn_agent, agent_python, tmp_path):
     root = str(tmp_path / "sys")
     pi_tree(root)
+    write(root, "class/hwmon/hwmon1/name", "cpu_thermal")
+    write(root, "class/hwmon/hwmon1/temp1_input", "47500")
     add_cable()
     server = fleet()
     cfg = agent_config(server, tmp_path, events={"settle_s": 0.2},
                        debug={"sysfs_root": root})
     agent = spawn_agent(agent_python, cfg)
     agent.wait_live(15)
+    # sampled on a turn of the link loop, sent as an event like the others
+    telemetry = wait_for(lambda: [e for e in server.device().get("events", [])
+                                  if e["type"] == "device.telemetry"], 10, what="telemetry")
+    assert telemetry[0]["soc_temp_c"] == 47.5 and telemetry[0]["mem_total_mb"] > 0
     port = server.port
     server.kill()
     raised = []

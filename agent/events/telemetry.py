@@ -1,8 +1,16 @@
 """Telemetry with psutil, sent only when it changed enough or every few minutes."""
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
+
+log = logging.getLogger("edge_agent.events")
+
+# psutil is read this often to see whether anything moved: on a turn of the link loop
+# that falls due (daemon.py), so an idle agent wakes no thread for it.
+SAMPLE_EVERY_S = 60.0
 
 # How much a figure must move to be worth a message before the periodic one.
 THRESHOLDS = {"cpu_percent": 25.0, "mem_percent": 10.0, "disk_free_mb": 100.0,
@@ -84,6 +92,39 @@ class TelemetrySampler:
             if name in SOC_SENSORS and name not in found and os.path.exists(path):
                 found[name] = path
         return next((found[n] for n in SOC_SENSORS if n in found), None)
+
+
+class TelemetrySource:
+    """At most one sample a minute, shared by the heartbeat (ScreenTinker carries
+    telemetry in it) and the device.telemetry events; safe from any thread. Optional:
+    without psutil, or with /proc hidden, it says so once and is empty from then on."""
+
+    def __init__(self, state_dir: str, sysfs_root: str = "/sys",
+                 clock=time.monotonic, every_s: float = SAMPLE_EVERY_S):
+        self._args = (state_dir, sysfs_root)
+        self._clock = clock
+        self.every_s = every_s
+        self._sampler: TelemetrySampler | None = None
+        self._unavailable = False
+        self._at = -1e18
+        self._value: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> dict:
+        with self._lock:
+            now = self._clock()
+            if now - self._at >= self.every_s and not self._unavailable:
+                self._at = now
+                try:
+                    if self._sampler is None:
+                        self._sampler = TelemetrySampler(*self._args)
+                    self._value = self._sampler.sample()
+                except Exception as e:  # telemetry must never cost a heartbeat
+                    self._unavailable = True
+                    self._value = {}
+                    log.warning("telemetry unavailable (%s: %s); not sending it",
+                                type(e).__name__, e)
+            return dict(self._value)
 
 
 class TelemetryGate:

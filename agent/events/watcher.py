@@ -22,15 +22,14 @@ from typing import Callable
 from .debounce import Debouncer
 from .model import Event, NetworkState, UndervoltageLatch, display_event
 from .outbox import Outbox
-from .telemetry import TelemetryGate, TelemetrySampler
+from .telemetry import TelemetryGate
 
 log = logging.getLogger("edge_agent.events")
 
 SUBSYSTEMS = ("drm", "power_supply", "hwmon", "net")
 RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
 NETLINK_ROUTE = 0
-MAX_WAIT_S = 60.0  # ticks for the watchdog gate even when nothing happens
-TELEMETRY_SAMPLE_S = 60.0  # psutil is read this often to see whether anything moved
+MAX_WAIT_S = 60.0  # the longest timed wait: the watchdog gate hears from it this often
 
 
 def _read(path: str) -> str:
@@ -135,10 +134,10 @@ def rtnetlink_links() -> dict[str, tuple[str, str]]:
 
 class EventWatcher(threading.Thread):
     def __init__(self, outbox: Outbox, on_network_up: Callable[[], None] | None = None,
-                 on_tick: Callable[[], None] | None = None, sysfs: SysfsState | None = None,
+                 on_tick: Callable[[], None] | None = None,
+                 on_idle: Callable[[], None] | None = None, sysfs: SysfsState | None = None,
                  settle_s: float = 2.0, fallback_interval_s: float = 60.0,
-                 udev_source: str = "auto", telemetry_state_dir: str | None = None,
-                 telemetry_every_s: float = 300.0):
+                 udev_source: str = "auto", telemetry_every_s: float = 300.0):
         super().__init__(name="events", daemon=True)
         self.outbox = outbox
         self.sysfs = sysfs or SysfsState()
@@ -148,13 +147,12 @@ class EventWatcher(threading.Thread):
         self._displays: dict[str, str] = {}
         self._supplies: dict[str, str] = {}
         self._on_network_up = on_network_up or (lambda: None)
-        self._on_tick = on_tick or (lambda: None)
+        self._on_tick = on_tick or (lambda: None)   # puts it on the watchdog gate...
+        self._on_idle = on_idle or (lambda: None)   # ...and lets it wait untimed, off it
         self.fallback_interval_s = fallback_interval_s
         self.udev_source = udev_source
         self._stop_r, self._stop_w = os.pipe()
         self.mode = "starting"
-        self._telemetry_dir = telemetry_state_dir
-        self._sampler: TelemetrySampler | None = None
         self.telemetry = TelemetryGate(telemetry_every_s)
 
     def stop(self) -> None:
@@ -196,22 +194,28 @@ class EventWatcher(threading.Thread):
 
     def _loop(self) -> None:
         """Woken by netlink (udev, rtnetlink), not by a timer: state is read when the
-        kernel says it changed. Timers only flush the debouncer, sample telemetry once
-        a minute and tick the watchdog gate; sysfs is polled only without netlink."""
+        kernel says it changed. Timers only flush the debouncer; sysfs is polled only
+        without netlink. With nothing pending it waits untimed, off the watchdog gate:
+        blocked in select() on netlink it has nothing to wedge on, and an idle agent
+        wakes no thread for it."""
         monitor, rtnl = self._open_udev(), self._open_rtnetlink()
         self.mode = "netlink" if monitor is not None and rtnl is not None else "sysfs-poll"
         fds = [self._stop_r] + [x.fileno() for x in (monitor, rtnl) if x is not None]
         now = time.monotonic()
         self.scan(now, baseline=True)
-        next_poll, next_sample = now + self.fallback_interval_s, now + TELEMETRY_SAMPLE_S
+        next_poll = now + self.fallback_interval_s
         while True:
             self._on_tick()
             now = time.monotonic()
-            deadlines = [now + MAX_WAIT_S, next_sample, self.debouncer.next_deadline()]
-            if self.mode != "netlink":
-                deadlines.append(next_poll)
-            wait = max(0.0, min(d for d in deadlines if d is not None) - now)
-            ready, _, _ = select.select(fds, [], [], wait)
+            deadlines = [d for d in (self.debouncer.next_deadline(),
+                                     next_poll if self.mode != "netlink" else None)
+                         if d is not None]
+            if deadlines:
+                ready, _, _ = select.select(fds, [], [], min(max(0.0, min(deadlines) - now),
+                                                             MAX_WAIT_S))
+            else:
+                self._on_idle()
+                ready, _, _ = select.select(fds, [], [])
             if self._stop_r in ready:
                 return
             changed = False
@@ -238,18 +242,14 @@ class EventWatcher(threading.Thread):
                 if changed:
                     self._read_state(now, baseline=False)
                 self._flush(now)
-                if now >= next_sample:
-                    next_sample = now + TELEMETRY_SAMPLE_S
-                    self._sample_telemetry(now)
             except Exception as e:  # odd sysfs content must cost a line, not the thread
                 log.warning("reading device state failed (%s: %s); will try again",
                             type(e).__name__, e)
 
     def scan(self, now: float, baseline: bool = False) -> None:
-        """Everything at once: device state, due events, telemetry."""
+        """Everything at once: device state and due events."""
         self._read_state(now, baseline)
         self._flush(now)
-        self._sample_telemetry(now)
 
     def _read_state(self, now: float, baseline: bool) -> None:
         wall = time.time()
@@ -283,17 +283,9 @@ class EventWatcher(threading.Thread):
         for event in self.debouncer.due(now):
             self.outbox.put(event)
 
-    def _sample_telemetry(self, now: float) -> None:
-        wall = time.time()
-        if self._telemetry_dir is not None:
-            try:
-                if self._sampler is None:
-                    self._sampler = TelemetrySampler(self._telemetry_dir, self.sysfs.root)
-                values = self._sampler.sample()
-            except Exception as e:  # psutil missing or /proc hidden: telemetry is optional
-                log.warning("telemetry unavailable (%s); not sending it", type(e).__name__)
-                self._telemetry_dir = None
-                return
-            if self.telemetry.should_send(values, now):
-                self.telemetry.sent(values, now)
-                self.outbox.put(Event("device.telemetry", wall, values))
+    def telemetry_sampled(self, values: dict, now: float) -> None:
+        """A telemetry sample (taken on the link thread's turn, its only caller): a
+        device.telemetry event when it moved enough or is due."""
+        if values and self.telemetry.should_send(values, now):
+            self.telemetry.sent(values, now)
+            self.outbox.put(Event("device.telemetry", time.time(), values))
