@@ -47,12 +47,10 @@ def test_telemetry_only_when_it_moved_or_periodically():
 
 
 def test_the_soc_temperature_is_read_from_its_one_hwmon_file(tmp_path):
-    write(tmp_path, "class/hwmon/hwmon0/name", "acpitz")
-    write(tmp_path, "class/hwmon/hwmon0/temp1_input", "30000")
-    write(tmp_path, "class/hwmon/hwmon1/name", "coretemp")
-    write(tmp_path, "class/hwmon/hwmon1/temp1_input", "61000")
-    write(tmp_path, "class/hwmon/hwmon2/name", "cpu_thermal")
-    write(tmp_path, "class/hwmon/hwmon2/temp1_input", "48312")
+    for n, (chip, millidegrees) in enumerate([("acpitz", "30000"), ("coretemp", "61000"),
+                                               ("cpu_thermal", "48312")]):
+        write(tmp_path, f"class/hwmon/hwmon{n}/name", chip)
+        write(tmp_path, f"class/hwmon/hwmon{n}/temp1_input", millidegrees)
     sampler = TelemetrySampler(str(tmp_path), str(tmp_path))
     values = sampler.sample()
     assert values["soc_temp_c"] == 48.3 and values["uptime_s"] > 0 and values["disk_total_mb"] > 0
