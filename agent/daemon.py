@@ -148,7 +148,9 @@ class Agent:
         the RTT)."""
         now = time.monotonic()
         self.gate.tick("link", now)
-        if self.events is not None and now >= self._telemetry_due:
+        # not before the link has published its state: a telemetry event refreshes the
+        # status file, and its first version must say what the link is doing
+        if self.events is not None and self._last_link and now >= self._telemetry_due:
             self._telemetry_due = now + TELEMETRY_SAMPLE_EVERY_S
             self.events.telemetry_sampled(self._telemetry.get(), now)
         if self.notifier.enabled and now - self._status_refreshed >= STATUS_REFRESH_S:

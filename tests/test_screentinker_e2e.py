@@ -190,7 +190,8 @@ def test_commands_not_allowed_are_refused_out_loud_not_dropped(
         server.admin("/admin/screentinker", {"device_id": device_id, "command": command})
     refused = wait_for(lambda: len(agent.status().get("commands", [])) >= 3
                        and agent.status()["commands"], 10, what="three refusals")
-    # its command types mapped onto the agent's; none of them allowed by default
-    assert [c["command"] for c in refused] == ["reboot", "display", "screenshot"]
+    # its command types mapped onto the agent's; none of them allowed by default. In any
+    # order: python-engineio 4.3 (bookworm) runs each message's handler on a thread of its own
+    assert sorted(c["command"] for c in refused) == ["display", "reboot", "screenshot"]
     assert all(c["result"].startswith("refused: ") and "not allowed" in c["result"]
                for c in refused)
