@@ -32,7 +32,8 @@ def test_code_shown_then_paired_then_online_then_revoked_and_re_enrolled(
     code = wait_for(lambda: pairing_code(agent), 15, what="a pairing code")
     assert (tmp_path / "run" / "pairing-code").read_text().strip() == code
     assert f"pairing code {code}" in agent.log_text()
-    assert agent.link()["state"] == "unpaired"
+    # the enroller may show the code a moment before the link thread's first status
+    wait_for(lambda: agent.link().get("state") == "unpaired", 5, what="the link unpaired")
     status = subprocess.run([agent_python, "-m", "agent", "status", "--config", str(cfg)],
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert code in status.stdout and status.returncode == 1
