@@ -49,6 +49,10 @@ def test_a_call_off_before_the_arming_counts(wakeup):
     wakeup.call_off("c")
     wakeup.arm("c", time.monotonic() + 0.05)
     assert slept(wakeup, 0.3) >= 0.3
+    wakeup.arm("b", time.monotonic() + 60)   # a deadline still armed for an earlier key
+    wakeup.call_off("c2")
+    wakeup.arm("c2", time.monotonic() + 0.05)
+    assert slept(wakeup, 0.3) >= 0.3
     wakeup.arm("d", time.monotonic() + 0.05)
     assert slept(wakeup, 5.0) < 1.0
 

@@ -115,7 +115,7 @@ class Wakeup:
         with self._lock:
             wanted = (key, at) if at is not None and key != self._called_off else None
             if wanted != self._armed:
-                self._timer.set(at)
+                self._timer.set(wanted[1] if wanted else None)
                 self._armed = wanted
 
     def wait(self, timeout_s: float) -> None:
