@@ -30,6 +30,8 @@ log = logging.getLogger("edge_agent")
 
 # How often STATUS= is refreshed while nothing else changes (it carries the RTT).
 STATUS_REFRESH_S = 30.0
+# the events thread's timed waits are at most EVENTS_MAX_WAIT_S
+EVENTS_MAX_SILENCE_S = EVENTS_MAX_WAIT_S + 10.0
 
 
 def status_line(link: dict, pairing: dict | None = None) -> str:
@@ -127,7 +129,7 @@ class Agent:
         if config.events_enabled:
             self.events = EventWatcher(
                 self.outbox, on_network_up=self.runner.network_up,
-                on_tick=lambda: self.gate.register("events", EVENTS_MAX_WAIT_S + 10.0,
+                on_tick=lambda: self.gate.register("events", EVENTS_MAX_SILENCE_S,
                                                    time.monotonic()),
                 on_idle=lambda: self.gate.unregister("events"),
                 sysfs=SysfsState(config.debug_sysfs_root or "/sys"),
@@ -135,7 +137,7 @@ class Agent:
                 fallback_interval_s=config.events_fallback_interval_s,
                 udev_source=config.events_udev_source,
                 telemetry_every_s=config.telemetry_every_s)
-            self.gate.register("events", EVENTS_MAX_WAIT_S + 10.0, now)
+            self.gate.register("events", EVENTS_MAX_SILENCE_S, now)
         self._last_link: dict = {}
         self._status_refreshed = time.monotonic()
         self._status_lock = threading.Lock()

@@ -210,12 +210,10 @@ class EventWatcher(threading.Thread):
             deadlines = [d for d in (self.debouncer.next_deadline(),
                                      next_poll if self.mode != "netlink" else None)
                          if d is not None]
-            if deadlines:
-                ready, _, _ = select.select(fds, [], [], min(max(0.0, min(deadlines) - now),
-                                                             MAX_WAIT_S))
-            else:
+            timeout = min(max(0.0, min(deadlines) - now), MAX_WAIT_S) if deadlines else None
+            if timeout is None:
                 self._on_idle()
-                ready, _, _ = select.select(fds, [], [])
+            ready, _, _ = select.select(fds, [], [], timeout)
             if self._stop_r in ready:
                 return
             changed = False

@@ -88,7 +88,7 @@ class LinkRunner:
         any ACK while an upload waits for its proof of delivery (proof_window_s())."""
         if kind == "ack" and self._acks_may_wait and not self._uploads:
             self.wakeup.put((generation, kind, args), wake=False)
-            if self.wakeup.cancellable and args:
+            if args:
                 self.wakeup.call_off((generation, args[0]))
             return
         self.wakeup.put((generation, kind, args))
@@ -183,14 +183,14 @@ class LinkRunner:
     def _next_wakeup(self) -> float:
         """The core's next deadline; on a proven connection, the ACK deadline goes on the
         timer the ACK itself calls off."""
-        ack = self.core.watchdog.ack_deadline() if self.wakeup.cancellable else None
-        if ack is None or not self._acks_may_wait or self.core.state != LinkState.ONLINE:
-            if self.wakeup.cancellable:
-                self.wakeup.arm(None, None)
-            return self.core.next_wakeup()
-        seq, at = ack
-        self.wakeup.arm((self.generation, seq), at)
-        return self.core.next_wakeup(acks=False)
+        ack = self.core.watchdog.ack_deadline()
+        if (ack is not None and self._acks_may_wait and self.core.state == LinkState.ONLINE
+                and self.wakeup.cancellable):
+            seq, at = ack
+            self.wakeup.arm((self.generation, seq), at)
+            return self.core.next_wakeup(acks=False)
+        self.wakeup.disarm()
+        return self.core.next_wakeup()
 
     def _read_transport(self) -> None:
         """What the library's threads stored without waking us: inbound traffic and

@@ -56,12 +56,6 @@ class _TimerFd:
                          ctypes.byref(spec), None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime")
 
-    def clear(self) -> None:
-        try:
-            os.read(self.fd, 8)
-        except BlockingIOError:
-            pass
-
     def close(self) -> None:
         os.close(self.fd)
 
@@ -90,6 +84,8 @@ class Wakeup:
 
     @property
     def cancellable(self) -> bool:
+        """Deadlines can be armed and called off; without a timerfd arm() and call_off()
+        do nothing and the caller sleeps on its deadlines itself."""
         return self._timer is not None
 
     # -- from any thread --------------------------------------------------------
@@ -102,6 +98,8 @@ class Wakeup:
     def call_off(self, key) -> None:
         """The deadline armed for ``key`` is no longer needed (its ACK came), or will not
         be when it is armed: on a short round trip the ACK beats the arming."""
+        if self._timer is None:
+            return
         with self._lock:
             if self._armed is not None and self._armed[0] == key:
                 self._timer.set(None)
@@ -110,22 +108,30 @@ class Wakeup:
                 self._called_off = key
 
     # -- the link thread --------------------------------------------------------
-    def arm(self, key, at: float | None) -> None:
-        """Wake at ``at`` unless call_off(key) comes first; None disarms."""
-        with self._lock:
+    def arm(self, key, at: float) -> None:
+        """Wake at ``at`` unless call_off(key) comes first."""
+        self._set(key, at)
+
+    def disarm(self) -> None:
+        self._set(None, None)
+
+    def _set(self, key, at: float | None) -> None:
+        if self._timer is None:
+            return
+        with self._lock:   # the called-off check and the arming, as one step
             wanted = (key, at) if at is not None and key != self._called_off else None
             if wanted != self._armed:
                 self._timer.set(wanted[1] if wanted else None)
                 self._armed = wanted
 
     def wait(self, timeout_s: float) -> None:
-        self._poll.poll(max(0, int(timeout_s * 1000 + 0.999)))  # rounded up: never early
-        try:
-            os.eventfd_read(self._efd)
-        except BlockingIOError:
-            pass
-        if self._timer is not None:
-            self._timer.clear()
+        # rounded up: never early. Only what poll saw ready is read (eventfd counter,
+        # timer expirations): most turns end in a timeout and read nothing.
+        for fd, _ in self._poll.poll(max(0, int(timeout_s * 1000 + 0.999))):
+            try:
+                os.read(fd, 8)
+            except BlockingIOError:
+                pass  # a timer called off between its firing and this read
 
     def take_all(self) -> list:
         out = []
