@@ -178,7 +178,7 @@ class Agent:
         return UploadSender(self.config.server_url, self.identity, self.config.ca_file)
 
     def _outbox_put(self) -> None:
-        self.runner.sink(None, "outbox")  # wake the link thread to send it
+        self.runner.events_queued()
         self._refresh_status()
 
     # -- identity ---------------------------------------------------------------

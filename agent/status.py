@@ -18,9 +18,11 @@ class StatusFileError(Exception):
 
 
 def write(path: str, status: dict) -> None:
-    # tmpfs: whole, not durable; readers see the old file or the new one, never half
-    atomic_write(path, json.dumps(status, indent=1, sort_keys=True).encode(), 0o644,
-                 durable=False)
+    # tmpfs: whole, not durable; readers see the old file or the new one, never half.
+    # Compact: only json's C encoder is used without indent, a third of the cost of a
+    # refresh on an idle agent (`edge-agent status --json` prints it indented).
+    atomic_write(path, json.dumps(status, sort_keys=True, separators=(",", ":")).encode(),
+                 0o644, durable=False)
 
 
 def read(path: str) -> dict:

@@ -1,14 +1,18 @@
 """Uploads over the link: deleted from the queue only on proof of delivery."""
 import json
+import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from agent import config as C
+from agent.events.model import Event
+from agent.events.outbox import Outbox
 from agent.link.delivery import DELIVERED, LOST, DeliveryTracker
 from agent.link.profiles import ProfileContext, ScreenTinkerProfile, play_record
 from agent.link.runner import LinkRunner
+from agent.link.schedule_store import ScheduleStore
 from agent.uploads.link_sender import LinkUploadSender
 from agent.uploads.schedule import OK, PERMANENT, TRANSIENT
 from agent.uploads.store import Item
@@ -103,9 +107,9 @@ class FakeTransport:
     close = abort
 
 
-def make_runner(tmp_path, link: str = ""):
+def make_runner(tmp_path, link: str = "", profile: str = "screentinker", **kwargs):
     path = tmp_path / "agent.toml"
-    path.write_text('[server]\nurl = "http://127.0.0.1:9"\nprofile = "screentinker"\n'
+    path.write_text(f'[server]\nurl = "http://127.0.0.1:9"\nprofile = "{profile}"\n'
                     f'[identity]\nstate_dir = "{tmp_path}"\n[runtime]\ndir = "{tmp_path}"\n'
                     f'[link]\n{link}\n')
     cfg = C.load(str(path), env={})
@@ -115,8 +119,9 @@ def make_runner(tmp_path, link: str = ""):
         transports.append(FakeTransport())
         return transports[-1]
 
-    r = LinkRunner(cfg, transport_factory=factory, profile=st_profile(),
-                   identity=lambda: ("st-1", "t" * 20))
+    r = LinkRunner(cfg, transport_factory=factory,
+                   profile=st_profile() if profile == "screentinker" else None,
+                   identity=lambda: ("st-1", "t" * 20), **kwargs)
     r.core.start(0.0)
     r.transports = transports
     return r
@@ -180,6 +185,71 @@ def test_a_late_ack_wakes_the_link_thread_at_its_deadline(tmp_path):
     # the ACK deadline, not the next heartbeat 5 s away
     assert 0.1 < slept(runner, 3.0) < 1.0
     assert runner.core.poll(runner.clock.monotonic())[0].reason == "ack-timeout"
+
+
+def proven(runner):
+    """Connected, and the first ACK taken in (what the loop does as it wakes for it)."""
+    connect(runner)
+    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    drain(runner)
+    assert runner._acks_may_wait
+
+
+def test_an_event_ack_is_taken_in_on_the_librarys_thread_without_waking_the_link_thread(tmp_path):
+    box = Outbox()
+    runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2",
+                         profile="edge-agent", outbox=box)
+    proven(runner)
+    box.put(Event("display.connected", 1.0, {"connector": "HDMI-A-1"}))
+    runner._flush_outbox()
+    event, _, on_ack = runner.transports[0].emitted[-1]
+    assert event == "device:event" and len(box) == 1
+    reader = threading.Thread(target=on_ack, args=({"ok": False},))
+    reader.start(), reader.join()
+    assert len(box) == 1, "a refusal is not a delivery"
+    reader = threading.Thread(target=on_ack, args=({"ok": True},))
+    reader.start(), reader.join()
+    assert len(box) == 0 and box.delivered == 1
+    assert slept(runner, 0.5) >= 0.5, "an event's ACK woke the link thread"
+
+
+def test_an_event_queued_on_the_link_thread_wakes_nothing_one_from_elsewhere_wakes_it(tmp_path):
+    runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2",
+                         profile="edge-agent", outbox=Outbox())
+    proven(runner)
+    runner._loop_thread = threading.get_ident()   # what run() records
+    runner.events_queued()          # telemetry on the link thread's tick: flushed this turn
+    assert slept(runner, 0.5) >= 0.5
+    other = threading.Thread(target=runner.events_queued)
+    other.start(), other.join()
+    assert slept(runner, 5.0) < 0.5, "an event from the events thread must wake the link"
+
+
+class CountingStore(ScheduleStore):
+    def __init__(self, path):
+        super().__init__(path)
+        self.calls = 0
+
+    def save(self, attempts, next_attempt_mono):
+        self.calls += 1
+        super().save(attempts, next_attempt_mono)
+
+
+def test_the_reconnect_schedule_is_stored_when_it_changes_not_on_every_turn(tmp_path):
+    store = CountingStore(str(tmp_path / "backoff.json"))
+    runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2",
+                         schedule_store=store)
+    proven(runner)
+    runner._publish()
+    before = store.calls
+    for _ in range(20):     # turns of an idle, healthy link
+        heartbeat(runner)
+        runner._publish()
+    assert store.calls == before
+    runner._closed("transport-error", "")
+    runner._publish()
+    assert store.calls == before + 1
+    assert store.load()[1] == pytest.approx(runner.core.attempt_at(), abs=0.01)
 
 
 class Request(SimpleNamespace):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from typing import Callable
 
@@ -75,6 +76,7 @@ class LinkRunner:
         self._warned: set[str] = set()
         self.commands = commands        # the command service (remote operations), if any
         self._pings_seen = 0
+        self._loop_thread: int | None = None
 
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, kind: str, *args) -> None:
@@ -92,6 +94,13 @@ class LinkRunner:
                 self.wakeup.call_off((generation, args[0]))
             return
         self.wakeup.put((generation, kind, args))
+
+    def events_queued(self) -> None:
+        """From any thread: the outbox holds something new to send. Put on the link
+        thread itself (telemetry, sampled on its tick) it needs no wake-up: each turn
+        flushes the outbox after its tick."""
+        if threading.get_ident() != self._loop_thread:
+            self.sink(None, "outbox")
 
     def request_stop(self) -> None:
         self.sink(None, "stop")
@@ -145,6 +154,7 @@ class LinkRunner:
         return core.state == LinkState.ONLINE and core.watchdog.proven_live(self.clock.monotonic())
 
     def run(self) -> None:
+        self._loop_thread = threading.get_ident()
         now = self.clock.monotonic()
         if self.commands is not None:
             self.commands.start()  # results of commands from before: sent once connected
@@ -322,8 +332,11 @@ class LinkRunner:
                 continue
             self._events_sent_on[event.id] = gen
 
+            # on the library's thread, without waking this one: the server has the
+            # event, whichever connection carried it, and the outbox is thread-safe
             def on_ack(*args, event_id=event.id):
-                self.sink(gen, "event-ack", event_id, args)
+                if protocol.parse_ok(args):
+                    self.outbox.ack(event_id)
 
             self._emit(protocol.EVENT, event.payload(), on_ack)
         if len(self._events_sent_on) > 4 * self.outbox.capacity:
@@ -441,10 +454,6 @@ class LinkRunner:
             cid, payload = args
             if protocol.parse_ok(payload):
                 self.commands.acked(cid)
-        elif kind == "event-ack":
-            event_id, payload = args
-            if protocol.parse_ok(payload):
-                self.outbox.ack(event_id)
         elif kind == "report-ack":
             upto_n, payload = args
             if protocol.parse_ok(payload):
@@ -492,21 +501,22 @@ class LinkRunner:
         return self.core.snapshot(self.clock.monotonic())
 
     def _publish(self) -> None:
+        """The reconnect schedule to its store and the state to on_status, when either
+        changed: only what an operator would call a change (RTT jitter is not one), read
+        off the core rather than a snapshot, as this runs on every turn of the loop."""
         core = self.core
-        if self._store is not None:
-            waiting = core.state == LinkState.WAITING
-            self._store.save(core.backoff.attempts, core.attempt_at() if waiting else 0.0)
-        if self._on_status is None:
-            return
-        # Only what an operator would call a change; RTT jitter is not one. Read off the
-        # core, not a snapshot: this runs on every turn of the loop.
         current = core.journal.current
-        online = core.state == LinkState.ONLINE
-        key = (core.state, core.paused, core.last_reason, current.n if current else None,
-               online and core.watchdog.proven_live(self.clock.monotonic()),
-               core.backoff.attempts, core.hold_until)
-        if key != self._published:
-            self._published = key
+        state = core.state
+        key = (state, core.paused, core.last_reason, current.n if current else None,
+               state == LinkState.ONLINE and core.watchdog.proven_live(self.clock.monotonic()),
+               core.backoff.attempts, core.hold_until,
+               core.attempt_at() if state == LinkState.WAITING else 0.0)
+        if key == self._published:
+            return
+        self._published = key
+        if self._store is not None:
+            self._store.save(core.backoff.attempts, key[-1])
+        if self._on_status is not None:
             self._on_status(self.snapshot())
 
     # -- wiring -----------------------------------------------------------------

@@ -44,16 +44,21 @@ class _TimerFd:
         self.fd = create(CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "timerfd_create")
+        self._spec = _Itimerspec()     # one, filled in place: set() runs once per heartbeat
+        self._spec_ref = ctypes.byref(self._spec)
 
     def set(self, at: float | None) -> None:
-        """Fire once at monotonic time ``at``; None disarms."""
-        spec = _Itimerspec()
-        if at is not None:
-            sec = int(at)
+        """Fire once at monotonic time ``at``; None disarms. Not thread-safe (Wakeup
+        calls it under its lock)."""
+        value = self._spec.it_value
+        if at is None:
+            value.tv_sec = value.tv_nsec = 0
+        else:
+            value.tv_sec = sec = int(at)
             # an all-zero value would disarm: a deadline at 0 is long past anyway
-            spec.it_value = _Timespec(sec, max(1, int((at - sec) * 1e9)))
+            value.tv_nsec = max(1, int((at - sec) * 1e9))
         if self._settime(self.fd, TFD_TIMER_ABSTIME if at is not None else 0,
-                         ctypes.byref(spec), None) != 0:
+                         self._spec_ref, None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime")
 
     def close(self) -> None:
