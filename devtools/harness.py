@@ -60,6 +60,8 @@ class FleetServerProcess:
         self.starts += 1
         wait_for(port_file.exists, 15, what="fleet server to listen")
         self.port = int(port_file.read_text())
+        # written once it listens: a client may connect before wait_for's next look
+        self.listening_at = port_file.stat().st_mtime
         return self
 
     def kill(self) -> None:

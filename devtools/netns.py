@@ -94,7 +94,7 @@ def tcp_sockets(pid: int, remote_port: int) -> list[dict]:
         inodes = _socket_inodes(pid)
     except (FileNotFoundError, ProcessLookupError):
         return []
-    found = []
+    found, seen = [], set()
     for table in ("tcp", "tcp6"):
         try:
             with open(f"/proc/{pid}/net/{table}") as f:
@@ -102,7 +102,11 @@ def tcp_sockets(pid: int, remote_port: int) -> list[dict]:
                 for line in f:
                     parts = line.split()
                     local, remote, st, inode = parts[1], parts[2], parts[3], int(parts[9])
-                    if inode in inodes and int(remote.split(":")[1], 16) == remote_port:
+                    # once per socket: the kernel's table is read in pages, and a
+                    # socket that moves in it between two reads is listed twice
+                    if (inode in inodes and inode not in seen
+                            and int(remote.split(":")[1], 16) == remote_port):
+                        seen.add(inode)
                         found.append({"local_port": int(local.split(":")[1], 16),
                                       "state": TCP_STATES.get(st, st), "fd": inodes[inode]})
         except FileNotFoundError:
