@@ -300,6 +300,7 @@ class Agent:
                  self.device_id, self.config.server_display,
                  "pre-provisioned token" if self.preprovisioned else
                  "paired" if self.token else "not paired yet")
+        self.runner.begin()   # the link's first state, before the threads that write status
         link = threading.Thread(target=self._run_link, name="link", daemon=True)
         link.start()
         self.uploads.start()

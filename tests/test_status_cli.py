@@ -69,3 +69,26 @@ def test_ages_count_from_when_the_status_file_was_written(tmp_path):
                   "link": {"state": "online", "since_s": 0.0, "rtt_ms": 3.0, "last_ack_age_s": 0.0}})
     out = run_status(tmp_path).stdout
     assert "since       65 s in this state" in out and "last ack 65 s ago" in out, out
+
+
+def test_the_status_file_says_what_the_link_does_before_any_other_thread_runs(tmp_path, monkeypatch):
+    """The enroller, the uploads worker and the outbox rewrite the status file too: it
+    must carry the link's state before the first of them starts, not an empty link."""
+    from types import SimpleNamespace
+
+    from agent import config as cfgmod
+    from agent.daemon import Agent
+    from devtools.harness import agent_config
+
+    server = SimpleNamespace(url="http://127.0.0.1:9", devices={"screen-1": "t" * 32})
+    agent = Agent(cfgmod.load(str(agent_config(server, tmp_path)), env={}))
+    seen = {}
+
+    def first_thread():   # the link thread, the first to start: what is there already
+        path = agent.config.status_path
+        seen["link"] = status.read(path).get("link") if os.path.exists(path) else None
+
+    monkeypatch.setattr(agent, "_run_link", first_thread)
+    agent.run()
+    assert seen["link"] and seen["link"]["state"] == "waiting", seen
+    assert seen["link"]["next_attempt_in_s"] == 0.0

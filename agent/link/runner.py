@@ -77,6 +77,7 @@ class LinkRunner:
         self.commands = commands        # the command service (remote operations), if any
         self._pings_seen = 0
         self._loop_thread: int | None = None
+        self._begun = False
 
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, kind: str, *args) -> None:
@@ -153,11 +154,14 @@ class LinkRunner:
         core = self.core
         return core.state == LinkState.ONLINE and core.watchdog.proven_live(self.clock.monotonic())
 
-    def run(self) -> None:
-        self._loop_thread = threading.get_ident()
+    def begin(self) -> None:
+        """The reconnect schedule of a previous process, and the first state published.
+        The daemon calls it before any thread starts (run() does if it did not), so the
+        status file, which other threads rewrite too, never shows an empty link."""
+        if self._begun:
+            return
+        self._begun = True
         now = self.clock.monotonic()
-        if self.commands is not None:
-            self.commands.start()  # results of commands from before: sent once connected
         attempts, resume_at = self._store.load() if self._store else (0, None)
         if resume_at is not None:
             # never further out than the cap: a bogus file must not silence the agent
@@ -165,6 +169,13 @@ class LinkRunner:
             log.info("continuing the reconnect schedule of the previous process: attempt %d %s",
                      attempts + 1, f"in {resume_at - now:.1f}s" if resume_at > now else "now")
         self.core.start(now, resume_at, attempts)
+        self._publish()
+
+    def run(self) -> None:
+        self._loop_thread = threading.get_ident()
+        if self.commands is not None:
+            self.commands.start()  # results of commands from before: sent once connected
+        self.begin()
         stall_at = (self._started + self.config.debug_stall_link_after_s
                     if self.config.debug_stall_link_after_s is not None else None)
         while True:
