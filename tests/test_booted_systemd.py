@@ -342,7 +342,10 @@ def test_a_wedged_agent_is_killed_by_the_watchdog_and_comes_back(site):
     assert "Fatal Python error: Aborted" in said and "Thread 0x" in said, said
     # ...and no core file: not to the SD card, not with the token in it
     print("kernel.core_pattern on this host: " + Path("/proc/sys/kernel/core_pattern").read_text().strip())
-    assert "Main process exited, code=killed, status=6/ABRT" in said, said
+    # killed by the SIGABRT, or, now and then, by a SIGSEGV inside faulthandler itself:
+    # systemd sends SIGCONT with the SIGABRT, and a thread that runs on while its stack is
+    # printed can crash the printing (CPython documents the dump as best effort)
+    assert re.search(r"Main process exited, code=killed, status=(6/ABRT|11/SEGV)", said), said
     assert "code=dumped" not in said
     left = s.run("find", STATE, "/var/lib/systemd/coredump", "-type", "f", "-name", "core*",
                  check=False).stdout
