@@ -518,15 +518,15 @@ class LinkRunner:
         core = self.core
         current = core.journal.current
         state = core.state
+        next_attempt = core.attempt_at() if state == LinkState.WAITING else 0.0
         key = (state, core.paused, core.last_reason, current.n if current else None,
                state == LinkState.ONLINE and core.watchdog.proven_live(self.clock.monotonic()),
-               core.backoff.attempts, core.hold_until,
-               core.attempt_at() if state == LinkState.WAITING else 0.0)
+               core.backoff.attempts, core.hold_until, next_attempt)
         if key == self._published:
             return
         self._published = key
         if self._store is not None:
-            self._store.save(core.backoff.attempts, key[-1])
+            self._store.save(core.backoff.attempts, next_attempt)
         if self._on_status is not None:
             self._on_status(self.snapshot())
 
