@@ -8,8 +8,12 @@ e.g. ``EDGE_AGENT_LINK_BACKOFF_BASE_S=2`` for ``[link.backoff] base_s``.
 """
 from __future__ import annotations
 
+import difflib
+import ipaddress
 import math
 import os
+import re
+import shlex
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,9 +46,49 @@ class ConfigMissing(ConfigError):
 # Every key is declared here and only here: its type, its default, the rule it must
 # obey, and where it lands in Config ("uploads.base_s" is Config.uploads.base_s). A
 # default that a policy object already has is taken from it, not written twice.
+# Every number has a lower and an upper bound: a value that the TOML parser accepts
+# but the kernel or the link cannot (a keepalive idle time past TCP_KEEPIDLE's range,
+# a 1 ms heartbeat, a 1e308 s one) is refused here, where check-config sees it, and
+# never reaches a socket option or a timer in a running thread.
 REQUIRED = object()
-POSITIVE, NOT_NEGATIVE = "> 0", ">= 0"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Range:
+    """Inclusive bounds for a number; the reason for them is in the SCHEMA entry."""
+    lo: float
+    hi: float
+
+    def check(self, name: str, v) -> None:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{name}: must be a finite number")
+        if not self.lo <= v <= self.hi:
+            raise ConfigError(f"{name}: must be between {self.lo:g} and {self.hi:g}, got {v:g}")
+
+
+@dataclass(frozen=True)
+class Text:
+    """What a string may hold: printable ASCII within a length, matching ``pattern``."""
+    what: str
+    pattern: re.Pattern
+    max_len: int = 4096
+
+    def check(self, name: str, v: str) -> None:
+        if not v or len(v) > self.max_len or not self.pattern.fullmatch(v):
+            raise ConfigError(f"{name}: must be {self.what}, got {_shown(v)}")
+
+
+# An absolute path: no control characters, no empty components (one reading of a
+# segment each, so a long bad value cannot make the match backtrack).
+ABS_PATH = Text("an absolute path (/...)", re.compile(r"(?:/[^\x00-\x1f\x7f/]+)+/?|/"), 1024)
+# Run through shlex.split, never a shell: one line of printable characters.
+COMMAND_LINE = Text("one line of printable characters", re.compile(r"[^\x00-\x1f\x7f]+"))
+
+
+def _shown(v: str) -> str:
+    return repr(v if len(v) <= 60 else v[:57] + "...")
 
 
 @dataclass(frozen=True)
@@ -52,68 +96,75 @@ class Key:
     type: type
     default: Any
     into: str
-    rule: str | tuple | None = None   # POSITIVE, NOT_NEGATIVE, or the allowed values
+    rule: Range | Text | tuple | None = None   # bounds, a string rule, or the allowed values
 
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "server": {
-        "url": Key(str, REQUIRED, "server_url"),
-        "ca_file": Key(str, None, "ca_file"),
+        "url": Key(str, REQUIRED, "server_url"),     # its own rule: _check_url
+        "ca_file": Key(str, None, "ca_file", ABS_PATH),
         "profile": Key(str, "edge-agent", "profile", PROFILES),
-        "connect_timeout_s": Key(float, 10.0, "connect_timeout_s", POSITIVE),
+        # a cellular link needs seconds; minutes only hide a dead server
+        "connect_timeout_s": Key(float, 10.0, "connect_timeout_s", Range(0.5, 300)),
     },
     "identity": {
         # Both optional: without a device_id one is derived and kept in state_dir;
         # without a token the agent enrolls and shows a pairing code.
         "device_id": Key(str, None, "device_id"),
         "token": Key(str, None, "token"),
-        "state_dir": Key(str, "/var/lib/edge-agent", "state_dir"),
+        "state_dir": Key(str, "/var/lib/edge-agent", "state_dir", ABS_PATH),
         "show_code_on_console": Key(bool, False, "show_code_on_console"),
     },
     "runtime": {
         # systemd's RuntimeDirectory= sets $RUNTIME_DIRECTORY; tmpfs, never the SD card.
-        "dir": Key(str, None, "runtime_dir"),
+        "dir": Key(str, None, "runtime_dir", ABS_PATH),
     },
     "link": {
+        # below a second the heartbeats are the load (and the ACK cannot come back in
+        # time over a slow link); above an hour no middlebox keeps the flow open
         "heartbeat_interval_s": Key(float, LivenessPolicy.heartbeat_interval_s,
-                                    "liveness.heartbeat_interval_s", POSITIVE),
+                                    "liveness.heartbeat_interval_s", Range(1, 3600)),
         "ack_timeout_s": Key(float, LivenessPolicy.ack_timeout_s, "liveness.ack_timeout_s",
-                             POSITIVE),
-        "missed_acks": Key(int, LivenessPolicy.missed_acks, "liveness.missed_acks", POSITIVE),
+                             Range(0.1, 600)),
+        "missed_acks": Key(int, LivenessPolicy.missed_acks, "liveness.missed_acks", Range(1, 10)),
         "silence_timeout_s": Key(float, LivenessPolicy.silence_timeout_s,
-                                 "liveness.silence_timeout_s", POSITIVE),
-        "stable_after_s": Key(float, 60.0, "stable_after_s", POSITIVE),
-        "wake_min_interval_s": Key(float, 5.0, "wake_min_interval_s", NOT_NEGATIVE),
+                                 "liveness.silence_timeout_s", Range(1, 7200)),
+        "stable_after_s": Key(float, 60.0, "stable_after_s", Range(1, DAY)),
+        "wake_min_interval_s": Key(float, 5.0, "wake_min_interval_s", Range(0, 3600)),
     },
     "link.backoff": {
-        "base_s": Key(float, BackoffPolicy.base_s, "backoff.base_s", POSITIVE),
-        "cap_s": Key(float, BackoffPolicy.cap_s, "backoff.cap_s", POSITIVE),
+        "base_s": Key(float, BackoffPolicy.base_s, "backoff.base_s", Range(0.1, 3600)),
+        # a screen that waits more than an hour between tries is a screen nobody can reach
+        "cap_s": Key(float, BackoffPolicy.cap_s, "backoff.cap_s", Range(0.1, 3600)),
         "jitter": Key(str, BackoffPolicy.jitter, "backoff.jitter", JITTER_MODES),
     },
     "link.keepalive": {
-        "idle_s": Key(int, KeepalivePolicy.idle_s, "keepalive.idle_s", POSITIVE),
-        "interval_s": Key(int, KeepalivePolicy.interval_s, "keepalive.interval_s", POSITIVE),
-        "count": Key(int, KeepalivePolicy.count, "keepalive.count", POSITIVE),
+        # Linux's own limits: TCP_KEEPIDLE and TCP_KEEPINTVL <= 32767 s, TCP_KEEPCNT <= 127
+        "idle_s": Key(int, KeepalivePolicy.idle_s, "keepalive.idle_s", Range(1, 32767)),
+        "interval_s": Key(int, KeepalivePolicy.interval_s, "keepalive.interval_s",
+                          Range(1, 32767)),
+        "count": Key(int, KeepalivePolicy.count, "keepalive.count", Range(1, 127)),
         "user_timeout_s": Key(float, KeepalivePolicy.user_timeout_s, "keepalive.user_timeout_s",
-                              POSITIVE),
+                              Range(1, 3600)),
     },
     "uploads": {
-        "base_s": Key(float, UploadPolicy.base_s, "uploads.base_s", POSITIVE),
-        "cap_s": Key(float, UploadPolicy.cap_s, "uploads.cap_s", POSITIVE),
-        "max_items": Key(int, UploadPolicy.max_items, "uploads.max_items", POSITIVE),
-        "max_bytes": Key(int, UploadPolicy.max_bytes, "uploads.max_bytes", POSITIVE),
-        "max_age_days": Key(float, UploadPolicy.max_age_days, "uploads.max_age_days", POSITIVE),
+        "base_s": Key(float, UploadPolicy.base_s, "uploads.base_s", Range(0.1, DAY)),
+        "cap_s": Key(float, UploadPolicy.cap_s, "uploads.cap_s", Range(0.1, 7 * DAY)),
+        "max_items": Key(int, UploadPolicy.max_items, "uploads.max_items", Range(1, 1_000_000)),
+        "max_bytes": Key(int, UploadPolicy.max_bytes, "uploads.max_bytes", Range(1, 1 << 40)),
+        "max_age_days": Key(float, UploadPolicy.max_age_days, "uploads.max_age_days",
+                            Range(0.001, 3650)),
         "dedupe_window_s": Key(float, UploadPolicy.dedupe_window_s, "uploads.dedupe_window_s",
-                               NOT_NEGATIVE),
+                               Range(0, 30 * DAY)),
     },
     "events": {
         "enabled": Key(bool, True, "events_enabled"),
         # one event per kind per settle window
-        "settle_s": Key(float, 2.0, "events_settle_s", POSITIVE),
+        "settle_s": Key(float, 2.0, "events_settle_s", Range(0.05, 3600)),
         # sysfs reads when netlink is unavailable
-        "fallback_interval_s": Key(float, 60.0, "events_fallback_interval_s", POSITIVE),
+        "fallback_interval_s": Key(float, 60.0, "events_fallback_interval_s", Range(0.1, DAY)),
         "udev_source": Key(str, "auto", "events_udev_source", ("auto", "udev", "kernel")),
-        "telemetry_every_s": Key(float, 300.0, "telemetry_every_s", POSITIVE),
+        "telemetry_every_s": Key(float, 300.0, "telemetry_every_s", Range(1, DAY)),
     },
     "watchdog": {
         # Pet systemd's watchdog only while the link is proven live (see README).
@@ -124,20 +175,20 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # operations). reboot, restart-agent, display and screenshot are opt-in.
         "allow": Key(list, ["diagnostics", "logs"], "commands_allow"),
         # prints a JPEG or PNG, e.g. "grim -t jpeg -"
-        "screenshot_command": Key(str, None, "screenshot_command"),
+        "screenshot_command": Key(str, None, "screenshot_command", COMMAND_LINE),
         # e.g. "wlr-randr --output HDMI-A-1 --on"
-        "display_on_command": Key(str, None, "display_on_command"),
-        "display_off_command": Key(str, None, "display_off_command"),
-        "timeout_s": Key(float, 60.0, "command_timeout_s", POSITIVE),
+        "display_on_command": Key(str, None, "display_on_command", COMMAND_LINE),
+        "display_off_command": Key(str, None, "display_off_command", COMMAND_LINE),
+        "timeout_s": Key(float, 60.0, "command_timeout_s", Range(0.1, 3600)),
     },
     "log": {
         "level": Key(str, "info", "log_level", LOG_LEVELS),
     },
     "debug": {
         # Test hook: the link thread wedges itself this long after start.
-        "stall_link_after_s": Key(float, None, "debug_stall_link_after_s", NOT_NEGATIVE),
+        "stall_link_after_s": Key(float, None, "debug_stall_link_after_s", Range(0, DAY)),
         # Test hook: read display/power/network state from this tree instead of /sys.
-        "sysfs_root": Key(str, None, "debug_sysfs_root"),
+        "sysfs_root": Key(str, None, "debug_sysfs_root", ABS_PATH),
     },
 }
 # The policy objects Config holds; keys land in them by the prefix of ``into``.
@@ -303,11 +354,27 @@ def load(path: str | None = None, env: dict[str, str] | None = None) -> Config:
                 raise ConfigMissing(name, f"{name}: required (set it in {path} or {ename})")
             else:
                 values[name] = default
-    for ename in env:
-        if ename.startswith(ENV_PREFIX) and not any(
-                ename == env_name(s, k) for s, ks in SCHEMA.items() for k in ks):
-            raise ConfigError(f"{ename}: unknown environment override")
+    _check_overrides(env)
     return _validate(values, env, path)
+
+
+def _check_overrides(env) -> None:
+    """An EDGE_AGENT_ variable that names a section but no key of it is a typo and
+    fatal, as is one a letter or two away from a real override; any other (the
+    project's tools use EDGE_AGENT_PYTHON and the like) is not configuration and is
+    left alone."""
+    known = {env_name(s, k)[len(ENV_PREFIX):]: (s, k) for s, ks in SCHEMA.items() for k in ks}
+    sections = sorted({env_name(s, "")[len(ENV_PREFIX):] for s in SCHEMA}, key=len, reverse=True)
+    for ename in env:
+        rest = ename[len(ENV_PREFIX):]
+        if not ename.startswith(ENV_PREFIX) or rest in known:
+            continue
+        near = difflib.get_close_matches(rest, known, n=1, cutoff=0.8)
+        if near:
+            raise ConfigError(f"{ename}: unknown environment override "
+                              f"(did you mean {ENV_PREFIX}{near[0]}?)")
+        if any(rest.startswith(s) for s in sections):
+            raise ConfigError(f"{ename}: unknown environment override")
 
 
 def _check_rule(name: str, spec: Key, v: Any) -> None:
@@ -317,24 +384,57 @@ def _check_rule(name: str, spec: Key, v: Any) -> None:
         if v not in spec.rule:
             raise ConfigError(f"{name}: must be one of {', '.join(spec.rule)}")
         return
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ConfigError(f"{name}: must be a finite number")
-    if v < 0 or (v == 0 and spec.rule == POSITIVE):
-        raise ConfigError(f"{name}: must be {spec.rule}, got {v}")
+    spec.rule.check(name, v)
+
+
+# A host name as DNS has it (an internationalised one in its xn-- form); urlparse alone
+# lets "fleet example.com" and control characters through to the resolver.
+_HOST = re.compile(r"(?!-)[a-z0-9-]{1,63}(?:\.(?!-)[a-z0-9-]{1,63})*\.?")
+_URL_CHARS = re.compile(r"[!-~]{1,2048}")   # printable ASCII, no space
+
+
+def _check_url(url: str) -> None:
+    if not _URL_CHARS.fullmatch(url):
+        raise ConfigError(f"server.url: must be up to 2048 printable ASCII characters without "
+                          f"spaces (percent-encode the rest), got {_shown(url)}")
+    try:
+        parsed = urlparse(url)   # Python >= 3.11.4 checks a bracketed host itself
+    except ValueError as e:
+        raise ConfigError(f"server.url: {e}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"server.url: must be an http:// or https:// URL, got {url!r}")
+    host = parsed.hostname   # lowercased, an IPv6 literal without its brackets
+    try:
+        if ":" in host:
+            ipaddress.IPv6Address(host)
+        elif not _HOST.fullmatch(host):
+            raise ValueError(host)
+    except ValueError:
+        raise ConfigError(f"server.url: {host!r} is not a host name or IP address") from None
+    try:
+        parsed.port
+    except ValueError:
+        raise ConfigError(f"server.url: bad port in {url!r}") from None
+
+
+def _check_command(name: str, command: str | None) -> None:
+    if command is None:
+        return
+    try:
+        words = shlex.split(command)
+    except ValueError as e:
+        raise ConfigError(f"{name}: cannot be split into words ({e})") from None
+    if not words:
+        raise ConfigError(f"{name}: is empty")
 
 
 def _validate(v: dict, env: dict, path: str) -> Config:
     for section, keys in SCHEMA.items():
         for key, spec in keys.items():
             _check_rule(f"{section}.{key}", spec, v[f"{section}.{key}"])
-    url = v["server.url"]
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"server.url: must be an http:// or https:// URL, got {url!r}")
-    try:
-        parsed.port
-    except ValueError:
-        raise ConfigError(f"server.url: bad port in {url!r}") from None
+    _check_url(v["server.url"])
+    for key in ("screenshot_command", "display_on_command", "display_off_command"):
+        _check_command(f"commands.{key}", v[f"commands.{key}"])
     if v["server.ca_file"] is not None and not os.path.isfile(v["server.ca_file"]):
         raise ConfigError(f"server.ca_file: no such file: {v['server.ca_file']}")
     if v["identity.device_id"] is not None and not usable_device_id(v["identity.device_id"]):

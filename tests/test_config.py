@@ -229,3 +229,109 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
             if name == "commands.allow":
                 want = frozenset(want)
             assert got == want, f"{name} -> Config.{spec.into}: {got!r}, not {want!r}"
+
+
+# -- every key bounded, the bounds the kernel's and the link's -------------------------
+@pytest.mark.parametrize("section, key, value, expect", [
+    # each of these passed check-config before and broke `run` (a TypeError in the link
+    # thread, 10 reconnects in 8 s, a timer that never fires, a resolver fed a space)
+    ("link.keepalive", "idle_s", 99999999999999999, "link.keepalive.idle_s: must be between 1 and 32767"),
+    ("link.keepalive", "count", 128, "link.keepalive.count: must be between 1 and 127"),
+    ("link", "heartbeat_interval_s", 0.001, "link.heartbeat_interval_s: must be between 1 and 3600"),
+    ("link", "heartbeat_interval_s", 1e308, "link.heartbeat_interval_s: must be between"),
+    ("link.backoff", "cap_s", 1e300, "link.backoff.cap_s: must be between"),
+    ("uploads", "max_items", 10**12, "uploads.max_items: must be between"),
+    ("server", "connect_timeout_s", 0.0001, "server.connect_timeout_s: must be between"),
+    ("server", "url", "http://fleet example.com", "server.url: must be up to 2048 printable"),
+    ("server", "url", "http://fleet.example.com/a b", "server.url: must be up to 2048 printable"),
+    ("server", "url", "http://fl_eet.example.com", "server.url: 'fl_eet.example.com' is not a host"),
+    ("server", "url", "http://[::zz]:80", "server.url: "),
+    ("identity", "state_dir", "var/lib/edge-agent", "identity.state_dir: must be an absolute path"),
+    ("identity", "state_dir", "/var//lib", "identity.state_dir: must be an absolute path"),
+    ("commands", "display_on_command", "wlr-randr --output 'HDMI-A-1", "commands.display_on_command: cannot be split"),
+    ("commands", "screenshot_command", "   ", "commands.screenshot_command: is empty"),
+])
+def test_values_the_runtime_cannot_use_are_refused_with_the_key(tmp_path, section, key, value, expect):
+    doc = {k: dict(v) for k, v in BASE.items()}
+    node = doc
+    for part in section.split("."):
+        node = node.setdefault(part, {})
+    node[key] = value
+    with pytest.raises(C.ConfigError) as e:
+        C.load(write(tmp_path, to_toml(doc)), env={})
+    assert str(e.value).startswith(expect), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_hosts_and_paths_that_are_fine_stay_fine(tmp_path):
+    for url in ("https://fleet.example.com", "http://127.0.0.1:8470", "http://[::1]:8470/base",
+                "https://user:p%40ss@xn--bcher-kva.example:443/"):
+        cfg = C.load(write(tmp_path, GOOD.replace("http://127.0.0.1:8470", url)), env={})
+        assert cfg.server_url == url.rstrip("/")
+
+
+def test_every_number_has_bounds_and_every_free_string_a_rule():
+    """The rule that makes the cases above impossible for keys added later."""
+    own_rules = {"server.url", "identity.device_id", "identity.token"}   # rules.py, _check_url
+    for section, keys in C.SCHEMA.items():
+        for key, spec in keys.items():
+            name = f"{section}.{key}"
+            if spec.type in (int, float):
+                assert isinstance(spec.rule, C.Range), f"{name} has no bounds"
+                if spec.default is not None:
+                    assert spec.rule.lo <= spec.default <= spec.rule.hi, name
+            elif spec.type is str and name not in own_rules:
+                assert spec.rule is not None, f"{name} takes any string"
+
+
+def test_keepalive_bounds_are_what_the_kernel_takes():
+    """The upper bounds are Linux's: setsockopt takes them on a real socket and refuses
+    one more, so a value check-config passes can never fail in the link thread."""
+    import errno
+    import socket
+    from agent.link.sockopts import TCP_USER_TIMEOUT
+    opts = {"idle_s": socket.TCP_KEEPIDLE, "interval_s": socket.TCP_KEEPINTVL,
+            "count": socket.TCP_KEEPCNT}
+    with socket.socket() as s:
+        for key, opt in opts.items():
+            hi = C.SCHEMA["link.keepalive"][key].rule.hi
+            s.setsockopt(socket.IPPROTO_TCP, opt, hi)
+            assert s.getsockopt(socket.IPPROTO_TCP, opt) == hi
+            with pytest.raises(OSError) as e:
+                s.setsockopt(socket.IPPROTO_TCP, opt, hi + 1)
+            assert e.value.errno == errno.EINVAL
+        hi_ms = int(C.SCHEMA["link.keepalive"]["user_timeout_s"].rule.hi * 1000)
+        s.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, hi_ms)
+        assert s.getsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT) == hi_ms
+
+
+@pytest.mark.parametrize("line, value", [
+    ('[link.keepalive]\nidle_s = 99999999999999999', "link.keepalive.idle_s"),
+    ('[link]\nheartbeat_interval_s = 0.001', "link.heartbeat_interval_s"),
+    ('[server]\nurl = "http://fleet example.com"', "server.url"),
+])
+def test_check_config_and_run_refuse_the_same_value_with_the_same_line(tmp_path, line, value):
+    text = GOOD.replace("[link]\nheartbeat_interval_s = 15\n", "").replace(
+        "[link.keepalive]\nidle_s = 10\n", "")
+    if line.startswith("[server]"):
+        text = text.replace('[server]\nurl = "http://127.0.0.1:8470"\n', "")
+    path = write(tmp_path, text + line + "\n")
+    check = _cli("check-config", "--config", path)
+    run = _cli("run", "--config", path)
+    assert check.returncode == run.returncode == 2, (check.stderr, run.stderr)
+    assert check.stderr == run.stderr and check.stderr.count("\n") == 1
+    assert value in check.stderr and "Traceback" not in check.stderr + run.stderr
+
+
+def test_tools_variables_are_not_overrides_but_typos_are_caught(tmp_path):
+    path = write(tmp_path, GOOD)
+    # scripts/fleet-server, the rootfs cache and the peers' directory are the tools' own
+    for name in ("EDGE_AGENT_PYTHON", "EDGE_AGENT_ROOTFS_CACHE", "EDGE_AGENT_SCREENTINKER_DIR"):
+        C.load(path, env={name: "/usr/bin/python3"})
+    with pytest.raises(C.ConfigError, match=r"^EDGE_AGENT_SEVRER_URL: unknown environment "
+                                            r"override \(did you mean EDGE_AGENT_SERVER_URL\?\)"):
+        C.load(path, env={"EDGE_AGENT_SEVRER_URL": "http://x"})
+    with pytest.raises(C.ConfigError, match=r"^EDGE_AGENT_UPLOADS_MAXITEMS: unknown"):
+        C.load(path, env={"EDGE_AGENT_UPLOADS_MAXITEMS": "3"})
+    with pytest.raises(C.ConfigError, match=r"^EDGE_AGENT_LINK_BACKOFF_FOO: unknown"):
+        C.load(path, env={"EDGE_AGENT_LINK_BACKOFF_FOO": "3"})
