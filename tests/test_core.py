@@ -264,3 +264,20 @@ def test_old_server_without_acks_no_watchdog_reconnects_over_five_minutes():
         clock.advance(0.5)
         aborts += [a for a in core.poll(clock.now) if isinstance(a, Abort)]
     assert aborts[0].reason == J.SILENCE and clock.now - t_drop <= 25 + 5
+
+
+def test_core_asks_the_kernel_at_the_ack_deadline_and_an_undelivered_heartbeat_aborts():
+    from agent.link.core import VerifyDelivery
+    core = LinkCore(LinkPolicy(liveness=LivenessPolicy(heartbeat_interval_s=15, ack_timeout_s=5)))
+    core.start(0.0)
+    assert isinstance(core.poll(0.0)[0], Connect)
+    core.on_connected(1.0, 1000.0, 25.0)
+    assert [type(a) for a in core.poll(1.0)] == [SendHeartbeat]
+    assert core.next_wakeup() == 6.0
+    assert core.poll(6.0) == [VerifyDelivery(1)]
+    assert core.on_delivery(1, True, 6.0, 0.01) == []
+    assert core.snapshot(6.0)["proof"] == "tcp-ack+ping" and core.snapshot(6.0)["proven_live"]
+    core.poll(16.0)
+    assert core.poll(21.0) == [VerifyDelivery(2)]
+    assert core.on_delivery(2, False, 21.0) == [Abort("ack-timeout")]
+    assert core.state == LinkState.WAITING and core.last_reason == "ack-timeout"

@@ -131,3 +131,32 @@ def test_backoff_schedule_survives_kill_9(netns, spawn_agent, agent_python, tmp_
     assert resumed - fourth >= 4.0 - 0.2, f"restarted agent tried {resumed - fourth:.2f}s after"
     assert resumed - fourth <= 4.0 + 1.5
     assert "continuing the reconnect schedule" in second.log_text()
+
+
+def test_a_server_without_acks_is_proven_by_the_kernel_at_every_heartbeat(
+        netns, fleet, spawn_agent, agent_python, tmp_path, systemd):
+    """ScreenTinker before 1.9 ACKs no heartbeat. Its pings come every 25 s, so proof from
+    pings alone left gaps a WatchdogSec under half a minute could not bear; the kernel's
+    TCP acknowledgement of each heartbeat proves the link at every heartbeat, and its
+    absence ends a silently dropped link at that heartbeat's ACK deadline."""
+    server = fleet("--ack-mode", "none")   # pings every 25 s: none inside this test
+    agent = spawn_agent(agent_python, agent_config(server, tmp_path), env=systemd.env())
+    t_up = time.monotonic()
+    link = agent.wait_live(HB + ACK + 5, connection=1)
+    assert link["proof"] == "tcp-ack+ping", link
+    assert time.monotonic() - t_up < HB + ACK + 5
+    time.sleep(4 * HB)   # no ping arrives in this window, the pets go on
+    pets = [t for t in systemd.times("WATCHDOG=1") if t > t_up]
+    gaps = [b - a for a, b in zip(pets, pets[1:])]
+    assert len(pets) >= 6 and max(gaps) < WATCHDOG_S, (len(pets), gaps)
+
+    local_port = int(agent.link()["local_addr"].rsplit(":", 1)[1])
+    netns.drop_flow(local_port, server.port)
+    t_drop = time.monotonic()
+    wait_for(lambda: agent.link().get("connection") == 2 and agent.link().get("proven_live"),
+             HB + ACK + 8, what="a new, proven connection after the silent drop")
+    healed_s = time.monotonic() - t_drop
+    last_pet_on_old = max(t for t in systemd.times("WATCHDOG=1") if t < t_drop + HB + ACK + 0.5)
+    assert healed_s < HB + ACK + 4, f"healed {healed_s:.1f}s after the drop (pings: 25 s)"
+    assert last_pet_on_old - t_drop <= HB + ACK + WATCHDOG_S / 2 + 0.3
+    assert "the server's TCP acknowledged no heartbeat" in agent.log_text()

@@ -44,6 +44,13 @@ class SendHeartbeat:
 
 
 @dataclass(frozen=True)
+class VerifyDelivery:
+    """Ask the kernel whether heartbeat ``seq`` reached the server's TCP (a server
+    that ACKs nothing); answer with on_delivery()."""
+    seq: int
+
+
+@dataclass(frozen=True)
 class Abort:
     reason: str
 
@@ -133,7 +140,7 @@ class LinkCore:
         if reason is not None:
             self._lose(now, reason)
             return [Abort(reason)]
-        actions: list = []
+        actions: list = [VerifyDelivery(seq) for seq in self.watchdog.deliveries_due(now)]
         if not self.stable and now - self.connected_at >= self.policy.stable_after_s:
             # Only a link that stayed alive this long resets the schedule: a connect
             # that dies at once must keep backing off.
@@ -194,6 +201,19 @@ class LinkCore:
             self.journal.current.add_rtt(rtt)
         return rtt
 
+    def on_delivery(self, seq: int, delivered: bool | None, now: float,
+                    rtt_s: float | None = None) -> list:
+        """The kernel's answer to VerifyDelivery; an undelivered heartbeat ends the link
+        at once, as a missed ACK would."""
+        if self.state != LinkState.ONLINE:
+            return []
+        self.watchdog.on_delivery(seq, delivered, now, rtt_s)
+        reason = self.watchdog.check(now)
+        if reason is None:
+            return []
+        self._lose(now, reason)
+        return [Abort(reason)]
+
     def on_report_acked(self, upto_n: int) -> None:
         self.journal.mark_reported(upto_n)
 
@@ -233,6 +253,7 @@ class LinkCore:
             "last_ack_age_s": (round(now - wd.last_ack_at, 1)
                                if online and wd.last_ack_at is not None else None),
             "proven_live": online and wd.proven_live(now),
+            "proof": wd.proof if online else None,
             "connection": cur.n if cur else None,
             "local_addr": cur.local_addr if cur else None,
             "connections_total": self.journal.total_connections,

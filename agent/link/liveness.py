@@ -14,10 +14,15 @@ Two independent verdicts:
   once armed, the server's Engine.IO pings otherwise.
 
 "Proven live" (what the systemd watchdog pets are gated on) is a recent heartbeat ACK
-where the server ACKs. Where it does not (ScreenTinker's released server), it is a
-recent Engine.IO ping from the server: an Engine.IO 4 server sends its next ping only
-``pingInterval`` after it received our pong to the previous one, so a ping that keeps
-arriving on time proves both directions carry traffic end to end.
+where the server ACKs. Where it does not (ScreenTinker before 1.9), each heartbeat is
+proven by the kernel instead: ``ack_timeout_s`` after it was sent, the shell reads
+TCP_INFO and reports whether the peer's TCP acknowledged it (tcpinfo.py). Such a proof
+counts like an ACK (a heartbeat the kernel says is undelivered is a missed ACK, so a
+silent drop is caught at the heartbeat's deadline, not after the server's ping
+interval), and the server's Engine.IO pings are the slower proof that the server
+application, not only its host, is alive: an Engine.IO 4 server sends its next ping
+only ``pingInterval`` after it received our pong to the previous one. Where the kernel
+cannot tell either, a recent ping alone is the proof.
 """
 from __future__ import annotations
 
@@ -58,6 +63,11 @@ class LivenessWatchdog:
         self.last_ping_at: float | None = None
         self.consecutive_misses = 0
         self._pending: dict[int, float] = {}  # seq -> sent_at
+        # a server that ACKs nothing: heartbeats waiting for the kernel's word
+        self.opened_at = now
+        self.delivered_at: float | None = None
+        self.kernel_armed = False
+        self._unverified: dict[int, float] = {}  # seq -> sent_at
 
     # -- inputs -----------------------------------------------------------------
     def on_inbound(self, now: float) -> None:
@@ -80,6 +90,36 @@ class LivenessWatchdog:
         # A server that never ACKs must not grow this without bound.
         while len(self._pending) > MAX_PENDING:
             del self._pending[min(self._pending)]
+        if not self.armed:
+            self._unverified[seq] = now
+            while len(self._unverified) > MAX_PENDING:
+                del self._unverified[min(self._unverified)]
+
+    def deliveries_due(self, now: float) -> list[int]:
+        """Heartbeats whose delivery the kernel should be asked about now: those sent
+        ``ack_timeout_s`` ago on a connection whose server has ACKed nothing."""
+        due = [s for s, sent in self._unverified.items()
+               if now >= sent + self.policy.ack_timeout_s]
+        for seq in due:
+            del self._unverified[seq]
+        return sorted(due)
+
+    def on_delivery(self, seq: int, delivered: bool | None, now: float,
+                    rtt_s: float | None = None) -> None:
+        """The kernel's word on heartbeat ``seq``: True, the peer's TCP acknowledged it;
+        False, it did not within the ACK timeout; None, the kernel cannot tell. A
+        False counts as a missed ACK once a True has shown this socket can say."""
+        if delivered is None or self.armed:
+            return
+        if delivered:
+            self.kernel_armed = True
+            self.consecutive_misses = 0
+            if self.delivered_at is None or now > self.delivered_at:
+                self.delivered_at = now
+            if rtt_s is not None:
+                self.last_rtt_s = rtt_s
+        elif self.kernel_armed:
+            self.consecutive_misses += 1
 
     def on_ack(self, seq: int, now: float) -> float | None:
         """Records the ACK of ``seq``; returns its RTT, or None for an unknown seq."""
@@ -91,6 +131,7 @@ class LivenessWatchdog:
         for older in [s for s in self._pending if s < seq]:
             del self._pending[older]
         self.armed = True
+        self._unverified.clear()   # the server ACKs: that proof is the better one
         self.acked += 1
         self.consecutive_misses = 0
         self.last_ack_at = now
@@ -115,8 +156,8 @@ class LivenessWatchdog:
             for seq in expired:
                 del self._pending[seq]
                 self.consecutive_misses += 1
-            if self.consecutive_misses >= self.policy.missed_acks:
-                return ACK_TIMEOUT
+        if (self.armed or self.kernel_armed) and self.consecutive_misses >= self.policy.missed_acks:
+            return ACK_TIMEOUT
         if now >= self.last_inbound + self.silence_timeout():
             return SILENCE
         return None
@@ -125,6 +166,8 @@ class LivenessWatchdog:
         """The earliest time ``check`` could change its answer; with acks=False, leaving
         out the ACK deadline (the shell keeps that one on a timer of its own)."""
         deadline = self.last_inbound + self.silence_timeout()
+        if self._unverified:
+            deadline = min(deadline, min(self._unverified.values()) + self.policy.ack_timeout_s)
         ack = self.ack_deadline() if acks else None
         return min(deadline, ack[1]) if ack else deadline
 
@@ -139,14 +182,41 @@ class LivenessWatchdog:
         """An ACK within two heartbeat intervals plus the ACK timeout (on a proven
         connection the link thread takes an ACK in with the next heartbeat's turn: the
         one before must still count until then; a missing one is caught at its deadline
-        by check()); from a server that does not ACK, a ping within its ping interval
-        plus the ACK timeout."""
+        by check()). From a server that does not ACK: a heartbeat the kernel saw
+        delivered within the same window, and the application heard from (the
+        handshake, then its pings) within two ping intervals plus the ACK timeout;
+        where the kernel cannot tell, a ping within one ping interval plus the ACK
+        timeout."""
         p = self.policy
         if self.armed:
             return (self.last_ack_at is not None
                     and now - self.last_ack_at <= 2 * p.heartbeat_interval_s + p.ack_timeout_s)
+        if self.kernel_armed:
+            heard = max(self.opened_at, self.last_ping_at or self.opened_at)
+            return (self.delivered_at is not None
+                    and now - self.delivered_at <= 2 * p.heartbeat_interval_s + p.ack_timeout_s
+                    and now - heard <= 2 * self._server_ping_interval_s + p.ack_timeout_s)
         return (self.last_ping_at is not None
                 and now - self.last_ping_at <= self._server_ping_interval_s + p.ack_timeout_s)
+
+    @property
+    def proof(self) -> str | None:
+        """What proves this connection, for the status: the server's ACKs, the kernel's
+        with the server's pings, or the pings alone."""
+        if self.armed:
+            return "heartbeat-ack"
+        if self.kernel_armed:
+            return "tcp-ack+ping"
+        return "ping" if self.pings else None
+
+    def proof_window_s(self) -> float:
+        """The longest a healthy link may go between two proofs: what a systemd
+        WatchdogSec must exceed so that it never restarts a healthy link."""
+        p = self.policy
+        kernel_or_ack = 2 * p.heartbeat_interval_s + p.ack_timeout_s
+        if self.armed or self.kernel_armed:
+            return kernel_or_ack
+        return self._server_ping_interval_s + p.ack_timeout_s
 
     @property
     def server_ping_interval_s(self) -> float:

@@ -14,9 +14,10 @@ from typing import Callable
 
 from ..clock import Clock, SystemClock
 from . import journal as J
-from . import protocol
+from . import protocol, tcpinfo
 from .delivery import LOST, DeliveryTracker
-from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
+from .core import (Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport,
+                   VerifyDelivery)
 from .profiles import PROFILES, ProfileContext
 from .schedule_store import ScheduleStore
 from .transport import ABORT_JOIN_S, SocketIOTransport, TransportError
@@ -76,6 +77,7 @@ class LinkRunner:
         self._warned: set[str] = set()
         self.commands = commands        # the command service (remote operations), if any
         self._pings_seen = 0
+        self._tcp_before: dict[int, tcpinfo.TcpProgress | None] = {}  # seq -> before its write
         self._loop_thread: int | None = None
         self._begun = False
 
@@ -231,6 +233,8 @@ class LinkRunner:
             self._connect(action.attempt)
         elif isinstance(action, SendHeartbeat):
             self._send_heartbeat(action.seq)
+        elif isinstance(action, VerifyDelivery):
+            self._verify_delivery(action.seq)
         elif isinstance(action, SendReport):
             self._send_report(action)
         elif isinstance(action, Abort):
@@ -260,6 +264,7 @@ class LinkRunner:
         self.transport = transport
         self._acks_may_wait = False
         self._pings_seen = 0
+        self._tcp_before.clear()
         now = self.clock.monotonic()
         self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
                                transport.local_addr())
@@ -282,12 +287,26 @@ class LinkRunner:
     def _send_heartbeat(self, seq: int) -> None:
         if self.transport is None:
             return
+        if not self.core.watchdog.armed:   # no ACKs from this server (yet): ask the kernel
+            self._tcp_before[seq] = tcpinfo.read(self._raw_socket())
         try:
             self.profile.send_heartbeat(self.transport, seq, self.clock.wall(),
                                         self.clock.monotonic() - self._started,
                                         self._poster(self.generation), self.clock.monotonic)
         except TransportError as e:
             self._closed(e.reason, e.detail)
+
+    def _verify_delivery(self, seq: int) -> None:
+        before = self._tcp_before.pop(seq, None)
+        after = tcpinfo.read(self._raw_socket())
+        for action in self.core.on_delivery(seq, tcpinfo.delivered(before, after),
+                                            self.clock.monotonic(),
+                                            after.rtt_s if after is not None else None):
+            self._execute(action)
+
+    def _raw_socket(self):
+        raw = getattr(self.transport, "raw_socket", None)
+        return raw() if raw is not None else None
 
     def _send_report(self, action: SendReport) -> None:
         if self.transport is None:
@@ -375,6 +394,10 @@ class LinkRunner:
 
     def _why(self, reason: str) -> str:
         wd = self.core.watchdog
+        if reason == J.ACK_TIMEOUT and not wd.armed:
+            return (f"the server's TCP acknowledged no heartbeat for "
+                    f"{self.config.liveness.ack_timeout_s:.1f}s (seq {self.core.seq}, "
+                    f"{wd.consecutive_misses} missed; this server sends no heartbeat acks)")
         if reason == J.ACK_TIMEOUT:
             return (f"no heartbeat ack for {self.config.liveness.ack_timeout_s:.1f}s "
                     f"(seq {self.core.seq}, {wd.consecutive_misses} missed)")
