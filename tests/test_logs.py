@@ -1,6 +1,13 @@
 import io
 import logging
+import re
+import sys
+import threading
 
+import pytest
+import socketio
+
+from agent import logs
 from agent.clock import FakeClock
 from agent.logs import JournalFormatter, RepeatFilter
 
@@ -38,3 +45,83 @@ def test_info_lines_are_not_rate_limited():
         log.info("link up: connection %d", i)
     assert len(out.getvalue().splitlines()) == 50
     assert out.getvalue().startswith("<6>link up")
+
+
+LIBRARY_LOGGERS = ("edge_agent", "socketio", "engineio", "websocket", "urllib3",
+                   "socketio.client", "engineio.client")
+
+
+@pytest.fixture
+def agent_logging(monkeypatch):
+    """logs.setup() as the agent runs it, writing to a buffer; the logging of the test
+    process put back afterwards."""
+    saved = {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).level,
+                    logging.getLogger(name).propagate) for name in LIBRARY_LOGGERS}
+    hook = threading.excepthook
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    logs.setup("info")
+    yield out, logging.getLogger("edge_agent").handlers[0]
+    threading.excepthook = hook
+    for name, (handlers, level, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:], logger.propagate = handlers, propagate
+        logger.setLevel(level)
+
+
+def test_what_the_libraries_log_about_500_bad_packets_is_a_few_short_lines(agent_logging):
+    out, handler = agent_logging
+    client = socketio.Client(logger=False, engineio_logger=False)  # as the transport makes it
+    for i in range(500):
+        # the library decodes each message on a thread of its own; a bad one kills it
+        t = threading.Thread(target=client._handle_eio_message, args=('2["x",{' + str(i),))
+        t.start()
+        t.join()
+        try:
+            raise ValueError(f"bad packet {i}")
+        except ValueError:
+            client.eio.logger.exception("message handler error")
+    handler.close()  # as at exit: what was held back is counted
+    lines = out.getvalue().splitlines()
+    assert len(out.getvalue()) < 2000, out.getvalue()[:3000]
+    assert "Traceback" not in out.getvalue()
+    died = [line for line in lines if "died" in line]
+    assert "JSONDecodeError" in died[0] and "(at json/" in died[0]
+    assert re.search(r"held back 499 more like this in the last \d+s: thread .* died: "
+                     r"JSONDecodeError$", died[-1])
+    handler_errors = [line for line in lines if "message handler error" in line]
+    assert "ValueError: bad packet 0" in handler_errors[0]
+    assert "held back 499 more like this" in handler_errors[-1]
+
+
+def test_a_library_line_is_cut_to_a_bound(agent_logging):
+    out, _ = agent_logging
+    logging.getLogger("engineio.client").error('Unexpected packet: "%s"', "x" * 100_000)
+    assert len(out.getvalue()) < 600
+
+
+def test_an_agent_thread_that_dies_keeps_its_whole_traceback(agent_logging):
+    out, _ = agent_logging
+
+    def agent_code():
+        raise RuntimeError("a bug of ours")
+
+    t = threading.Thread(target=agent_code, name="link")
+    t.start()
+    t.join()
+    text = out.getvalue()
+    assert "ERROR thread link died" in text
+    assert "Traceback" in text and "in agent_code" in text and "a bug of ours" in text
+
+
+def test_a_library_line_is_one_kind_whatever_the_server_put_in_it():
+    clock = FakeClock()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RepeatFilter(window_s=60, clock=clock.monotonic))
+    log = logging.getLogger("socketio.test-kinds")
+    log.handlers[:], log.propagate = [handler], False
+    for i in range(300):
+        # letters, not numbers: the agent's own kinds already ignore numbers
+        log.warning("Unknown namespace %s", "/" + "".join(chr(97 + int(d)) for d in str(i)))
+    assert len(stream.getvalue().splitlines()) == 1

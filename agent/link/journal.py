@@ -17,6 +17,8 @@ SERVER_DISCONNECT = "server-disconnect"
 THROTTLE = "throttle"
 CONNECT_FAILED = "connect-failed"
 REFUSED = "refused"
+MESSAGE_TOO_LARGE = "message-too-large"  # the server sent more than the agent takes
+MESSAGE_REFUSED = "message-refused"  # the server sent binary: the protocols are JSON text
 SHUTDOWN = "shutdown"
 
 

@@ -13,6 +13,19 @@ wakes the library's threads at once.
 
 Everything that happens on the library's threads is handed to ``sink`` tagged with
 this connection's generation, so events from a torn-down connection are ignored.
+
+A message from the server over ``MAX_MESSAGE_BYTES`` is refused from its frame header,
+before its payload is read, and ends the connection (``message-too-large``): the
+library would otherwise buffer it whole and copy it several times on its way up (a
+40 MB message took the agent past the unit's MemoryMax). The agent's protocols are
+JSON text only, so anything binary is refused as soon as it is seen and ends the
+connection too (``message-refused``): a binary websocket frame, from its header, and a
+Socket.IO packet that announces binary attachments (``5``/``6``), before the library
+parses it. The library keeps every attachment of an event in memory until the event
+is complete, so a bound per message would not bound an event of many (25 of 4 MiB
+took the agent to 133 MB). The agent only ever uses the websocket transport (engineio
+connects with the first of ``transports``, and never falls back to or upgrades from
+polling), so the websocket is the one door to guard.
 """
 from __future__ import annotations
 
@@ -22,7 +35,9 @@ import threading
 import time
 from typing import Any, Callable
 
+import engineio.client
 import socketio
+import websocket
 
 from . import journal as J
 from . import sockopts
@@ -33,12 +48,124 @@ log = logging.getLogger("edge_agent.link")
 # How long abort() waits for the library's threads to notice the dead socket.
 ABORT_JOIN_S = 2.0
 
+# The largest message taken from the server. What the agent uses is small (ACKs,
+# commands: a few KB), but a server may push more that the agent only ignores (a
+# ScreenTinker playlist is for the player, ~600 bytes an item), and a message refused
+# on every connect would be a reconnect loop: so not tight. What bounds it is the
+# parse: dense JSON is up to ~37 times its size in Python objects (24x for
+# "[{},{},...]", 37x for nested '{"":{"":{}}}'), so 4 MiB of it took the agent to
+# 140-165 MB, past the unit's MemoryMax=128M. At 1 MiB "[{},...]" peaks at 66-77 MB
+# (idle 36-48 MB), the worst nesting ~10 MB more.
+MAX_MESSAGE_BYTES = 1024 * 1024
+
+# Engine.IO MESSAGE ("4") carrying a Socket.IO BINARY_EVENT ("5") or BINARY_ACK ("6"):
+# the start of an event whose binary attachments follow.
+_BINARY_PACKETS = (b"45", b"46")
+
 
 class TransportError(Exception):
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(detail or reason)
         self.reason = reason
         self.detail = detail
+
+
+class MessageRefused(websocket.WebSocketException):
+    """A message from the server the agent does not take; ends the connection."""
+    reason = J.MESSAGE_REFUSED
+
+
+class MessageTooLarge(MessageRefused):
+    reason = J.MESSAGE_TOO_LARGE
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"the server sent a message of {size} bytes, over the bound of "
+                         f"{limit}")
+        self.size = size
+
+
+class _BoundedFrames(websocket.frame_buffer):
+    """websocket-client's frame reader, refusing a message once its frame headers
+    announce more than ``limit`` bytes, before any of its payload is read. A message
+    split into continuation frames counts as a whole. A binary message is refused from
+    its first frame's header (its continuation frames are never read), and a text
+    message that starts a Socket.IO packet with attachments once its first two bytes
+    are in, however the server fragments it."""
+
+    def __init__(self, recv_fn, skip_utf8_validation: bool, limit: int):
+        super().__init__(recv_fn, skip_utf8_validation)
+        self.limit = limit
+        self._message = 0  # announced so far for the message being received
+        self._head = b""   # its first bytes, up to the two that name its packet type
+
+    def recv_length(self) -> None:
+        super().recv_length()
+        opcode = self.header[4]
+        if opcode == websocket.ABNF.OPCODE_BINARY:
+            raise MessageRefused("the server sent a binary websocket frame")
+        if opcode == websocket.ABNF.OPCODE_CONT:
+            self._message += self.length
+            size = self._message
+        elif opcode == websocket.ABNF.OPCODE_TEXT:
+            self._message = size = self.length
+            self._head = b""
+        else:
+            size = self.length  # a control frame, interleaved: not part of the message
+        if size > self.limit:
+            raise MessageTooLarge(size, self.limit)
+
+    def recv_frame(self):
+        frame = super().recv_frame()
+        if frame.opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_CONT) \
+                and len(self._head) < 2:
+            self._head += frame.data[:2 - len(self._head)]
+            if self._head in _BINARY_PACKETS:
+                raise MessageRefused("the server sent a Socket.IO packet with binary "
+                                     "attachments")
+        return frame
+
+
+class BoundedWebSocket(websocket.WebSocket):
+    """The websocket every connection of the agent uses. A refused message ends the
+    connection at once: the rest of it is not read, and the server gets an RST.
+
+    websocket-client's own UTF-8 check is pure Python, about 0.8 s a MiB here and ten
+    times that on a Raspberry Pi, on the thread that reads the server's pings and ACKs;
+    ``recv()`` decodes a text message strictly anyway (in C), which refuses bad UTF-8
+    all the same, so the check is skipped."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs["skip_utf8_validation"] = True
+        super().__init__(*args, **kwargs)
+        self.frame_buffer = _BoundedFrames(self._recv, True, MAX_MESSAGE_BYTES)
+        self.refused: MessageRefused | None = None
+
+    def recv_frame(self):
+        try:
+            return super().recv_frame()
+        except MessageRefused as e:
+            self.refused = e
+            if self.sock is not None:
+                sockopts.abort(self.sock)
+            raise
+
+
+class _BoundedWebsocketModule:
+    """websocket-client as engineio's client sees it, but its connections are
+    ``BoundedWebSocket``. engineio calls ``websocket.create_connection`` itself, and
+    bookworm's 4.3.4 has no option to pass a class through, so this stands in for the
+    module in engineio.client's namespace (nothing else in the agent opens one)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(websocket, name)
+
+    @staticmethod
+    def create_connection(url: str, timeout: float | None = None, **options: Any):
+        options["class_"] = BoundedWebSocket
+        return websocket.create_connection(url, timeout, **options)
+
+
+engineio.client.websocket = _BoundedWebsocketModule()
 
 
 class SocketIOTransport:
@@ -51,6 +178,9 @@ class SocketIOTransport:
         self.generation = generation
         self._auth = auth
         self._transports = transports or ["websocket"]
+        if self._transports[0] != "websocket":
+            # engineio connects with the first only; MAX_MESSAGE_BYTES guards the websocket
+            raise ValueError(f"transports must start with websocket, not {self._transports}")
         self._keepalive = keepalive
         self._connect_timeout_s = connect_timeout_s
         self._sink = sink
@@ -75,19 +205,21 @@ class SocketIOTransport:
                                 namespaces=[self.namespace],
                                 wait_timeout=self._connect_timeout_s)
         except socketio.exceptions.ConnectionError as e:
+            refused = self._message_refused(e)
             self._release()
+            if refused is not None:
+                raise TransportError(refused.reason, str(refused)) from None
             if self._refusal is not None:
                 raise TransportError(J.REFUSED, _describe(self._refusal)) from None
             raise TransportError(J.CONNECT_FAILED, str(e)) from None
         except Exception as e:  # the library can raise almost anything from a bad peer
+            refused = self._message_refused(e)
             self._release()
+            if refused is not None:
+                raise TransportError(refused.reason, str(refused)) from None
             raise TransportError(J.CONNECT_FAILED, f"{type(e).__name__}: {e}") from None
         sock = self.raw_socket()
         if sock is None:
-            if getattr(self.client.eio, "current_transport", None) == "polling":
-                # long-polling fallback: short HTTP requests, no one socket to tune;
-                # the heartbeat watchdog still guards the link
-                return
             self.abort()
             raise TransportError(J.CONNECT_FAILED, "no websocket after connect")
         try:
@@ -166,6 +298,17 @@ class SocketIOTransport:
             except Exception:
                 pass
 
+    def _message_refused(self, error: BaseException | None = None) -> MessageRefused | None:
+        """The message this connection refused, if that is why it ended:
+        in the open websocket, or (a refusal during the Engine.IO handshake, before the
+        library keeps the websocket) in the exception the library raised for it."""
+        refused = getattr(getattr(self.client.eio, "ws", None), "refused", None)
+        while refused is None and error is not None:
+            if isinstance(error, MessageRefused):
+                return error
+            error = error.__cause__ or error.__context__
+        return refused
+
     def _post(self, kind: str, *args: Any) -> None:
         self._sink(self.generation, kind, *args)
 
@@ -200,6 +343,9 @@ class SocketIOTransport:
             # Newer clients pass a reason; 5.7.2 passes none, so the packet hook decides.
             detail = str(args[0]) if args else ""
             reason = J.SERVER_DISCONNECT if self._server_said_bye else J.TRANSPORT_ERROR
+            refused = self._message_refused()
+            if refused is not None:
+                reason, detail = refused.reason, str(refused)
             self._post("closed", reason, detail)
 
         def on_any(event, *args):
