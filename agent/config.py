@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .identity.rules import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
-from .link.backoff import JITTER_MODES, BackoffPolicy
+from .backoff import JITTER_MODES, BackoffPolicy
 from .link.liveness import LivenessPolicy
 from .link.sockopts import KeepalivePolicy
 from .uploads.schedule import UploadPolicy

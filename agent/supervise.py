@@ -12,6 +12,8 @@ import logging
 import time
 from typing import Callable
 
+from .backoff import ceiling
+
 log = logging.getLogger("edge_agent")
 
 MAX_DEATHS, DEATH_WINDOW_S = 5, 600.0
@@ -43,7 +45,7 @@ def supervise(name: str, loop: Callable[[], None], stopping: Callable[[], bool],
                           "watchdog stops being petted and systemd restarts the agent",
                           name, len(deaths), DEATH_WINDOW_S / 60)
                 return
-            delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (len(deaths) - 1))
+            delay = ceiling(BACKOFF_BASE_S, BACKOFF_CAP_S, len(deaths) - 1)
             if (pause or _sleep)(delay):
                 return
 

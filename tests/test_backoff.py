@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from agent.link.backoff import Backoff, BackoffPolicy
+from agent.backoff import Backoff, BackoffPolicy
 
 
 def test_ceiling_doubles_up_to_cap():

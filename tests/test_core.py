@@ -5,7 +5,7 @@ import pytest
 
 from agent.clock import FakeClock
 from agent.link import journal as J
-from agent.link.backoff import BackoffPolicy
+from agent.backoff import BackoffPolicy
 from agent.link.core import (Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat,
                              SendReport)
 from agent.link.liveness import LivenessPolicy

@@ -7,7 +7,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from ..link.backoff import Backoff, BackoffPolicy
+from ..backoff import Backoff, BackoffPolicy
 
 NEED_CODE, WAITING, PAIRED = "need-code", "waiting-for-pairing", "paired"
 

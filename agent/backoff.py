@@ -1,4 +1,7 @@
-"""Reconnect schedule: exponential, capped, jittered, never gives up.
+"""Backoff: exponential, capped, jittered, never gives up. The one rule for every
+schedule of retries the agent keeps: the link's reconnects, enrollment's polls, a
+credentials write the card refused, an upload item's retries, a supervised loop's
+restarts.
 
 Jitter is what keeps a site whose devices all lost the server at the same instant
 from reconnecting in lock-step and tripping the server's flap limiter.
@@ -18,8 +21,16 @@ class BackoffPolicy:
     jitter: str = "full"
 
 
+def ceiling(base_s: float, cap_s: float, failures: int) -> float:
+    """The delay after ``failures`` failures in a row, before any jitter: ``base_s``
+    doubling per failure up to ``cap_s``. The exponent is capped too: 2**n overflows a
+    float long before "never give up" ends."""
+    return min(cap_s, base_s * (2 ** min(max(failures, 0), 62)))
+
+
 class Backoff:
-    """Counts consecutive failed links; only a stable link resets it (see LinkCore)."""
+    """Counts consecutive failures; its owner says what resets it (a stable link, see
+    LinkCore; a write that landed)."""
 
     def __init__(self, policy: BackoffPolicy, rng: random.Random | None = None):
         self.policy = policy
@@ -28,8 +39,7 @@ class Backoff:
 
     def ceiling(self, attempts: int | None = None) -> float:
         n = self.attempts if attempts is None else attempts
-        # Cap the exponent too: 2**n overflows a float long before "never give up" ends.
-        return min(self.policy.cap_s, self.policy.base_s * (2 ** min(n, 62)))
+        return ceiling(self.policy.base_s, self.policy.cap_s, n)
 
     def next_delay(self) -> float:
         """Delay before the next attempt; counts one more failure."""
