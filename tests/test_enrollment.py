@@ -97,6 +97,16 @@ def test_device_id_is_stable_and_kept(tmp_path, monkeypatch):
     assert device.load_or_create(str(tmp_path)) == first  # and derivation is stable
 
 
+def test_a_device_id_file_with_bytes_that_are_not_text_is_derived_again(tmp_path, monkeypatch):
+    """A bit a worn card flipped must cost a warning, not a crash loop at every start."""
+    monkeypatch.setattr(device, "machine_id", lambda: "abc123")
+    monkeypatch.setattr(device, "board_serial", lambda: "10000000deadbeef")
+    (tmp_path / "device_id").write_bytes(b"ea-\xff\xfe1234\n")
+    value = device.load_or_create(str(tmp_path))
+    assert value.startswith("ea-") and len(value) == 19
+    assert (tmp_path / "device_id").read_text() == value + "\n"
+
+
 WRITER = """
 import sys
 from agent.identity.credentials import Credentials

@@ -1,5 +1,5 @@
 """Identity, sans I/O: every way the token, the server's id and the claim change, and the
-shell that puts them on disk before anyone uses them."""
+shell that puts them on disk, and keeps them in use while the disk refuses them."""
 import logging
 import random
 import threading
@@ -122,3 +122,46 @@ def test_events_from_many_threads_leave_disk_and_memory_agreeing(tmp_path):
         t.join()
     again = IdentityService.load("local-1", creds, None, False, pairs_in_link=True)
     assert again.current == service.current
+
+
+def test_a_token_the_disk_refuses_stays_in_use_and_is_written_again_on_a_capped_backoff():
+    """The retry schedule, with a fake clock: 1 s doubling to 5 minutes, one attempt at
+    a time, quiet while the refusal repeats, and the latest write is the one retried."""
+    core, now = native(), 1000.0
+    effects = core.handle(C.Enrolled(TOKEN, generation=0))
+    assert effects[0] == C.Store(TOKEN) and core.current.token == TOKEN
+    said = core.handle(C.WriteFailed(effects[0], "No space left on device", now))
+    assert kinds(said) == ["Note", "StatusChanged"] and said[0].level == logging.WARNING
+    assert "not stored yet (No space left on device)" in said[0].message and TOKEN not in said[0].message
+    assert core.current.token == TOKEN, "in use while the disk is full"
+    assert core.storage() == {"stored": False, "pending": "store", "error": "No space left on device",
+                              "failed_attempts": 1, "next_try_at": now + 1}
+    attempts = []
+    t = now
+    while t < now + 3600:
+        t += 0.25
+        for effect in core.due(t):
+            assert effect == C.Store(TOKEN) and core.due(t) == [], "one attempt at a time"
+            attempts.append(t - now)
+            assert core.handle(C.WriteFailed(effect, "No space left on device", t)) == [], \
+                "the same refusal again is not logged again"
+    gaps = [b - a for a, b in zip([0.0] + attempts, attempts)]
+    assert gaps[:9] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert set(gaps[9:]) == {300}, "capped at 5 minutes"
+    assert len(attempts) == 19, "an hour of a full disk costs 19 writes, not a hot loop"
+    said = core.handle(C.WriteFailed(C.Store(TOKEN), "Read-only file system", t))
+    assert kinds(said) == ["Note", "StatusChanged"], "a new reason is said once"
+    # a newer write (the claim, here a revoke) replaces the one that waits
+    revoke = core.handle(C.Revoked())
+    assert C.Forget() in revoke and core.current.token is None
+    core.handle(C.WriteFailed(C.Forget(), "Read-only file system", t))
+    t = core.next_write_at
+    assert core.due(t) == [C.Forget()]
+    said = core.handle(C.Written(C.Forget()))
+    assert kinds(said) == ["Note", "StatusChanged"] and "after 22 failed attempts" in said[0].message
+    assert core.storage() is None and core.next_write_at is None and core.due(t + 1e6) == []
+    # and the schedule starts from 1 s again for the next refusal
+    store = core.handle(C.Enrolled(OTHER, generation=1))[0]
+    core.handle(C.WriteFailed(store, "Input/output error", t))
+    assert core.next_write_at == t + 1
+

@@ -11,11 +11,24 @@ The profiles differ only in their inputs: the native profile enrolls over HTTPS
 ``UnpairedByServer``). A token the enroller brings back is kept only if no revoke came
 after the enrollment it answers started (``generation``): a revoke cannot be undone by
 a pairing answer that was already on its way.
+
+The shell answers each ``Store`` and ``Forget`` with ``Written`` or ``WriteFailed``. A
+credential the disk cannot take yet (a full or read-only state partition, an I/O error)
+is still in use: the server has spent the pairing code, so dropping the token would
+strand the screen. It stays in memory, and the latest write the disk lacks is tried
+again on a capped backoff (``due``), never in a hot loop, until the disk takes it.
 """
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
+
+from ..backoff import Backoff, BackoffPolicy
+
+# Retries of a credentials write the disk refused: 1 s doubling to 5 minutes. No jitter:
+# the disk is this device's own, nobody else retries against it.
+WRITE_RETRY = BackoffPolicy(base_s=1.0, cap_s=300.0, jitter="none")
 
 
 @dataclass(frozen=True)
@@ -64,10 +77,25 @@ class Revoked:
     """Drop the credentials and pair anew (the operator: SIGUSR2, `edge-agent unpair`)."""
 
 
+@dataclass(frozen=True)
+class Written:
+    """The shell carried out ``effect`` (a Store or a Forget) on the disk."""
+    effect: object
+
+
+@dataclass(frozen=True)
+class WriteFailed:
+    """The disk refused ``effect`` at monotonic ``now``; ``why`` is one line, no secret."""
+    effect: object
+    why: str
+    now: float
+
+
 # -- effects --------------------------------------------------------------------
 @dataclass(frozen=True)
 class Store:
-    """Write the credentials (atomically, 0600) before the new identity is used."""
+    """Write the credentials (atomically, durably, 0600); answered with Written or
+    WriteFailed."""
     token: str
     server_device_id: str | None = None
     pairing_code: str | None = None
@@ -76,7 +104,7 @@ class Store:
 
 @dataclass(frozen=True)
 class Forget:
-    """Delete the stored credentials."""
+    """Delete the stored credentials; answered with Written or WriteFailed."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +152,12 @@ class IdentityCore:
         self.preprovisioned = preprovisioned     # a token from agent.toml: never dropped here
         self.pairs_in_link = pairs_in_link
         self.generation = 0                      # of the enrollment whose answer we would keep
+        # the latest Store/Forget the disk refused, while the disk still lacks it
+        self.unwritten: Store | Forget | None = None
+        self.write_error: str | None = None
+        self.write_failures = 0
+        self.write_retry_at = math.inf           # monotonic; inf while nothing is due
+        self._write_backoff = Backoff(WRITE_RETRY)
 
     def handle(self, event) -> list:
         """Changes ``current`` as ``event`` says; returns what the shell must do, in order."""
@@ -135,8 +169,8 @@ class IdentityCore:
             self.current = Identity(event.server_device_id or cur.device_id, event.token,
                                     False, event.pairing_code)
             return [Store(event.token, event.server_device_id, event.pairing_code, claimed=False),
-                    Note(logging.INFO, f"registered with the server as {self.current.device_id}: "
-                                       "credentials stored"), StatusChanged()]
+                    Note(logging.INFO, f"registered with the server as {self.current.device_id}"),
+                    StatusChanged()]
         if isinstance(event, Claimed):
             if cur.claimed or not cur.token:
                 return []
@@ -156,7 +190,7 @@ class IdentityCore:
                 return [Note(logging.INFO, "enrollment: unpaired while the pairing answer was "
                                            "on its way; not keeping that token")]
             self.current = replace(cur, token=event.token, claimed=True)
-            return [Store(event.token), Note(logging.INFO, "paired: credentials stored"),
+            return [Store(event.token), Note(logging.INFO, "paired"),
                     ResumeLink(), ResumeUploads(), StatusChanged()]
         if isinstance(event, Refused):
             if self.preprovisioned:
@@ -172,7 +206,60 @@ class IdentityCore:
                 return [Note(logging.WARNING, "not unpairing: the token is pre-provisioned in "
                                               "agent.toml")]
             return self._revoke()
+        if isinstance(event, Written):
+            return self._written(event.effect)
+        if isinstance(event, WriteFailed):
+            return self._write_failed(event)
         raise TypeError(f"not an identity event: {event!r}")
+
+    # -- the disk -------------------------------------------------------------------
+    def due(self, now: float) -> list:
+        """The write to try again at ``now``, if its time has come (the shell answers
+        with Written or WriteFailed)."""
+        if self.unwritten is None or now < self.write_retry_at:
+            return []
+        self.write_retry_at = math.inf   # one attempt at a time
+        return [self.unwritten]
+
+    @property
+    def next_write_at(self) -> float | None:
+        """When ``due`` has a write to try again (monotonic), or None."""
+        return None if self.unwritten is None else self.write_retry_at
+
+    def _written(self, effect) -> list:
+        stored = isinstance(effect, Store)
+        if self.unwritten is None:
+            return [Note(logging.INFO, "credentials stored")] if stored else []
+        failures = self.write_failures
+        self.unwritten, self.write_error, self.write_failures = None, None, 0
+        self.write_retry_at = math.inf
+        self._write_backoff.reset()
+        what = "credentials stored" if stored else "stored credentials removed"
+        return [Note(logging.INFO, f"{what}, after {failures} failed "
+                                   f"attempt{'s' if failures != 1 else ''}"), StatusChanged()]
+
+    def _write_failed(self, event: WriteFailed) -> list:
+        first, repeated = self.unwritten is None, event.why == self.write_error
+        self.unwritten, self.write_error = event.effect, event.why
+        self.write_failures += 1
+        delay = self._write_backoff.next_delay()
+        self.write_retry_at = event.now + delay
+        if repeated and not first:
+            return []   # the same refusal again: said once, status shows the count
+        what = ("credentials not stored yet ({}): in use from memory, writing them"
+                if isinstance(event.effect, Store) else "stored credentials not removed yet ({}): "
+                "removing them")
+        return [Note(logging.WARNING, what.format(event.why) + f" again in {delay:.0f}s and then "
+                                      "less often until it works"), StatusChanged()]
+
+    def storage(self) -> dict | None:
+        """For status: a credentials write the disk still lacks (its next try as a
+        monotonic time, None while one is under way), or None."""
+        if self.unwritten is None:
+            return None
+        return {"stored": False, "pending": "store" if isinstance(self.unwritten, Store) else "remove",
+                "error": self.write_error, "failed_attempts": self.write_failures,
+                "next_try_at": None if self.write_retry_at == math.inf else self.write_retry_at}
 
     def _revoke(self) -> list:
         self.generation += 1

@@ -13,7 +13,7 @@ import os
 import time
 
 from ..fsutil import atomic_write
-from .rules import usable_token
+from .rules import token_problem, usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
 
@@ -26,13 +26,13 @@ class Credentials:
         try:
             with open(self.path, "rb") as f:
                 return json.loads(f.read(65536)).get(name)
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             return None
 
     def server_device_id(self) -> str | None:
         """The id a server assigned (screentinker profile), if it assigned one."""
         value = self._field("server_device_id")
-        return value if isinstance(value, str) and value else None
+        return value if usable_device_id(value) else None
 
     def pairing_code(self) -> str | None:
         """The code this device registered with (screentinker), until claimed."""
@@ -55,19 +55,31 @@ class Credentials:
             return None
         try:
             doc = json.loads(raw)
-            token = doc["token"]
-            if not usable_token(token):
-                raise ValueError("bad token")
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            aside = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
-            os.replace(self.path, aside)
-            log.error("credentials file %s is corrupt; kept aside as %s, enrolling again",
-                      self.path, aside)
+            problem = (token_problem("token", doc["token"]) if isinstance(doc, dict)
+                       else "not a JSON object")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
+            problem = "token: missing" if isinstance(e, KeyError) else "not JSON"
+        if problem is not None:
+            # an SD card that lied, or a file from a build whose token rule was looser
+            self._set_aside(problem)
             return None
+        token = doc["token"]
         if doc.get("device_id") != device_id:
             log.warning("stored credentials belong to another device id; enrolling again")
             return None
         return token
+
+    def _set_aside(self, problem: str) -> None:
+        aside = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            os.replace(self.path, aside)
+        except OSError as e:
+            # a read-only card: ignored in memory, and again at each start until writable
+            log.error("credentials file %s is unusable (%s) and cannot be moved aside (%s); "
+                      "ignoring it, enrolling again", self.path, problem, e.strerror)
+            return
+        log.error("credentials file %s is unusable (%s); kept aside as %s, enrolling again",
+                  self.path, problem, aside)
 
     def save(self, device_id: str, token: str, server_device_id: str | None = None,
              pairing_code: str | None = None, claimed: bool | None = None) -> None:

@@ -53,8 +53,10 @@ def derive() -> str:
 def load_or_create(state_dir: str) -> str:
     path = os.path.join(state_dir, "device_id")
     try:
-        with open(path) as f:
-            value = f.read(200).strip()
+        with open(path, "rb") as f:
+            raw = f.read(200)
+        # bytes, not text: a byte a dying card flipped is a malformed id, not a crash
+        value = raw.decode("ascii", "replace").strip()
         if usable_device_id(value):
             return value
         log.warning("ignoring malformed %s; deriving the device id again", path)

@@ -21,14 +21,14 @@ from .. import __version__
 from ..clock import SystemClock
 from . import device
 from ..fsutil import atomic_write
-from .rules import usable_token
+from .rules import token_problem
 from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
 
 log = logging.getLogger("edge_agent.identity")
 
 MAX_ANSWER_BYTES = 16 * 1024
 TIMEOUT = (5.0, 15.0)
-CODE_RE = re.compile(r"^[0-9]{6}$")
+CODE_RE = re.compile(r"[0-9]{6}")   # whole strings only: fullmatch
 # The longest this loop sleeps while it has work; with two request timeouts this is
 # what the watchdog gate allows it between ticks.
 MAX_WAIT_S = 30.0
@@ -183,10 +183,12 @@ class Enroller(threading.Thread):
         body = self._call("POST", "/api/v1/enroll",
                           json={"device_id": self.device_id, "facts": hardware_facts()})
         code, secret, expires = body.get("pairing_code"), body.get("poll_secret"), body.get("expires_in_s")
-        if not isinstance(code, str) or not CODE_RE.match(code):
+        if not isinstance(code, str) or not CODE_RE.fullmatch(code):
             raise BadAnswer("enroll answer without a 6-digit pairing_code")
-        if not isinstance(secret, str) or not 16 <= len(secret) <= 256:
-            raise BadAnswer("enroll answer without a poll_secret")
+        # it goes back in a header: the token rule, and long enough not to be guessed
+        if not isinstance(secret, str) or not 16 <= len(secret) <= 256 or token_problem("", secret):
+            raise BadAnswer("enroll answer without a usable poll_secret (16-256 characters "
+                            "of A-Z a-z 0-9 - . _ ~ + /)")
         if isinstance(expires, bool) or not isinstance(expires, (int, float)) or not 10 <= expires <= 86400:
             raise BadAnswer("enroll answer with a bad expires_in_s")
         return PairingCode(code, f"{code[:3]}-{code[3:]}", self.clock.monotonic() + float(expires), secret)
@@ -200,8 +202,9 @@ class Enroller(threading.Thread):
             return None
         if status == "paired":
             token = body.get("token")
-            if not usable_token(token):
-                raise BadAnswer("paired answer without a usable token")
+            problem = token_problem("token", token)
+            if problem:
+                raise BadAnswer(f"paired answer: {problem}")
             return token
         raise BadAnswer(f"enroll status {str(status)[:40]!r}")
 
@@ -222,7 +225,7 @@ class Enroller(threading.Thread):
             raise BadAnswer("answer too large")
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):   # nested past the parser's depth: not an answer
             raise BadAnswer("answer is not JSON") from None
         if not isinstance(body, dict):
             raise BadAnswer("answer is not a JSON object")
@@ -255,12 +258,12 @@ class Enroller(threading.Thread):
             with open(os.path.join(self.runtime_dir, "pairing.json"), "rb") as f:
                 doc = json.loads(f.read(4096))
             left = float(doc["expires_at_wall"]) - time.time()
-            if left <= 0 or not CODE_RE.match(doc["code"]):
+            if left <= 0 or not CODE_RE.fullmatch(doc["code"]) or token_problem("", doc["poll_secret"]):
                 return None
             code = doc["code"]
             return PairingCode(code, f"{code[:3]}-{code[3:]}", self.clock.monotonic() + left,
-                               str(doc["poll_secret"]))
-        except (OSError, ValueError, KeyError, TypeError):
+                               doc["poll_secret"])
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def _clear_code_files(self) -> None:

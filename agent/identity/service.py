@@ -1,9 +1,13 @@
 """The shell around IdentityCore: one lock, the credentials file, the journal, callbacks.
 
 Every identity event, from any thread, goes through ``handle``: the core decides under
-the lock, the credentials reach the disk, and only then is the new identity published
-to readers; the other effects follow, still in order. The effects' callbacks only post
-to other threads or take their own short locks: none calls back into this one.
+the lock, the credentials file is written, and the new identity is published to
+readers; the other effects follow, still in order. The effects' callbacks only post to
+other threads or take their own short locks: none calls back into this one.
+
+A write the disk refuses (full, read-only, failing) is reported to the core, which
+keeps the identity in use and says when to try again; a thread of this shell, started
+only while such a write waits, tries it then. It ends once the disk has taken it.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from ..clock import Clock, SystemClock
 from . import core as C
 from .credentials import Credentials
 
@@ -29,12 +34,17 @@ class Hooks:
 
 
 class IdentityService:
-    def __init__(self, core: C.IdentityCore, credentials: Credentials, hooks: Hooks | None = None):
+    def __init__(self, core: C.IdentityCore, credentials: Credentials, hooks: Hooks | None = None,
+                 clock: Clock | None = None):
         self.core = core
         self.credentials = credentials
         self.hooks = hooks or Hooks()
+        self.clock = clock or SystemClock()
         self.current: C.Identity = core.current
+        self._storage: dict | None = None    # the core's, replaced whole: read without the lock
         self._lock = threading.RLock()
+        self._retrier: threading.Thread | None = None
+        self._wake = threading.Event()
 
     @classmethod
     def load(cls, local_device_id: str, credentials: Credentials, configured_token: str | None,
@@ -56,19 +66,68 @@ class IdentityService:
     def preprovisioned(self) -> bool:
         return self.core.preprovisioned
 
+    def storage(self) -> dict | None:
+        """For status: the credentials write the disk still lacks, or None when it has
+        everything. Never the token."""
+        doc = self._storage
+        if doc is None:
+            return None
+        at = doc.get("next_try_at")
+        return {**{k: v for k, v in doc.items() if k != "next_try_at"},
+                "next_try_in_s": None if at is None else round(max(0.0, at - self.clock.monotonic()), 1)}
+
     def handle(self, event) -> None:
         with self._lock:
-            effects = self.core.handle(event)
-            for effect in effects:
-                if isinstance(effect, C.Store):
-                    self.credentials.save(self.core.local_device_id, effect.token,
-                                          effect.server_device_id, effect.pairing_code,
-                                          effect.claimed)
-                elif isinstance(effect, C.Forget):
-                    self.credentials.clear()
-            self.current = self.core.current   # on disk first, then in use
-            for effect in effects:
-                self._run(effect)
+            self._apply(self.core.handle(event))
+
+    def _apply(self, effects: list) -> None:
+        """Under the lock: the disk first, then the identity is published, then the rest."""
+        answers = []
+        for effect in effects:
+            if isinstance(effect, (C.Store, C.Forget)):
+                answers += self.core.handle(self._write(effect))
+        self.current = self.core.current
+        self._storage = self.core.storage()
+        for effect in effects + answers:
+            self._run(effect)
+        if self.core.next_write_at is not None:
+            self._arm()
+
+    def _write(self, effect):
+        try:
+            if isinstance(effect, C.Store):
+                self.credentials.save(self.core.local_device_id, effect.token,
+                                      effect.server_device_id, effect.pairing_code, effect.claimed)
+            else:
+                self.credentials.clear()
+        except OSError as e:
+            # strerror only: the exception's text may carry a path, never the token
+            return C.WriteFailed(effect, e.strerror or type(e).__name__, self.clock.monotonic())
+        return C.Written(effect)
+
+    # -- retries ------------------------------------------------------------------
+    def _arm(self) -> None:
+        """Under the lock: a write waits; the retry thread runs (or is told of a change)."""
+        if self._retrier is None:
+            self._retrier = threading.Thread(target=self._retry_loop, name="credentials",
+                                             daemon=True)
+            self._retrier.start()
+        else:
+            self._wake.set()
+
+    def _retry_loop(self) -> None:
+        while True:
+            with self._lock:
+                at = self.core.next_write_at
+                if at is None:
+                    self._retrier = None   # under the lock: a later write starts a new one
+                    return
+                now = self.clock.monotonic()
+                if now >= at:
+                    self._apply(self.core.due(now))
+                    continue
+            self._wake.wait(at - now)
+            self._wake.clear()
 
     def _run(self, effect) -> None:
         h = self.hooks
