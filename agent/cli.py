@@ -35,9 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
     st.add_argument("--json", action="store_true", help="print the raw status as JSON")
 
-    enq = sub.add_parser("enqueue", help="queue a file for upload to the fleet server")
+    enq = sub.add_parser("enqueue", help="queue a file for upload to the fleet server",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=ENQUEUE_EXITS)
     enq.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
     enq.add_argument("--kind", required=True, choices=["screenshot", "log", "proof-of-play"])
+    enq.add_argument("--key", help="idempotency key (1 to 64 of A-Z a-z 0-9 . _ : -): an item "
+                                   "whose key is queued or was sent in the last dedupe window "
+                                   "is a duplicate; a proof-of-play record's \"play_id\" is its "
+                                   "key; without one, every item is queued")
     enq.add_argument("file", help="the file to upload, or - for standard input")
 
     for name, text in (("unpair", "forget this device's credentials; the agent shows a new pairing code"),
@@ -114,7 +120,10 @@ def cmd_status(args) -> int:
         return EXIT_NOT_RUNNING
     running = status.pid_alive(doc.get("pid"))
     link = doc.get("link") if isinstance(doc.get("link"), dict) else {}
-    online = running and link.get("state") == "online"
+    # online on a card that failed, or with a token only in memory, is still degraded:
+    # what it is asked to keep, it cannot (yet)
+    online = (running and link.get("state") == "online" and _storage(doc).get("state") == "ok"
+              and not isinstance(doc.get("credentials"), dict))
     if args.json:
         print(json.dumps({**doc, "running": running}, indent=1, sort_keys=True))
     else:
@@ -139,6 +148,18 @@ def _render(doc: dict, link: dict, running: bool) -> str:
         ack = (f", last ack {_age(link['last_ack_age_s'], elapsed)} ago"
                if link.get("last_ack_age_s") is not None else "")
         lines.append(f"rtt         {link['rtt_ms']} ms{ack}")
+    storage = _storage(doc)
+    if storage.get("state") != "ok":
+        parts = storage.get("parts") if isinstance(storage.get("parts"), dict) else {}
+        lines.append(f"storage     {storage.get('state')}: {storage.get('reason')} at "
+                     f"{storage.get('path')}; held: {', '.join(map(str, parts)) or '?'}")
+    unwritten = doc.get("credentials")
+    if isinstance(unwritten, dict):
+        lines.append(f"credentials not stored yet ({unwritten.get('error')}, "
+                     f"{unwritten.get('failed_attempts')} failed writes): in use from memory, "
+                     f"written when the card takes it")
+    if link.get("proof"):
+        lines.append(f"proof       {link['proof']}")
     uploads = doc.get("uploads") if isinstance(doc.get("uploads"), dict) else None
     if uploads and "items" in uploads:
         lines.append(f"uploads     {uploads['items']} queued ({uploads.get('bytes', 0)} bytes), "
@@ -166,6 +187,14 @@ def _render(doc: dict, link: dict, running: bool) -> str:
     return "\n".join(lines)
 
 
+def _storage(doc: dict) -> dict:
+    """The status file's storage health; a file from a build before it: ok."""
+    storage = doc.get("storage")
+    if not isinstance(storage, dict):
+        return {"state": "ok"}
+    return storage if isinstance(storage.get("state"), str) else {"state": "unknown"}
+
+
 def _elapsed_since(updated_at) -> float:
     import time
     if isinstance(updated_at, bool) or not isinstance(updated_at, (int, float)):
@@ -184,6 +213,18 @@ def _age(seconds, elapsed: float) -> str:
     return f"{total / 3600:.1f} h"
 
 
+# enqueue: 0 means stored (on the card, synced); every refusal has its own status
+EXIT_UNAVAILABLE, EXIT_TOO_LARGE, EXIT_DISK_LOW, EXIT_QUEUE_FULL, EXIT_DUPLICATE = 1, 4, 5, 6, 7
+ENQUEUE_EXITS = """exit status:
+  0  queued: on the card, kept through restarts and power cuts
+  1  the queue is unavailable (locked, unreadable, a link in its place, a failing card)
+  2  usage: a bad argument or key, an unreadable file, a shape the server would drop
+  4  too large for one upload
+  5  the state partition is (nearly) full
+  6  the queue is full of items that outrank this kind
+  7  a duplicate: an item with this key is queued or was sent recently"""
+
+
 def cmd_enqueue(args) -> int:
     config = _load(args.config)
     from .link.profiles import PROFILES
@@ -192,8 +233,12 @@ def cmd_enqueue(args) -> int:
         sys.stderr.write(f"edge-agent: --kind: the {config.profile} profile carries no "
                          f"{args.kind} uploads (it carries {', '.join(sorted(carried))})\n")
         return EXIT_USAGE
-    from .uploads.store import QueueDiskFull, QueueStore, QueueUnavailable
-    try:
+    # the answer is the one line below; the store's own warnings are for the agent's journal
+    logging.getLogger("edge_agent").addHandler(logging.NullHandler())
+    from .fsutil import UnsafePath, drop_to_owner
+    from .uploads.store import (DiskLow, Duplicate, QueueDiskFull, QueueFull, QueueStore,
+                                QueueUnavailable, TooLarge, item_key)
+    try:  # read as the caller (root may queue its own files), before dropping to the agent
         limit = min(config.uploads.max_bytes, config.uploads.max_item_bytes)
         if args.file == "-":
             payload = sys.stdin.buffer.read(limit + 1)
@@ -203,27 +248,46 @@ def cmd_enqueue(args) -> int:
     except OSError as e:
         sys.stderr.write(f"edge-agent: {args.file}: {e.strerror}\n")
         return EXIT_USAGE
-    problem = PROFILES[config.profile].enqueue_problem(args.kind, payload)
+    try:
+        problem = PROFILES[config.profile].enqueue_problem(args.kind, payload)
+    except RecursionError:   # JSON nested thousands deep: one line, not a traceback
+        problem = "a JSON record nested too deeply to read"
     if problem:
         sys.stderr.write(f"edge-agent: {args.kind}: {problem} (the {config.profile} server "
                          f"would drop it unread); nothing was queued\n")
         return EXIT_USAGE
     try:
+        key = item_key(args.kind, payload, args.key)
+    except ValueError as e:
+        sys.stderr.write(f"edge-agent: {e}; nothing was queued\n")
+        return EXIT_USAGE
+    try:
+        # root writes nothing in the agent's directory that the agent's user could not
+        drop_to_owner(config.state_dir)
+    except (UnsafePath, OSError) as e:
+        sys.stderr.write(f"edge-agent: {e}; nothing was queued\n")
+        return EXIT_UNAVAILABLE
+    refusals = ((TooLarge, EXIT_TOO_LARGE, "too large"), (DiskLow, EXIT_DISK_LOW, "disk low"),
+                (QueueFull, EXIT_QUEUE_FULL, "queue full"), (Duplicate, EXIT_DUPLICATE, "duplicate"))
+    try:
         store = QueueStore(config.queue_path, config.uploads)
-        item_id = store.enqueue(args.kind, payload)
-        store.close()
+        try:
+            item_id = store.add(args.kind, payload, key=key)
+        finally:
+            store.close()
+    except tuple(r[0] for r in refusals) as e:
+        code, what = next((c, w) for t, c, w in refusals if isinstance(e, t))
+        sys.stderr.write(f"edge-agent: not queued ({what}): {e}\n")
+        return code
     except QueueDiskFull:
-        sys.stderr.write("edge-agent: the state partition is full; nothing was queued\n")
-        return EXIT_DEGRADED
+        sys.stderr.write("edge-agent: not queued (disk full): the state partition is full\n")
+        return EXIT_DISK_LOW
     except QueueUnavailable as e:
         sys.stderr.write(f"edge-agent: the upload queue is unavailable ({e}); nothing was queued\n")
-        return EXIT_DEGRADED
+        return EXIT_UNAVAILABLE
     except OSError as e:
-        sys.stderr.write(f"edge-agent: {config.queue_path}: {e.strerror}\n")
-        return EXIT_USAGE
-    if item_id is None:
-        print("not queued: a duplicate of a queued or recently sent item, or the queue is full")
-        return EXIT_OK
+        sys.stderr.write(f"edge-agent: {config.queue_path}: {e.strerror}; nothing was queued\n")
+        return EXIT_UNAVAILABLE
     print(item_id)
     try:  # wake the running agent's worker; if none runs, it sends at its next start
         pid = status.read(config.status_path).get("pid")
@@ -240,9 +304,15 @@ def cmd_unpair(args) -> int:
         sys.stderr.write("edge-agent: this device has a pre-provisioned token in the "
                          "configuration ([identity] token); remove it to enroll\n")
         return EXIT_USAGE
+    from .fsutil import UnsafePath, drop_to_owner
     from .identity.credentials import Credentials
     try:
+        # as the agent's user: root deletes nothing there that it could not
+        drop_to_owner(config.state_dir)
         Credentials(config.state_dir).clear()
+    except UnsafePath as e:
+        sys.stderr.write(f"edge-agent: {e}; nothing was removed\n")
+        return EXIT_UNAVAILABLE
     except OSError as e:
         sys.stderr.write(f"edge-agent: {config.state_dir}: {e.strerror}\n")
         return EXIT_USAGE

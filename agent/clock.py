@@ -1,11 +1,22 @@
 """Clocks are injected so every timing rule can be driven by a fake clock in tests.
 
-Monotonic time drives every timer; wall time appears only in reports to the server.
+Monotonic time drives every timer; wall time appears in reports to the server and in
+the upload queue's due times and ages, which must survive a reboot. A Pi has no RTC: it
+boots with a stale wall clock that jumps when NTP syncs, so `wall_synced` is the one
+place that says whether the wall clock can be trusted yet.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 import time
 from typing import Protocol
+
+TIME_ERROR = 5         # adjtimex(2): the clock is not synchronised (STA_UNSYNC and kin)
+TIMESYNCD_FLAG = "/run/systemd/timesync/synchronized"
+_TIMEX_BYTES = 512     # struct timex is 208 bytes on 64-bit; room to spare, modes = 0
+_libc = None
 
 
 class Clock(Protocol):
@@ -19,6 +30,24 @@ class SystemClock:
 
     def wall(self) -> float:
         return time.time()
+
+
+def wall_synced(flag: str = TIMESYNCD_FLAG) -> bool:
+    """Whether the kernel says the wall clock is synchronised (adjtimex, read only),
+    or, where that call is not allowed (the unit's ProtectClock=), whether
+    systemd-timesyncd has synchronised it since boot. Unknown counts as not: trusting a
+    stale clock loses data, distrusting a good one only keeps items longer."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        timex = ctypes.create_string_buffer(_TIMEX_BYTES)   # modes 0: read, set nothing
+        state = _libc.adjtimex(timex)
+        if state >= 0:
+            return state != TIME_ERROR
+    except (OSError, AttributeError):
+        pass
+    return os.path.exists(flag)
 
 
 class FakeClock:

@@ -5,8 +5,10 @@ something an operator cares about changes, never per heartbeat.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 
 from .fsutil import atomic_write
 
@@ -26,11 +28,21 @@ def write(path: str, status: dict) -> None:
 
 
 def read(path: str) -> dict:
+    """The agent's user writes this file and `edge-agent status` may read it as root:
+    never through a link, never a FIFO or device that could block or feed it forever."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_STATUS_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise StatusFileError(f"{path}: no status file (is the agent running?)") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StatusFileError(f"{path}: a symbolic link, not a status file") from None
+        raise StatusFileError(f"{path}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise StatusFileError(f"{path}: not a regular file, not a status file")
+            raw = f.read(MAX_STATUS_BYTES + 1)
     except OSError as e:
         raise StatusFileError(f"{path}: {e.strerror}") from None
     if len(raw) > MAX_STATUS_BYTES:

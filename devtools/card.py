@@ -10,6 +10,7 @@ write, journal included: the wear figure.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -60,6 +61,42 @@ class SdCard:
         r = subprocess.run(["e2fsck", "-p", str(self.image)], capture_output=True, text=True)
         if r.returncode >= 4:  # 1 and 2: fixed (the journal replayed); 4+: damage left
             raise RuntimeError(f"e2fsck after the power cut: {r.returncode} {r.stdout} {r.stderr}")
+        self._mount()
+
+    def remount(self, mode: str) -> None:
+        """``ro`` or ``rw``, as an operator would (ro needs no file open for writing)."""
+        _run("mount", "-o", f"remount,{mode}", str(self.mountpoint))
+
+    def fail(self) -> None:
+        """The usual death of a card: ext4 meets an error (here through its own debug
+        switch) and, as Raspberry Pi OS mounts it (errors=remount-ro), remounts itself
+        read-only under whoever has files open; what was not synced is gone."""
+        _run("mount", "-o", "remount,errors=remount-ro", str(self.mountpoint))
+        Path(f"/sys/fs/ext4/{os.path.basename(self.device)}/trigger_fs_error").write_text(
+            "devtools: the card failed\n")
+        if not self.read_only():
+            raise RuntimeError("ext4 did not remount the card read-only after the error")
+
+    def read_only(self) -> bool:
+        """Asked of the file system itself: since Linux 6.x an ext4 that remounted itself
+        read-only still says rw in statvfs and /proc/mounts (``emergency_ro``)."""
+        probe = self.mountpoint / ".devtools-probe"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT, 0o600)
+        except OSError as e:
+            if e.errno == errno.EROFS:
+                return True
+            raise
+        os.close(fd)
+        probe.unlink()
+        return False
+
+    def repair(self) -> None:
+        """What a technician does after a failure: unmount, fsck, mount read-write."""
+        self._umount()
+        r = subprocess.run(["e2fsck", "-fy", str(self.image)], capture_output=True, text=True)
+        if r.returncode >= 4:
+            raise RuntimeError(f"e2fsck after the failure: {r.returncode} {r.stdout} {r.stderr}")
         self._mount()
 
     def bytes_written(self) -> int:

@@ -92,3 +92,32 @@ def test_the_status_file_says_what_the_link_does_before_any_other_thread_runs(tm
     agent.run()
     assert seen["link"] and seen["link"]["state"] == "waiting", seen
     assert seen["link"]["next_attempt_in_s"] == 0.0
+
+
+def test_a_token_only_in_memory_is_degraded_and_says_so(tmp_path):
+    doc = {"pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1",
+           "server": "http://127.0.0.1:1", "link": {"state": "online", "proof": "tcp-ack+ping"},
+           "credentials": {"stored": False, "pending": "store", "error": "No space left on device",
+                           "failed_attempts": 3, "next_try_at": None}}
+    status.write(str(tmp_path / "status.json"), doc)
+    r = run_status(tmp_path)
+    assert r.returncode == 1, r.stdout
+    assert ("credentials not stored yet (No space left on device, 3 failed writes): in use "
+            "from memory" in r.stdout)
+    assert "proof       tcp-ack+ping" in r.stdout
+    status.write(str(tmp_path / "status.json"), {**doc, "credentials": None})
+    assert run_status(tmp_path).returncode == 0
+
+
+def test_status_never_reads_through_a_link_or_from_a_fifo(tmp_path):
+    """The agent's user owns the runtime directory; `edge-agent status` run as root must
+    not follow a link planted there, nor hang on a FIFO put in the file's place."""
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"pid": 1, "link": {"state": "online"}}')
+    os.symlink(secret, tmp_path / "status.json")
+    r = run_status(tmp_path)
+    assert r.returncode == 3 and "a symbolic link, not a status file" in r.stderr, r.stderr
+    os.unlink(tmp_path / "status.json")
+    os.mkfifo(tmp_path / "status.json")
+    r = run_status(tmp_path)   # the 30 s timeout of run_status would fail a hang
+    assert r.returncode == 3 and "not a regular file" in r.stderr, r.stderr

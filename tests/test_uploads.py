@@ -1,4 +1,5 @@
 """The upload queue: rules with a fake clock, the real spool files, a fake sender."""
+import json
 import os
 import random
 import time
@@ -9,7 +10,7 @@ from agent.clock import FakeClock
 from agent.uploads.schedule import (AUTH, OK, PERMANENT, SLOW_DOWN, TRANSIENT, UNAVAILABLE,
                                     UNREACHABLE, Outcome, UploadPolicy, UploadScheduler,
                                     classify, parse_retry_after)
-from agent.uploads.store import QueueStore
+from agent.uploads.store import Duplicate, QueueStore
 from agent.uploads.worker import UploadWorker
 
 
@@ -52,15 +53,42 @@ def store(tmp_path):
     s.close()
 
 
-def test_enqueue_dedupes_by_content(store):
+def test_a_duplicate_is_a_key_seen_again_never_equal_content(store):
+    # two real plays of the same clip are two records
+    play = b'{"event": "play_start", "content_id": "c-1"}'
+    assert store.enqueue("proof-of-play", play, now=1000.0)
+    assert store.enqueue("proof-of-play", play, now=1001.0)
     assert store.enqueue("screenshot", b"frame-1", now=1000.0)
-    assert store.enqueue("screenshot", b"frame-1", now=1001.0) is None
-    assert store.enqueue("log", b"frame-1", now=1001.0)  # another kind is another item
-    [item] = [i for i in store.due(2000.0, 10) if i.kind == "screenshot"]
-    store.confirmed([item], now=2000.0)
-    assert store.enqueue("screenshot", b"frame-1", now=2100.0) is None   # sent recently
-    assert store.enqueue("screenshot", b"frame-1", now=2000.0 + 3601) is not None
-    assert store.dropped["duplicate"] == 2
+    assert store.enqueue("screenshot", b"frame-1", now=1001.0)
+    # a key, given or carried by the record, is what makes a duplicate
+    assert store.add("screenshot", b"frame-2", now=1002.0, key="shot-7") == "shot-7"
+    with pytest.raises(Duplicate):
+        store.add("screenshot", b"other bytes", now=1003.0, key="shot-7")
+    keyed = b'{"play_id": "p-42", "content_id": "c-1"}'
+    assert store.add("proof-of-play", keyed, now=1004.0) == "p-42"
+    assert store.enqueue("proof-of-play", keyed, now=1005.0) is None
+    items = {i.id: i for i in store.due(2000.0, 10)}
+    store.confirmed([items["shot-7"]], now=2000.0)
+    with pytest.raises(Duplicate):   # sent within the dedupe window: still a duplicate
+        store.add("screenshot", b"frame-2", now=2100.0, key="shot-7")
+    assert store.add("screenshot", b"frame-2", now=2000.0 + 3601, key="shot-7") == "shot-7"
+    assert store.dropped["duplicate"] == 3
+    assert store.stats()["items"] == 6
+    again = QueueStore(store.path, UploadPolicy())   # a restart: the sent shot-7 and the new
+    assert again.stats()["items"] == 6
+    assert [i.payload for i in again.due(1e9, 10) if i.id == "shot-7"] == [b"frame-2"]
+    again.close()
+
+
+@pytest.mark.parametrize("key", ["", "a b", "x" * 65, "ключ", "a+1", "a/b"])
+def test_a_bad_key_is_refused_naming_its_field(store, key):
+    with pytest.raises(ValueError, match="--key: must be 1 to 64"):
+        store.add("log", b"x", key=key)
+    with pytest.raises(ValueError, match="play_id: must be 1 to 64"):
+        store.add("proof-of-play", json.dumps({"play_id": key}).encode())
+    with pytest.raises(ValueError, match="play_id"):
+        store.add("proof-of-play", b'{"play_id": 42}')
+    assert store.stats()["items"] == 0
 
 
 def test_bounds_drop_old_screenshots_before_proof_of_play(tmp_path):
@@ -85,7 +113,8 @@ def test_bounds_drop_old_screenshots_before_proof_of_play(tmp_path):
 
 
 def test_max_bytes_and_age(tmp_path):
-    s = QueueStore(str(tmp_path / "q"), UploadPolicy(max_bytes=100, max_age_days=1))
+    s = QueueStore(str(tmp_path / "q"), UploadPolicy(max_bytes=100, max_age_days=1),
+                   synced=lambda: True)
     assert s.enqueue("log", b"x" * 101, now=0.0) is None and s.dropped["too-large"] == 1
     assert s.enqueue("log", b"a" * 60, now=0.0)
     assert s.enqueue("log", b"b" * 60, now=10.0)     # evicts the first (same kind, oldest)
@@ -164,7 +193,7 @@ def test_a_damaged_item_is_skipped_or_dead_lettered_never_silently_lost(tmp_path
     s = QueueStore(path, UploadPolicy())
     ids = [s.enqueue("screenshot", bytes([65 + i]) * 500, now=1.0 + i) for i in range(4)]
     s.close()
-    from agent.uploads.store import HEADER_BYTES, PAGE
+    from agent.uploads.store import HEADER_BYTES2 as HEADER_BYTES, PAGE
     record = PAGE  # each item starts on a page of its own
     with open(_segment(path), "r+b") as f:
         f.seek(record + 2)            # the second item's header: bit rot
@@ -204,8 +233,8 @@ def test_segments_rotate_and_settled_ones_are_deleted_after_the_dedupe_window(tm
     path = str(tmp_path / "queue")
     s = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))
     reader = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))  # another process
-    for i in range(20):
-        s.enqueue("log", os.urandom(1000), now=1.0)
+    for i in range(20):   # keyed: a restarted agent must still know which keys it sent
+        s.enqueue("log", os.urandom(1000), now=1.0, key=f"log-{i}")
     segs = lambda: sorted(n for n in os.listdir(path) if n.endswith(".seg"))
     assert len(segs()) == 7
     items = reader.due(1.0, 100)
@@ -474,3 +503,113 @@ def test_the_dead_letter_count_follows_the_file_whoever_wrote_it(tmp_path):
     assert reader.stats()["dead_letter"] == 2 == len(reader.dead_letters())
     writer.close()
     reader.close()
+
+
+def test_status_counts_what_another_process_queued_during_a_503_hold(store):
+    """The worker's status refresh must tell what is on disk, whoever appended it: an
+    `edge-agent enqueue` (another process) during a hold wakes the worker, which sends
+    nothing, but the count it publishes must include the new items."""
+    import subprocess
+    import sys
+    clock = FakeClock(wall_offset=0.0)
+    store.enqueue("log", b"first", now=clock.wall())
+    published = []
+    worker = UploadWorker(store, FakeSender({b"": Outcome(SLOW_DOWN, "HTTP 503", 300.0)}),
+                          UploadPolicy(jitter=0.0), clock=clock, rng=random.Random(0),
+                          on_change=lambda: published.append(store.stats()["items"]))
+    worker._work_once()
+    assert worker.scheduler.hold_reason == SLOW_DOWN and published[-1] == 1
+    code = ("import sys; from agent.uploads.store import QueueStore; "
+            "from agent.uploads.schedule import UploadPolicy; "
+            "s = QueueStore(sys.argv[1], UploadPolicy()); "
+            "[s.add('log', b'from another process %d' % i) for i in range(2)]")
+    subprocess.run([sys.executable, "-c", code, store.path], check=True, timeout=30,
+                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    clock.advance(1.0)
+    worker.wake()                 # what SIGUSR1 from `edge-agent enqueue` does
+    worker._work_once()           # still held: nothing is sent...
+    assert worker.scheduler.hold_reason == SLOW_DOWN
+    assert published[-1] == 3, f"status says {published[-1]} queued while 3 are on disk"
+
+
+def test_a_damaged_length_is_seen_and_the_items_after_it_are_kept_and_counted(tmp_path, caplog):
+    """The header checksum covers the length: a corrupted one no longer sends the reader
+    past the items that follow it, and what is skipped is counted and logged."""
+    import struct
+    path = str(tmp_path / "queue")
+    s = QueueStore(path, UploadPolicy())
+    ids = [s.enqueue("log", b"line %d " % i * 50, now=1.0 + i) for i in range(4)]
+    s.close()
+    with open(_segment(path), "r+b") as f:   # the first record's length: bit rot
+        f.seek(4)
+        [length] = struct.unpack("<I", f.read(4))
+        f.seek(4)
+        f.write(struct.pack("<I", length + 2 * 4096))
+    again = QueueStore(path, UploadPolicy())
+    assert [i.id for i in again.due(1e9, 10)] == ids[1:]
+    assert again.dropped == {"damaged": 1} and "skipped 4096 damaged bytes" in caplog.text
+    again.close()
+
+
+def test_an_eaq1_length_that_points_nowhere_is_skipped_and_counted(tmp_path, caplog):
+    """EAQ1 (released) checksums cover the metadata only: a record must end where the
+    next one starts, or it is damaged."""
+    import hashlib
+    import struct
+    import uuid
+    import zlib
+    path = tmp_path / "queue"
+    path.mkdir()
+    head, meta_s = struct.Struct("<4sIII"), struct.Struct("<Bd16s32s")
+    ids, blob = [], b""
+    for n in range(4):
+        payload, raw_id = b"old log %d" % n, uuid.uuid4().bytes
+        meta = meta_s.pack(2, 1000.0 + n, raw_id, hashlib.sha256(b"log\0" + payload).digest())
+        length = len(payload) + (6000 if n == 0 else 0)   # the first length: bit rot
+        record = head.pack(b"EAQ1", length, zlib.crc32(payload), zlib.crc32(meta)) + meta + payload
+        blob += record + bytes(-len(record) % 4096)
+        ids.append(raw_id.hex())
+    (path / "00000001.seg").write_bytes(blob)
+    s = QueueStore(str(path), UploadPolicy())
+    assert [i.id for i in s.due(2000.0, 10)] == ids[1:]
+    assert s.dropped == {"damaged": 1} and "skipped 4096 damaged bytes" in caplog.text
+    s.close()
+
+
+def test_a_whole_last_item_that_went_bad_is_dead_lettered_not_cut_off(tmp_path, caplog):
+    """Only an append that never returned is cut off; a last item that was written
+    whole (and synced) and rotted since goes to the dead-letter file with the reason."""
+    from agent.uploads.store import HEADER_BYTES2, PAGE
+    path = str(tmp_path / "queue")
+    s = QueueStore(path, UploadPolicy())
+    ids = [s.enqueue("log", b"line %d " % i * 50, now=1.0 + i) for i in range(2)]
+    s.close()
+    seg = _segment(path)
+    whole = os.path.getsize(seg)
+    with open(seg, "r+b") as f:
+        f.seek(PAGE + HEADER_BYTES2 + 3)
+        f.write(b"\x00")
+    again = QueueStore(path, UploadPolicy())
+    assert os.path.getsize(seg) == whole and "cut off" not in caplog.text
+    assert [i.id for i in again.due(1e9, 10)] == ids[:1]
+    [dead] = again.dead_letters()
+    assert dead["id"] == ids[1] and "checksum" in dead["reason"]
+    again.close()
+
+
+def test_names_in_the_spool_that_are_not_the_queues_are_ignored_and_logged_once(tmp_path, caplog):
+    """int() reads "²³", " 7" and "٣": such a name must not stop the agent's start."""
+    path = tmp_path / "queue"
+    s = QueueStore(str(path), UploadPolicy())
+    [item_id] = [s.enqueue("log", b"kept", now=1.0)]
+    s.close()
+    odd = ["²³.seg", " 7.seg", "٣.ack", "12.seg", "00000001.seg~"]
+    for name in odd:
+        (path / name).write_bytes(b"not a segment")
+    again = QueueStore(str(path), UploadPolicy())
+    assert [i.id for i in again.due(1e9, 10)] == [item_id]
+    assert again.enqueue("log", b"and on", now=2.0) and again.stats()["items"] == 2
+    again.close()
+    for name in odd[:4]:
+        assert caplog.text.count(repr(name)) == 1, (name, caplog.text)
+    assert all((path / name).read_bytes() == b"not a segment" for name in odd)

@@ -20,6 +20,17 @@ class Event:
                 "id": self.id, **self.details}
 
 
+STORAGE_FAILED = "device.storage_failed"
+
+
+def storage_failed(ts: float, state: str, reason: str, path: str, part: str,
+                   errno_name: str | None) -> Event:
+    """The state directory failed (docs/PROTOCOL.md): once per process, what an operator
+    alerts on; the link, which needs no disk, carries it."""
+    return Event(STORAGE_FAILED, ts, {"state": state, "reason": reason, "path": path,
+                                      "part": part, "errno": errno_name})
+
+
 def display_event(connector: str, status: str) -> str | None:
     """`/sys/class/drm/card*-HDMI-A-*/status` as an event type."""
     status = status.strip()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from ..backoff import ceiling
+
 OK, TRANSIENT, PERMANENT = "ok", "transient", "permanent"
 # queue-wide: the item is not at fault
 SLOW_DOWN, UNREACHABLE, UNAVAILABLE, AUTH = "slow-down", "unreachable", "unavailable", "auth"
@@ -78,6 +80,22 @@ def parse_retry_after(value: str | None) -> float | None:
     return min(seconds, MAX_RETRY_AFTER_S)
 
 
+def expired(stamp: float, stamp_synced: bool, now: float, now_synced: bool,
+            synced_since: float | None, max_age_s: float) -> bool:
+    """Whether an item stamped ``stamp`` is past ``max_age_s`` at wall time ``now``.
+
+    Nothing is old by a clock that is not synchronised now. An item stamped while the
+    clock was not synchronised (a Pi boots without an RTC, then NTP jumps its clock by
+    months) is aged from ``synced_since``, when the clock was first seen synchronised
+    after it was stamped (None: not yet), not from its stale stamp: a jump never ages
+    the whole queue at once."""
+    if not now_synced:
+        return False
+    if stamp_synced:
+        return now - stamp > max_age_s
+    return synced_since is not None and now - synced_since > max_age_s
+
+
 class UploadScheduler:
     def __init__(self, policy: UploadPolicy, rng: random.Random | None = None):
         self.policy = policy
@@ -89,8 +107,7 @@ class UploadScheduler:
     def retry_delay(self, attempts: int) -> float:
         """Delay after the ``attempts``-th failure of one item (attempts >= 1)."""
         p = self.policy
-        ceiling = min(p.cap_s, p.base_s * (2 ** min(max(attempts - 1, 0), 40)))
-        return ceiling * (1 + self._rng.uniform(-p.jitter, p.jitter))
+        return ceiling(p.base_s, p.cap_s, attempts - 1) * (1 + self._rng.uniform(-p.jitter, p.jitter))
 
     def after_failure(self, outcome: Outcome, attempts: int, now: float) -> float:
         """When this item may go again (an item-specific failure)."""

@@ -1,25 +1,45 @@
 """The upload queue on the SD card: a spool of append-only segment files.
 
 Each enqueue appends one record to the newest segment, starting on a page of its own, and
-fdatasyncs it: the payload and a 73-byte header, nothing else, before it returns, so an item the caller was
-told is queued survives kill -9 and a power cut. What becomes of an item (sent, failed
+fdatasyncs it: the payload and a 139-byte header (73 in the EAQ1 records of earlier
+builds, still read), nothing else, before it returns, so an item the caller was told is
+queued survives kill -9 and a power cut. What becomes of an item (sent, failed
 with its next try, refused for good, dropped) is a 27-byte record appended to the
 segment's ``.ack`` file without a sync: losing the tail of it to a power cut only means
 an item is sent again, which the server absorbs by its Idempotency-Key, or retried
-sooner. A segment whose items are all settled is deleted (after the dedupe window, so a
-restarted agent still knows what it sent). sqlite, which this replaces, wrote each page
+sooner. A segment whose items are all settled is deleted (after the dedupe window if it
+sent keyed items, so a restarted agent still knows which keys it sent). sqlite, which this replaces, wrote each page
 twice (WAL, then checkpoint) plus index and freelist pages: 19 KB per 2 KB enqueue and
 26 KB per confirmed send; `scripts/bench` measures both side by side.
 
 Every operation holds ``lock`` (flock) and first reads what other processes appended
 (`edge-agent enqueue`, the command thread): the files are the truth, memory an index.
 Under the lock nobody is mid-append, so an incomplete record at the end of a file is the
-remains of a writer that died (or of a power cut) and is cut off; a damaged record in
-the middle is skipped to the next good one, and an item whose payload fails its checksum
-when read goes to the dead-letter file with that reason, never silently.
+remains of a writer that died (or of a power cut) and is cut off. An EAQ2 header's
+checksum covers its length too, and records start on page boundaries, so a record whose
+header is damaged is found, skipped to the next good one on a later page, counted
+("damaged") and logged, never silently; so is an EAQ1 record whose length (its checksum
+does not cover it) points where no record starts. An item whose payload fails its
+checksum when read, the last one included, goes to the dead-letter file with that reason.
 
 Due times are wall-clock seconds, the only clock that survives a reboot; a due time
-further away than the backoff cap (a clock that jumped) counts as due now.
+further away than the backoff cap (a clock that jumped) counts as due now. A Pi has no
+RTC: each item records whether the wall clock was synchronised when it was stamped, and
+age is judged by `schedule.expired`, so a clock that jumps when NTP syncs never empties
+the queue. Such an item is aged from the first synchronised time seen after it was
+queued: the first store to see the clock synchronised while such items are queued
+appends a clock record to the newest segment's ``.ack`` file (27 bytes, no sync, once),
+so every process, `edge-agent enqueue` too, ages them alike. Lost to a power cut, it is
+written again later: the items only live longer.
+
+A duplicate is an item whose idempotency key (``--key``, or a proof-of-play record's
+``play_id``) is queued or was sent within the dedupe window, never equal content: two
+plays of the same clip are two records. The key is the item's id, and so its
+Idempotency-Key on the wire; an item without one gets a uuid.
+
+`edge-agent enqueue` may run as root in a directory the agent's user owns. Every file
+here is opened relative to the queue directory's descriptor with O_NOFOLLOW and must be
+a regular file with one link: a link planted in the spool is refused, never followed.
 """
 from __future__ import annotations
 
@@ -29,7 +49,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sqlite3
+import stat
 import struct
 import threading
 import time
@@ -37,15 +59,29 @@ import uuid
 import zlib
 from dataclasses import dataclass
 
-from .schedule import KINDS, UploadPolicy
+from ..clock import wall_synced
+from ..storage import READ_ONLY, card_failure
+from .schedule import KINDS, UploadPolicy, expired
 
 log = logging.getLogger("edge_agent.uploads")
 
-# magic, payload length, crc32 of the payload, crc32 of the metadata that follows
+# magic, payload length, crc32 of the payload, crc32 of the header: in EAQ2 of these first
+# 12 bytes and the metadata that follows, so a damaged length is seen; in EAQ1 of the
+# metadata only
 SEG_HEAD = struct.Struct("<4sIII")
-SEG_META = struct.Struct("<Bd16s32s")        # kind, created_at (wall), id, sha256
-SEG_MAGIC = b"EAQ1"
+SEG_META = struct.Struct("<Bd16s32s")        # EAQ1: kind, created_at (wall), id, sha256
+# EAQ2: the same, then flags (CLOCK_SYNCED: created_at was a synchronised wall time), the
+# idempotency key's length and the key
+SEG_META2 = struct.Struct("<Bd16s32sBB64s")
+SEG_MAGIC, SEG_MAGIC2 = b"EAQ1", b"EAQ2"
 HEADER_BYTES = SEG_HEAD.size + SEG_META.size
+HEADER_BYTES2 = SEG_HEAD.size + SEG_META2.size
+CLOCK_SYNCED = 1
+# An idempotency key: what a server and a header can carry, and short enough to store
+KEY_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
+KEY_RULE = "1 to 64 of A-Z a-z 0-9 . _ : -"
+# the field of a proof-of-play JSON record that names the play: its idempotency key
+PLAY_KEY_FIELD = "play_id"
 # Each item starts on a page of its own: a sync writes the pages it dirtied, so an item
 # sharing its first page with the one before would write that page a second time.
 PAGE = 4096
@@ -53,6 +89,12 @@ PAGE = 4096
 ACK_BODY = struct.Struct("<IBHdd")
 ACK_BYTES = 4 + ACK_BODY.size
 SENT, FAILED, DEAD, DROPPED = 1, 2, 3, 4
+# Not an item's outcome: the wall clock was seen synchronised at ``at``. Its offset, one
+# byte before where the next item will start (so no item has it), says which items,
+# those before it, it ages.
+CLOCK = 5
+# a segment's or outcome file's name, as `_name` writes it: int() alone takes "²³" and " 7"
+NAME_RE = re.compile(r"([0-9]{8,})\.(seg|ack)\Z")
 KIND_CODES = {"screenshot": 1, "log": 2, "proof-of-play": 3}
 KIND_NAMES = {v: k for k, v in KIND_CODES.items()}
 
@@ -73,6 +115,70 @@ class QueueUnavailable(Exception):
 
 class QueueDiskFull(QueueUnavailable):
     pass
+
+
+class QueueStorageFailed(QueueUnavailable):
+    """The card under the queue is read-only or failing (EROFS, EIO): nothing can be
+    queued or settled until it is repaired; what is queued stays where it is."""
+
+    def __init__(self, path: str, error: OSError):
+        self.state = card_failure(error)
+        super().__init__(f"the state partition is "
+                         f"{'read-only' if self.state == READ_ONLY else 'failing'}: "
+                         f"{path}: {error.strerror or error}")
+
+
+def _as_storage_failure(path: str, e: BaseException) -> BaseException:
+    return QueueStorageFailed(path, e) if isinstance(e, OSError) and card_failure(e) else e
+
+
+class QueueUnsafe(QueueUnavailable):
+    """A name in the spool is a link or not a regular file: refused, not followed."""
+
+
+class QueueRefused(Exception):
+    """This item was not queued; the queue itself is fine. ``reason`` names why."""
+    reason = "refused"
+
+
+class TooLarge(QueueRefused):
+    reason = "too-large"
+
+
+class DiskLow(QueueRefused):
+    reason = "disk-low"
+
+
+class QueueFull(QueueRefused):
+    reason = "full"
+
+
+class Duplicate(QueueRefused):
+    reason = "duplicate"
+
+
+def check_key(key: str, field: str = "--key") -> str:
+    if not isinstance(key, str) or not KEY_RE.match(key):
+        raise ValueError(f"{field}: must be {KEY_RULE}")
+    return key
+
+
+def item_key(kind: str, payload: bytes, key: str | None = None) -> str | None:
+    """The idempotency key of an item: the caller's, else a proof-of-play record's
+    ``play_id``; None if it has neither (then it is never a duplicate)."""
+    if key is not None:
+        return check_key(key)
+    if kind != "proof-of-play" or not payload.lstrip().startswith(b"{"):
+        return None
+    try:
+        record = json.loads(payload)
+    except ValueError:
+        return None
+    except RecursionError:   # a record nested thousands deep: refused, not a traceback
+        raise ValueError(f"{PLAY_KEY_FIELD}: the record is nested too deeply to read") from None
+    if not isinstance(record, dict) or PLAY_KEY_FIELD not in record:
+        return None
+    return check_key(record[PLAY_KEY_FIELD], PLAY_KEY_FIELD)
 
 
 def free_bytes(path: str) -> int:
@@ -100,6 +206,10 @@ class _Entry:
     digest: bytes
     size: int
     payload_crc: int
+    head: int = HEADER_BYTES
+    key: str | None = None
+    synced: bool = True      # created_at was a synchronised wall time (EAQ1: assumed)
+    aged_from: float | None = None  # not synced: when the clock was next seen synchronised
     attempts: int = 0
     next_at: float = 0.0
     settled: bool = False
@@ -122,8 +232,12 @@ class _Segment:
 
 
 class QueueStore:
-    def __init__(self, path: str, policy: UploadPolicy, timeout_s: float = 5.0):
+    def __init__(self, path: str, policy: UploadPolicy, timeout_s: float = 5.0,
+                 synced=wall_synced):
         self.path = path
+        self.synced = synced               # () -> bool: is the wall clock trustworthy now
+        self._unaged = False               # an item stamped unsynchronised may lack aged_from
+        self._odd_names: set[str] = set()  # names in the spool that are none of ours, logged once
         self.timeout_s = timeout_s
         self.policy = policy
         self.dropped: dict[str, int] = {}  # reason -> count, reported in status
@@ -132,17 +246,45 @@ class QueueStore:
         self._expired_at = float("-inf")
         self._segs: dict[int, _Segment] = {}
         self._live: dict[str, _Entry] = {}
-        self._hashes: dict[bytes, int] = {}
-        self._sent: dict[bytes, float] = {}
+        self._sent: dict[str, float] = {}  # idempotency key -> when it was sent
         self._n_items = self._n_bytes = 0
         self._dead_counted: tuple[list, int] = ([], 0)   # (files' stat, lines)
         self._mutex = threading.RLock()
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(path, "lock"),
-                                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._own(os.path.join(path, "lock"))
-        with self._locked():
-            self._migrate_sqlite()
+        self._dir_fd = self._lock_fd = -1
+        os.makedirs(path, mode=0o700, exist_ok=True)   # a link to a directory passes here...
+        try:   # ...and is refused here
+            self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise QueueUnsafe(f"{path}: a symbolic link or not a directory; "
+                                  f"refusing to follow it") from None
+            raise
+        try:
+            self._lock_fd = self._open("lock", os.O_RDWR | os.O_CREAT)
+            with self._locked():
+                self._migrate_sqlite()
+        except BaseException as e:
+            self.close()
+            failure = _as_storage_failure(path, e)
+            if failure is e:
+                raise
+            raise failure from e
+
+    def _open(self, name: str, flags: int, mode: int = 0o600) -> int:
+        """A file of the spool, never through a link, only a regular file of one link."""
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=self._dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise QueueUnsafe(f"{os.path.join(self.path, name)}: a symbolic link; "
+                                  f"refusing to follow it") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            raise QueueUnsafe(f"{os.path.join(self.path, name)}: not a regular file of one "
+                              f"link; refusing to use it")
+        return fd
 
     # -- locking and reading what is on disk ---------------------------------------
     def _locked(self):
@@ -173,17 +315,25 @@ class QueueStore:
 
     def _refresh(self) -> None:
         """Brings the index up to what the files say, appended by whoever."""
-        names = set(os.listdir(self.path))
-        present = {int(n[:-4]) for n in names if n.endswith(".seg") and n[:-4].isdigit()}
+        ours: dict[str, tuple[int, str]] = {}
+        for n in os.listdir(self._dir_fd):
+            m = NAME_RE.match(n)
+            if m and self._name(int(m[1]), m[2]) == n:
+                ours[n] = (int(m[1]), m[2])
+            elif n.endswith((".seg", ".ack")) and n not in self._odd_names:
+                self._odd_names.add(n)
+                log.warning("upload queue %s: %r is not a name the queue writes; ignored",
+                            self.path, n)
+        present = {number for number, ext in ours.values() if ext == "seg"}
         for number in set(self._segs) - present:   # settled and deleted by another process
             self._forget(number)
-        for n in names:
-            if n.endswith(".ack") and n[:-4].isdigit() and int(n[:-4]) not in present:
-                os.unlink(os.path.join(self.path, n))  # its segment went first, then we died
+        for n, (number, ext) in ours.items():
+            if ext == "ack" and number not in present:
+                os.unlink(n, dir_fd=self._dir_fd)  # its segment went first, then we died
         for number in sorted(present):
             seg = self._segs.get(number)
             if seg is None:
-                fd = os.open(self._file(number, "seg"), os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+                fd = self._open(self._name(number, "seg"), os.O_RDWR | os.O_APPEND)
                 seg = self._segs[number] = _Segment(number, fd)
             self._read_items(seg)
             self._read_outcomes(seg)
@@ -193,64 +343,95 @@ class QueueStore:
         pos = seg.read_off
         while pos < size:
             entry = self._parse(seg, pos, size)
+            if (entry is not None and entry.head == HEADER_BYTES
+                    and not self._ends_where_the_next_begins(seg, entry, size)
+                    and not self._payload_ok(seg, entry)):
+                entry = None   # an EAQ1 length (not under its checksum) that is wrong
             if entry is None:
                 good = self._next_good(seg, pos, size)
                 if good is None:
-                    # the end of a torn append; we hold the lock, so nobody is writing it
-                    log.warning("upload queue %s: cut off an incomplete item at its end (%d "
-                                "bytes: an enqueue that never returned)",
-                                self._file(seg.number, "seg"), size - pos)
+                    # we hold the lock, so nobody is writing it
+                    if (size - pos) % PAGE:   # a whole record ends on a page boundary
+                        log.warning("upload queue %s: cut off an incomplete item at its end "
+                                    "(%d bytes: an enqueue that never returned)",
+                                    self._file(seg.number, "seg"), size - pos)
+                    else:
+                        self._count("damaged")
+                        log.error("upload queue %s: cut off %d damaged bytes at its end "
+                                  "(offset %d)", self._file(seg.number, "seg"), size - pos, pos)
                     os.ftruncate(seg.fd, pos)
                     break
                 pos = good
                 continue
             seg.entries[pos] = entry
             self._add(entry)
-            pos += _padded(HEADER_BYTES + entry.size)
+            pos += _padded(entry.head + entry.size)
         if pos > size:  # a writer died in the padding of an item that is whole
             os.ftruncate(seg.fd, pos)
         seg.read_off = pos
 
     def _parse(self, seg: _Segment, pos: int, size: int) -> _Entry | None:
-        head = os.pread(seg.fd, HEADER_BYTES, pos)
-        if len(head) < HEADER_BYTES:
+        head = os.pread(seg.fd, HEADER_BYTES2, pos)
+        if len(head) < SEG_HEAD.size:
             return None
-        magic, length, payload_crc, meta_crc = SEG_HEAD.unpack_from(head)
-        meta = head[SEG_HEAD.size:]
-        if magic != SEG_MAGIC or zlib.crc32(meta) != meta_crc or pos + HEADER_BYTES + length > size:
+        magic, length, payload_crc, head_crc = SEG_HEAD.unpack_from(head)
+        layout = {SEG_MAGIC: SEG_META, SEG_MAGIC2: SEG_META2}.get(magic)
+        if layout is None:
             return None
-        kind, created, raw_id, digest = SEG_META.unpack(meta)
+        header = SEG_HEAD.size + layout.size
+        meta = head[SEG_HEAD.size:header]
+        covered = meta if magic == SEG_MAGIC else head[:SEG_HEAD.size - 4] + meta
+        if len(meta) < layout.size or zlib.crc32(covered) != head_crc or pos + header + length > size:
+            return None
+        key, flags = None, CLOCK_SYNCED
+        if magic == SEG_MAGIC:
+            kind, created, raw_id, digest = layout.unpack(meta)
+        else:
+            kind, created, raw_id, digest, flags, key_len, raw_key = layout.unpack(meta)
+            if key_len:
+                key = raw_key[:key_len].decode("ascii", "replace")
         if kind not in KIND_NAMES:
             return None
-        if pos + _padded(HEADER_BYTES + length) >= size:
-            # the last record is where a writer that died left its work: check it whole
-            if zlib.crc32(os.pread(seg.fd, length, pos + HEADER_BYTES)) != payload_crc:
-                return None
-        return _Entry(seg.number, pos, KIND_NAMES[kind], created, raw_id.hex(), digest,
-                      length, payload_crc, next_at=created)
+        entry = _Entry(seg.number, pos, KIND_NAMES[kind], created, key or raw_id.hex(), digest,
+                       length, payload_crc, header, key, bool(flags & CLOCK_SYNCED),
+                       next_at=created)
+        if pos + _padded(header + length) > size and not self._payload_ok(seg, entry):
+            # short of its padding: a writer that died may have left it half-written. A
+            # whole record that went bad since is indexed, and dead-lettered when due.
+            return None
+        return entry
+
+    def _ends_where_the_next_begins(self, seg: _Segment, entry: _Entry, size: int) -> bool:
+        """Whether the record's length leads to the next record (or the end), and skips
+        none on the way: records start on page boundaries."""
+        end = min(entry.off + _padded(entry.head + entry.size), size)
+        for page in range(entry.off + PAGE, end + 1, PAGE):
+            if page < size and (self._parse(seg, page, size) is not None) != (page == end):
+                return False
+        return True
+
+    @staticmethod
+    def _payload_ok(seg: _Segment, entry: _Entry) -> bool:
+        return zlib.crc32(os.pread(seg.fd, entry.size, entry.off + entry.head)) == entry.payload_crc
 
     def _next_good(self, seg: _Segment, pos: int, size: int) -> int | None:
-        """Where the next good record after damage at ``pos`` starts, if one does."""
-        probe = pos + 1
+        """Where the next good record after damage at ``pos`` starts, if one does:
+        records start on page boundaries, so only those are looked at."""
+        probe = _padded(pos + 1)
         while probe < size:
-            chunk = os.pread(seg.fd, min(1 << 20, size - probe), probe)
-            at = chunk.find(SEG_MAGIC)
-            if at < 0:
-                probe += max(1, len(chunk) - len(SEG_MAGIC) + 1)
-                continue
-            if self._parse(seg, probe + at, size) is not None:
+            if os.pread(seg.fd, 3, probe) == SEG_MAGIC[:3] and self._parse(seg, probe, size):
                 self._count("damaged")
-                log.error("upload queue %s: skipped %d damaged bytes at offset %d",
-                          self._file(seg.number, "seg"), probe + at - pos, pos)
-                return probe + at
-            probe += at + 1
+                log.error("upload queue %s: skipped %d damaged bytes at offset %d (the "
+                          "items in them are lost)", self._file(seg.number, "seg"),
+                          probe - pos, pos)
+                return probe
+            probe += PAGE
         return None
 
     def _read_outcomes(self, seg: _Segment) -> None:
         if seg.ack_fd is None:
             try:
-                seg.ack_fd = os.open(self._file(seg.number, "ack"),
-                                     os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+                seg.ack_fd = self._open(self._name(seg.number, "ack"), os.O_RDWR | os.O_APPEND)
             except FileNotFoundError:
                 return
         size = os.fstat(seg.ack_fd).st_size
@@ -269,34 +450,59 @@ class QueueStore:
 
     def _apply(self, seg: _Segment, off: int, state: int, attempts: int, at: float,
                next_at: float) -> None:
+        if state == CLOCK:
+            self._clock_seen(seg.number, off, at)
+            return
         entry = seg.entries.get(off)
         if entry is None or entry.settled:
             return
         if state == FAILED:
             entry.attempts, entry.next_at = attempts, next_at
             return
-        if state == SENT:
-            self._sent[entry.digest] = max(at, self._sent.get(entry.digest, at))
-            seg.last_sent = max(seg.last_sent, at)
+        if state == SENT and entry.key is not None:
+            self._sent[entry.key] = max(at, self._sent.get(entry.key, at))
+            seg.last_sent = max(seg.last_sent, at)  # its keys must outlive a restart
         entry.settled = True
         seg.live -= 1
         self._drop_from_index(entry)
 
+    def _clock_seen(self, number: int, off: int, at: float) -> None:
+        """The clock was synchronised at ``at``: the items stamped unsynchronised and
+        queued before (``number``, ``off``) age from then, unless an earlier record said so."""
+        for entry in self._live.values():
+            if not entry.synced and entry.aged_from is None and (entry.seg, entry.off) < (number, off):
+                entry.aged_from = at
+
+    def _note_clock(self, now: float, synced: bool) -> None:
+        """Writes a clock record if the clock is synchronised and an item stamped while it
+        was not has no time to age from yet: once, not per item, and never synced."""
+        if not synced or not self._unaged:
+            return
+        self._unaged = False
+        if self._segs and any(not e.synced and e.aged_from is None for e in self._live.values()):
+            seg = self._segs[max(self._segs)]
+            try:
+                self._write_outcome(seg, max(seg.read_off - 1, 0), CLOCK, 0, now, 0.0)
+            except OSError as e:
+                if card_failure(e):
+                    raise
+                # reading what is due must not fail for it (a full disk): not noting it
+                # only means those items live longer (tried again when another is queued)
+                log.warning("upload queue %s: could not note that the clock is synchronised "
+                            "(%s)", self.path, e.strerror or e)
+
     def _add(self, entry: _Entry) -> None:
+        if not entry.synced:
+            self._unaged = True
         self._segs[entry.seg].live += 1
         self._live[entry.id] = entry
-        self._hashes[entry.digest] = self._hashes.get(entry.digest, 0) + 1
         self._n_items += 1
         self._n_bytes += entry.size
 
     def _drop_from_index(self, entry: _Entry) -> None:
-        if self._live.pop(entry.id, None) is None:
-            return
-        left = self._hashes.get(entry.digest, 1) - 1
-        if left:
-            self._hashes[entry.digest] = left
-        else:
-            self._hashes.pop(entry.digest, None)
+        # a key sent long ago may be queued again: only the newer entry is the live one
+        if self._live.get(entry.id) is entry:
+            del self._live[entry.id]
         self._n_items -= 1
         self._n_bytes -= entry.size
 
@@ -308,15 +514,13 @@ class QueueStore:
         seg.close()
 
     # -- writing ----------------------------------------------------------------
-    def _file(self, number: int, ext: str) -> str:
-        return os.path.join(self.path, f"{number:08d}.{ext}")
+    @staticmethod
+    def _name(number: int, ext: str) -> str:
+        return f"{number:08d}.{ext}"
 
-    def _own(self, path: str) -> None:
-        """`edge-agent enqueue` run as root must leave files the agent's user can use."""
-        if os.geteuid() == 0:
-            st = os.stat(self.path)
-            if st.st_uid != 0:
-                os.chown(path, st.st_uid, st.st_gid)
+    def _file(self, number: int, ext: str) -> str:
+        """For messages: every file is opened through the directory's descriptor."""
+        return os.path.join(self.path, self._name(number, ext))
 
     def _segment_for(self, length: int) -> _Segment:
         if self._segs:
@@ -324,20 +528,22 @@ class QueueStore:
             if last.read_off == 0 or last.read_off + length <= SEGMENT_BYTES:
                 return last
         number = max(self._segs, default=0) + 1
-        path = self._file(number, "seg")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        self._own(path)
+        fd = self._open(self._name(number, "seg"), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         _reserve(fd, SEGMENT_BYTES)
-        _fsync_dir(self.path)   # the new name must survive a power cut with its first item
+        os.fsync(self._dir_fd)   # the new name must survive a power cut with its first item
         seg = self._segs[number] = _Segment(number, fd)
         return seg
 
     def _append_item(self, kind: str, payload: bytes, digest: bytes, now: float,
-                     raw_id: bytes | None = None) -> _Entry:
+                     raw_id: bytes | None = None, key: str | None = None,
+                     synced: bool = True) -> _Entry:
         raw_id = raw_id or uuid.uuid4().bytes
-        meta = SEG_META.pack(KIND_CODES[kind], now, raw_id, digest)
+        raw_key = (key or "").encode("ascii")
+        meta = SEG_META2.pack(KIND_CODES[kind], now, raw_id, digest,
+                              CLOCK_SYNCED if synced else 0, len(raw_key), raw_key)
         crc = zlib.crc32(payload)
-        record = SEG_HEAD.pack(SEG_MAGIC, len(payload), crc, zlib.crc32(meta)) + meta
+        head = struct.pack("<4sII", SEG_MAGIC2, len(payload), crc)
+        record = head + struct.pack("<I", zlib.crc32(head + meta)) + meta
         length = _padded(len(record) + len(payload))
         seg = self._segment_for(length)
         try:
@@ -346,8 +552,8 @@ class QueueStore:
         except OSError:
             os.ftruncate(seg.fd, seg.read_off)  # nothing half-written stays behind
             raise
-        entry = _Entry(seg.number, seg.read_off, kind, now, raw_id.hex(), digest, len(payload),
-                       crc, next_at=now)
+        entry = _Entry(seg.number, seg.read_off, kind, now, key or raw_id.hex(), digest,
+                       len(payload), crc, len(record), key, synced, next_at=now)
         seg.entries[seg.read_off] = entry
         seg.read_off += length
         self._add(entry)
@@ -358,14 +564,17 @@ class QueueStore:
         seg = self._segs.get(entry.seg)
         if seg is None or entry.settled:
             return
+        self._write_outcome(seg, entry.off, state, attempts, at, next_at)
+
+    def _write_outcome(self, seg: _Segment, off: int, state: int, attempts: int, at: float,
+                       next_at: float) -> None:
         if seg.ack_fd is None:
-            path = self._file(seg.number, "ack")
-            seg.ack_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            self._own(path)
-        body = ACK_BODY.pack(entry.off, state, min(attempts, 0xFFFF), at, next_at)
+            seg.ack_fd = self._open(self._name(seg.number, "ack"),
+                                    os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        body = ACK_BODY.pack(off, state, min(attempts, 0xFFFF), at, next_at)
         _write_all(seg.ack_fd, struct.pack("<I", zlib.crc32(body)) + body)
         seg.ack_off += ACK_BYTES
-        self._apply(seg, entry.off, state, attempts, at, next_at)
+        self._apply(seg, off, state, attempts, at, next_at)
 
     def _collect(self, now: float) -> None:
         """Deletes segments whose items are all settled (never the newest, which takes
@@ -374,40 +583,59 @@ class QueueStore:
         for number, seg in list(self._segs.items()):
             if number == newest or seg.live or now - seg.last_sent < self.policy.dedupe_window_s:
                 continue
-            os.unlink(self._file(number, "seg"))
+            os.unlink(self._name(number, "seg"), dir_fd=self._dir_fd)
             try:
-                os.unlink(self._file(number, "ack"))
+                os.unlink(self._name(number, "ack"), dir_fd=self._dir_fd)
             except FileNotFoundError:
                 pass
             self._forget(number)
 
     # -- enqueue ----------------------------------------------------------------
-    def enqueue(self, kind: str, payload: bytes, now: float | None = None) -> str | None:
-        """Queues one item; returns its id, or None if it was a duplicate or dropped."""
+    def enqueue(self, kind: str, payload: bytes, now: float | None = None,
+                key: str | None = None) -> str | None:
+        """Queues one item; returns its id, or None if it was refused (see `add`)."""
+        try:
+            return self.add(kind, payload, now, key)
+        except QueueRefused:
+            return None
+
+    def add(self, kind: str, payload: bytes, now: float | None = None,
+            key: str | None = None) -> str:
+        """Queues one item and returns its id once it is on the card. Raises a
+        QueueRefused (TooLarge, DiskLow, QueueFull, Duplicate) if it was not queued,
+        ValueError for a bad kind or key, QueueUnavailable if the queue cannot be used."""
         if kind not in KINDS:
             raise ValueError(f"unknown upload kind {kind!r} (one of {', '.join(KINDS)})")
+        key = item_key(kind, payload, key)
         now = time.time() if now is None else now
+        synced = self.synced()
         digest = hashlib.sha256(kind.encode() + b"\0" + payload).digest()
         size = len(payload)
         p = self.policy
-        if not self._space_for(kind, size):
-            self._count(f"disk-low:{kind}")
-            return None
-        if size > min(p.max_bytes, p.max_item_bytes):
+        limit = min(p.max_bytes, p.max_item_bytes)
+        if size > limit:
             self._count("too-large")
             log.warning("dropping a %s of %d bytes: larger than one upload may be (%d)", kind,
-                        size, min(p.max_bytes, p.max_item_bytes))
-            return None
+                        size, limit)
+            raise TooLarge(f"{size} bytes is larger than one upload may be ({limit})")
+        if not self._space_for(kind, size):
+            self._count(f"disk-low:{kind}")
+            raise DiskLow(f"the state partition is nearly full ({self.free_bytes() >> 20} MiB "
+                          f"free; a {kind} must leave {MIN_FREE_BYTES[kind] >> 20} MiB)")
         with self._locked():
-            if digest in self._hashes or self._sent.get(digest, float("-inf")) >= now - p.dedupe_window_s:
+            if key is not None and (key in self._live or self._sent.get(key, float("-inf"))
+                                    >= now - p.dedupe_window_s):
                 self._count("duplicate")
-                return None
-            self._expire(now)
+                raise Duplicate(f"an item with key {key} is queued or was sent in the last "
+                                f"{p.dedupe_window_s:g}s")
+            self._note_clock(now, synced)
+            self._expire(now, synced)
             if not self._make_room(kind, size, now):
                 self._count(f"full:{kind}")
-                return None
+                raise QueueFull(f"the queue is full of items that outrank a {kind} "
+                                f"({self._n_items} items, {self._n_bytes} bytes)")
             try:
-                return self._append_item(kind, payload, digest, now).id
+                return self._append_item(kind, payload, digest, now, key=key, synced=synced).id
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     self._count(f"disk-full:{kind}")
@@ -429,12 +657,13 @@ class QueueStore:
             log.info("space is back on the state partition: queueing %ss again", kind)
         return ok
 
-    def _expire(self, now: float) -> None:
+    def _expire(self, now: float, synced: bool) -> None:
         if abs(now - self._expired_at) < EXPIRE_EVERY_S:
             return
         self._expired_at = now
-        cutoff = now - self.policy.max_age_days * 86400
-        old = [e for e in self._live.values() if e.created_at < cutoff]
+        max_age = self.policy.max_age_days * 86400
+        old = [e for e in self._live.values()
+               if expired(e.created_at, e.synced, now, synced, e.aged_from, max_age)]
         for entry in old:
             self._settle(entry, DROPPED, now)
         if old:
@@ -452,7 +681,9 @@ class QueueStore:
             victims = [e for e in self._live.values() if KINDS[e.kind] <= KINDS[kind]]
             if not victims:
                 return False
-            victim = min(victims, key=lambda e: (KINDS[e.kind], e.created_at))
+            # oldest by when it was queued, not by its stamp: a clock that was wrong
+            # then must not make an item look older than it is
+            victim = min(victims, key=lambda e: (KINDS[e.kind], e.seg, e.off))
             self._settle(victim, DROPPED, now)
             self._count(f"evicted:{victim.kind}")
             log.warning("upload queue full: dropped the oldest queued %s", victim.kind)
@@ -464,6 +695,7 @@ class QueueStore:
         within ``max_bytes`` (at least one): memory follows a budget, not the backlog."""
         cap = self.policy.cap_s * 1.5
         with self._locked():
+            self._note_clock(now, self._unaged and self.synced())
             due = sorted((e for e in self._live.values()
                           if e.next_at <= now or e.next_at > now + cap),
                          key=lambda e: (e.next_at, e.seg, e.off))
@@ -472,7 +704,7 @@ class QueueStore:
                 if len(items) >= limit or (items and max_bytes is not None
                                            and total + entry.size > max_bytes):
                     break
-                payload = os.pread(self._segs[entry.seg].fd, entry.size, entry.off + HEADER_BYTES)
+                payload = os.pread(self._segs[entry.seg].fd, entry.size, entry.off + entry.head)
                 if zlib.crc32(payload) != entry.payload_crc:
                     self._dead(entry, "damaged on the SD card (checksum mismatch)", time.time())
                     continue
@@ -510,30 +742,39 @@ class QueueStore:
 
     def _dead(self, entry: _Entry, reason: str, now: float) -> None:
         """The reason is on the card (fsync'd) before the item may go."""
-        path = os.path.join(self.path, DEAD_LETTER)
         line = json.dumps({"id": entry.id, "kind": entry.kind, "sha256": entry.digest.hex(),
                            "created_at": entry.created_at, "failed_at": now,
                            "reason": reason[:200]}) + "\n"
+        self._dead_letter_append(line.encode())
+        self._settle(entry, DEAD, now)
+
+    def _dead_letter_append(self, lines: bytes) -> None:
         try:
-            if os.path.getsize(path) > DEAD_LETTER_MAX_BYTES:
-                os.replace(path, path + ".1")
+            st = os.stat(DEAD_LETTER, dir_fd=self._dir_fd, follow_symlinks=False)
+            if st.st_size > DEAD_LETTER_MAX_BYTES:
+                os.replace(DEAD_LETTER, DEAD_LETTER + ".1", src_dir_fd=self._dir_fd,
+                           dst_dir_fd=self._dir_fd)
         except FileNotFoundError:
             pass
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = self._open(DEAD_LETTER, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
-            _write_all(fd, line.encode())
+            _write_all(fd, lines)
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._own(path)
-        self._settle(entry, DEAD, now)
+
+    def _read_dead_letter(self, name: str) -> bytes:
+        fd = self._open(name, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
 
     def dead_letters(self) -> list[dict]:
         out = []
         for name in (DEAD_LETTER + ".1", DEAD_LETTER):
             try:
-                with open(os.path.join(self.path, name), encoding="utf-8") as f:
-                    out += [json.loads(line) for line in f if line.endswith("\n")]
+                text = self._read_dead_letter(name).decode("utf-8", "replace")
+                out += [json.loads(line) for line in text.splitlines(keepends=True)
+                        if line.endswith("\n")]
             except (FileNotFoundError, ValueError):
                 pass
         return out
@@ -541,10 +782,10 @@ class QueueStore:
     def _dead_letter_count(self) -> int:
         """Lines in the dead-letter files, counted again only when they changed: stats()
         runs on every status refresh, the files hold up to ~20,000 reasons."""
-        key, paths = [], [os.path.join(self.path, n) for n in (DEAD_LETTER + ".1", DEAD_LETTER)]
+        key, paths = [], [DEAD_LETTER + ".1", DEAD_LETTER]
         for path in paths:
             try:
-                st = os.stat(path)
+                st = os.stat(path, dir_fd=self._dir_fd, follow_symlinks=False)
                 key.append((st.st_ino, st.st_size, st.st_mtime_ns))
             except FileNotFoundError:
                 key.append(None)
@@ -552,8 +793,7 @@ class QueueStore:
             count = 0
             for path, stamp in zip(paths, key):
                 if stamp is not None:
-                    with open(path, "rb") as f:
-                        count += f.read().count(b"\n")
+                    count += self._read_dead_letter(path).count(b"\n")
             self._dead_counted = (key, count)
         return self._dead_counted[1]
 
@@ -568,9 +808,10 @@ class QueueStore:
             for seg in self._segs.values():
                 seg.close()
             self._segs.clear()
-            if self._lock_fd >= 0:
-                os.close(self._lock_fd)
-                self._lock_fd = -1
+            for name in ("_lock_fd", "_dir_fd"):
+                if getattr(self, name) >= 0:
+                    os.close(getattr(self, name))
+                    setattr(self, name, -1)
 
     # -- the queue of earlier versions --------------------------------------------
     def _migrate_sqlite(self) -> None:
@@ -611,12 +852,9 @@ class QueueStore:
                 self._settle(entry, FAILED, time.time(), attempts, next_at)
             moved += 1
         if dead:
-            with open(os.path.join(self.path, DEAD_LETTER), "a", encoding="utf-8") as f:
-                for row in dead:
-                    f.write(json.dumps(dict(zip(("id", "kind", "sha256", "created_at",
-                                                 "failed_at", "reason"), row))) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            self._dead_letter_append("".join(
+                json.dumps(dict(zip(("id", "kind", "sha256", "created_at", "failed_at",
+                                     "reason"), row))) + "\n" for row in dead).encode())
         for suffix in ("", "-wal", "-shm"):
             if os.path.exists(old + suffix):
                 os.unlink(old + suffix)
@@ -633,10 +871,19 @@ class _Locked:
         self.store = store
 
     def __enter__(self):
-        self.store._acquire()
+        try:
+            self.store._acquire()
+        except OSError as e:
+            failure = _as_storage_failure(self.store.path, e)
+            if failure is e:
+                raise
+            raise failure from e
 
-    def __exit__(self, *_):
+    def __exit__(self, _type, e, _tb):
         self.store._release()
+        failure = _as_storage_failure(self.store.path, e) if e is not None else None
+        if failure is not None and failure is not e:
+            raise failure from e
         return False
 
 
@@ -668,11 +915,3 @@ def _reserve(fd: int, length: int) -> None:
         _libc.fallocate(fd, 1, 0, length)   # 1: FALLOC_FL_KEEP_SIZE
     except (OSError, AttributeError):
         pass
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

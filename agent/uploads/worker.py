@@ -13,9 +13,10 @@ import threading
 from typing import Callable
 
 from ..clock import Clock, SystemClock
+from ..storage import card_failure
 from .schedule import OK, PERMANENT, QUEUE_WIDE, UploadPolicy, UploadScheduler
 from .sender import UploadSender
-from .store import Item, QueueStore, QueueUnavailable
+from .store import Item, QueueStorageFailed, QueueStore, QueueUnavailable
 
 log = logging.getLogger("edge_agent.uploads")
 
@@ -30,10 +31,15 @@ MAX_SILENCE_S = MAX_NAP_S + MAX_ROUND_S + 2 * 35.0 + 10.0
 
 
 class UploadWorker(threading.Thread):
-    def __init__(self, store: QueueStore, sender: UploadSender, policy: UploadPolicy,
+    """``store`` is None when the queue could not be opened at start (a read-only or
+    failing card): the worker then holds, as it does when the card fails under it;
+    ``on_storage_failed`` hears of that once, and the store is not touched again."""
+
+    def __init__(self, store: QueueStore | None, sender: UploadSender, policy: UploadPolicy,
                  on_tick: Callable[[], None] | None = None,
                  on_change: Callable[[], None] | None = None, clock: Clock | None = None,
-                 rng=None, on_idle: Callable[[], None] | None = None):
+                 rng=None, on_idle: Callable[[], None] | None = None,
+                 on_storage_failed: Callable[[Exception], None] | None = None):
         super().__init__(name="uploads", daemon=True)
         self.clock = clock or SystemClock()
         self.store, self.sender, self.policy = store, sender, policy
@@ -45,6 +51,10 @@ class UploadWorker(threading.Thread):
         self._on_tick = on_tick or (lambda: None)
         self._on_change = on_change or (lambda: None)
         self._on_idle = on_idle or (lambda: None)
+        self._on_storage_failed = on_storage_failed or (lambda e: None)
+        # a card that failed does not come back within a process: no retries that only
+        # fail again, and nothing sent whose confirmation could not be written
+        self.storage_failed = store is None
         self.sent = 0
 
     # -- from any thread ----------------------------------------------------------
@@ -82,9 +92,17 @@ class UploadWorker(threading.Thread):
             try:
                 nap = self._work_once()
             except (OSError, QueueUnavailable) as e:
-                # a full or failing disk: keep running, nothing queued is lost by waiting
-                log.warning("upload queue unavailable (%s); trying again in %.0fs", e, MAX_NAP_S)
-                nap = MAX_NAP_S
+                if isinstance(e, QueueStorageFailed) or card_failure(e):
+                    # the card failed (read-only, I/O errors): hold, idle, until a restart
+                    # after the repair; the daemon tells the journal and the server once
+                    self.storage_failed = True
+                    self._on_storage_failed(e)
+                    nap = IDLE
+                else:
+                    # a full disk, a lock held too long: nothing queued is lost by waiting
+                    log.warning("upload queue unavailable (%s); trying again in %.0fs", e,
+                                MAX_NAP_S)
+                    nap = MAX_NAP_S
             with self._wake:
                 if not self._woken and not self._stopping and nap > 0:
                     if nap == IDLE:
@@ -96,6 +114,8 @@ class UploadWorker(threading.Thread):
 
     def _work_once(self) -> float:
         """Sends what is due; returns seconds until something could be due."""
+        if self.storage_failed:
+            return IDLE
         mono, wall = self.clock.monotonic(), self.clock.wall()
         with self._wake:
             link_up, self._link_up = self._link_up, False
@@ -105,6 +125,9 @@ class UploadWorker(threading.Thread):
             self._on_change()  # items may have been queued meanwhile: status shows them
             return MAX_NAP_S  # not paired yet; woken when the link comes up
         if not self.scheduler.may_send(mono):
+            # woken during a hold, by `edge-agent enqueue` say: what another process
+            # appended is on disk, and the status must count it though nothing is sent
+            self._on_change()
             return self.scheduler.hold_until - mono
         items = self.store.due(wall, self.policy.batch_max, self.policy.batch_bytes)
         if not items:
