@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-UNIT = Path(__file__).resolve().parent.parent / "systemd" / "edge-agent.service"
+SYSTEMD = Path(__file__).resolve().parent.parent / "systemd"
+UNIT = SYSTEMD / "edge-agent.service"
 EXPOSURE_TARGET = 1.5  # the bound the booted-system test holds too
+# the journal helper reads every unit's journal: it is held tighter than the agent
+HELPER_EXPOSURE_TARGET = 0.5
 
 
 @pytest.fixture
@@ -30,6 +33,39 @@ def test_unit_verifies(analyze, tmp_path):
     unit.write_text(text.replace("/usr/bin/edge-agent", str(exe)))
     r = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+def test_the_journal_socket_and_its_helper_verify(analyze, tmp_path):
+    for name in ("edge-agent-logs.socket", "edge-agent-logs@.service"):
+        (tmp_path / name).write_text((SYSTEMD / name).read_text())
+    r = subprocess.run([analyze, "verify", str(tmp_path / "edge-agent-logs.socket")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+def test_the_journal_helper_is_sandboxed_tighter_than_the_agent(analyze, tmp_path):
+    # a template is rated as an instance, as systemd starts one per connection
+    instance = tmp_path / "edge-agent-logs@0.service"
+    instance.write_text((SYSTEMD / "edge-agent-logs@.service").read_text())
+    r = subprocess.run([analyze, "security", "--offline=true", str(instance)],
+                       capture_output=True, text=True, timeout=60)
+    m = re.search(r"Overall exposure level for edge-agent-logs@0.service: ([0-9.]+)", r.stdout)
+    assert m, r.stdout + r.stderr
+    print(f"\nsystemd-analyze security edge-agent-logs@.service: {m.group(1)}")
+    assert float(m.group(1)) <= HELPER_EXPOSURE_TARGET
+
+
+def test_the_agent_is_not_in_the_journal_group_and_grants_follow_its_configuration():
+    """systemd-journal would let the network-facing process read every service's
+    journal; its own lines come through edge-agent-logs.socket instead. The reboot
+    grant is set and removed by root-side steps around each run (agent/grants.py)."""
+    text = UNIT.read_text()
+    assert not re.search(r"^\s*(SupplementaryGroups|Group)=.*systemd-journal", text, re.M)
+    assert not re.search(r"^\s*SupplementaryGroups=", text, re.M)
+    assert "Wants=network-online.target edge-agent-logs.socket" in text
+    assert "After=network-online.target edge-agent-logs.socket" in text
+    assert text.index("ExecStartPre=-+/usr/bin/python3 -I -m agent.grants") < text.index("ExecStart=")
+    assert "ExecStopPost=-+/usr/bin/python3 -I -m agent.grants --revoke" in text
 
 
 def test_security_exposure_is_at_most_the_target(analyze):

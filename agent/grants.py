@@ -1,0 +1,139 @@
+"""What the OS grants the agent beyond its sandbox follows [commands] allow, no more.
+
+The agent's one privileged act is asking logind for a reboot, and polkit allows it
+(/usr/share/polkit-1/rules.d/50-edge-agent.rules) only while a flag file exists in
+GRANTS_DIR. The unit's root-side steps keep that flag in step with the configuration:
+``ExecStartPre=-+/usr/bin/python3 -I -m agent.grants`` before every start, ``--revoke``
+after every stop (systemd runs ExecStopPost after a skipped ExecCondition too), so the grant
+exists only while an agent runs on a configuration that allows reboot.
+
+Why a flag and not a rule written at run time: polkit's JavaScript cannot read the
+TOML, polkitd's user is not in the edge-agent group that can, and bookworm's polkitd
+122 reads rules only from /etc and /usr/share (its binary names no other directory;
+only later releases read /run/polkit-1/rules.d), while one static rule serves both.
+
+The flag directory is root's, so the agent, which the network talks to, can neither
+make a grant nor plant a link that root would write through.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import stat
+import sys
+
+from . import config as config_mod
+from .logs import early
+
+GRANTS_DIR = "/run/edge-agent-grants"
+# grant name -> the command in [commands] allow that needs it
+GRANTABLE = {"reboot": "reboot"}
+FLAG_TEXT = ("polkit lets the edge-agent user ask logind for {name}: [commands] allow in "
+             "{source} lists it. Written by edge-agent.service's ExecStartPre, removed "
+             "when it stops.\n")
+
+
+class GrantError(Exception):
+    """A one-line reason the grants could not be brought in step (none is given)."""
+
+
+def wanted(allow) -> frozenset:
+    """The grants a configuration needs: one for each privileged command it allows."""
+    return frozenset(name for name, command in GRANTABLE.items() if command in allow)
+
+
+def sync(grants: frozenset, directory: str = GRANTS_DIR, source: str = "") -> list[str]:
+    """Makes the flags in ``directory`` exactly ``grants``; returns what it changed
+    (``+reboot``, ``-reboot``). Works through a descriptor of the directory, opened
+    without following a link, owned by us and writable by nobody else."""
+    fd = _open_own_dir(directory, create=bool(grants))
+    if fd is None:
+        return []
+    changed = []
+    try:
+        for name in sorted(set(os.listdir(fd)) - set(grants)):
+            try:
+                os.unlink(name, dir_fd=fd)
+            except IsADirectoryError:
+                os.rmdir(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            changed.append(f"-{name}")
+        for name in sorted(grants):
+            if _is_own_file(fd, name):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+            flag = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, 0o644, dir_fd=fd)
+            try:
+                os.fchmod(flag, 0o644)  # the unit's UMask=0077 would hide it from polkitd
+                os.write(flag, FLAG_TEXT.format(name=name, source=source or "the file").encode())
+            finally:
+                os.close(flag)
+            changed.append(f"+{name}")
+    finally:
+        os.close(fd)
+    return changed
+
+
+def _open_own_dir(directory: str, create: bool) -> int | None:
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o755)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # nothing to revoke
+    except OSError as e:
+        raise GrantError(f"{directory}: not a directory of ours ({e.strerror})") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise GrantError(f"{directory}: owned by uid {st.st_uid} with mode "
+                         f"{stat.S_IMODE(st.st_mode):o}, not ours alone: no grant written")
+    os.fchmod(fd, 0o755)  # polkitd's user must see in; mkdir's mode went through the umask
+    return fd
+
+
+def _is_own_file(fd: int, name: str) -> bool:
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+            and stat.S_IMODE(st.st_mode) == 0o644)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m agent.grants",
+        description="Bring polkit's grants for edge-agent in step with [commands] allow.")
+    parser.add_argument("--config", default=config_mod.DEFAULT_PATH)
+    parser.add_argument("--revoke", action="store_true", help="remove every grant")
+    parser.add_argument("--dir", default=GRANTS_DIR, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    grants: frozenset = frozenset()
+    source = args.config
+    if not args.revoke:
+        try:
+            grants = wanted(config_mod.load(args.config).commands_allow)
+        except config_mod.ConfigError:
+            pass  # nothing is granted; the agent's own start says what is wrong, once
+    try:
+        changed = sync(grants, args.dir, source)
+    except (GrantError, OSError) as e:
+        # fails closed and does not fail the unit: the agent runs without the grant and
+        # a reboot command is refused by polkit, reported to the server as such
+        early(f"edge-agent: grants: {e}", 3, sys.stdout)
+        return 0
+    given = [c[1:] for c in changed if c.startswith("+")]
+    if given:
+        early(f"edge-agent: polkit grants this service {', '.join(given)}: [commands] allow "
+              f"in {args.config} lists it", 6, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""polkit's flag for reboot follows [commands] allow: agent/grants.py, as the unit's
+root-side ExecStartPre/ExecStopPost run it (a real process, as root, under the unit's
+UMask=0077), on real directories, with links planted by a real unprivileged user.
+What polkit makes of the flag is proven under real systemd and polkitd
+(tests/test_booted_systemd.py)."""
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agent import grants
+
+REPO = Path(__file__).resolve().parent.parent
+USER, GROUP = "nobody", "nogroup"
+CONFIG = '[server]\nurl = "http://127.0.0.1:9"\n[commands]\nallow = {allow}\n'
+
+
+@pytest.fixture
+def ground():
+    """A root-owned base (0755) with a directory of the unprivileged user's in it."""
+    if os.geteuid() != 0:
+        pytest.fail("these tests run the grant step as root, as systemd does: they need root")
+    base = Path(tempfile.mkdtemp(prefix="edge-agent-grants-", dir="/var/tmp"))
+    base.chmod(0o755)
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o755)
+    shutil.chown(theirs, USER, GROUP)
+    yield base, theirs
+    shutil.rmtree(base)
+
+
+def as_user(*cmd):
+    subprocess.run(list(cmd), check=True, user=USER, group=GROUP, extra_groups=[], timeout=30)
+
+
+def step(base: Path, *args, allow='["diagnostics", "logs"]', config_text=None):
+    """`python3 -m agent.grants`, as root, with the unit's umask."""
+    cfg = base / "agent.toml"
+    cfg.write_text(config_text if config_text is not None else CONFIG.format(allow=allow))
+    return subprocess.run([sys.executable, "-m", "agent.grants", "--config", str(cfg),
+                           "--dir", str(base / "grants"), *args],
+                          capture_output=True, text=True, timeout=60, cwd=REPO, umask=0o077,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+
+
+def listing(d: Path) -> dict:
+    return {p.name: (stat.S_IMODE(p.lstat().st_mode), p.lstat().st_uid) for p in d.iterdir()}
+
+
+def test_only_a_configuration_that_allows_reboot_gets_the_flag(ground):
+    base, _ = ground
+    grants_dir = base / "grants"
+    r = step(base)
+    assert r.returncode == 0 and not r.stdout and not r.stderr, r
+    assert not grants_dir.exists(), "a configuration without reboot made the directory"
+
+    r = step(base, allow='["diagnostics", "logs", "reboot"]')
+    assert r.returncode == 0, r
+    # root's file, 0644 in root's 0755 directory, though the unit's umask is 0077:
+    # polkitd's own user runs the test on it
+    assert stat.S_IMODE(grants_dir.stat().st_mode) == 0o755 and grants_dir.stat().st_uid == 0
+    assert listing(grants_dir) == {"reboot": (0o644, 0)}
+    assert "allow" in (grants_dir / "reboot").read_text()
+    assert r.stdout == ("edge-agent: polkit grants this service reboot: [commands] allow in "
+                        f"{base / 'agent.toml'} lists it\n"), r.stdout
+
+    r = step(base, allow='["diagnostics", "logs", "reboot"]')  # a restart: nothing to say
+    assert r.returncode == 0 and not r.stdout and listing(grants_dir) == {"reboot": (0o644, 0)}
+
+    r = step(base)  # the operator took reboot out and restarted the agent
+    assert r.returncode == 0 and not r.stdout, r
+    assert listing(grants_dir) == {}
+
+
+def test_a_stop_revokes_and_a_configuration_that_does_not_load_grants_nothing(ground):
+    base, _ = ground
+    grants_dir = base / "grants"
+    assert step(base, allow='["reboot"]').returncode == 0
+    r = step(base, "--revoke", allow='["reboot"]')   # ExecStopPost: the file is not read
+    assert r.returncode == 0 and listing(grants_dir) == {}, r
+
+    assert step(base, allow='["reboot"]').returncode == 0
+    # a typo: the agent's own start reports it (exit 2, not restarted); the grant step
+    # fails closed, says nothing, and does not fail the unit before the agent can say why
+    r = step(base, config_text=CONFIG.format(allow='["reboot"]') + "[link]\nack_timeout_s = 99\n")
+    assert r.returncode == 0 and not r.stdout and not r.stderr, r
+    assert listing(grants_dir) == {}
+    r = step(base, config_text="this is not toml = = =")
+    assert r.returncode == 0 and listing(grants_dir) == {}
+
+
+def test_root_never_writes_through_a_link_the_unprivileged_user_planted(ground):
+    base, theirs = ground
+    target = base / "roots-dir"
+    target.mkdir(mode=0o755)
+    as_user("ln", "-s", str(target), str(theirs / "grants"))
+    with pytest.raises(grants.GrantError, match=re.escape(f"{theirs / 'grants'}: not a directory of ours")):
+        grants.sync(frozenset({"reboot"}), str(theirs / "grants"))
+    assert listing(target) == {}, "a grant was written through the planted link"
+
+
+def test_a_directory_someone_else_made_is_refused(ground):
+    base, theirs = ground
+    as_user("mkdir", "-m", "755", str(theirs / "grants"))
+    with pytest.raises(grants.GrantError, match=r"owned by uid \d+ with mode 755, not ours alone"):
+        grants.sync(frozenset({"reboot"}), str(theirs / "grants"))
+    assert listing(theirs / "grants") == {}
+    # and the CLI says so in one line at priority err, and leaves the agent to run
+    cfg = base / "agent.toml"
+    cfg.write_text(CONFIG.format(allow='["reboot"]'))
+    r = subprocess.run([sys.executable, "-m", "agent.grants", "--config", str(cfg),
+                        "--dir", str(theirs / "grants")], capture_output=True, text=True,
+                       timeout=60, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1, r
+    assert r.stdout.startswith(f"edge-agent: grants: {theirs / 'grants'}: owned by uid"), r.stdout
+
+
+def test_a_flag_that_is_a_link_is_replaced_not_written_through(ground):
+    base, _ = ground
+    grants_dir = base / "grants"
+    grants_dir.mkdir(mode=0o755)
+    precious = base / "precious"
+    precious.write_text("root's own bytes\n")
+    os.symlink(precious, grants_dir / "reboot")
+    assert grants.sync(frozenset({"reboot"}), str(grants_dir)) == ["+reboot"]
+    assert precious.read_text() == "root's own bytes\n"
+    assert not (grants_dir / "reboot").is_symlink() and listing(grants_dir) == {"reboot": (0o644, 0)}
+    # anything else in the directory is no grant of ours: it goes
+    (grants_dir / "shutdown").write_text("")
+    assert grants.sync(frozenset(), str(grants_dir)) == ["-reboot", "-shutdown"]
+    assert listing(grants_dir) == {}
+
+
+def test_the_polkit_rule_and_the_unit_name_the_flag_this_module_writes():
+    rule = (REPO / "systemd" / "50-edge-agent.rules").read_text()
+    assert f'"{grants.GRANTS_DIR}/reboot"' in rule
+    assert "polkit.Result.NO" in rule and rule.count("polkit.Result.YES") == 1
+    unit = (REPO / "systemd" / "edge-agent.service").read_text()
+    assert "ExecStartPre=-+/usr/bin/python3 -I -m agent.grants --config /etc/edge-agent/agent.toml" in unit
+    assert "ExecStopPost=-+/usr/bin/python3 -I -m agent.grants --revoke" in unit
+    assert grants.wanted(frozenset({"diagnostics", "logs"})) == frozenset()
+    assert grants.wanted(frozenset({"logs", "reboot"})) == frozenset({"reboot"})
+
+
+def test_root_runs_the_installed_module_not_one_planted_in_its_working_directory(ground):
+    """The step runs as root in the unit's working directory, which an operator may set
+    to the agent's own state directory (the booted-system test's drop-in does): with
+    `-I`, as the unit runs it, Python does not look there for `agent`."""
+    base, theirs = ground
+    marker = base / "planted-code-ran"
+    as_user("mkdir", str(theirs / "agent"))
+    for name in ("__init__.py", "grants.py"):
+        as_user("sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh",
+                f"open({str(marker)!r}, 'w').close()", str(theirs / "agent" / name))
+    cfg = base / "agent.toml"
+    cfg.write_text(CONFIG.format(allow='["reboot"]'))
+    argv = [a for a in _unit_command("ExecStartPre") if a != "/usr/bin/python3"]
+    argv = [sys.executable, *argv[:argv.index("--config") + 1], str(cfg), "--dir", str(base / "grants")]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=theirs,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r
+    assert not marker.exists(), "root ran code the agent's user planted"
+    assert listing(base / "grants") == {"reboot": (0o644, 0)}
+
+
+def _unit_command(directive: str) -> list[str]:
+    unit = (REPO / "systemd" / "edge-agent.service").read_text()
+    line = re.search(rf"^{directive}=[-+]*(.*)$", unit, re.M).group(1)
+    return line.split()

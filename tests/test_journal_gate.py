@@ -1,0 +1,145 @@
+"""The journal gate (agent/journal_gate.py): the request the helper takes, the reply the
+agent reads, over a real UNIX socket, with the helper's real process (`python3 -m
+agent.journal_gate`, the connection as its stdin and stdout, as systemd's Accept=yes
+gives it) running a journalctl that prints what it was asked. The real journalctl,
+socket unit and sandbox are proven under real systemd (tests/test_booted_systemd.py)."""
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import journal_gate as gate
+
+REPO = Path(__file__).resolve().parent.parent
+# stands in for journalctl: one JSON line per argument, and a failure when asked
+FAKE_JOURNALCTL = """#!/bin/sh
+if [ -n "$FAIL" ]; then echo "Failed to open journal: $FAIL" >&2; exit 1; fi
+for a in "$@"; do printf '{"MESSAGE": "%s", "PRIORITY": "6", "_PID": "7"}\\n' "$a"; done
+"""
+
+
+@pytest.fixture
+def helper(tmp_path):
+    """A listening socket whose connections each get a real helper process."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "journalctl").write_text(FAKE_JOURNALCTL)
+    (bin_dir / "journalctl").chmod(0o755)
+    path = str(tmp_path / "gate.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    env = {"PYTHONPATH": str(REPO), "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    procs = []
+
+    def accept_loop():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                procs.append(subprocess.Popen([sys.executable, "-m", "agent.journal_gate"],
+                                              stdin=conn, stdout=conn, cwd=REPO, env=env,
+                                              stderr=subprocess.PIPE))
+
+    t = threading.Thread(target=accept_loop, daemon=True)
+    t.start()
+    yield path, env, procs
+    listener.close()
+    for p in procs:
+        p.wait(10)
+
+
+def test_the_agent_gets_journalctl_for_exactly_its_unit_and_window(helper):
+    path, _, procs = helper
+    body = gate.fetch(gate.Request(1_700_000_000, 4, 500), timeout=10, path=path)
+    argv = [json.loads(line)["MESSAGE"] for line in body.splitlines()]
+    assert argv == ["--no-pager", "--quiet", "--output=json",
+                    "--output-fields=MESSAGE,PRIORITY,_PID", "--unit=edge-agent.service",
+                    "--since=@1700000000", "--priority=4", "--lines=500"]
+    procs[0].wait(10)
+    assert procs[0].returncode == 0
+
+
+@pytest.mark.parametrize("raw, error", [
+    (b"1700000000 6 100", "request: not one line ending in a newline"),
+    (b"1700000000 8 100\n", "priority: 8 is not 0-7"),
+    (b"1700000000 6 0\n", "lines: 0 is not 1-20000"),
+    (b"1700000000 6 20001\n", "lines: 20001 is not 1-20000"),
+    (b"-5 6 100\n", "request: expected '<since> <priority> <lines>', decimal integers"),
+    (b"1700000000 6 100 --unit=ssh.service\n", "request: expected"),
+    (b"1700000000 6 1e3\n", "request: expected"),
+    (b"\xff\xfe 6 1\n", "request: expected"),
+    (b"1" * 200 + b"\n", "request: not one line ending in a newline"),
+])
+def test_the_helper_refuses_a_bad_request_in_one_line_naming_the_field(helper, raw, error):
+    path, _, procs = helper
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(raw)
+        s.shutdown(socket.SHUT_WR)
+        reply = b"".join(iter(lambda: s.recv(4096), b""))
+    assert reply.startswith(b"error " + error.encode()) and reply.count(b"\n") == 1, reply
+    procs[0].wait(10)
+    stderr = procs[0].stderr.read().decode()
+    assert procs[0].returncode == 1 and "edge-agent-logs: refused: " in stderr, stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_failing_journalctl_reaches_the_agent_as_one_line(helper):
+    path, env, _ = helper
+    env["FAIL"] = "Permission denied"
+    with pytest.raises(gate.GateError, match="journalctl exited 1: Failed to open journal: "
+                                             "Permission denied"):
+        gate.fetch(gate.Request(0, 6, 10), timeout=10, path=path)
+
+
+def test_no_gate_a_silent_gate_and_a_cut_reply_are_clear_errors(tmp_path):
+    with pytest.raises(gate.GateError, match="no such socket"):
+        gate.fetch(gate.Request(0, 6, 10), timeout=1, path=str(tmp_path / "absent.sock"))
+
+    path = str(tmp_path / "g.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    replies = [None, b"ok 100\n" + b"x" * 10, b"HTTP/1.1 200 OK\r\n"]
+
+    def serve():
+        for reply in replies:
+            conn, _ = listener.accept()
+            conn.recv(100)
+            if reply is None:
+                time.sleep(1.0)   # never answers within the agent's timeout
+            else:
+                conn.sendall(reply)
+            conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    with pytest.raises(gate.GateError, match=r"no answer in 0.3s"):
+        gate.fetch(gate.Request(0, 6, 10), timeout=0.3, path=path)
+    assert time.monotonic() - t0 < 0.9
+    with pytest.raises(gate.GateError, match=r"the reply was cut short \(10 of 100 bytes\)"):
+        gate.fetch(gate.Request(0, 6, 10), timeout=5, path=path)
+    with pytest.raises(gate.GateError, match="not a reply"):
+        gate.fetch(gate.Request(0, 6, 10), timeout=5, path=path)
+    t.join(5)
+    listener.close()
+
+
+def test_the_socket_unit_listens_where_the_agent_connects():
+    unit = (REPO / "systemd" / "edge-agent-logs.socket").read_text()
+    assert f"ListenStream={gate.SOCKET}\n" in unit
+    for directive in ("Accept=yes", "SocketUser=edge-agent", "SocketGroup=edge-agent",
+                      "SocketMode=0600", "RemoveOnStop=yes"):
+        assert directive + "\n" in unit, directive
+    helper_unit = (REPO / "systemd" / "edge-agent-logs@.service").read_text()
+    assert "ExecStart=/usr/bin/python3 -I -m agent.journal_gate\n" in helper_unit
