@@ -316,6 +316,7 @@ class FleetServer:
         r.add_get("/admin/uploads/{device_id}", self._admin_uploads)
         r.add_post("/admin/revoke", self._admin_revoke)
         r.add_post("/api/v1/commands", self._operator_command)
+        r.add_post("/admin/flood", self._admin_flood)
         r.add_get("/api/v1/devices/{device_id}/commands", self._operator_commands)
         r.add_get("/admin/uploads/{device_id}/{upload_id}/content", self._admin_log_bundle)
         r.add_get("/admin/limiter", self._admin_limiter)
@@ -357,6 +358,34 @@ class FleetServer:
         for sid in list(dev.sids):
             await self._send_command(sid, dev.commands[cid])
         return web.json_response(dev.commands[cid])
+
+    async def _admin_flood(self, request) -> web.Response:
+        """POST {device_id, count (at most 100000), name, args?}: ``count`` commands with
+        fresh ids sent at once to the device's sockets, as a misbehaving server would;
+        answers how many were sent, and how many of every flood so far have a result."""
+        body = await _json(request)
+        dev = self.devices.get(str(body.get("device_id")))
+        if dev is None:
+            raise web.HTTPNotFound(text="no such device")
+        count = body.get("count", 0)
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 100_000:
+            raise web.HTTPBadRequest(text="count: an integer from 0 to 100000")
+        now = time.time()
+        records = []
+        for _ in range(count):
+            cid = "flood-" + secrets.token_hex(8)
+            dev.commands[cid] = {"id": cid, "name": body.get("name"),
+                                 "args": body.get("args") or {},
+                                 "expires_at": round(now + 300, 3), "received": False, "sent": 0,
+                                 "result": None, "results": 0, "created_at": round(now, 3)}
+            records.append(dev.commands[cid])
+        for sid in list(dev.sids):
+            for record in records:
+                await self._send_command(sid, record)
+        flood = [r for cid, r in dev.commands.items() if cid.startswith("flood-")]
+        return web.json_response({"sent": count, "results": sum(r["result"] is not None
+                                                                for r in flood),
+                                  "received": sum(r["received"] for r in flood)})
 
     async def _operator_commands(self, request) -> web.Response:
         dev = self.devices.get(request.match_info["device_id"])

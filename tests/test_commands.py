@@ -3,13 +3,20 @@ import json
 import os
 
 from agent.commands import ledger
-from agent.commands.core import CommandCore, Report, Run
+from agent.commands.core import MAX_ENTRIES, CommandCore, Report, Run
 
 ALL = frozenset({"diagnostics", "logs", "reboot", "restart-agent", "display", "screenshot"})
 
 
 def core(allow=ALL, entries=None):
     return CommandCore(frozenset(allow), dict(entries or {}))
+
+
+def persist(path, c):
+    """As the service does before anything the core decided is done."""
+    changes, durable = c.take_changes()
+    ledger.Ledger(path, ledger.load(path, 0.0)).write(changes, c.horizon(), durable,
+                                                      lambda: list(c.entries.values()))
 
 
 def results(actions):
@@ -52,13 +59,13 @@ def test_a_reboot_interrupted_by_its_reboot_is_done_not_run_again(tmp_path):
     path = str(tmp_path / "commands.json")
     c = core()
     [run] = c.receive({"id": "r1", "name": "reboot"}, now=100.0, boot_id="boot-a", pid=10)
-    ledger.save(path, c.entries)           # durable before it runs: then the power goes
+    persist(path, c)                       # durable before it runs: then the power goes
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
-    after = core(entries=ledger.load(path))
+    after = core(entries=ledger.load(path, 0.0).entries)
     [r] = results(after.recover("boot-b", pid=20, now=200.0))
     assert r["ok"] and r["output"] == "the device rebooted"
-    assert after.receive({"id": "r1", "name": "reboot"}, now=201.0, boot_id="boot-b") \
-        == [Report(r)], "the server's resend of the reboot is answered, not run"
+    assert results(after.receive({"id": "r1", "name": "reboot"}, now=201.0, boot_id="boot-b")) \
+        == [r], "the server's resend of the reboot is answered, not run"
     # the same boot (the agent was killed before the reboot happened): not done, not rerun
     c2 = core()
     c2.receive({"id": "r2", "name": "reboot"}, now=100.0, boot_id="boot-a", pid=10)
@@ -68,18 +75,55 @@ def test_a_reboot_interrupted_by_its_reboot_is_done_not_run_again(tmp_path):
 
 def test_a_corrupt_ledger_is_kept_aside(tmp_path):
     path = tmp_path / "commands.json"
-    path.write_bytes(b"\x00garbage")
-    assert ledger.load(str(path)) == {}
+    path.write_bytes(b"\x00garbage\n")
+    assert ledger.load(str(path), 0.0).entries == {}
     assert [p for p in os.listdir(tmp_path) if p.startswith("commands.json.corrupt-")]
     path.write_text(json.dumps({"entries": [{"id": "k", "name": "logs", "state": "done",
                                              "received_at": 1.0}, {"bogus": 1}]}))
-    assert list(ledger.load(str(path))) == ["k"]
+    assert list(ledger.load(str(path), 0.0).entries) == ["k"]
 
 
 def test_the_ledger_stays_bounded():
     c = core()
     for i in range(600):
-        c.receive({"id": f"c{i}", "name": "diagnostics"}, now=float(i))
-        c.finished(f"c{i}", True, "ok", None, None, now=float(i))
+        c.receive({"id": f"c{i}", "name": "diagnostics"}, now=3.0 * i)
+        c.finished(f"c{i}", True, "ok", None, None, now=3.0 * i)
         c.result_acked(f"c{i}")
-    assert len(c.entries) <= 257
+    assert len(c.entries) <= MAX_ENTRIES
+
+
+def test_a_bundle_the_queue_refuses_says_why_in_the_result():
+    """Outside journald the logs action bundles the agent's recent lines; a queue that
+    refuses them (full, a read-only card) is named in the result, not guessed at."""
+    from types import SimpleNamespace
+
+    from agent.commands.actions import Actions, NotQueued
+
+    def refuse(kind, payload):
+        raise NotQueued("the state partition is read-only: /var/lib/edge-agent/queue")
+
+    actions = Actions(SimpleNamespace(command_timeout_s=5), snapshot=dict,
+                      link_socket=lambda: None, request_restart=lambda: None, enqueue=refuse)
+    outcome = actions.logs({"since_s": 60, "priority": 6})
+    assert outcome.ok is False
+    assert outcome.error == ("the bundle was not queued: the state partition is read-only: "
+                             "/var/lib/edge-agent/queue")
+
+
+def test_a_timed_out_command_never_holds_the_commands_thread(tmp_path):
+    """A command that leaves a grandchild in a session of its own holding its output
+    pipe: the timeout ends the wait at once; reading on after the kill would wait for
+    the grandchild, and every later command with it."""
+    import time
+    from types import SimpleNamespace
+
+    from agent.commands.actions import Actions
+    config = SimpleNamespace(command_timeout_s=1.0, display_off_command=None,
+                             display_on_command="sh -c 'setsid sleep 8 & sleep 5'")
+    actions = Actions(config, snapshot=dict, link_socket=lambda: None,
+                      request_restart=lambda: None, enqueue=lambda *a: "x")
+    t0 = time.monotonic()
+    outcome = actions.run("display", {"state": "on"})
+    took = time.monotonic() - t0
+    assert outcome.ok is False and "TimeoutExpired" in outcome.error
+    assert took < 3.0, f"the command thread was held {took:.1f}s"

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from agent.commands import ledger
 from devtools.harness import REPO, agent_config, wait_for
 
 pytestmark = pytest.mark.netns
@@ -76,8 +77,8 @@ def test_a_result_goes_again_until_confirmed_across_a_silent_drop(
     netns.drop_flow(int(link["local_addr"].rsplit(":", 1)[1]), server.port)
     agent.wait_live(15, connection=2)
     wait_for(lambda: commands(server)[cid]["results"] >= 2, 10, what="the result sent again")
-    ledger = json.loads((tmp_path / "state" / "commands.json").read_text())["entries"]
-    assert [e["acked"] for e in ledger if e["id"] == cid] == [True]
+    entries = ledger.load(str(tmp_path / "state" / "commands.json"), time.time()).entries
+    assert entries[cid].acked
     netns.restore()
     before = commands(server)[cid]["results"]
     server.admin("/admin/throttle", {"device_id": "screen-1", "retry_after_s": 1})  # reconnect

@@ -11,7 +11,9 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -20,11 +22,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import urlparse
 
+from .. import journal_gate
+from ..logs import RECENT, under_journal
+
 log = logging.getLogger("edge_agent.commands")
 
-UNIT = "edge-agent.service"
 IP_MTU = 14  # linux/in.h
-MAX_LOG_LINES = 20_000
 
 
 @dataclass
@@ -38,17 +41,25 @@ class Outcome:
 LATER = Outcome(True, "the result comes after the restart it causes")
 
 
+class NotQueued(Exception):
+    """The upload queue did not take an item; the message says why, for the result."""
+
+
 class Actions:
     def __init__(self, config, snapshot: Callable[[], dict],
                  link_socket: Callable[[], socket.socket | None],
                  request_restart: Callable[[], None],
-                 enqueue: Callable[[str, bytes], str | None]):
+                 enqueue: Callable[[str, bytes], str]):
+        """``enqueue(kind, payload)`` returns the item's id or raises NotQueued."""
         self.config = config
         self.snapshot = snapshot
         self.link_socket = link_socket
         self.request_restart = request_restart
         self.enqueue = enqueue
         self.timeout_s = config.command_timeout_s
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None   # the configured command running now
+        self._stopping = False
 
     def run(self, name: str, args: dict) -> Outcome:
         return getattr(self, name.replace("-", "_"))(args)
@@ -65,24 +76,21 @@ class Actions:
 
     def logs(self, args: dict) -> Outcome:
         since = time.time() - args["since_s"]
-        from ..logs import RECENT, under_journal
         if not under_journal():
             lines = [dict(x) for x in list(RECENT.lines)
                      if x["ts"] >= since and x["priority"] <= args["priority"]]
             return self._bundle(lines, "this process's memory (not running under journald)")
-        cmd = ["journalctl", "--no-pager", "-o", "json", "-u", UNIT, f"--since=@{since:.0f}",
-               "-p", str(args["priority"])]
+        # not journalctl itself: the agent is not in systemd-journal, the gate reads
+        # this unit's lines and no other's (agent/journal_gate.py)
         try:
-            r = subprocess.run(cmd, capture_output=True, timeout=self.timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return Outcome(False, error=f"journalctl: {type(e).__name__}: {e}"[:300])
-        if r.returncode != 0:
-            return Outcome(False, error=f"journalctl exited {r.returncode}: "
-                                        f"{r.stderr.decode(errors='replace').strip()[:300]}")
+            request = journal_gate.Request(int(since), args["priority"], journal_gate.MAX_LINES)
+            raw = journal_gate.fetch(request, self.timeout_s)
+        except journal_gate.GateError as e:
+            return Outcome(False, error=f"journal: {e}"[:300])
         lines = []
-        for raw in r.stdout.splitlines()[-MAX_LOG_LINES:]:
+        for line in raw.splitlines():
             try:
-                entry = json.loads(raw)
+                entry = json.loads(line)
             except ValueError:
                 continue
             message = entry.get("MESSAGE")
@@ -95,10 +103,10 @@ class Actions:
 
     def _bundle(self, lines: list[dict], source: str) -> Outcome:
         bundle = gzip.compress("\n".join(json.dumps(x) for x in lines).encode(), 6)
-        upload_id = self.enqueue("log", bundle)
-        if upload_id is None:
-            return Outcome(False, error="the upload queue did not take the bundle (full, or "
-                                        "the same bundle was sent in the last hour)")
+        try:
+            upload_id = self.enqueue("log", bundle)
+        except NotQueued as e:
+            return Outcome(False, error=f"the bundle was not queued: {e}")
         return Outcome(True, f"{len(lines)} lines from {source} queued as upload {upload_id} "
                              f"({len(bundle)} bytes, gzip, one JSON object a line)",
                        extra={"upload_id": upload_id, "lines": len(lines), "source": source})
@@ -114,9 +122,10 @@ class Actions:
         image = r.stdout
         if not (image.startswith(b"\xff\xd8") or image.startswith(b"\x89PNG")):
             return Outcome(False, error="the screenshot command printed no JPEG or PNG image")
-        upload_id = self.enqueue("screenshot", image)
-        if upload_id is None:
-            return Outcome(False, error="the upload queue did not take the screenshot")
+        try:
+            upload_id = self.enqueue("screenshot", image)
+        except NotQueued as e:
+            return Outcome(False, error=f"the screenshot was not queued: {e}")
         return Outcome(True, f"screenshot of {len(image)} bytes queued as upload {upload_id}",
                        extra={"upload_id": upload_id})
 
@@ -146,17 +155,45 @@ class Actions:
                                         + r.stderr.decode(errors="replace").strip()[:300])
         return LATER
 
+    def stop(self) -> None:
+        """From any thread, on the agent's way out: the running command and everything it
+        started go now (its own process group), so a stop never waits on it and nothing
+        it spawned outlives the agent."""
+        with self._lock:
+            self._stopping = True
+            child = self._child
+        if child is not None:
+            _kill_group(child)
+
     # -- helpers ------------------------------------------------------------------
     def _shell(self, command: str):
+        program = command.split()[0] if command.split() else command
         try:
-            r = subprocess.run(shlex.split(command), capture_output=True, timeout=self.timeout_s)
-        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
-            return Outcome(False, error=f"{command.split()[0] if command.split() else command}: "
-                                        f"{type(e).__name__}: {e}"[:300])
-        if r.returncode != 0:
-            return Outcome(False, error=f"exited {r.returncode}: "
-                                        f"{r.stderr.decode(errors='replace').strip()[:300]}")
-        return r
+            argv = shlex.split(command)
+            with self._lock:
+                if self._stopping:
+                    return Outcome(False, error="not run: the agent is stopping")
+                # a session of its own: its process group is killed on timeout and on stop
+                child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
+                self._child = child
+        except (OSError, ValueError) as e:
+            return Outcome(False, error=f"{program}: {type(e).__name__}: {e}"[:300])
+        try:
+            stdout, stderr = child.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired as e:
+            _kill_group(child)
+            # never read on after the kill: a grandchild in a session of its own may hold
+            # the pipes open for ever, and this thread serves every later command
+            _reap(child)
+            return Outcome(False, error=f"{program}: {type(e).__name__}: {e}"[:300])
+        finally:
+            with self._lock:
+                self._child = None
+        if child.returncode != 0:
+            return Outcome(False, error=f"exited {child.returncode}: "
+                                        f"{stderr.decode(errors='replace').strip()[:300]}")
+        return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
 
     def _path_mtu(self) -> int | None:
         sock = self.link_socket()
@@ -166,6 +203,23 @@ class Actions:
             return sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
         except OSError:
             return None
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone already (its pid, the group's id, is ours until it is reaped)
+
+
+def _reap(child: subprocess.Popen) -> None:
+    for pipe in (child.stdout, child.stderr):
+        if pipe is not None:
+            pipe.close()
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass  # SIGKILLed: only an uninterruptible sleep keeps it; not ours to wait out
 
 
 def _resolve(host: str, timeout: float) -> dict:

@@ -2,22 +2,50 @@
 
 A command comes with an id, a name, arguments and an expiry. Each id runs at most once,
 whatever happens around it: the record that it started is written durably *before* it
-runs (the shell persists ``entries`` whenever ``dirty``, then acts), so a reboot, a
-crash or a kill -9 in the middle never leads to a second run, and the record of a
-command interrupted by the restart or reboot it caused is turned into its result at the
-next start. Expired, duplicate, unknown, forbidden and malformed commands get an error
-result and run nothing. A result is reported until the server ACKs it.
+runs (the shell appends ``changes`` to the ledger, synced when ``must_sync``, then
+acts), so a reboot, a crash or a kill -9 in the middle never leads to a second run, and
+the record of a command interrupted by the restart or reboot it caused is turned into
+its result at the next start. Expired, duplicate, unknown, forbidden and malformed
+commands get an error result and run nothing. A result is reported until the server
+ACKs it.
+
+A flood from the server costs bounded work, memory and disk:
+
+- Admission: a token bucket (``BURST`` at once, ``RATE_PER_S`` after that, on the
+  monotonic clock) and at most ``MAX_PENDING`` commands queued or running. What is over
+  either is refused at once with a result the server sees (``rate-limited`` / ``busy``)
+  and is neither recorded nor remembered: it did not run, and the same id may be sent
+  again later.
+- Memory: the ids of the last ``MAX_ENTRIES`` commands, plus a horizon for the ones
+  forgotten. The reference server's ids are random (no order to keep a high-water mark
+  of), so the horizon is on the server's own ``expires_at`` (its issue time plus the
+  command's time to live): forgetting a command raises ``floor`` to its
+  ``expires_at``, and an unknown id whose ``expires_at`` is at or below the floor is
+  refused as possibly already run. A resend carries the same ``expires_at`` as the
+  original, so a forgotten id can never pass; the rule compares the server's clock with
+  itself, so a wrong device clock does not weaken it. A command newer than a forgotten
+  one but with a shorter life can be refused too: safe, and the server can send it
+  again with a longer one. Forgetting a command that had no ``expires_at`` leaves
+  nothing to compare a resend with, so such commands are forgotten last, and once one
+  was, commands without ``expires_at`` are refused (``closed``). With ``ids_ours`` (the
+  ScreenTinker profile, whose protocol has no ids: the agent mints a random one per
+  message, and nothing ever sends it again) forgetting needs no horizon.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 MAX_ID = 64
-MAX_ENTRIES = 256
-KEEP_S = 7 * 86400.0
-MAX_OUTPUT = 4000
+MAX_ENTRIES = 128        # ids remembered one by one; older ones are behind the horizon
+MAX_PENDING = 8          # queued or running at once
+BURST = 10               # commands admitted at once...
+RATE_PER_S = 1 / 3.0     # ...and after that, one every 3 s (20 a minute)
+MAX_OUTPUT = 4000        # bytes of a result's output as the ledger writes it (JSON)
+MAX_ERROR = 1000
+SUMMARY = 300            # what a confirmed result keeps (status shows 300 characters)
 
 # name -> argument checker: returns the clean arguments, or raises ValueError(why)
 ArgCheck = Callable[[dict], dict]
@@ -68,6 +96,10 @@ class Run:
 @dataclass(frozen=True)
 class Report:
     result: dict
+    # False: an answer that changes nothing here (a refusal not remembered, the stored
+    # result for a resend): sent once, unconfirmed, no status refresh; ``why`` says which
+    kept: bool = True
+    why: str = ""
 
 
 @dataclass
@@ -75,11 +107,13 @@ class Entry:
     id: str
     name: str
     state: str                 # running | done
-    received_at: float         # wall, for reports and pruning
+    received_at: float         # wall, for reports
     boot_id: str = ""
     pid: int = 0
     result: dict | None = None
     acked: bool = False
+    expires_at: float | None = None   # the server's, for the horizon when forgotten
+    admitted: bool = True      # given to run (a refusal's resend is refused again anyway)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in vars(self).items()}
@@ -87,20 +121,55 @@ class Entry:
     @staticmethod
     def from_dict(d: dict) -> "Entry | None":
         try:
+            expires = d.get("expires_at")
             e = Entry(str(d["id"]), str(d["name"]), str(d["state"]), float(d["received_at"]),
                       str(d.get("boot_id", "")), int(d.get("pid", 0)),
                       d.get("result") if isinstance(d.get("result"), dict) else None,
-                      bool(d.get("acked", False)))
-        except (KeyError, TypeError, ValueError):
+                      bool(d.get("acked", False)),
+                      float(expires) if expires is not None else None,
+                      bool(d.get("admitted", True)))
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return e if e.state in ("running", "done") and e.id else None
 
 
 @dataclass
+class TokenBucket:
+    """``burst`` at once, then ``rate_per_s``; on a monotonic clock."""
+    burst: float = BURST
+    rate_per_s: float = RATE_PER_S
+    tokens: float = BURST
+    at: float | None = None
+
+    def take(self, mono: float) -> bool:
+        if self.at is not None:
+            # a clock that went back (a fake one, a bug) refills nothing
+            self.tokens = min(self.burst, self.tokens + max(0.0, mono - self.at) * self.rate_per_s)
+        self.at = mono
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+    def wait_s(self) -> float:
+        return max(0.0, (1.0 - self.tokens) / self.rate_per_s)
+
+
+@dataclass
 class CommandCore:
     allow: frozenset
-    entries: dict = field(default_factory=dict)   # id -> Entry
-    dirty: bool = False
+    entries: dict = field(default_factory=dict)   # id -> Entry, oldest first
+    floor: float | None = None    # an unknown id with expires_at at or below: refused
+    closed: bool = False          # a command without expires_at was forgotten
+    ids_ours: bool = False        # every id was minted by this agent, never sent again
+    bucket: TokenBucket = field(default_factory=TokenBucket)
+    # for the ledger: id -> the entry as it is now, or None once forgotten (in order)
+    changes: dict = field(default_factory=dict)
+    must_sync: bool = False       # a change that must be durable before anything is done
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.changes)
 
     # -- start-up ---------------------------------------------------------------
     def recover(self, boot_id: str, pid: int, now: float) -> list:
@@ -118,32 +187,60 @@ class CommandCore:
                 ok, detail = False, "interrupted by a restart of the agent; not run again"
             actions += self._finish(e, ok, detail if ok else None, detail if not ok else None,
                                     None, now)
-        self._prune(now)
+        self._bound()
         return actions
 
     # -- inputs -----------------------------------------------------------------
-    def receive(self, raw, now: float, boot_id: str = "", pid: int = 0) -> list:
-        """A command from the server (any shape). Returns what to do."""
+    def receive(self, raw, now: float, boot_id: str = "", pid: int = 0,
+                mono: float | None = None) -> list:
+        """A command from the server (any shape). ``now`` is wall time (for reports),
+        ``mono`` the monotonic clock (for the rate; ``now`` when not given). Returns
+        what to do."""
         if not isinstance(raw, dict):
             return []  # no id to answer to: the receipt ACK is all the server gets
         cid = raw.get("id")
         if not isinstance(cid, str) or not 0 < len(cid) <= MAX_ID:
             return []
         name = raw.get("name")
+        name = str(name)[:40] if isinstance(name, str) else "?"
         known = self.entries.get(cid)
         if known is not None:
             # a duplicate (a resend after a lost receipt ACK): never a second run; the
-            # result goes again if there is one
-            return [Report(known.result)] if known.result is not None else []
-        entry = Entry(cid, str(name)[:40] if isinstance(name, str) else "?", "running", now,
-                      boot_id, pid)
-        self._prune(now)
-        self.entries[cid] = entry
-        self.dirty = True
+            # result goes again if there is one (and on every connection until confirmed)
+            return [Report(known.result, False, "a resend")] if known.result is not None else []
+        expires = raw.get("expires_at")
+        if isinstance(expires, bool) or not isinstance(expires, (int, float)) \
+                or not math.isfinite(expires):
+            expires = None   # malformed ones are refused below, and recorded
+        elif self.floor is not None and expires <= self.floor:
+            return [self._refused(cid, name, now, "too old", (
+                "too old: issued before commands this screen no longer remembers one by "
+                "one, so it may have run already; not run (send it again with a new id)"))]
+        if raw.get("expires_at") is None and self.closed and not self.ids_ours:
+            return [self._refused(cid, name, now, "no expires_at", (
+                "no expires_at: this screen has forgotten a command without one and cannot "
+                "tell a resend from a new command; not run (send it with expires_at)"))]
+        if not self.bucket.take(now if mono is None else mono):
+            return [self._refused(cid, name, now, "rate-limited", (
+                f"rate-limited: more than {BURST} commands at once or one every "
+                f"{1 / RATE_PER_S:.0f}s; not run, send it again in "
+                f"{self.bucket.wait_s():.0f}s"))]
         why = self._refusal(raw, now)
+        if why is None and len(self.running()) >= MAX_PENDING:
+            return [self._refused(cid, name, now, "busy", (
+                f"busy: {MAX_PENDING} commands queued or running; not run, send it again "
+                "later"))]
+        entry = Entry(cid, name, "running", now, boot_id, pid, expires_at=expires,
+                      admitted=why is None)
+        self.entries[cid] = entry
+        self._changed(entry)
         if why is not None:
-            return self._finish(entry, False, None, why, None, now)
-        return [Run(cid, name, COMMANDS[name](raw.get("args") or {}))]
+            actions = self._finish(entry, False, None, why, None, now)
+            self._bound()
+            return actions
+        self.must_sync = True  # the record goes to disk before the command runs
+        self._bound()
+        return [Run(cid, raw["name"], COMMANDS[raw["name"]](raw.get("args") or {}))]
 
     def finished(self, cid: str, ok: bool, output: str | None, error: str | None,
                  started: float | None, now: float, extra: dict | None = None) -> list:
@@ -156,7 +253,12 @@ class CommandCore:
         entry = self.entries.get(cid)
         if entry is not None and entry.state == "done" and not entry.acked:
             entry.acked = True
-            self.dirty = True
+            # the server has the whole result: a resend's answer and the status need
+            # only its gist, and the ledger stays small
+            for key in ("output", "error"):
+                if isinstance(entry.result.get(key), str):
+                    entry.result[key] = _clip(entry.result[key], SUMMARY)
+            self._changed(entry)
 
     def unacked(self) -> list:
         """Results the server has not confirmed: sent again on every new connection."""
@@ -166,7 +268,22 @@ class CommandCore:
     def running(self) -> list[str]:
         return [e.id for e in self.entries.values() if e.state == "running"]
 
+    def take_changes(self) -> tuple[list, bool]:
+        """What the ledger must record since the last call: [(id, Entry | None)], and
+        whether it must be durable before anything decided is done."""
+        changes, sync = list(self.changes.items()), self.must_sync
+        self.changes, self.must_sync = {}, False
+        return changes, sync
+
+    def horizon(self) -> dict:
+        return {"floor": self.floor, "closed": self.closed}
+
     # -- internals ----------------------------------------------------------------
+    def _changed(self, entry: Entry | None, cid: str | None = None) -> None:
+        key = entry.id if entry is not None else cid
+        self.changes.pop(key, None)   # keep the order of the latest change
+        self.changes[key] = entry
+
     def _refusal(self, raw: dict, now: float) -> str | None:
         name = raw.get("name")
         if not isinstance(name, str) or name not in COMMANDS:
@@ -184,34 +301,69 @@ class CommandCore:
         try:
             COMMANDS[name](args or {})
         except ValueError as e:
-            return f"bad argument: {e}"
+            return f"bad argument: {str(e)[:200]}"
         if name not in self.allow:
             return (f"{name!r} is not allowed on this screen ([commands] allow in "
                     f"agent.toml: {', '.join(sorted(self.allow)) or 'nothing'})")
         return None
 
-    def _finish(self, entry: Entry, ok: bool, output, error, started, now: float,
-                extra: dict | None = None) -> list:
-        result = {"id": entry.id, "name": entry.name, "ok": bool(ok),
-                  "received_at": round(entry.received_at, 3),
+    @staticmethod
+    def _result(cid: str, name: str, ok: bool, output, error, received: float,
+                started: float | None, now: float, extra: dict | None = None) -> dict:
+        result = {"id": cid, "name": name, "ok": bool(ok), "received_at": round(received, 3),
                   "finished_at": round(now, 3)}
         if started is not None:
             result["started_at"] = round(started, 3)
         if output:
-            result["output"] = str(output)[:MAX_OUTPUT]
+            result["output"] = _clip(str(output), MAX_OUTPUT)
         if error:
-            result["error"] = str(error)[:MAX_OUTPUT]
+            result["error"] = _clip(str(error), MAX_ERROR)
         if extra:
             result.update(extra)
+        return result
+
+    def _refused(self, cid: str, name: str, now: float, kind: str, why: str) -> Report:
+        """A refusal that is not remembered: it ran nothing, and this id may come again."""
+        return Report(self._result(cid, name, False, None, why, now, None, now), False, kind)
+
+    def _finish(self, entry: Entry, ok: bool, output, error, started, now: float,
+                extra: dict | None = None) -> list:
+        result = self._result(entry.id, entry.name, ok, output, error, entry.received_at,
+                              started, now, extra)
         entry.state, entry.result, entry.acked = "done", result, False
-        self.dirty = True
+        self._changed(entry)
+        if entry.admitted:
+            # what it did, lost to a power cut, could never be reported; a refusal can
+            # (its resend is refused again)
+            self.must_sync = True
         return [Report(result)]
 
-    def _prune(self, now: float) -> None:
+    def _bound(self) -> None:
+        """At most MAX_ENTRIES ids. A command that was given to run raises the horizon
+        as it goes; a refusal does not need to (its resend is refused again: the same
+        name, arguments and expiry). Forgotten first: what leaves the horizon open
+        (with an expiry, or a refusal), what the server has confirmed, refusals, the
+        oldest."""
+        excess = len(self.entries) - MAX_ENTRIES
+        if excess <= 0:
+            return
         done = sorted((e for e in self.entries.values() if e.state == "done"),
-                      key=lambda e: e.received_at)
-        for e in done:
-            too_many = len(self.entries) > MAX_ENTRIES
-            if (e.acked and now - e.received_at > KEEP_S) or too_many:
-                del self.entries[e.id]
-                self.dirty = True
+                      key=lambda e: (e.admitted and e.expires_at is None and not self.ids_ours,
+                                     not e.acked, e.admitted, e.received_at))
+        for e in done[:excess]:
+            del self.entries[e.id]
+            if e.admitted and not self.ids_ours:
+                if e.expires_at is None:
+                    self.closed = True
+                else:
+                    self.floor = e.expires_at if self.floor is None else max(self.floor,
+                                                                            e.expires_at)
+            self._changed(None, e.id)
+
+
+def _clip(text: str, limit: int) -> str:
+    """At most ``limit`` bytes once written to the ledger as JSON (escapes counted)."""
+    text = text[:limit]
+    while len(json.dumps(text)) > limit + 2:
+        text = text[:len(text) * 3 // 4]
+    return text

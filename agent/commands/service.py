@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 from . import ledger
-from .actions import LATER, Actions
+from .actions import LATER, Actions, Outcome
 from .core import CommandCore, Report, Run
 
 log = logging.getLogger("edge_agent.commands")
@@ -45,14 +45,25 @@ def boot_token(runtime_dir: str) -> str:
 class CommandService:
     def __init__(self, path: str, allow: frozenset, actions: Actions,
                  post: Callable[..., None], runtime_dir: str,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic, ids_ours: bool = False,
+                 on_storage_error: Callable[[str, OSError], None] | None = None):
+        """``ids_ours``: the server's protocol has no command ids (ScreenTinker), the
+        profile mints a random one per message, which nothing can send again, so
+        forgetting one needs no horizon (core.py). ``on_storage_error(path, error)``: the
+        ledger could not be written."""
         self.path = path
-        self.core = CommandCore(allow, ledger.load(path))
+        loaded = ledger.load(path, clock())
+        self._ledger = ledger.Ledger(path, loaded)
+        self._on_storage_error = on_storage_error
+        self.core = CommandCore(allow, loaded.entries, loaded.floor, loaded.closed, ids_ours)
         self.actions = actions
         self._post = post           # post(kind, *args) into the link thread
         self._clock = clock
+        self._mono = mono
         self._boot, self._pid = boot_token(runtime_dir), os.getpid()
         self._jobs: queue.Queue = queue.Queue()
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._work, name="commands", daemon=True)
 
     # -- on the link thread --------------------------------------------------------
@@ -66,16 +77,24 @@ class CommandService:
         return reports
 
     def received(self, raw) -> list[Report]:
-        actions = self.core.receive(raw, self._clock(), self._boot, self._pid)
-        self._persist()  # before anything runs: a command id runs at most once
+        now = self._clock()
+        actions = self.core.receive(raw, now, self._boot, self._pid, self._mono())
+        problem = self._persist()  # before anything runs: a command id runs at most once
         reports = []
         for a in actions:
             if isinstance(a, Run):
+                if problem is not None or self._stopping.is_set():
+                    why = (f"not run: the command ledger could not be written ({problem})"
+                           if problem is not None else "not run: the agent is stopping")
+                    reports += self.core.finished(a.id, False, None, why, None, now)
+                    self._persist()
+                    self._log_result(reports[-1].result)
+                    continue
                 log.info("server command %s: running %r %s", a.id, a.name, a.args or "")
                 self._jobs.put(a)
             else:
                 reports.append(a)
-                self._log_result(a.result)
+                self._log_result(a.result, a.why)
         return reports
 
     def finished(self, cid: str, outcome, started: float) -> list[Report]:
@@ -108,20 +127,35 @@ class CommandService:
         return out
 
     def stop(self) -> None:
+        """From the daemon on its way out: nothing more starts, and a command's
+        processes are killed (the ledger says it was interrupted; never run again)."""
+        self._stopping.set()
+        self.actions.stop()
         self._jobs.put(None)
 
     # -- internals -------------------------------------------------------------------
-    def _persist(self) -> None:
-        if not self.core.dirty:
-            return
+    def _persist(self) -> str | None:
+        """The core's changes to the ledger; what went wrong, if anything."""
+        changes, durable = self.core.take_changes()
         try:
-            ledger.save(self.path, self.core.entries)
-            self.core.dirty = False
+            self._ledger.write(changes, self.core.horizon(), durable,
+                               lambda: list(self.core.entries.values()))
         except OSError as e:
-            # not durable means not at-most-once: say so loudly, keep going
-            log.error("cannot write the command ledger %s: %s", self.path, e.strerror)
+            # not durable means not at-most-once: nothing runs on it (received())
+            if self._on_storage_error is not None:
+                self._on_storage_error(self.path, e)
+            else:
+                log.error("cannot write the command ledger %s: %s", self.path, e.strerror)
+            return e.strerror or type(e).__name__
+        return None
 
-    def _log_result(self, result: dict) -> None:
+    def _log_result(self, result: dict, quiet_why: str = "") -> None:
+        if quiet_why:
+            # a flood: one line a minute per kind (logs.RepeatFilter keys on the first
+            # argument), not a line per command on the SD card
+            log.warning("server command not run (%s): %s (%s)", quiet_why, result["id"],
+                        result["name"])
+            return
         level = logging.INFO if result["ok"] else logging.WARNING
         log.log(level, "server command %s (%s): %s %s", result["id"], result["name"],
                 "ok" if result["ok"] else "error:",
@@ -130,14 +164,13 @@ class CommandService:
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
-            if job is None:
-                return
+            if job is None or self._stopping.is_set():
+                return  # queued ones stay "running" in the ledger: reported, never run
             started = self._clock()
             try:
                 outcome = self.actions.run(job.name, job.args)
             except Exception as e:  # a bug in one command must not end the others
                 log.error("command %s failed: %s: %s", job.name, type(e).__name__, e,
                           exc_info=True)
-                from .actions import Outcome
                 outcome = Outcome(False, error=f"internal error: {type(e).__name__}")
             self._post("command-done", job.id, outcome, started)

@@ -483,7 +483,7 @@ class LinkRunner:
                 log.warning("server asked for a command (%s) and this agent runs none", via)
                 return
             for report in self.commands.received(raw):
-                self._send_result(report.result)
+                self._send_result(report.result, report.kept)
         elif kind == "command-result-ack":
             cid, payload = args
             if protocol.parse_ok(payload):
@@ -512,10 +512,15 @@ class LinkRunner:
             self._warned.add(key)
             log.warning(message)
 
-    def _send_result(self, result: dict) -> None:
+    def _send_result(self, result: dict, kept: bool = True) -> None:
         """A command's result to the server, until it confirms (it stays in the ledger
-        unconfirmed, and goes again on the next connection)."""
+        unconfirmed, and goes again on the next connection). A refusal the ledger does
+        not keep (a flood's rate-limited, busy, too old) goes once, unconfirmed, and
+        changes no status: a flood costs this thread one emit per command."""
         if self.transport is None:
+            return
+        if not kept:
+            self._emit(*self.profile.command_result(result)[:2], None)
             return
         gen = self.generation
         event, payload, confirms = self.profile.command_result(result)
