@@ -9,9 +9,13 @@ token answers status ``online``; an unknown device id gets ``device:unpaired``, 
 wrong token ``device:auth-error``; the fingerprint of a known screen relinks it to
 its row. ``device:play-event`` is one record (``play_start`` / ``play_end``, content
 ids the server knows); ``device:screenshot`` carries ``image_b64`` of at most 2 MiB;
-neither is ever ACKed. What the newer contract adds is switchable: heartbeats are
-answered with ``device:heartbeat-ack`` unless ``--ack-mode none`` (the released
-server), and ``/admin/throttle`` sends ``device:throttled``.
+neither is ever ACKed. What the newer contract (1.9) adds is switchable: heartbeats
+are answered with ``device:heartbeat-ack``, a dashboard command goes only to a screen
+that declared its capability (at a register with its token), and at most one
+play_start per device is stored every 2 s, unless ``--ack-mode none`` (1.2); and
+``/admin/throttle`` sends ``device:throttled``. Where the generations differ in what
+they accept, the emulation accepts only what both do (a fingerprint relinks only a
+claimed row, never one live on another connection).
 It is ours, not ScreenTinker's code.
 """
 from __future__ import annotations
@@ -19,12 +23,39 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import secrets
 import time
 import uuid
 
 NS = "/device"
 MAX_IMAGE_B64 = 2 * 1024 * 1024
+# 1.9's capability vocabulary (server/lib/player-capabilities.js); a declared name outside
+# it is dropped, and a dashboard command goes only to a device that declared its need.
+VOCABULARY = frozenset({
+    "playback.video", "playback.image", "playback.widget", "playback.youtube", "playback.zones",
+    "playback.transitions", "playback.pip", "audio.mute", "audio.volume", "display.rotation",
+    "display.power", "display.resolution", "display.brightness", "remote.screenshot",
+    "remote.stream", "remote.input", "system.reboot", "system.restart_player",
+    "system.self_update", "system.kiosk", "system.brightness", "system.screen_timeout",
+    "system.install_apk", "system.shell", "system.time", "system.device_owner", "sync.clock",
+    "sync.native", "offline.cache"})
+NEEDS = {"reboot": "system.reboot", "shutdown": "system.reboot", "screen_on": "display.power",
+         "screen_off": "display.power", "launch": "system.restart_player",
+         "refresh": "system.restart_player", "screenshot": "remote.screenshot"}
+PLAY_LOG_MIN_GAP_S = 2.0  # 1.9 stores at most one play_start per device in this window
+
+
+def parse_declared(raw) -> list[str] | None:
+    """What 1.9 keeps of a declaration: None (absent or malformed) or the known names."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, list):
+        return None
+    return [c for c in raw if isinstance(c, str) and c in VOCABULARY]
 
 
 class State:
@@ -37,6 +68,7 @@ class State:
         self.screenshots: dict[str, str] = {}    # device id -> sha256 of the latest image
         self.telemetry: list[dict] = []
         self.sessions: dict[str, str] = {}       # sid -> authenticated device id
+        self.last_play_start: dict[str, float] = {}  # device id -> monotonic, stored
 
     def view(self) -> dict:
         return {"devices": self.rows, "play_logs": self.play_logs,
@@ -51,7 +83,7 @@ def attach(server) -> None:
     for device_id, token in server.tokens.items():  # --device ID:TOKEN: already claimed
         st.rows[device_id] = {"id": device_id, "token": token, "pairing_code": None,
                               "status": "offline", "user": "operator", "name": device_id,
-                              "device_info": None, "sid": None}
+                              "device_info": None, "sid": None, "capabilities": None}
 
     def session(sid, data) -> str | None:
         """The device this socket registered as, if ``data`` names it (requireDeviceAuth)."""
@@ -93,13 +125,21 @@ def attach(server) -> None:
         key = device_id or code
         if key:
             st.registers[str(key)] = st.registers.get(str(key), 0) + 1
-        if fingerprint and not device_id and code and st.fingerprints.get(fingerprint) in st.rows:
-            # a known screen registering afresh: linked back to its row, new token
-            row = st.rows[st.fingerprints[fingerprint]]
-            row["token"] = secrets.token_hex(32)
-            await authenticated(sid, row["id"], "online", row["token"])
-            if row["user"]:
-                await sio.emit("device:paired", {"name": row["name"]}, to=sid, namespace=NS)
+        known = st.rows.get(st.fingerprints.get(fingerprint)) if fingerprint else None
+        if known is not None and not device_id and code and (
+                known["user"] or known["pairing_code"] == str(code)):
+            # a known screen registering afresh: linked back to its row with a new token,
+            # if an operator claimed it (or it shows the same code), and never while that
+            # row is live on another connection (1.9; 1.2 relinked any row)
+            if any(d == known["id"] for d in st.sessions.values()):
+                await sio.emit("device:auth-error", {
+                    "error": "This display is currently active on another connection."},
+                    to=sid, namespace=NS)
+                return
+            known["token"] = secrets.token_hex(32)
+            await authenticated(sid, known["id"], "online", known["token"])
+            if known["user"]:
+                await sio.emit("device:paired", {"name": known["name"]}, to=sid, namespace=NS)
             return
         if fingerprint and (device_id or code):
             st.fingerprints.setdefault(fingerprint, device_id)
@@ -116,13 +156,24 @@ def attach(server) -> None:
                 return
             if fingerprint:
                 st.fingerprints[fingerprint] = device_id
+            declared = parse_declared(data.get("capabilities"))
+            if declared is not None:  # only here, as 1.9 does: not at a register by code
+                row["capabilities"] = declared
             await authenticated(sid, device_id, "online", row["token"])
             return
         if code:
+            if any(r["pairing_code"] == str(code) for r in st.rows.values()):
+                # UNIQUE(devices.pairing_code): 1.9 answers so, 1.2's insert throws
+                await sio.emit("device:auth-error", {"error": "Registration failed, please retry."},
+                               to=sid, namespace=NS)
+                return
             row = {"id": str(uuid.uuid4()), "token": secrets.token_hex(32),
                    "pairing_code": str(code), "status": "provisioning", "user": None,
-                   "name": None, "device_info": data.get("device_info"), "sid": sid}
+                   "name": None, "device_info": data.get("device_info"), "sid": sid,
+                   "capabilities": None}
             st.rows[row["id"]] = row
+            if fingerprint:
+                st.fingerprints[fingerprint] = row["id"]
             await authenticated(sid, row["id"], "provisioning", row["token"])
 
     @sio.on("device:heartbeat", namespace=NS)
@@ -176,6 +227,10 @@ def attach(server) -> None:
         if data.get("event") == "play_start":
             if content_id is not None and content_id not in st.content:
                 return  # a foreign key the real server's sqlite refuses
+            last = st.last_play_start.get(device_id, -PLAY_LOG_MIN_GAP_S)
+            if server.behaviour.ack_mode != "none" and time.monotonic() - last < PLAY_LOG_MIN_GAP_S:
+                return  # 1.9's flood guard: no row, and no word to the device
+            st.last_play_start[device_id] = time.monotonic()
             st.play_logs.append({"device_id": device_id, "content_id": content_id,
                                  "content_name": data.get("content_name") or "Unknown",
                                  "started_at": time.time(), "ended_at": None, "completed": None})
@@ -199,6 +254,26 @@ async def pair(server, code: str, name: str = "Display") -> str | None:
             await server.sio.emit("device:paired", {"device_id": row["id"], "name": name},
                                   to=sid, namespace=NS)
     return row["id"]
+
+
+async def dashboard_command(server, device_id, command: str) -> dict:
+    """A dashboard button: a device:command (or a screenshot request) to the screen's
+    sockets, with 1.9's answer to the dashboard. 1.9 (the emulation's default) refuses
+    a command whose capability the screen did not declare; 1.2 (``--ack-mode none``)
+    sends everything."""
+    row = server.st.rows.get(device_id)
+    need = NEEDS.get(command)
+    declared = (row or {}).get("capabilities") or []
+    if server.behaviour.ack_mode != "none" and need and need not in declared:
+        return {"delivered": False, "reason": "unsupported", "capability": need}
+    sids = [sid for sid, dev in server.st.sessions.items() if dev == device_id]
+    for sid in sids:
+        if command == "screenshot":
+            await server.sio.emit("device:screenshot-request", {}, to=sid, namespace=NS)
+        else:
+            await server.sio.emit("device:command", {"type": command, "payload": {}}, to=sid,
+                                  namespace=NS)
+    return {"delivered": bool(sids)}
 
 
 async def delete(server, device_id: str) -> bool:

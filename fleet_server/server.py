@@ -528,21 +528,16 @@ class FleetServer:
 
     async def _admin_screentinker(self, request) -> web.Response:
         """GET: the emulated server's tables. POST {"content_id"}: content it has;
-        POST {"device_id", "command"}: what its dashboard's buttons send."""
+        POST {"device_id", "command"}: what its dashboard's buttons send, and its answer."""
         st = self.st
         if request.method == "POST":
             body = await _json(request)
             if isinstance(body.get("content_id"), str):
                 st.content.add(body["content_id"])
-            device_id = body.get("device_id")
-            for sid, dev in list(st.sessions.items()):
-                if dev != device_id:
-                    continue
-                if body.get("command") == "screenshot":
-                    await self.sio.emit("device:screenshot-request", {}, to=sid, namespace="/device")
-                elif isinstance(body.get("command"), str):
-                    await self.sio.emit("device:command", {"type": body["command"], "payload": {}},
-                                        to=sid, namespace="/device")
+            if isinstance(body.get("command"), str):
+                from . import screentinker
+                return web.json_response(await screentinker.dashboard_command(
+                    self, body.get("device_id"), body["command"]))
         return web.json_response(st.view())
 
     async def _admin_limiter(self, _request) -> web.Response:

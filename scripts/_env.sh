@@ -10,10 +10,16 @@ DEMO_DEBS=(nftables iproute2 python3-venv)
 # ...the benchmark: a stand-in SD card (ext4 on a loop device) to count the queue's wear.
 BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # ...and the tests, on top: the card again (a power cut), systemd-analyze, building and
-# linting the .deb, and booting a Debian with systemd as PID 1 to install it into
-# (systemd-nspawn, debootstrap).
+# linting the .deb, booting a Debian with systemd as PID 1 to install it into
+# (systemd-nspawn, debootstrap), and the real ScreenTinker servers (Node and npm, and a
+# C++ toolchain with python3 for better-sqlite3, which npm builds from source).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
-           python3-all python3-setuptools dpkg-dev systemd-container debootstrap)
+           python3-all python3-setuptools dpkg-dev systemd-container debootstrap
+           build-essential python3)
+# Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
+# npm would conflict with it), else Debian's.
+command -v node >/dev/null || TEST_DEBS+=(nodejs)
+command -v npm >/dev/null || TEST_DEBS+=(npm)
 
 host_tools() {  # host_tools PACKAGE...: apt-get install the ones not installed yet
     local need=()
@@ -49,4 +55,11 @@ dev_envs() {  # dev_envs PACKAGE...
     host_tools "$@"
     make_venv "$REPO/.venv" -e "$REPO[test,bench]"
     make_venv "$REPO/.venv-bookworm" -r "$REPO/requirements/bookworm.txt"
+}
+
+peers() {  # the real ScreenTinker servers, prepared outside the repository (once per lock)
+    # from ../shared/peers, beside the clone; a failure is one line per server, and the
+    # tests that need that server then fail saying why
+    "$REPO/.venv/bin/python" -m devtools.screentinker_peer prepare \
+        || echo "the real ScreenTinker tier will fail: see the line above" >&2
 }

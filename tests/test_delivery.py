@@ -319,7 +319,10 @@ def test_an_ack_wakes_the_link_thread_while_an_upload_waits_for_its_proof(tmp_pa
     assert waiting.settled[0] == DELIVERED
 
 
-def test_the_sender_maps_verdicts_to_queue_outcomes_and_never_oks_without_proof():
+def test_the_sender_maps_verdicts_to_queue_outcomes_and_never_oks_without_proof(monkeypatch):
+    from agent.link.profiles import ScreenTinkerProfile
+    monkeypatch.setattr(ScreenTinkerProfile, "PLAY_START_GAP_S", 0.01)   # paced, but briefly
+
     class FakeRunner:
         def __init__(self, verdict):
             self.verdict, self.forgotten, self.sent = verdict, [], []
@@ -347,9 +350,10 @@ def test_the_sender_maps_verdicts_to_queue_outcomes_and_never_oks_without_proof(
         return {k: o.kind for k, o in with_margin.send_batch(items).items()}
 
     delivered = FakeRunner(DELIVERED)
-    # the bad record is dead-lettered on its own; the good ones go, one message each
+    # the bad record is dead-lettered on its own; the good ones go, one message each, and
+    # each play_start in a request of its own (the server keeps one per 2 s: paced)
     assert kinds(delivered, pops) == {"p1": OK, "p2": PERMANENT, "p3": OK}
-    assert delivered.sent == [["device:play-event", "device:play-event"]]
+    assert delivered.sent == [["device:play-event"], ["device:play-event"]]
     assert kinds(FakeRunner(LOST), pops) == {"p1": TRANSIENT, "p2": PERMANENT, "p3": TRANSIENT}
     silent = FakeRunner(None)
     import agent.uploads.link_sender as ls
@@ -359,3 +363,47 @@ def test_the_sender_maps_verdicts_to_queue_outcomes_and_never_oks_without_proof(
     finally:
         ls.MARGIN_S = margin
     assert kinds(FakeRunner(DELIVERED), [item("log", b"x", "l1")]) == {"l1": PERMANENT}
+
+
+def test_paced_uploads_go_that_far_apart_and_a_round_stops_pacing_in_time(monkeypatch):
+    """A server that keeps one play_start per 2 s (ScreenTinker 1.9): each paced message
+    is its own request, at least the profile's gap after the one before; pacing stops at
+    PACED_ROUND_S and what is left has no outcome (it goes in the next round)."""
+    import time as _time
+    from types import SimpleNamespace
+
+    from agent.link.delivery import DELIVERED
+    from agent.uploads import link_sender as ls
+    from agent.uploads.schedule import OK
+
+    monkeypatch.setattr(ls, "PACED_ROUND_S", 0.5)
+    delivered = []
+
+    class Runner:
+        def proof_window_s(self):
+            return 1.0
+
+        def deliver(self, request):
+            delivered.append((_time.monotonic(), [p["n"] for _, p in request.messages]))
+            request.finish(DELIVERED, "")
+
+        def forget(self, key):
+            pass
+
+    class Profile:
+        def upload_message(self, item):
+            return "device:play-event", {"event": item.payload.decode(), "n": item.id}
+
+        def upload_gap_s(self, event, payload):
+            return 0.2 if payload["event"] == "play_start" else 0.0
+
+    items = [SimpleNamespace(id=str(n), kind="proof-of-play",
+                             payload=b"play_start" if n % 2 == 0 else b"play_end")
+             for n in range(10)]
+    outcomes = ls.LinkUploadSender(Runner(), Profile()).send_batch(items)
+    # a play_start opens each request; its play_end rides along
+    assert [ids for _, ids in delivered] == [["0", "1"], ["2", "3"], ["4", "5"]]
+    gaps = [b[0] - a[0] for a, b in zip(delivered, delivered[1:])]
+    assert all(g >= 0.19 for g in gaps), gaps
+    assert sorted(outcomes) == ["0", "1", "2", "3", "4", "5"]
+    assert all(o.kind == OK for o in outcomes.values())

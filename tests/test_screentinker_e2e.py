@@ -109,7 +109,10 @@ def test_silent_drop_heals_within_the_same_bound_when_the_server_acks(
     assert new[0] - t_drop < HB + ACK + 1.0
     agent.wait_live(5)
     reports = wait_for(lambda: server.device(device_id)["reports"], 3 * HB, what="connectivity report")
-    assert reports[-1]["link_lost"] == "ack-timeout" and reports[-1]["offline_ms"] >= 0
+    # the server's own words: a JSON true means the screen's own link went down, which it
+    # did not; a restart of a process is not a boot either
+    assert reports[-1]["link_lost"] is False and reports[-1]["cold_start"] is False
+    assert reports[-1]["offline_ms"] >= 0
 
 
 def test_the_released_server_without_heartbeat_ack_never_makes_the_agent_flap(
@@ -125,7 +128,9 @@ def test_the_released_server_without_heartbeat_ack_never_makes_the_agent_flap(
     netns.drop_flow(port, server.port)
     wait_for(lambda: agent.link().get("connection") not in (None, 1), 15,
              what="a reconnect after silence")
-    assert "nothing received for" in agent.log_text()
+    # noticed by the silence watchdog, or sooner by the kernel's word on the heartbeat
+    assert "nothing received for" in agent.log_text() or \
+        "acknowledged no heartbeat" in agent.log_text()
 
 
 def test_uploads_wait_for_the_claim_and_arrive_as_the_server_reads_them(
@@ -184,10 +189,12 @@ def test_delivery_is_proven_by_a_later_heartbeat_ack_and_a_silent_drop_loses_not
 
 def test_commands_not_allowed_are_refused_out_loud_not_dropped(
         netns, fleet, spawn_agent, agent_python, tmp_path):
-    server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path)
+    # 1.2 sends the dashboard's every command
+    server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path, "--ack-mode", "none")
     device_id = paired(server, agent)
     for command in ("reboot", "screen_off", "screenshot"):
-        server.admin("/admin/screentinker", {"device_id": device_id, "command": command})
+        assert server.admin("/admin/screentinker", {"device_id": device_id, "command": command}) \
+            == {"delivered": True}
     refused = wait_for(lambda: len(agent.status().get("commands", [])) >= 3
                        and agent.status()["commands"], 10, what="three refusals")
     # its command types mapped onto the agent's; none of them allowed by default. In any
@@ -195,3 +202,21 @@ def test_commands_not_allowed_are_refused_out_loud_not_dropped(
     assert sorted(c["command"] for c in refused) == ["display", "reboot", "screenshot"]
     assert all(c["result"].startswith("refused: ") and "not allowed" in c["result"]
                for c in refused)
+
+
+def test_the_server_sends_a_command_only_for_a_capability_the_allow_list_declares(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    # 1.9 gates each command on the screen's declared capabilities
+    dark = tmp_path / "display-off"
+    server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path, commands={
+        "allow": ["diagnostics", "logs", "display"], "display_off_command": f"touch {dark}"})
+    device_id = paired(server, agent)
+    assert tables(server)["devices"][device_id]["capabilities"] == ["display.power"]
+    for command, capability in (("reboot", "system.reboot"), ("screenshot", "remote.screenshot")):
+        assert server.admin("/admin/screentinker", {"device_id": device_id, "command": command}) \
+            == {"delivered": False, "reason": "unsupported", "capability": capability}
+    assert server.admin("/admin/screentinker", {"device_id": device_id, "command": "screen_off"}) \
+        == {"delivered": True}
+    wait_for(dark.exists, 10, what="the display_off command run")
+    done = wait_for(lambda: agent.status().get("commands"), 10, what="the command reported")
+    assert [(c["command"], c["result"].startswith("refused")) for c in done] == [("display", False)]

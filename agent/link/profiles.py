@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import math
+import os
 import platform
 import secrets
 import threading
@@ -20,8 +22,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import __version__
+from ..fsutil import atomic_write
 from ..identity.rules import usable_device_id, usable_token
 from . import protocol
+from .schedule_store import boot_id
+
+log = logging.getLogger("edge_agent.link")
 
 Post = Callable[..., None]   # post(kind, *args): an event into the runner, for this connection
 
@@ -41,6 +47,9 @@ class ProfileContext:
     claimed: Callable[[], bool] = lambda: False
     on_claimed: Callable[[str], None] = lambda name: None
     telemetry: Callable[[], dict] = lambda: {}
+    # what [commands] allow lets run here, and whether this process is the first of its boot
+    allowed_commands: frozenset = frozenset()
+    cold_start: bool = False
 
 
 class EdgeAgentProfile:
@@ -57,6 +66,9 @@ class EdgeAgentProfile:
 
     def auth(self) -> dict | None:
         return protocol.connect_auth(self.ctx.device_id(), self.ctx.token() or "", __version__)
+
+    def upload_gap_s(self, event: str, payload: dict) -> float:
+        return 0.0   # carries no uploads over the link
 
     def handlers(self, post: Post) -> dict:
         def throttle(_transport, *args):
@@ -116,9 +128,18 @@ class ScreenTinkerProfile:
     # The server drops a screenshot whose image_b64 is longer than this, unread.
     MAX_IMAGE_B64 = 2 * 1024 * 1024
     PLAY_EVENTS = ("play_start", "play_end")
+    # 1.9 stores at most one play_start per device every 2 s and drops the rest without a
+    # word (server/ws/deviceSocket.js, PLAY_LOG_MIN_GAP_MS): queued plays go out at
+    # least this far apart, a margin over 2 s for the link's own jitter
+    PLAY_START_GAP_S = 2.5
     # device:command types that mean one of the agent's commands
     COMMANDS = {"reboot": ("reboot", {}), "screen_on": ("display", {"state": "on"}),
                 "screen_off": ("display", {"state": "off"})}
+    # The server (1.9 on) sends a dashboard command or screenshot request only to a device
+    # that declared the capability it needs, in its own vocabulary
+    # (server/lib/player-capabilities.js); names it does not know are dropped unread.
+    CAPABILITIES = {"reboot": "system.reboot", "display": "display.power",
+                    "screenshot": "remote.screenshot"}
     # What the player (not this agent) handles: content, playback, remote view, walls.
     PLAYER_EVENTS = frozenset({
         "device:playlist-update", "device:content-delete", "device:remote-start",
@@ -133,7 +154,8 @@ class ScreenTinkerProfile:
         self.pairing_code = ctx.pairing_code() or new_pairing_code()
         self.clock_offset_ms: float | None = None
         self._sent: dict[int, int] = {}  # client_ms -> seq
-        self._cold_start = True
+        self._boot_unreported = ctx.cold_start
+        self._network_returned = False
         self._lock = threading.Lock()
         self._registered_with_token = False
 
@@ -153,7 +175,18 @@ class ScreenTinkerProfile:
         return {**body, "device_info": device_info(facts), "fingerprint": fingerprint(facts),
                 "client_type": "edge-agent", "client_version": __version__,
                 "platform": f"linux-{platform.machine()}", "contract_version": "v4",
-                "capabilities": ["heartbeat-ack", "connectivity-report", "throttle"]}
+                "capabilities": self.capabilities()}
+
+    def capabilities(self) -> list[str]:
+        """Exactly what the allowed commands can do: a capability declared for a command
+        this screen refuses would offer the operator a button that fails."""
+        return sorted({cap for name, cap in self.CAPABILITIES.items()
+                       if name in self.ctx.allowed_commands})
+
+    def network_returned(self) -> None:
+        """The device's own network (a link with carrier) came back after being down: the
+        outage the next report covers was, at least partly, a lost link (any thread)."""
+        self._network_returned = True
 
     def on_connected(self, transport, post: Post) -> None:
         self._registered_with_token = self.ctx.token() is not None
@@ -169,8 +202,10 @@ class ScreenTinkerProfile:
                 return post("malformed", "device:registered")
             token, device_id, status = (data.get("device_token"), data.get("device_id"),
                                         data.get("status"))
-            if not usable_device_id(device_id) or not usable_token(token):
-                return post("malformed", "device:registered")
+            if not usable_device_id(device_id):
+                return post("malformed", "device:registered (device_id)")
+            if not usable_token(token):   # never kept: it would go into a header some day
+                return post("malformed", "device:registered (device_token)")
             with self._lock:
                 if token != self.ctx.token() or device_id != self.ctx.device_id():
                     self.ctx.on_token(token, device_id, self.pairing_code)
@@ -178,6 +213,12 @@ class ScreenTinkerProfile:
                     self.ctx.on_claimed("")
             if self.paired:
                 post("registered")  # claimed, and the server knows who we are: uploads go
+            cold, self._boot_unreported = self._boot_unreported, False
+            if cold and status == "online" and self._registered_with_token:
+                # a screen the server knew is back from a boot: the gap in its log was a
+                # reboot (only the first registration of a boot's first process says so)
+                post("emit", "device:connectivity-report",
+                     self._report([], None, link_lost=False, cold_start=True))
 
         def paired(_t, data=None, *_):
             name = data.get("name") if isinstance(data, dict) else None
@@ -276,15 +317,22 @@ class ScreenTinkerProfile:
 
     def send_report(self, transport, connections: list[dict], offline_s: float | None,
                     wall: float, on_ack: Callable) -> None:
-        last = connections[-1] if connections else {}
-        transport.emit("device:connectivity-report", {
-            "device_id": self.ctx.device_id(),
-            "offline_ms": round((offline_s or 0.0) * 1000),
-            "link_lost": last.get("ended_reason"),
-            "ip_changed": len({c.get("local_addr", "").rsplit(":", 1)[0] for c in connections}) > 1,
-            "cold_start": self._cold_start})
-        self._cold_start = False
+        """After a reconnect: why this process was offline. The server files it by
+        ``cold_start === true`` (a reboot), then ``link_lost === true`` (the device's own
+        link), else the network beyond it; a reconnect is never a boot."""
+        link_lost, self._network_returned = self._network_returned, False
+        transport.emit("device:connectivity-report", self._report(
+            connections, offline_s, link_lost=link_lost, cold_start=False))
         on_ack({"ok": True})  # ScreenTinker does not ACK reports: sent once is all it gets
+
+    def _report(self, connections: list[dict], offline_s: float | None, *, link_lost: bool,
+                cold_start: bool) -> dict:
+        return {"device_id": self.ctx.device_id(),
+                "offline_ms": round((offline_s or 0.0) * 1000),
+                "link_lost": link_lost,
+                "ip_changed": len({c.get("local_addr", "").rsplit(":", 1)[0]
+                                   for c in connections}) > 1,
+                "cold_start": cold_start}
 
     # -- uploads over the link --------------------------------------------------
     @staticmethod
@@ -295,6 +343,13 @@ class ScreenTinkerProfile:
         if kind == "proof-of-play":
             return play_record(payload)[1]
         return None
+
+    def upload_gap_s(self, event: str, payload: dict) -> float:
+        """How long this upload message must follow the previous one of its kind, for
+        the server to keep it."""
+        if event == "device:play-event" and payload.get("event") == "play_start":
+            return self.PLAY_START_GAP_S
+        return 0.0
 
     def upload_message(self, item) -> tuple[str, dict] | str:
         """The message carrying a queued item (Item-like: id, kind, payload) as the
@@ -312,6 +367,31 @@ class ScreenTinkerProfile:
                 return reason
             return "device:play-event", {"device_id": self.ctx.device_id(), **record}
         return f"the screentinker profile carries no {item.kind} uploads"
+
+
+BOOT_MARK = "last-start-boot-id"
+
+
+def first_start_of_boot(runtime_dir: str) -> bool:
+    """Is this the agent's first start since the machine booted? The kernel's boot id is
+    compared with the one the previous start left in the runtime directory, which a boot
+    also empties (inside a container the boot id is the host's). A restart of the service
+    is not a boot; tmpfs, so no write to the SD card."""
+    path = os.path.join(runtime_dir, BOOT_MARK)
+    current = boot_id()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            last = f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        last = None
+    if last == current:
+        return False
+    try:
+        atomic_write(path, current.encode(), 0o644, durable=False)
+    except OSError as e:
+        log.warning("cannot keep the boot id in %s: %s", path, e.strerror)
+    return True
 
 
 def new_pairing_code() -> str:
