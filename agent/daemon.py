@@ -8,7 +8,11 @@ import threading
 import time
 
 from . import __version__, status
+from .commands.actions import Actions, NotQueued
+from .commands.service import CommandService
 from .config import Config
+from .storage import StorageHealth, card_failure
+from .link.liveness import heal_window_s
 from .link.runner import LinkRunner
 from .link.schedule_store import ScheduleStore
 from .events.outbox import Outbox
@@ -22,7 +26,7 @@ from .identity.service import Hooks, IdentityService
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
-from .uploads.store import QueueStore
+from .uploads.store import QueueRefused, QueueStorageFailed, QueueStore, QueueUnavailable
 from .uploads.worker import MAX_SILENCE_S as UPLOADS_MAX_SILENCE_S, UploadWorker
 from .watchdog_gate import WatchdogGate
 
@@ -34,8 +38,15 @@ STATUS_REFRESH_S = 30.0
 EVENTS_MAX_SILENCE_S = EVENTS_MAX_WAIT_S + 10.0
 
 
-def status_line(link: dict, pairing: dict | None = None) -> str:
+def status_line(link: dict, pairing: dict | None = None, storage: dict | None = None) -> str:
     """The one-line human state systemd shows in `systemctl status`."""
+    line = _link_line(link, pairing)
+    if storage and storage.get("state", "ok") != "ok":
+        return f"{line}; storage {storage['state']}"
+    return line
+
+
+def _link_line(link: dict, pairing: dict | None) -> str:
     state = link.get("state")
     if pairing and pairing.get("code") and state in ("unpaired", "waiting", "online", None):
         return f"waiting for pairing code {pairing['code']}"
@@ -55,16 +66,43 @@ def status_line(link: dict, pairing: dict | None = None) -> str:
     return str(state) if state else "starting link"
 
 
+class _Credentials(Credentials):
+    """A card that cannot take the token must not cost the pairing: the token is used
+    from memory, and the storage report says it is not kept."""
+
+    def __init__(self, state_dir: str, on_error):
+        super().__init__(state_dir)
+        self._on_error = on_error
+
+    def save(self, *args, **kw) -> None:
+        try:
+            super().save(*args, **kw)
+        except OSError as e:
+            self._on_error(self.path, e)
+            raise   # the identity service keeps the token in use and writes it again later
+
+    def clear(self) -> None:
+        try:
+            super().clear()
+        except OSError as e:
+            self._on_error(self.path, e)
+            raise   # the identity service removes it again later
+
+
 class Agent:
     def __init__(self, config: Config, environ=None):
         self.config = config
         self.environ = os.environ if environ is None else environ
         self.notifier = Notifier(self.environ)
         self.gate = WatchdogGate(require_link=config.watchdog_require_link)
-        self.credentials = Credentials(config.state_dir)
+        # Every part that needs the state directory reports here when it cannot use it,
+        # and the rest runs: the link needs no disk.
+        self.storage = StorageHealth(config.state_dir)
+        self._storage_events: list | None = []   # until run(): the link publishes first
+        self.credentials = _Credentials(config.state_dir, self._credentials_write_failed)
         self.profile_pairs = config.profile == "screentinker"  # pairing inside the link
         self.ids = IdentityService.load(
-            config.device_id or device.load_or_create(config.state_dir), self.credentials,
+            config.device_id or self._local_device_id(), self.credentials,
             config.token, config.device_id is not None, self.profile_pairs)
         self.preprovisioned = self.ids.preprovisioned
         self.enroller = None
@@ -83,7 +121,7 @@ class Agent:
                 self.enroller.core.on_paired(self.token)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
         from .identity.enroller import hardware_facts
-        from .link.profiles import PROFILES, ProfileContext
+        from .link.profiles import PROFILES, ProfileContext, first_start_of_boot
         self._telemetry = TelemetrySource(config.state_dir, config.debug_sysfs_root or "/sys")
         self._telemetry_due = 0.0
         self.profile = PROFILES[config.profile](ProfileContext(
@@ -95,16 +133,17 @@ class Agent:
             pairing_code=lambda: self.ids.current.pairing_code,
             claimed=lambda: self.ids.current.claimed,
             on_claimed=lambda name: self.ids.handle(Claimed(name)),
-            telemetry=self._telemetry.get))
-        from .commands.actions import Actions
-        from .commands.service import CommandService
+            telemetry=self._telemetry.get,
+            allowed_commands=config.commands_allow,
+            cold_start=first_start_of_boot(config.runtime_dir)))
         self.commands = CommandService(
             config.commands_path, config.commands_allow,
             Actions(config, snapshot=lambda: self._status_doc(self._last_link),
                     link_socket=lambda: getattr(self.runner.transport, "_sock", None),
                     request_restart=self._restart_requested, enqueue=self._enqueue),
             post=lambda kind, *args: self.runner.sink(None, kind, *args),
-            runtime_dir=config.runtime_dir)
+            runtime_dir=config.runtime_dir, ids_ours=self.profile_pairs,
+            on_storage_error=self._ledger_write_failed)
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
                                  on_tick=self._link_tick,
@@ -112,13 +151,17 @@ class Agent:
                                  on_refused=self._refused, identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path),
                                  commands=self.commands)
-        self.store = QueueStore(config.queue_path, config.uploads)
+        try:
+            self.store: QueueStore | None = QueueStore(config.queue_path, config.uploads)
+        except (QueueUnavailable, OSError) as e:   # the card, a link planted in the spool
+            self.store = None
+            self._queue_failed(e)
         self.uploads = UploadWorker(
             self.store, self._upload_sender(), config.uploads,
             # on the gate while it has work, like the enroller
             on_tick=lambda: self.gate.register("uploads", UPLOADS_MAX_SILENCE_S, time.monotonic()),
             on_idle=lambda: self.gate.unregister("uploads"),
-            on_change=self._refresh_status)
+            on_change=self._refresh_status, on_storage_failed=self._queue_failed)
         self.ids.hooks = self._identity_hooks()
         if self.token is None and self.profile.needs_token:
             self.runner.core.paused = True  # nothing to connect with until paired
@@ -128,7 +171,7 @@ class Agent:
         self.events = None
         if config.events_enabled:
             self.events = EventWatcher(
-                self.outbox, on_network_up=self.runner.network_up,
+                self.outbox, on_network_up=self._network_up,
                 on_tick=lambda: self.gate.register("events", EVENTS_MAX_SILENCE_S,
                                                    time.monotonic()),
                 on_idle=lambda: self.gate.unregister("events"),
@@ -144,6 +187,52 @@ class Agent:
         self._stopping = threading.Event()
         self._failed = False
 
+    # -- storage ----------------------------------------------------------------
+    def _local_device_id(self) -> str:
+        try:
+            return device.load_or_create(self.config.state_dir)
+        except OSError as e:
+            # derived again the same way at the next start (from machine-id and serial)
+            self._storage_unavailable("device id", os.path.join(self.config.state_dir, "device_id"),
+                                      e, "derived for this run only")
+            return device.derive()
+
+    def _credentials_write_failed(self, path: str, e: OSError) -> None:
+        """A full disk is not a dying card: the identity service retries and says so in
+        status itself; only a card that failed is the storage alarm."""
+        if card_failure(e):
+            self._storage_unavailable("credentials", path, e, "the token is used from memory "
+                                      "and written again when the card takes it")
+
+    def _ledger_write_failed(self, path: str, e: OSError) -> None:
+        if card_failure(e):
+            self._storage_unavailable("command ledger", path, e,
+                                      "commands are refused until it can be written")
+        else:
+            log.error("cannot write the command ledger %s: %s; commands are refused until "
+                      "it can be", path, e.strerror)
+
+    def _queue_failed(self, e: Exception) -> None:
+        self._storage_unavailable("upload queue", self.config.queue_path, e,
+                                  "uploads are held and nothing new is queued; what is "
+                                  "queued stays on the card")
+
+    def _storage_unavailable(self, part: str, path: str, e: Exception, holds: str) -> None:
+        """From any thread, once per part: the journal, the server (once per process,
+        through the outbox: until ACKed, across reconnects) and the status file."""
+        notice = self.storage.unavailable(part, path, e, holds)
+        if notice is None:
+            return
+        log.log(notice.level, "%s", notice.message)
+        if notice.event is not None:
+            if self._storage_events is not None:
+                self._storage_events.append(notice.event)
+            else:
+                self.outbox.put(notice.event)   # refreshes the status file too
+                return
+        if self._storage_events is None:
+            self._refresh_status()
+
     def _link_tick(self) -> None:
         """Each turn of the link loop: tell the gate it turns, and now and then, on a
         wake-up the loop had anyway, sample telemetry and refresh STATUS= (it carries
@@ -157,7 +246,8 @@ class Agent:
             self.events.telemetry_sampled(self._telemetry.get(), now)
         if self.notifier.enabled and now - self._status_refreshed >= STATUS_REFRESH_S:
             self._status_refreshed = now
-            self.notifier.status(status_line(self.runner.snapshot(), self._pairing()))
+            self.notifier.status(status_line(self.runner.snapshot(), self._pairing(),
+                                             self.storage.snapshot()))
 
     def _restart_requested(self) -> None:
         """restart-agent: stop as on SIGTERM; systemd (Restart=always) starts a fresh
@@ -165,10 +255,19 @@ class Agent:
         log.warning("restarting on the server's request")
         self._stop("restart requested by the server")
 
-    def _enqueue(self, kind: str, payload: bytes) -> str | None:
+    def _enqueue(self, kind: str, payload: bytes) -> str:
         """From the command thread, through the worker's store (it serialises threads):
         a store of its own would read every queued item's header again on each call."""
-        item_id = self.store.enqueue(kind, payload)
+        if self.store is None or self.uploads.storage_failed:
+            raise NotQueued("the state partition is unusable (see edge-agent status)")
+        try:
+            item_id = self.store.add(kind, payload)
+        except QueueStorageFailed as e:
+            self.uploads.storage_failed = True
+            self._queue_failed(e)
+            raise NotQueued(str(e)) from None
+        except (QueueRefused, QueueUnavailable) as e:
+            raise NotQueued(str(e)) from None
         self.uploads.wake()
         return item_id
 
@@ -232,11 +331,19 @@ class Agent:
 
     def _on_link_status(self, link: dict) -> None:
         self._last_link = link
-        self.notifier.status(status_line(link, self._pairing()))
+        self.notifier.status(status_line(link, self._pairing(), self.storage.snapshot()))
         self._write_status(link)
 
+    def _network_up(self) -> None:
+        """From the events thread: the device's own network is back after being down."""
+        network_returned = getattr(self.profile, "network_returned", None)
+        if network_returned is not None:
+            network_returned()
+        self.runner.network_up()
+
     def _refresh_status(self) -> None:
-        self.notifier.status(status_line(self._last_link, self._pairing()))
+        self.notifier.status(status_line(self._last_link, self._pairing(),
+                                         self.storage.snapshot()))
         self._write_status(self._last_link)
 
     def _write_status(self, link: dict) -> None:
@@ -257,6 +364,8 @@ class Agent:
             "server": self.config.server_display,
             "updated_at": round(time.time(), 3),
             "link": link,
+            "storage": self.storage.snapshot(),
+            "credentials": self.ids.storage(),   # a credentials write the card still lacks
             "uploads": {**self._queue_stats(), "sent": self.uploads.sent},
             "events": {"mode": self.events.mode if self.events else "disabled",
                        "pending": len(self.outbox), "delivered": self.outbox.delivered,
@@ -267,6 +376,8 @@ class Agent:
         }
 
     def _queue_stats(self) -> dict:
+        if self.store is None:
+            return {"error": "storage unavailable"}
         try:
             return self.store.stats()
         except Exception as e:  # a status file must not fail on a busy database
@@ -301,6 +412,9 @@ class Agent:
                  "pre-provisioned token" if self.preprovisioned else
                  "paired" if self.token else "not paired yet")
         self.runner.begin()   # the link's first state, before the threads that write status
+        early, self._storage_events = self._storage_events, None
+        for event in early:   # what start-up found: to the server once the link is live
+            self.outbox.put(event)
         link = threading.Thread(target=self._run_link, name="link", daemon=True)
         link.start()
         self.uploads.start()
@@ -319,6 +433,12 @@ class Agent:
             log.info("systemd watchdog armed: %.0fs, pets every %.1fs while %s", period,
                      petter.interval_s, "the link is proven live" if self.gate.require_link
                      else "the agent's loops make progress")
+            heal_s = heal_window_s(self.config.liveness)
+            if self.gate.require_link and period < heal_s:
+                log.warning("WatchdogSec=%gs is shorter than the link goes unproven while it "
+                            "heals one silent drop by itself (%gs: two heartbeats plus the ACK "
+                            "timeout): systemd would restart a healthy agent; raise WatchdogSec "
+                            "or lower [link] heartbeat_interval_s", period, heal_s)
         while link.is_alive():
             # A signal interrupts the wait (its handler stops the link): this thread
             # has nothing else to do and never wakes on a timer.

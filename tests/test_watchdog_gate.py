@@ -30,3 +30,36 @@ def test_ticks_never_go_backwards_and_unknown_loops_are_ignored():
     assert gate.stalled(15.0) == []
     gate.unregister("link")
     assert gate.stalled(1000.0) == []
+
+
+def test_a_watchdog_shorter_than_one_self_heal_is_named_at_start(tmp_path, monkeypatch, caplog):
+    """Heartbeat 2 s, ACK timeout 1 s: a silent drop leaves the link unproven for up to
+    5 s while the agent heals it. WatchdogSec=3 s would restart it for that; 10 s not."""
+    import logging
+    from types import SimpleNamespace
+
+    from agent import config as cfgmod
+    from agent.daemon import Agent
+    from devtools.harness import FakeSystemd, agent_config
+
+    server = SimpleNamespace(url="http://127.0.0.1:9", devices={"screen-1": "t" * 32})
+    warned = {}
+    for watchdog_s in (3.0, 10.0):
+        work = tmp_path / f"w{watchdog_s:g}"
+        work.mkdir()
+        fake = FakeSystemd(work / "notify.sock", watchdog_s)
+        try:
+            agent = Agent(cfgmod.load(str(agent_config(server, work)), env={}), environ=fake.env())
+            monkeypatch.setattr(agent, "_run_link", lambda: None)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="edge_agent"):
+                agent.run()
+            warned[watchdog_s] = [r.getMessage() for r in caplog.records
+                                  if "WatchdogSec" in r.getMessage()]
+        finally:
+            fake.close()
+    assert warned[3.0] == ["WatchdogSec=3s is shorter than the link goes unproven while it heals "
+                           "one silent drop by itself (5s: two heartbeats plus the ACK timeout): "
+                           "systemd would restart a healthy agent; raise WatchdogSec or lower "
+                           "[link] heartbeat_interval_s"], warned
+    assert warned[10.0] == []

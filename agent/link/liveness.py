@@ -44,6 +44,13 @@ class LivenessPolicy:
     silence_timeout_s: float | None = None
 
 
+def heal_window_s(policy: LivenessPolicy) -> float:
+    """How long a healthy link may go unproven when one heartbeat's proof is lost and
+    the link heals itself: the last proof two heartbeats back plus the ACK timeout. A
+    systemd WatchdogSec shorter than this restarts the agent for what it heals alone."""
+    return 2 * policy.heartbeat_interval_s + policy.ack_timeout_s
+
+
 class LivenessWatchdog:
     def __init__(self, policy: LivenessPolicy):
         self.policy = policy
@@ -189,12 +196,10 @@ class LivenessWatchdog:
         timeout."""
         p = self.policy
         if self.armed:
-            return (self.last_ack_at is not None
-                    and now - self.last_ack_at <= 2 * p.heartbeat_interval_s + p.ack_timeout_s)
+            return self.last_ack_at is not None and now - self.last_ack_at <= heal_window_s(p)
         if self.kernel_armed:
             heard = max(self.opened_at, self.last_ping_at or self.opened_at)
-            return (self.delivered_at is not None
-                    and now - self.delivered_at <= 2 * p.heartbeat_interval_s + p.ack_timeout_s
+            return (self.delivered_at is not None and now - self.delivered_at <= heal_window_s(p)
                     and now - heard <= 2 * self._server_ping_interval_s + p.ack_timeout_s)
         return (self.last_ping_at is not None
                 and now - self.last_ping_at <= self._server_ping_interval_s + p.ack_timeout_s)
@@ -212,11 +217,9 @@ class LivenessWatchdog:
     def proof_window_s(self) -> float:
         """The longest a healthy link may go between two proofs: what a systemd
         WatchdogSec must exceed so that it never restarts a healthy link."""
-        p = self.policy
-        kernel_or_ack = 2 * p.heartbeat_interval_s + p.ack_timeout_s
         if self.armed or self.kernel_armed:
-            return kernel_or_ack
-        return self._server_ping_interval_s + p.ack_timeout_s
+            return heal_window_s(self.policy)
+        return self._server_ping_interval_s + self.policy.ack_timeout_s
 
     @property
     def server_ping_interval_s(self) -> float:
