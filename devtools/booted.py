@@ -1,9 +1,13 @@
-"""A Debian bookworm booted with systemd as PID 1, for tests against the real systemd.
+"""A Debian (bookworm or trixie) booted with systemd as PID 1, for tests against the
+real systemd.
 
-The root filesystem is made once with debootstrap and kept at a fixed path outside the
-repository (``ROOTFS_CACHE``), keyed by the packages in it, so a second run skips the
-minute debootstrap takes. Each boot runs on an overlay of it, so nothing a test does
-reaches the cache, and powering off throws the changes away.
+The root filesystem is made once per release with debootstrap and kept at a fixed path
+outside the repository (``ROOTFS_CACHE``), keyed by the release and the packages in it,
+so a second run skips the minute or two debootstrap takes. Each boot runs on an overlay
+of it, so nothing a test does reaches the cache, and powering off throws the changes
+away. Both releases boot on this bookworm host's nspawn (252), on the host's cgroup
+layout: systemd 257 accepts its hybrid one inside a container (a device boots trixie on
+cgroup v2).
 
 The container is started with ``systemd-nspawn -b`` from the calling thread, so it
 shares that thread's network namespace: a test inside ``NetNS`` reaches the container's
@@ -28,7 +32,8 @@ import time
 from pathlib import Path
 
 ROOTFS_CACHE = Path(os.environ.get("EDGE_AGENT_ROOTFS_CACHE", "/var/cache/edge-agent/rootfs"))
-SUITE = "bookworm"
+# the releases a screen runs: Debian 12, and Debian 13 that Raspberry Pi OS is now based on
+SUITES = ("bookworm", "trixie")
 # what a booted system needs beyond minbase; the package's own dependencies are added
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3")
 INSIDE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "TERM": "dumb",
@@ -54,7 +59,8 @@ def package_depends(control: Path, field: str = "Depends") -> list[str]:
 
 
 def host_mirror() -> str:
-    """The Debian mirror the host's apt uses, so debootstrap goes where apt is allowed."""
+    """The Debian mirror the host's apt uses, so debootstrap goes where apt is allowed
+    (one archive serves every release)."""
     sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
     for path in sources:
         try:
@@ -64,20 +70,23 @@ def host_mirror() -> str:
         for m in re.finditer(r"^URIs:\s*(\S+)", text, re.M):  # deb822
             if m.group(1).rstrip("/").endswith("/debian"):
                 return m.group(1)
-        for m in re.finditer(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+bookworm\s", text, re.M):
+        for m in re.finditer(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+\S+\s", text, re.M):
             if m.group(1).rstrip("/").endswith("/debian"):
                 return m.group(1)
     return "http://deb.debian.org/debian"
 
 
-def ensure_rootfs(packages: list[str], later: list[str] = (), log=print) -> Path:
-    """The cached bookworm root with ``packages`` in it; made with debootstrap if absent.
+def ensure_rootfs(packages: list[str], later: list[str] = (), log=print,
+                  suite: str = "bookworm") -> Path:
+    """The cached root of ``suite`` with ``packages`` in it; made with debootstrap if absent.
     ``later`` are installed with apt in a chroot afterwards: packages whose maintainer
     scripts debootstrap's bare configure stage cannot run (polkitd)."""
+    if suite not in SUITES:
+        raise BootError(f"suite: {suite!r} is not one of {', '.join(SUITES)}")
     include = sorted(set(BASE_PACKAGES) | set(packages))
     later = sorted(set(later) - set(include))
-    key = hashlib.sha256(f"{SUITE} {' '.join(include)} + {' '.join(later)}".encode()).hexdigest()[:12]
-    root = ROOTFS_CACHE / f"{SUITE}-{key}"
+    key = hashlib.sha256(f"{suite} {' '.join(include)} + {' '.join(later)}".encode()).hexdigest()[:12]
+    root = ROOTFS_CACHE / f"{suite}-{key}"
     if (root / ".complete").exists():
         return root
     ROOTFS_CACHE.mkdir(parents=True, exist_ok=True)
@@ -87,10 +96,10 @@ def ensure_rootfs(packages: list[str], later: list[str] = (), log=print) -> Path
             return root
         tmp = Path(tempfile.mkdtemp(dir=ROOTFS_CACHE, prefix=f".{root.name}."))
         mirror = host_mirror()
-        log(f"building the {SUITE} rootfs in {root} with debootstrap from {mirror} (once)")
+        log(f"building the {suite} rootfs in {root} with debootstrap from {mirror} (once)")
         t0 = time.monotonic()
         r = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(include)}",
-                            SUITE, str(tmp), mirror], capture_output=True, text=True,
+                            suite, str(tmp), mirror], capture_output=True, text=True,
                            timeout=1200)
         if r.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -257,11 +266,22 @@ class BootedDebian:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                print(f"{self.name}: no orderly poweroff in {timeout:.0f}s, killed: "
+                      + self.console_text()[-500:])
+                # killing nspawn alone would orphan the container's processes: the init of
+                # their pid namespace takes all of them with it
+                if self.leader is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.leader, signal.SIGKILL)
                 self.proc.kill()
                 self.proc.wait(10)
         self.leader = None
+        deadline = time.monotonic() + 10
         for top in self._cgroups:
             _rmdir_tree(top)
+            while top.exists() and time.monotonic() < deadline:  # killed ones still exiting
+                time.sleep(0.05)
+                _rmdir_tree(top)
         self._cgroups = []
         if self._mounted:
             subprocess.run(["umount", str(self.root)], check=False, capture_output=True)

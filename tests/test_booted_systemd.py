@@ -1,14 +1,19 @@
-"""The user story under real systemd: a Debian bookworm booted with systemd-nspawn (systemd
-252 as PID 1, journald), the .deb installed into it with apt, the screen configured,
-paired, wedged, cut off, upgraded and purged.
+"""The user story under real systemd, on each release a screen runs: Debian 12 bookworm
+(systemd 252, Python 3.11) and Debian 13 trixie (systemd 257, Python 3.13, what Raspberry
+Pi OS is now based on), booted with systemd-nspawn, the one .deb installed into each with
+apt, the screen configured, paired, wedged, cut off, upgraded and purged.
 
-One system is booted for the module, in the test's own network namespace (shared with
-the reference fleet server), and the tests run in order like an operator's day: each
-starts where the one before left the screen. WatchdogSec is lowered by a drop-in, as
-an operator would, so a watchdog restart takes seconds, not five minutes.
+One system per release is booted for the module, in the test's own network namespace
+(shared with the reference fleet server), and the tests run in order like an operator's
+day. Each test is a step of that day that names the steps it starts after: a test
+selected alone (``-k enrolls_and_pairs``) first runs those on its screen, once, so it
+starts from the state it expects; in a full run they have already run and nothing runs
+twice. WatchdogSec is lowered by a drop-in, as an operator would, so a watchdog restart
+takes seconds, not five minutes.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,16 +26,22 @@ from pathlib import Path
 
 import pytest
 
-from devtools.booted import BootedDebian, ensure_rootfs, package_depends
+from agent.commands import ledger
+from devtools.booted import SUITES, BootedDebian, ensure_rootfs, package_depends
 from devtools.harness import REPO, FleetServerProcess, wait_for
 from devtools.netns import NetNS
 
 pytestmark = pytest.mark.system
 
 UNIT = "edge-agent.service"
-WATCHDOG_S = 3
+# above what one silent drop leaves unproven while the agent heals it (2 heartbeats of
+# 2 s plus the 1 s ACK timeout): under it, the agent warns at start, rightly
+WATCHDOG_S = 6
 CONF = "/etc/edge-agent/agent.toml"
 STATE = "/var/lib/edge-agent"
+GRANT = "/run/edge-agent-grants/reboot"     # polkit's flag (agent/grants.py)
+LOGS_SOCKET = "/run/edge-agent-logs.sock"   # the journal gate (agent/journal_gate.py)
+HELPER_EXPOSURE_TARGET = 0.5                # as tests/test_unit_file.py holds it offline
 DROP_IN = f"""[Service]
 WatchdogSec={WATCHDOG_S}s
 RestartSec=1s
@@ -40,12 +51,23 @@ RestartSec=1s
 WorkingDirectory={STATE}
 LimitCORE=infinity
 """
+# the stack each release's own packages give the agent: what proves which one a run was on
+STACKS = {
+    "bookworm": {"systemd": r"252\.", "python3": r"3\.11\.", "python3-socketio": r"5\.7\.2-",
+                 "python3-engineio": r"4\.3\.4-", "python3-requests": r"2\.28\.",
+                 "python3-websocket": r"1\.2\.3-", "polkitd": r"122-"},
+    "trixie": {"systemd": r"257\.", "python3": r"3\.13\.", "python3-socketio": r"5\.12\.",
+               "python3-engineio": r"4\.11\.", "python3-requests": r"2\.32\.",
+               "python3-websocket": r"1\.8\.", "polkitd": r"126-"},
+}
+PYTHON = {"bookworm": "python3.11", "trixie": "python3.13"}
 # the alarms apt's output must not raise on install, upgrade or purge
 ALARMING = re.compile(r"could not|fail|error|warning", re.I)
 
 
 @dataclass
 class Site:
+    release: str
     ns: NetNS
     server: FleetServerProcess
     screen: BootedDebian
@@ -54,28 +76,66 @@ class Site:
     statuses: list = field(default_factory=list)  # every Status: seen while (re)starting
     start_cursor: str = ""                        # the journal where the configured start began
     device_id: str = ""
+    steps: dict = field(default_factory=dict)     # step -> None (passed) or why it failed
+
+    def reach(self, step, fixtures: dict) -> None:
+        """Runs ``step`` on this screen unless it ran already, after the steps it needs:
+        the screen's day is lived once, whichever of its tests are selected."""
+        name = step.__name__
+        if name in self.steps:
+            if self.steps[name] is not None:
+                raise AssertionError(f"{name} failed earlier on this screen: {self.steps[name]}")
+            return
+        for need in step.needs:
+            if need.__name__ not in self.steps:
+                print(f"\n[{self.release}] first, {need.__name__}")
+            self.reach(need, {"site": self})
+        self.steps[name] = "it was interrupted"
+        try:
+            step.__wrapped__(**fixtures)
+        except BaseException as e:
+            self.steps[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            raise
+        self.steps[name] = None
+
+
+def step(*needs):
+    """A test that is a step of the screen's day, starting after ``needs``."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def test(**fixtures):
+            fixtures["site"].reach(test, fixtures)
+        test.needs = needs
+        return test
+    return wrap
+
+
+@pytest.fixture(scope="module", params=SUITES)
+def release(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def rootfs():
+def rootfs(release):
     missing = [t for t in ("systemd-nspawn", "debootstrap", "nsenter") if shutil.which(t) is None]
     if os.geteuid() != 0 or missing:
         pytest.fail(f"the booted-system tests need root and {', '.join(missing) or 'nothing'} "
                     "(.ci/run installs systemd-container and debootstrap)")
     control = REPO / "debian" / "control"
-    return ensure_rootfs(package_depends(control), package_depends(control, "Recommends"))
+    return ensure_rootfs(package_depends(control), package_depends(control, "Recommends"),
+                         suite=release)
 
 
 @pytest.fixture(scope="module")
-def site(rootfs, built_debs, tmp_path_factory):
-    work = tmp_path_factory.mktemp("booted")
+def site(release, rootfs, built_debs, tmp_path_factory):
+    work = tmp_path_factory.mktemp(f"booted-{release}")
     with NetNS() as ns:
         server = FleetServerProcess(work, devices={}).start()
         try:
             with BootedDebian(rootfs) as screen:
                 for deb in built_debs:
                     shutil.copy(deb, screen.path("/root/"))
-                yield Site(ns, server, screen, built_debs)
+                yield Site(release, ns, server, screen, built_debs)
         finally:
             server.stop()
 
@@ -174,11 +234,25 @@ class StatusSampler:
         self._thread.join(10)
 
 
+def exists(screen, path: str) -> bool:
+    """Inside the container: /run is its own tmpfs, which ``screen.path`` does not see."""
+    return screen.run("test", "-e", path, check=False).returncode == 0
+
+
+def can_reboot(screen) -> str:
+    """What logind, asking polkit, answers the edge-agent user: "yes" or "no"."""
+    out = screen.run(*as_user("edge-agent", "edge-agent", "busctl", "call",
+                              "org.freedesktop.login1", "/org/freedesktop/login1",
+                              "org.freedesktop.login1.Manager", "CanReboot")).stdout
+    return out.strip().removeprefix("s ").strip('"')
+
+
 def files(screen) -> set[str]:
     return set(screen.run("find", "/", "-xdev").stdout.splitlines())
 
 
 # -- the day ----------------------------------------------------------------------
+@step()
 def test_fresh_install_waits_for_its_configuration_instead_of_failing(site):
     s = site.screen
     site.files_before_install = files(s)
@@ -199,17 +273,29 @@ def test_fresh_install_waits_for_its_configuration_instead_of_failing(site):
         "stat", "-c", "%n %a %U:%G", CONF, STATE, "/etc/edge-agent").stdout.splitlines())
     assert modes == {CONF: "640 root:edge-agent", STATE: "700 edge-agent:edge-agent",
                      "/etc/edge-agent": "755 root:root"}, modes
-    # on Debian's python3 and bookworm's packaged stack, not a virtualenv
+    # on Debian's python3 and the release's own packaged stack, not a virtualenv
     assert s.path("/usr/bin/edge-agent").read_text().split("\n")[0] in (
         "#!/usr/bin/python3", "#! /usr/bin/python3")
-    versions = s.run("dpkg-query", "-W", "-f=${Package} ${Version}\n", "edge-agent",
-                     "python3-socketio", "python3-engineio").stdout
-    assert "edge-agent 0.1.0-1" in versions and "python3-socketio 5.7.2" in versions \
-        and "python3-engineio 4.3.4" in versions, versions
-    r = s.run("systemd-analyze", "verify", UNIT, check=False)
+    stack = STACKS[site.release]
+    versions = dict(line.split(" ", 1) for line in s.run(
+        "dpkg-query", "-W", "-f=${Package} ${Version}\n", "edge-agent", *stack).stdout.splitlines())
+    print(f"\n[{site.release}] the stack the agent runs on: {versions}")
+    assert versions["edge-agent"] == "0.1.0-1", versions
+    wrong = {p: v for p, v in versions.items() if p in stack and not re.match(stack[p], v)}
+    assert not wrong, (site.release, wrong)
+    where = s.run("python3", "-c", "import socketio, engineio, websocket, requests; "
+                  "print(socketio.__file__, engineio.__file__, websocket.__file__, requests.__file__)")
+    assert all(f.startswith("/usr/lib/python3/dist-packages/") for f in where.stdout.split()), where.stdout
+    r = s.run("systemd-analyze", "verify", UNIT, "edge-agent-logs.socket", check=False)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    # the journal gate listens from the install on, for the agent's user only
+    props = s.show("edge-agent-logs.socket", "ActiveState", "UnitFileState")
+    assert props == {"ActiveState": "active", "UnitFileState": "enabled"}, props
+    assert s.run("stat", "-c", "%a %U:%G %F", LOGS_SOCKET).stdout.strip() == \
+        "600 edge-agent:edge-agent socket"
 
 
+@step(test_fresh_install_waits_for_its_configuration_instead_of_failing)
 def test_a_bad_configuration_fails_the_unit_with_an_error_in_the_journal(site):
     s = site.screen
     write_config(s, site.server, replace=[("ack_timeout_s = 1", "ack_timeout_s = 5")])
@@ -229,6 +315,7 @@ def test_a_bad_configuration_fails_the_unit_with_an_error_in_the_journal(site):
     s.run("systemctl", "reset-failed", UNIT)
 
 
+@step(test_fresh_install_waits_for_its_configuration_instead_of_failing)
 def test_enrolls_and_pairs_under_systemd(site):
     s, server = site.screen, site.server
     write_config(s, server)
@@ -260,9 +347,13 @@ def test_enrolls_and_pairs_under_systemd(site):
     assert creds == ["600", "edge-agent"], creds
     token = json.loads(s.path(f"{STATE}/credentials.json").read_text())["token"]
     assert token not in text(unit_lines(s)), "the token reached the journal"
+    # the live process is the release's own Python
+    assert s.run("readlink", f"/proc/{main_pid(s)}/exe").stdout.strip() == \
+        f"/usr/bin/{PYTHON[site.release]}"
     site.device_id = doc["device_id"]
 
 
+@step(test_enrolls_and_pairs_under_systemd)
 def test_the_sandbox_is_in_force(site):
     s = site.screen
     pid = main_pid(s)
@@ -309,6 +400,44 @@ def test_the_sandbox_is_in_force(site):
         assert limits[key] in values, (key, values)
 
 
+@step(test_enrolls_and_pairs_under_systemd)
+def test_the_os_grants_the_agent_only_what_its_configuration_allows(site):
+    """[commands] allow does not list reboot here: polkit refuses it (not only the
+    agent); and the agent is not in systemd-journal, so it cannot read other services'
+    journals, while the gate that reads its own lines is closed to anyone else."""
+    s = site.screen
+    assert not exists(s, GRANT)
+    assert can_reboot(s) == "no"
+    r = s.run(*as_user("edge-agent", "edge-agent", "systemctl", "reboot", "--no-ask-password"),
+              check=False)
+    assert r.returncode != 0 and "Access denied" in r.stderr, r
+    assert s.proc.poll() is None and s.boots == 1, "the container rebooted"
+
+    pid = main_pid(s)
+    proc = dict(line.split(":\t", 1) for line in s.run("cat", f"/proc/{pid}/status").stdout.splitlines()
+                if ":\t" in line)
+    journal_gid = s.run("getent", "group", "systemd-journal").stdout.split(":")[2]
+    groups = proc["Groups"].split()
+    assert journal_gid not in groups, proc["Groups"]
+    # journalctl with exactly the agent process's uid, gid and groups
+    uid, gid = proc["Uid"].split()[0], proc["Gid"].split()[0]
+    assert s.journal("-u", "systemd-logind.service"), "nothing to hide: the check would be void"
+    r = s.run("setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={','.join(groups)}",
+              "journalctl", "--no-pager", "-o", "json", "-u", "systemd-logind.service", check=False)
+    assert not [line for line in r.stdout.splitlines() if line.startswith("{")], r.stdout[:500]
+
+    r = s.run(*as_user("nobody", "nogroup", "python3", "-c",
+                       f"import socket; socket.socket(socket.AF_UNIX).connect({LOGS_SOCKET!r})"),
+              check=False)
+    assert r.returncode != 0 and "PermissionError" in r.stderr, r
+    out = s.run("systemd-analyze", "security", "edge-agent-logs@0.service", "--no-pager").stdout
+    exposure = float(re.search(r"Overall exposure level for edge-agent-logs@0.service: ([0-9.]+)",
+                               out).group(1))
+    print(f"\nsystemd-analyze security edge-agent-logs@.service on the booted system: {exposure}")
+    assert exposure <= HELPER_EXPOSURE_TARGET
+
+
+@step(test_enrolls_and_pairs_under_systemd)
 def test_a_healthy_link_gets_pets_and_is_never_restarted(site):
     s = site.screen
     before = s.show(UNIT, "NRestarts", "MainPID", "WatchdogTimestampMonotonic")
@@ -323,6 +452,7 @@ def test_a_healthy_link_gets_pets_and_is_never_restarted(site):
     assert status(s)[0] == 0
 
 
+@step(test_enrolls_and_pairs_under_systemd)
 def test_a_wedged_agent_is_killed_by_the_watchdog_and_comes_back(site):
     s = site.screen
     pid, restarts = main_pid(s), int(s.show(UNIT, "NRestarts")["NRestarts"])
@@ -352,6 +482,7 @@ def test_a_wedged_agent_is_killed_by_the_watchdog_and_comes_back(site):
     assert not left.strip(), left
 
 
+@step(test_enrolls_and_pairs_under_systemd)
 def test_a_silent_drop_past_watchdogsec_restarts_and_continues_the_backoff(site):
     s, server = site.screen, site.server
     pid, restarts = main_pid(s), int(s.show(UNIT, "NRestarts")["NRestarts"])
@@ -381,6 +512,7 @@ def test_a_silent_drop_past_watchdogsec_restarts_and_continues_the_backoff(site)
     assert any("withholding pets" in e["MESSAGE"] and e["PRIORITY"] == "4" for e in said), text(said)
 
 
+@step(test_a_bad_configuration_fails_the_unit_with_an_error_in_the_journal, test_enrolls_and_pairs_under_systemd, test_a_wedged_agent_is_killed_by_the_watchdog_and_comes_back, test_a_silent_drop_past_watchdogsec_restarts_and_continues_the_backoff)
 def test_journal_priorities_and_status_lines(site):
     s = site.screen
     lines = agent_lines(s)
@@ -420,6 +552,7 @@ def bundle(site, upload_id):
         return None
 
 
+@step(test_a_bad_configuration_fails_the_unit_with_an_error_in_the_journal, test_enrolls_and_pairs_under_systemd, test_a_silent_drop_past_watchdogsec_restarts_and_continues_the_backoff)
 def test_a_logs_command_returns_the_agents_journal_lines_with_their_priorities(site):
     import gzip
     result = command(site, "logs", {"since_s": 3600, "priority": 7})
@@ -432,8 +565,13 @@ def test_a_logs_command_returns_the_agents_journal_lines_with_their_priorities(s
     assert any(x["message"].startswith("edge-agent 0.1.0 starting") for x in lines
                if x["priority"] == 6)
     assert not [x for x in lines if re.match(r"<\d>", x["message"])]
+    # read for the agent by a helper instance of the socket's, not by the agent itself
+    helpers = [e for e in site.screen.journal() if str(e.get("UNIT", "")).startswith(
+        "edge-agent-logs@") and str(e.get("MESSAGE", "")).startswith("Started ")]
+    assert helpers, "no edge-agent-logs@ instance served the command"
 
 
+@step(test_enrolls_and_pairs_under_systemd)
 def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     s, server = site.screen, site.server
     server.admin("/admin/behaviour", {"upload_mode": "500"})  # queued items stay queued
@@ -466,12 +604,17 @@ def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
              interval=0.2, what="the queued uploads delivered after the upgrade")
 
 
+@step(test_enrolls_and_pairs_under_systemd)
 def test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back(site):
     s, server = site.screen, site.server
     conf = s.path(CONF)
     conf.write_text(conf.read_text() + '[commands]\nallow = ["diagnostics", "logs", "reboot"]\n')
     s.run("systemctl", "restart", UNIT)
     wait_online(s)
+    # the root-side step wrote polkit's flag: root's file, 0644, in root's directory
+    assert s.run("stat", "-c", "%a %U:%G %F", GRANT, os.path.dirname(GRANT)).stdout.splitlines() \
+        == ["644 root:root regular file", "755 root:root directory"]
+    assert can_reboot(s) == "yes"
     cid = server.admin("/api/v1/commands", {"device_id": site.device_id, "name": "reboot"})["id"]
     s.rebooted(60)  # logind, asked by the edge-agent user under the polkit rule
     wait_online(s, 60)
@@ -481,17 +624,27 @@ def test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back(
     assert record["result"]["ok"] and record["result"]["output"] == "the device rebooted"
     time.sleep(3 * WATCHDOG_S)
     assert s.proc.poll() is None and s.boots == 2, "it rebooted again"
-    ledger = json.loads(s.path(f"{STATE}/commands.json").read_text())["entries"]
-    assert [e["state"] for e in ledger if e["id"] == cid] == ["done"]
+    # read as the agent reads it (the ledger's format is agent/commands/ledger.py's)
+    entries = ledger.load(str(s.path(f"{STATE}/commands.json")), time.time()).entries
+    assert entries[cid].state == "done", entries.get(cid)
+    # /run is new after the reboot: the start wrote the flag again
+    assert exists(s, GRANT) and can_reboot(s) == "yes"
+    # the operator takes reboot out again: at the next start polkit refuses it again
+    conf.write_text(conf.read_text().replace('"logs", "reboot"]', '"logs"]'))
+    s.run("systemctl", "restart", UNIT)
+    wait_online(s)
+    assert not exists(s, GRANT) and can_reboot(s) == "no"
 
 
+@step(test_fresh_install_waits_for_its_configuration_instead_of_failing)
 def test_purge_removes_what_the_package_created(site):
     s = site.screen
     apt(s, "purge", "edge-agent")
     assert s.show(UNIT, "LoadState")["LoadState"] == "not-found"
     survivors = s.run("find", "/proc", "-maxdepth", "1", "-user", "edge-agent").stdout
     assert not survivors.strip(), f"an agent survived: {survivors}"
-    assert s.run("test", "-e", "/run/edge-agent", check=False).returncode == 1
+    for gone in ("/run/edge-agent", os.path.dirname(GRANT), LOGS_SOCKET):
+        assert not exists(s, gone), gone
     # the test's own files, and the system's records of an install that happened
     ours = (f"/etc/systemd/system/{UNIT}.d", "/root/edge-agent_")
     records = ("/var/lib/dpkg/", "/var/cache/apt/", "/var/cache/debconf/", "/var/log/",
@@ -505,6 +658,7 @@ def test_purge_removes_what_the_package_created(site):
     assert s.run("getent", "passwd", "edge-agent", check=False).returncode == 0
 
 
+@step()
 def test_power_off_leaves_nothing_behind(site, rootfs):
     s = site.screen
     root = s.root
