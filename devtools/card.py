@@ -14,6 +14,7 @@ import errno
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 MOUNT_OPTIONS = "loop,noatime,data=ordered,commit=300"
@@ -92,12 +93,31 @@ class SdCard:
         return False
 
     def repair(self) -> None:
-        """What a technician does after a failure: unmount, fsck, mount read-write."""
+        """What a technician does after a failure: unmount, fsck, mount read-write. A
+        loop device the unmount left attached (busy a moment longer on a loaded
+        machine) would be reused by mount with the failed file system's cached
+        superblock, read-only again: such devices are detached first."""
         self._umount()
+        self._detach_loops()
         r = subprocess.run(["e2fsck", "-fy", str(self.image)], capture_output=True, text=True)
         if r.returncode >= 4:
             raise RuntimeError(f"e2fsck after the failure: {r.returncode} {r.stdout} {r.stderr}")
         self._mount()
+        if self.read_only():
+            raise RuntimeError(f"{self.mountpoint}: still read-only after e2fsck and a fresh mount")
+
+    def _detach_loops(self) -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            loops = [line.split(":", 1)[0] for line in
+                     _run("losetup", "-j", str(self.image)).splitlines() if line.strip()]
+            if not loops:
+                return
+            for loop in loops:
+                subprocess.run(["losetup", "-d", loop], capture_output=True)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.image}: loop devices {loops} stay attached")
+            time.sleep(0.1)
 
     def bytes_written(self) -> int:
         """Bytes the file system has sent to the card so far (after syncing it)."""

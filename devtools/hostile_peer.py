@@ -26,12 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
-import signal
 import time
 
 import socketio
 from aiohttp import web
+
+from fleet_server.serving import serve_until_stopped
 
 # Socket.IO packets the client library cannot make sense of, sent in turn: JSON cut
 # short, a namespace nobody joined, an unknown packet type, an ACK for nothing, an
@@ -112,22 +112,7 @@ class HostilePeer:
 
 async def serve(args) -> None:
     peer = HostilePeer(args.big, args.malformed)
-    runner = web.AppRunner(peer.app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, reuse_address=True)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    if args.port_file:
-        tmp = args.port_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(port))
-        os.replace(tmp, args.port_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await runner.cleanup()
+    await serve_until_stopped(peer.app, "127.0.0.1", args.port, args.port_file)
 
 
 def main(argv=None) -> None:

@@ -6,12 +6,11 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 
-from aiohttp import web
 
 from .server import Behaviour, FleetServer
+from .serving import serve_until_stopped
 
 
 def parse_args(argv=None):
@@ -47,23 +46,10 @@ async def serve(args, tokens) -> None:
                          behaviour=Behaviour(ack_mode=args.ack_mode, ack_delay_s=args.ack_delay,
                                              connect_delay_s=args.connect_delay,
                                              heartbeat_timeout_s=args.heartbeat_timeout))
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    logging.getLogger("fleet_server").info("fleet server listening on http://%s:%d", args.host, port)
-    if args.port_file:
-        tmp = args.port_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(port))
-        os.replace(tmp, args.port_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await runner.cleanup()
+    await serve_until_stopped(
+        server.app, args.host, args.port, args.port_file,
+        lambda port: logging.getLogger("fleet_server").info(
+            "fleet server listening on http://%s:%d", args.host, port))
 
 
 def pair(argv) -> int:
