@@ -209,6 +209,39 @@ def test_pets_go_on_while_the_link_is_up_and_stop_on_a_silent_drop(
         systemd.close()
 
 
+@only_12
+def test_at_1_2s_own_ping_interval_the_kernel_proves_every_heartbeat(
+        netns, generation, spawn_agent, agent_python, tmp_path):
+    """1.2 ACKs nothing and pings every 25 s: the pets used to follow its pings, 27 s
+    apart, so any WatchdogSec under half a minute restarted a healthy screen. The
+    kernel's acknowledgement of each heartbeat keeps them a heartbeat apart, and a silent
+    drop stops them within a heartbeat plus the ACK timeout, not a ping interval."""
+    server = peer.ScreenTinkerServer(tmp_path, generation)  # its own ping interval
+    server.start()
+    systemd = FakeSystemd(tmp_path / "notify.sock", watchdog_s=1.0)
+    try:
+        agent = spawn_agent(agent_python, st_config(server, tmp_path), env=systemd.env())
+        register_and_pair(server, agent, tmp_path)
+        link = agent.wait_live(HB + ACK + 5)
+        assert link["proof"] == "tcp-ack+ping", link
+        t0 = time.monotonic()
+        time.sleep(4 * HB)
+        pets = [t for t in systemd.times("WATCHDOG=1") if t > t0]
+        gaps = [b - a for a, b in zip([t0, *pets], pets)]
+        assert len(pets) >= 6 and max(gaps) < 1.0, gaps
+        netns.drop_port(server.port)   # silent, and no way back until the test ends
+        t_drop = time.monotonic()
+        time.sleep(HB + ACK + 2)
+        last_pet = max(systemd.times("WATCHDOG=1"))
+        assert "the server's TCP acknowledged no heartbeat" in agent.log_text()
+        print(f"\nScreenTinker 1.2 at its 25 s pings: pets {max(gaps):.2f}s apart at most, the "
+              f"last {last_pet - t_drop:.2f}s after a silent drop")
+        assert last_pet - t_drop <= HB + ACK + 0.5 + 0.3
+    finally:
+        systemd.close()
+        server.stop()
+
+
 # at each server's defaults, the most a delivery may take to be proven: on 1.2 by its
 # second Engine.IO ping (every 25 s), on 1.9 by the next heartbeat's ACK
 DEFAULT_PROOF_S = {"1.2": 2 * 25 + 10, "1.9": HB + ACK + 3}
