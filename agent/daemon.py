@@ -307,7 +307,9 @@ class Agent:
         return Hooks(restart_enrollment=restart_enrollment, pause_link=self.runner.pause,
                      resume_link=self.runner.resume, reregister=reregister,
                      resume_uploads=lambda: self.uploads.link_up(),
-                     status_changed=self._refresh_status)
+                     status_changed=self._refresh_status,
+                     credentials_stored=(self.enroller.credentials_stored
+                                         if self.enroller is not None else lambda: None))
 
     def _refused(self, detail: str) -> None:
         """The server refused our token at connect."""

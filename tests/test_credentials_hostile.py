@@ -315,3 +315,31 @@ def test_pairing_onto_a_full_card_comes_online_and_stores_the_token_when_space_r
     again.wait_live(15, connection=1)
     assert (again.status().get("pairing") or {}).get("code") is None
     assert server.device(doc["device_id"])["refused"] == 0
+
+
+@pytest.mark.netns
+def test_a_restart_before_the_card_takes_the_token_does_not_cost_the_pairing(
+        card, netns, fleet, spawn_agent, agent_python, tmp_path):
+    """The token lives only in memory while the card is full. The pairing answer's
+    poll secret stays in the runtime directory (tmpfs) until the token is stored, so an
+    agent restarted meanwhile asks the server again instead of showing a new code."""
+    server = fleet(devices={})
+    state = card.mountpoint / "state"
+    cfg = agent_config(server, tmp_path, identity={"device_id": None, "token": None,
+                                                   "state_dir": str(state)})
+    agent = spawn_agent(agent_python, cfg)
+    code_shown = wait_for(lambda: (agent.status().get("pairing") or {}).get("code"), 15,
+                          what="a pairing code")
+    filler = fill(str(card.mountpoint))
+    assert server.pair(code_shown).returncode == 0
+    agent.wait_live(15, connection=1)
+    assert agent.stop() == 0
+    again = spawn_agent(agent_python, cfg)   # the card is still full
+    again.wait_live(20)
+    assert (again.status().get("pairing") or {}).get("state") == "paired"
+    assert "requesting a new one" not in again.log_text()
+    os.unlink(filler)
+    creds = state / "credentials.json"
+    wait_for(creds.exists, 40, what="the credentials written once space returned")
+    wait_for(lambda: not (tmp_path / "run" / "pairing.json").exists(), 5,
+             what="the poll secret gone once the token is on the card")

@@ -32,6 +32,9 @@ CODE_RE = re.compile(r"[0-9]{6}")   # whole strings only: fullmatch
 # The longest this loop sleeps while it has work; with two request timeouts this is
 # what the watchdog gate allows it between ticks.
 MAX_WAIT_S = 30.0
+# A restarted agent whose token never reached the card polls its paired code this long
+# before it asks for a new one (the server answers a poll at once).
+PAIRED_RECHECK_S = 120.0
 MAX_SILENCE_S = MAX_WAIT_S + 2 * sum(TIMEOUT) + 10.0
 
 
@@ -165,8 +168,9 @@ class Enroller(threading.Thread):
                     return
                 # unpaired meanwhile? the identity core sees the old generation and drops
                 # the token; this loop's restart comes next
+                code = self.core.code
                 self.core.on_paired(token)
-                self._clear_code_files()
+                self._keep_until_stored(code)
                 self._on_paired(token, generation)
         except CodeGone:
             log.info("pairing code expired or used elsewhere; requesting a new one")
@@ -253,11 +257,35 @@ class Enroller(threading.Thread):
             except OSError:
                 pass
 
+    def _keep_until_stored(self, code: PairingCode | None) -> None:
+        """Paired: the code leaves the screen, but the poll secret stays (tmpfs) until the
+        token is on the card (credentials_stored): an agent restarted before a full or
+        failing card took the token asks the server again instead of losing the pairing."""
+        try:
+            os.unlink(os.path.join(self.runtime_dir, "pairing-code"))
+        except OSError:
+            pass
+        if code is None:
+            return
+        try:
+            atomic_write(os.path.join(self.runtime_dir, "pairing.json"), json.dumps(
+                {"code": code.code, "poll_secret": code.poll_secret, "paired": True}).encode(),
+                0o600, durable=False)
+        except OSError as e:
+            log.warning("cannot keep the pairing answer's poll secret: %s", e.strerror)
+
+    def credentials_stored(self) -> None:
+        """From any thread: the token is on the card; the poll secret has served."""
+        self._clear_code_files()
+
     def _load_code(self) -> PairingCode | None:
         try:
             with open(os.path.join(self.runtime_dir, "pairing.json"), "rb") as f:
                 doc = json.loads(f.read(4096))
-            left = float(doc["expires_at_wall"]) - time.time()
+            # a code already paired is asked about once more, whatever its age: the
+            # server hands the token out again to the poll secret
+            left = (PAIRED_RECHECK_S if doc.get("paired") is True
+                    else float(doc["expires_at_wall"]) - time.time())
             if left <= 0 or not CODE_RE.fullmatch(doc["code"]) or token_problem("", doc["poll_secret"]):
                 return None
             code = doc["code"]

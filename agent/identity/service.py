@@ -31,6 +31,7 @@ class Hooks:
     reregister: Callable[[str], None] = lambda why: None
     resume_uploads: Callable[[], None] = lambda: None
     status_changed: Callable[[], None] = lambda: None
+    credentials_stored: Callable[[], None] = lambda: None   # a token reached the card
 
 
 class IdentityService:
@@ -98,6 +99,7 @@ class IdentityService:
             if isinstance(effect, C.Store):
                 self.credentials.save(self.core.local_device_id, effect.token,
                                       effect.server_device_id, effect.pairing_code, effect.claimed)
+                self.hooks.credentials_stored()
             else:
                 self.credentials.clear()
         except OSError as e:
