@@ -215,6 +215,11 @@ def _age(seconds, elapsed: float) -> str:
 
 # enqueue: 0 means stored (on the card, synced); every refusal has its own status
 EXIT_UNAVAILABLE, EXIT_TOO_LARGE, EXIT_DISK_LOW, EXIT_QUEUE_FULL, EXIT_DUPLICATE = 1, 4, 5, 6, 7
+# a refusal's reason (uploads/store.py, QueueRefused.reason) -> its status and its words
+ENQUEUE_REFUSALS = {"too-large": (EXIT_TOO_LARGE, "too large"),
+                    "disk-low": (EXIT_DISK_LOW, "disk low"),
+                    "full": (EXIT_QUEUE_FULL, "queue full"),
+                    "duplicate": (EXIT_DUPLICATE, "duplicate")}
 ENQUEUE_EXITS = """exit status:
   0  queued: on the card, kept through restarts and power cuts
   1  the queue is unavailable (locked, unreadable, a link in its place, a failing card)
@@ -236,8 +241,7 @@ def cmd_enqueue(args) -> int:
     # the answer is the one line below; the store's own warnings are for the agent's journal
     logging.getLogger("edge_agent").addHandler(logging.NullHandler())
     from .fsutil import UnsafePath, drop_to_owner
-    from .uploads.store import (DiskLow, Duplicate, QueueDiskFull, QueueFull, QueueStore,
-                                QueueUnavailable, TooLarge, item_key)
+    from .uploads.store import QueueDiskFull, QueueRefused, QueueStore, QueueUnavailable
     try:  # read as the caller (root may queue its own files), before dropping to the agent
         limit = min(config.uploads.max_bytes, config.uploads.max_item_bytes)
         if args.file == "-":
@@ -257,26 +261,22 @@ def cmd_enqueue(args) -> int:
                          f"would drop it unread); nothing was queued\n")
         return EXIT_USAGE
     try:
-        key = item_key(args.kind, payload, args.key)
-    except ValueError as e:
-        sys.stderr.write(f"edge-agent: {e}; nothing was queued\n")
-        return EXIT_USAGE
-    try:
         # root writes nothing in the agent's directory that the agent's user could not
         drop_to_owner(config.state_dir)
     except (UnsafePath, OSError) as e:
         sys.stderr.write(f"edge-agent: {e}; nothing was queued\n")
         return EXIT_UNAVAILABLE
-    refusals = ((TooLarge, EXIT_TOO_LARGE, "too large"), (DiskLow, EXIT_DISK_LOW, "disk low"),
-                (QueueFull, EXIT_QUEUE_FULL, "queue full"), (Duplicate, EXIT_DUPLICATE, "duplicate"))
     try:
         store = QueueStore(config.queue_path, config.uploads)
         try:
-            item_id = store.add(args.kind, payload, key=key)
+            item_id = store.add(args.kind, payload, key=args.key)
         finally:
             store.close()
-    except tuple(r[0] for r in refusals) as e:
-        code, what = next((c, w) for t, c, w in refusals if isinstance(e, t))
+    except ValueError as e:   # the key (--key, a record's play_id) breaks the key rule
+        sys.stderr.write(f"edge-agent: {e}; nothing was queued\n")
+        return EXIT_USAGE
+    except QueueRefused as e:
+        code, what = ENQUEUE_REFUSALS[e.reason]
         sys.stderr.write(f"edge-agent: not queued ({what}): {e}\n")
         return code
     except QueueDiskFull:
