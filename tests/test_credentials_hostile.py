@@ -280,9 +280,9 @@ def test_a_revoke_on_a_read_only_card_does_not_raise_and_is_carried_out_later(ca
     assert not os.path.exists(creds.path)
 
 
-@pytest.mark.netns
-def test_pairing_onto_a_full_card_comes_online_and_stores_the_token_when_space_returns(
-        card, netns, fleet, spawn_agent, agent_python, tmp_path):
+def _paired_onto_a_full_card(card, fleet, spawn_agent, agent_python, tmp_path):
+    """An agent that enrolls on the card, which is filled to its last block before the
+    operator pairs it: (server, state dir, config, agent, the file filling the card)."""
     server = fleet(devices={})
     state = card.mountpoint / "state"
     cfg = agent_config(server, tmp_path, identity={"device_id": None, "token": None,
@@ -292,6 +292,14 @@ def test_pairing_onto_a_full_card_comes_online_and_stores_the_token_when_space_r
                           what="a pairing code")
     filler = fill(str(card.mountpoint))
     assert server.pair(code_shown).returncode == 0
+    return server, state, cfg, agent, filler
+
+
+@pytest.mark.netns
+def test_pairing_onto_a_full_card_comes_online_and_stores_the_token_when_space_returns(
+        card, netns, fleet, spawn_agent, agent_python, tmp_path):
+    server, state, cfg, agent, filler = _paired_onto_a_full_card(card, fleet, spawn_agent,
+                                                                 agent_python, tmp_path)
     agent.wait_live(15, connection=1)   # the token is in use although the card refused it
     creds = state / "credentials.json"
     assert not creds.exists()
@@ -323,15 +331,8 @@ def test_a_restart_before_the_card_takes_the_token_does_not_cost_the_pairing(
     """The token lives only in memory while the card is full. The pairing answer's
     poll secret stays in the runtime directory (tmpfs) until the token is stored, so an
     agent restarted meanwhile asks the server again instead of showing a new code."""
-    server = fleet(devices={})
-    state = card.mountpoint / "state"
-    cfg = agent_config(server, tmp_path, identity={"device_id": None, "token": None,
-                                                   "state_dir": str(state)})
-    agent = spawn_agent(agent_python, cfg)
-    code_shown = wait_for(lambda: (agent.status().get("pairing") or {}).get("code"), 15,
-                          what="a pairing code")
-    filler = fill(str(card.mountpoint))
-    assert server.pair(code_shown).returncode == 0
+    server, state, cfg, agent, filler = _paired_onto_a_full_card(card, fleet, spawn_agent,
+                                                                 agent_python, tmp_path)
     agent.wait_live(15, connection=1)
     assert agent.stop() == 0
     again = spawn_agent(agent_python, cfg)   # the card is still full
