@@ -66,29 +66,6 @@ def _link_line(link: dict, pairing: dict | None) -> str:
     return str(state) if state else "starting link"
 
 
-class _Credentials(Credentials):
-    """A card that cannot take the token must not cost the pairing: the token is used
-    from memory, and the storage report says it is not kept."""
-
-    def __init__(self, state_dir: str, on_error):
-        super().__init__(state_dir)
-        self._on_error = on_error
-
-    def save(self, *args, **kw) -> None:
-        try:
-            super().save(*args, **kw)
-        except OSError as e:
-            self._on_error(self.path, e)
-            raise   # the identity service keeps the token in use and writes it again later
-
-    def clear(self) -> None:
-        try:
-            super().clear()
-        except OSError as e:
-            self._on_error(self.path, e)
-            raise   # the identity service removes it again later
-
-
 class Agent:
     def __init__(self, config: Config, environ=None):
         self.config = config
@@ -99,7 +76,7 @@ class Agent:
         # and the rest runs: the link needs no disk.
         self.storage = StorageHealth(config.state_dir)
         self._storage_events: list | None = []   # until run(): the link publishes first
-        self.credentials = _Credentials(config.state_dir, self._credentials_write_failed)
+        self.credentials = Credentials(config.state_dir)
         self.profile_pairs = config.profile == "screentinker"  # pairing inside the link
         self.ids = IdentityService.load(
             config.device_id or self._local_device_id(), self.credentials,
@@ -308,6 +285,7 @@ class Agent:
                      resume_link=self.runner.resume, reregister=reregister,
                      resume_uploads=lambda: self.uploads.link_up(),
                      status_changed=self._refresh_status,
+                     credentials_write_failed=self._credentials_write_failed,
                      credentials_stored=(self.enroller.credentials_stored
                                          if self.enroller is not None else lambda: None))
 

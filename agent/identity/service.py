@@ -32,6 +32,8 @@ class Hooks:
     resume_uploads: Callable[[], None] = lambda: None
     status_changed: Callable[[], None] = lambda: None
     credentials_stored: Callable[[], None] = lambda: None   # a token reached the card
+    # a write the disk refused (path, error): retried here; the storage report is the caller's
+    credentials_write_failed: Callable[[str, OSError], None] = lambda path, error: None
 
 
 class IdentityService:
@@ -103,6 +105,7 @@ class IdentityService:
             else:
                 self.credentials.clear()
         except OSError as e:
+            self.hooks.credentials_write_failed(self.credentials.path, e)
             # strerror only: the exception's text may carry a path, never the token
             return C.WriteFailed(effect, e.strerror or type(e).__name__, self.clock.monotonic())
         return C.Written(effect)
