@@ -214,13 +214,6 @@ class LivenessWatchdog:
             return "tcp-ack+ping"
         return "ping" if self.pings else None
 
-    def proof_window_s(self) -> float:
-        """The longest a healthy link may go between two proofs: what a systemd
-        WatchdogSec must exceed so that it never restarts a healthy link."""
-        if self.armed or self.kernel_armed:
-            return heal_window_s(self.policy)
-        return self._server_ping_interval_s + self.policy.ack_timeout_s
-
     @property
     def server_ping_interval_s(self) -> float:
         return self._server_ping_interval_s
