@@ -23,6 +23,7 @@ from .identity.credentials import Credentials
 from .identity.core import Claimed, Enrolled, Refused, Registered, Revoked, UnpairedByServer
 from .identity.enroller import MAX_SILENCE_S as ENROLL_MAX_SILENCE_S, Enroller
 from .identity.service import Hooks, IdentityService
+from .mainwait import MainThreadWait
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
@@ -395,7 +396,17 @@ class Agent:
         early, self._storage_events = self._storage_events, None
         for event in early:   # what start-up found: to the server once the link is live
             self.outbox.put(event)
-        link = threading.Thread(target=self._run_link, name="link", daemon=True)
+        main_wait = MainThreadWait()
+        link_ended = threading.Event()   # before the thread is no longer alive
+
+        def link_then_wake_main():
+            try:
+                self._run_link()
+            finally:
+                link_ended.set()
+                main_wait.wake()
+
+        link = threading.Thread(target=link_then_wake_main, name="link", daemon=True)
         link.start()
         self.uploads.start()
         if self.enroller is not None:
@@ -419,10 +430,12 @@ class Agent:
                             "heals one silent drop by itself (%gs: two heartbeats plus the ACK "
                             "timeout): systemd would restart a healthy agent; raise WatchdogSec "
                             "or lower [link] heartbeat_interval_s", period, heal_s)
-        while link.is_alive():
-            # A signal interrupts the wait (its handler stops the link): this thread
-            # has nothing else to do and never wakes on a timer.
-            link.join()
+        while not link_ended.is_set():
+            # A signal (its handler stops the link) or the link thread's end: this
+            # thread has nothing else to do and never wakes on a timer.
+            main_wait.wait()
+        link.join()
+        main_wait.close()
         if petter is not None:
             petter.stop()
         if self.enroller is not None:

@@ -1,4 +1,6 @@
 """systemd integration against a fake NOTIFY_SOCKET and the real reference server."""
+import ctypes
+import os
 import signal
 import socket
 import subprocess
@@ -91,6 +93,37 @@ def test_sigterm_says_stopping_exits_cleanly_and_loses_no_queued_upload(
     again = spawn_agent(agent_python, cfg)
     wait_for(lambda: server.device()["uploads"] == 3, 10, what="the queued uploads after restart")
     again.stop()
+
+
+# tgkill(2): a signal for one thread of a process, as the kernel may pick any thread
+_TGKILL = {"x86_64": 234, "aarch64": 131, "armv7l": 268, "armv6l": 268, "i686": 270}
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    number = _TGKILL.get(os.uname().machine)
+    assert number is not None, f"tgkill's syscall number on {os.uname().machine} is unknown here"
+    if libc.syscall(number, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+def test_a_sigterm_the_kernel_gives_to_any_thread_stops_the_agent(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """The kernel hands a process-directed signal to any thread that does not block it
+    (seen in CI: during a flood of commands, SIGTERM went to a library thread). Python
+    runs handlers on the main thread only: one asleep in a lock never ran it, and the
+    agent ignored systemd's stop."""
+    server = fleet()
+    agent = spawn_agent(agent_python, agent_config(server, tmp_path))
+    agent.wait_live(15)
+    pid = agent.proc.pid
+    others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert others, "the agent runs threads besides its main one"
+    t0 = time.monotonic()
+    _tgkill(pid, others[-1], signal.SIGTERM)   # the newest: a thread of the client library
+    assert agent.proc.wait(5) == 0
+    assert time.monotonic() - t0 < 2.0
+    assert "received SIGTERM, stopping" in agent.log_text()
 
 
 def test_backoff_schedule_survives_kill_9(netns, spawn_agent, agent_python, tmp_path):
