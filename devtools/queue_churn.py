@@ -15,6 +15,7 @@ import time
 
 from agent.uploads.schedule import UploadPolicy
 from agent.uploads.sender import UploadSender
+from agent.upload_kinds import LOG
 from agent.uploads.store import QueueStore
 from agent.uploads.worker import UploadWorker
 
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
     n = args.start
     while True:
         name = f"item-{n}"
-        if store.enqueue("log", name.encode()):
+        if store.enqueue(LOG, name.encode()):
             os.write(fd, (name + "\n").encode())
             worker.wake()
         n += 1

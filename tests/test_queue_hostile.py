@@ -140,7 +140,7 @@ def test_the_store_refuses_a_link_in_the_spool_and_never_writes_through_it(tmp_p
     with pytest.raises(QueueUnsafe, match="a symbolic link"):
         s = QueueStore(str(path), UploadPolicy())
         try:
-            s.failed(item, 100.0, "HTTP 500")      # an outcome: the .ack file
+            s.failed(item, 100.0)                  # an outcome: the .ack file
             s.dead(item, "HTTP 422", now=3.0)      # a reason: the dead-letter file
         finally:
             s.close()

@@ -193,7 +193,7 @@ def test_a_damaged_item_is_skipped_or_dead_lettered_never_silently_lost(tmp_path
     s = QueueStore(path, UploadPolicy())
     ids = [s.enqueue("screenshot", bytes([65 + i]) * 500, now=1.0 + i) for i in range(4)]
     s.close()
-    from agent.uploads.store import HEADER_BYTES2 as HEADER_BYTES, PAGE
+    from agent.uploads.segments import HEADER_BYTES2 as HEADER_BYTES, PAGE
     record = PAGE  # each item starts on a page of its own
     with open(_segment(path), "r+b") as f:
         f.seek(record + 2)            # the second item's header: bit rot
@@ -221,7 +221,7 @@ def test_an_enqueue_syncs_once_and_settling_an_item_never_waits_for_the_card(sto
     assert len(syncs) == 10
     syncs.clear()
     items = store.due(10.0, 100)
-    store.failed(items[0], 100.0, "HTTP 500")
+    store.failed(items[0], 100.0)
     store.confirmed(items[1:], now=10.0)
     assert syncs == [], "a confirm or a failure was synced to the SD card"
     assert store.stats()["items"] == 1
@@ -229,7 +229,8 @@ def test_an_enqueue_syncs_once_and_settling_an_item_never_waits_for_the_card(sto
 
 def test_segments_rotate_and_settled_ones_are_deleted_after_the_dedupe_window(tmp_path, monkeypatch):
     import agent.uploads.store as store_mod
-    monkeypatch.setattr(store_mod, "SEGMENT_BYTES", 3 * store_mod.PAGE)
+    from agent.uploads.segments import PAGE
+    monkeypatch.setattr(store_mod, "SEGMENT_BYTES", 3 * PAGE)
     path = str(tmp_path / "queue")
     s = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))
     reader = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))  # another process
@@ -425,7 +426,7 @@ def test_proof_of_play_goes_in_batches_of_200(store):
 def test_a_clock_jump_cannot_strand_an_item(store):
     store.enqueue("log", b"x", now=1e9)   # queued when the clock said 2001...
     [item] = store.due(1e9, 1)
-    store.failed(item, 1e9 + 60, "HTTP 500")
+    store.failed(item, 1e9 + 60)
     # ...and now it says 1970: due time is beyond the cap, so it is due now
     assert [i.id for i in store.due(100.0, 10)] == [item.id]
 
@@ -579,7 +580,7 @@ def test_an_eaq1_length_that_points_nowhere_is_skipped_and_counted(tmp_path, cap
 def test_a_whole_last_item_that_went_bad_is_dead_lettered_not_cut_off(tmp_path, caplog):
     """Only an append that never returned is cut off; a last item that was written
     whole (and synced) and rotted since goes to the dead-letter file with the reason."""
-    from agent.uploads.store import HEADER_BYTES2, PAGE
+    from agent.uploads.segments import HEADER_BYTES2, PAGE
     path = str(tmp_path / "queue")
     s = QueueStore(path, UploadPolicy())
     ids = [s.enqueue("log", b"line %d " % i * 50, now=1.0 + i) for i in range(2)]

@@ -22,8 +22,6 @@ SLOW_DOWN, UNREACHABLE, UNAVAILABLE, AUTH = "slow-down", "unreachable", "unavail
 QUEUE_WIDE = (SLOW_DOWN, UNREACHABLE, UNAVAILABLE, AUTH)
 MALFORMED = (400, 413, 415, 422)
 
-# What goes first when the queue is full: lowest priority first.
-KINDS = {"screenshot": 0, "log": 1, "proof-of-play": 2}
 MAX_RETRY_AFTER_S = 6 * 3600.0
 
 
@@ -109,7 +107,7 @@ class UploadScheduler:
         p = self.policy
         return ceiling(p.base_s, p.cap_s, attempts - 1) * (1 + self._rng.uniform(-p.jitter, p.jitter))
 
-    def after_failure(self, outcome: Outcome, attempts: int, now: float) -> float:
+    def after_failure(self, attempts: int, now: float) -> float:
         """When this item may go again (an item-specific failure)."""
         return now + self.retry_delay(attempts)
 

@@ -1,26 +1,24 @@
-"""The upload queue on the SD card: a spool of append-only segment files.
+"""The upload queue on the SD card (QueueStore): the index of a spool of append-only
+segment files, and the rules for what may be queued.
 
-Each enqueue appends one record to the newest segment, starting on a page of its own, and
-fdatasyncs it: the payload and a 139-byte header (73 in the EAQ1 records of earlier
-builds, still read), nothing else, before it returns, so an item the caller was told is
-queued survives kill -9 and a power cut. What becomes of an item (sent, failed
-with its next try, refused for good, dropped) is a 27-byte record appended to the
-segment's ``.ack`` file without a sync: losing the tail of it to a power cut only means
-an item is sent again, which the server absorbs by its Idempotency-Key, or retried
-sooner. A segment whose items are all settled is deleted (after the dedupe window if it
-sent keyed items, so a restarted agent still knows which keys it sent). sqlite, which this replaces, wrote each page
-twice (WAL, then checkpoint) plus index and freelist pages: 19 KB per 2 KB enqueue and
-26 KB per confirmed send; `scripts/bench` measures both side by side.
+Each enqueue appends one record to the newest segment and fdatasyncs it, nothing else,
+before it returns, so an item the caller was told is queued survives kill -9 and a power
+cut. What becomes of an item (sent, failed with its next try, refused for good, dropped)
+is an outcome record appended to the segment's ``.ack`` file without a sync: losing the
+tail of it to a power cut only means an item is sent again, which the server absorbs by
+its Idempotency-Key, or retried sooner. A segment whose items are all settled is deleted
+(after the dedupe window if it sent keyed items, so a restarted agent still knows which
+keys it sent). The bytes of both files are segments.py's; an item refused for good
+leaves its reason in the dead-letter file (deadletter.py). sqlite, which this replaces
+(migrate_sqlite.py moves its items over), wrote each page twice (WAL, then checkpoint)
+plus index and freelist pages: 19 KB per 2 KB enqueue and 26 KB per confirmed send;
+`scripts/bench` measures both side by side.
 
 Every operation holds ``lock`` (flock) and first reads what other processes appended
 (`edge-agent enqueue`, the command thread): the files are the truth, memory an index.
-Under the lock nobody is mid-append, so an incomplete record at the end of a file is the
-remains of a writer that died (or of a power cut) and is cut off. An EAQ2 header's
-checksum covers its length too, and records start on page boundaries, so a record whose
-header is damaged is found, skipped to the next good one on a later page, counted
-("damaged") and logged, never silently; so is an EAQ1 record whose length (its checksum
-does not cover it) points where no record starts. An item whose payload fails its
-checksum when read, the last one included, goes to the dead-letter file with that reason.
+A damaged record is skipped, counted ("damaged") and logged, never silently. An item
+whose payload fails its checksum when read, the last one included, goes to the
+dead-letter file with that reason.
 
 Due times are wall-clock seconds, the only clock that survives a reboot; a due time
 further away than the backoff cap (a clock that jumped) counts as due now. A Pi has no
@@ -28,9 +26,9 @@ RTC: each item records whether the wall clock was synchronised when it was stamp
 age is judged by `schedule.expired`, so a clock that jumps when NTP syncs never empties
 the queue. Such an item is aged from the first synchronised time seen after it was
 queued: the first store to see the clock synchronised while such items are queued
-appends a clock record to the newest segment's ``.ack`` file (27 bytes, no sync, once),
-so every process, `edge-agent enqueue` too, ages them alike. Lost to a power cut, it is
-written again later: the items only live longer.
+appends a clock record to the newest segment's ``.ack`` file (no sync, once), so every
+process, `edge-agent enqueue` too, ages them alike. Lost to a power cut, it is written
+again later: the items only live longer.
 
 A duplicate is an item whose idempotency key (``--key``, or a proof-of-play record's
 ``play_id``) is queued or was sent within the dedupe window, never equal content: two
@@ -45,68 +43,38 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import re
-import sqlite3
 import stat
-import struct
 import threading
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
 
 from ..clock import wall_synced
 from ..storage import READ_ONLY, card_failure
-from .schedule import KINDS, UploadPolicy, expired
+from ..upload_kinds import KINDS, LOG, PROOF_OF_PLAY, SCREENSHOT
+from . import deadletter, migrate_sqlite, segments
+from .schedule import UploadPolicy, expired
+from .segments import CLOCK, DEAD, DROPPED, FAILED, SENT
 
 log = logging.getLogger("edge_agent.uploads")
 
-# magic, payload length, crc32 of the payload, crc32 of the header: in EAQ2 of these first
-# 12 bytes and the metadata that follows, so a damaged length is seen; in EAQ1 of the
-# metadata only
-SEG_HEAD = struct.Struct("<4sIII")
-SEG_META = struct.Struct("<Bd16s32s")        # EAQ1: kind, created_at (wall), id, sha256
-# EAQ2: the same, then flags (CLOCK_SYNCED: created_at was a synchronised wall time), the
-# idempotency key's length and the key
-SEG_META2 = struct.Struct("<Bd16s32sBB64s")
-SEG_MAGIC, SEG_MAGIC2 = b"EAQ1", b"EAQ2"
-HEADER_BYTES = SEG_HEAD.size + SEG_META.size
-HEADER_BYTES2 = SEG_HEAD.size + SEG_META2.size
-CLOCK_SYNCED = 1
 # An idempotency key: what a server and a header can carry, and short enough to store
 KEY_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 KEY_RULE = "1 to 64 of A-Z a-z 0-9 . _ : -"
 # the field of a proof-of-play JSON record that names the play: its idempotency key
 PLAY_KEY_FIELD = "play_id"
-# Each item starts on a page of its own: a sync writes the pages it dirtied, so an item
-# sharing its first page with the one before would write that page a second time.
-PAGE = 4096
-# crc32 of the rest; record offset in the segment, state, attempts, at, next try (wall)
-ACK_BODY = struct.Struct("<IBHdd")
-ACK_BYTES = 4 + ACK_BODY.size
-SENT, FAILED, DEAD, DROPPED = 1, 2, 3, 4
-# Not an item's outcome: the wall clock was seen synchronised at ``at``. Its offset, one
-# byte before where the next item will start (so no item has it), says which items,
-# those before it, it ages.
-CLOCK = 5
-# a segment's or outcome file's name, as `_name` writes it: int() alone takes "²³" and " 7"
-NAME_RE = re.compile(r"([0-9]{8,})\.(seg|ack)\Z")
-KIND_CODES = {"screenshot": 1, "log": 2, "proof-of-play": 3}
-KIND_NAMES = {v: k for k, v in KIND_CODES.items()}
 
 SEGMENT_BYTES = 4 << 20
 # Old items and old dedupe records are swept at most this often, not on every enqueue.
 EXPIRE_EVERY_S = 3600.0
-DEAD_LETTER = "dead-letter.jsonl"
-DEAD_LETTER_MAX_BYTES = 1 << 20     # then it becomes .1: the last ~10,000 reasons are kept
 
 # Free space the state partition must keep for a kind to be queued at all: as the
 # disk fills, screenshots stop first, then logs; proof-of-play goes on to the end.
-MIN_FREE_BYTES = {"screenshot": 64 << 20, "log": 16 << 20, "proof-of-play": 0}
+MIN_FREE_BYTES = {SCREENSHOT: 64 << 20, LOG: 16 << 20, PROOF_OF_PLAY: 0}
 
 
 class QueueUnavailable(Exception):
@@ -168,7 +136,7 @@ def item_key(kind: str, payload: bytes, key: str | None = None) -> str | None:
     ``play_id``; None if it has neither (then it is never a duplicate)."""
     if key is not None:
         return check_key(key)
-    if kind != "proof-of-play" or not payload.lstrip().startswith(b"{"):
+    if kind != PROOF_OF_PLAY or not payload.lstrip().startswith(b"{"):
         return None
     try:
         record = json.loads(payload)
@@ -198,6 +166,8 @@ class Item:
 
 @dataclass(slots=True, eq=False)
 class _Entry:
+    """A queued item in the index: its record (segments.Record's fields, in that order,
+    after where it is) and what its outcomes said."""
     seg: int
     off: int
     kind: str
@@ -206,9 +176,9 @@ class _Entry:
     digest: bytes
     size: int
     payload_crc: int
-    head: int = HEADER_BYTES
-    key: str | None = None
-    synced: bool = True      # created_at was a synchronised wall time (EAQ1: assumed)
+    head: int
+    key: str | None
+    synced: bool
     aged_from: float | None = None  # not synced: when the clock was next seen synchronised
     attempts: int = 0
     next_at: float = 0.0
@@ -248,7 +218,6 @@ class QueueStore:
         self._live: dict[str, _Entry] = {}
         self._sent: dict[str, float] = {}  # idempotency key -> when it was sent
         self._n_items = self._n_bytes = 0
-        self._dead_counted: tuple[list, int] = ([], 0)   # (files' stat, lines)
         self._mutex = threading.RLock()
         self._dir_fd = self._lock_fd = -1
         os.makedirs(path, mode=0o700, exist_ok=True)   # a link to a directory passes here...
@@ -259,6 +228,7 @@ class QueueStore:
                 raise QueueUnsafe(f"{path}: a symbolic link or not a directory; "
                                   f"refusing to follow it") from None
             raise
+        self._dead_letter = deadletter.DeadLetterFile(self._dir_fd, self._open)
         try:
             self._lock_fd = self._open("lock", os.O_RDWR | os.O_CREAT)
             with self._locked():
@@ -317,9 +287,9 @@ class QueueStore:
         """Brings the index up to what the files say, appended by whoever."""
         ours: dict[str, tuple[int, str]] = {}
         for n in os.listdir(self._dir_fd):
-            m = NAME_RE.match(n)
-            if m and self._name(int(m[1]), m[2]) == n:
-                ours[n] = (int(m[1]), m[2])
+            parsed = segments.parse_name(n)
+            if parsed is not None:
+                ours[n] = parsed
             elif n.endswith((".seg", ".ack")) and n not in self._odd_names:
                 self._odd_names.add(n)
                 log.warning("upload queue %s: %r is not a name the queue writes; ignored",
@@ -333,120 +303,31 @@ class QueueStore:
         for number in sorted(present):
             seg = self._segs.get(number)
             if seg is None:
-                fd = self._open(self._name(number, "seg"), os.O_RDWR | os.O_APPEND)
+                fd = self._open(segments.file_name(number, "seg"), os.O_RDWR | os.O_APPEND)
                 seg = self._segs[number] = _Segment(number, fd)
             self._read_items(seg)
             self._read_outcomes(seg)
 
     def _read_items(self, seg: _Segment) -> None:
-        size = os.fstat(seg.fd).st_size
-        pos = seg.read_off
-        while pos < size:
-            entry = self._parse(seg, pos, size)
-            if (entry is not None and entry.head == HEADER_BYTES
-                    and not self._ends_where_the_next_begins(seg, entry, size)
-                    and not self._payload_ok(seg, entry)):
-                entry = None   # an EAQ1 length (not under its checksum) that is wrong
-            if entry is None:
-                good = self._next_good(seg, pos, size)
-                if good is None:
-                    # we hold the lock, so nobody is writing it
-                    if (size - pos) % PAGE:   # a whole record ends on a page boundary
-                        log.warning("upload queue %s: cut off an incomplete item at its end "
-                                    "(%d bytes: an enqueue that never returned)",
-                                    self._file(seg.number, "seg"), size - pos)
-                    else:
-                        self._count("damaged")
-                        log.error("upload queue %s: cut off %d damaged bytes at its end "
-                                  "(offset %d)", self._file(seg.number, "seg"), size - pos, pos)
-                    os.ftruncate(seg.fd, pos)
-                    break
-                pos = good
-                continue
-            seg.entries[pos] = entry
+        # we hold the lock, so nobody is writing it: an incomplete record at its end is cut off
+        found, seg.read_off, damaged = segments.scan(seg.fd, seg.read_off,
+                                                     self._file(seg.number, "seg"))
+        if damaged:
+            self._count("damaged", damaged)
+        for pos, record in found:
+            entry = seg.entries[pos] = _Entry(seg.number, pos, *record, next_at=record.created_at)
             self._add(entry)
-            pos += _padded(entry.head + entry.size)
-        if pos > size:  # a writer died in the padding of an item that is whole
-            os.ftruncate(seg.fd, pos)
-        seg.read_off = pos
-
-    def _parse(self, seg: _Segment, pos: int, size: int) -> _Entry | None:
-        head = os.pread(seg.fd, HEADER_BYTES2, pos)
-        if len(head) < SEG_HEAD.size:
-            return None
-        magic, length, payload_crc, head_crc = SEG_HEAD.unpack_from(head)
-        layout = {SEG_MAGIC: SEG_META, SEG_MAGIC2: SEG_META2}.get(magic)
-        if layout is None:
-            return None
-        header = SEG_HEAD.size + layout.size
-        meta = head[SEG_HEAD.size:header]
-        covered = meta if magic == SEG_MAGIC else head[:SEG_HEAD.size - 4] + meta
-        if len(meta) < layout.size or zlib.crc32(covered) != head_crc or pos + header + length > size:
-            return None
-        key, flags = None, CLOCK_SYNCED
-        if magic == SEG_MAGIC:
-            kind, created, raw_id, digest = layout.unpack(meta)
-        else:
-            kind, created, raw_id, digest, flags, key_len, raw_key = layout.unpack(meta)
-            if key_len:
-                key = raw_key[:key_len].decode("ascii", "replace")
-        if kind not in KIND_NAMES:
-            return None
-        entry = _Entry(seg.number, pos, KIND_NAMES[kind], created, key or raw_id.hex(), digest,
-                       length, payload_crc, header, key, bool(flags & CLOCK_SYNCED),
-                       next_at=created)
-        if pos + _padded(header + length) > size and not self._payload_ok(seg, entry):
-            # short of its padding: a writer that died may have left it half-written. A
-            # whole record that went bad since is indexed, and dead-lettered when due.
-            return None
-        return entry
-
-    def _ends_where_the_next_begins(self, seg: _Segment, entry: _Entry, size: int) -> bool:
-        """Whether the record's length leads to the next record (or the end), and skips
-        none on the way: records start on page boundaries."""
-        end = min(entry.off + _padded(entry.head + entry.size), size)
-        for page in range(entry.off + PAGE, end + 1, PAGE):
-            if page < size and (self._parse(seg, page, size) is not None) != (page == end):
-                return False
-        return True
-
-    @staticmethod
-    def _payload_ok(seg: _Segment, entry: _Entry) -> bool:
-        return zlib.crc32(os.pread(seg.fd, entry.size, entry.off + entry.head)) == entry.payload_crc
-
-    def _next_good(self, seg: _Segment, pos: int, size: int) -> int | None:
-        """Where the next good record after damage at ``pos`` starts, if one does:
-        records start on page boundaries, so only those are looked at."""
-        probe = _padded(pos + 1)
-        while probe < size:
-            if os.pread(seg.fd, 3, probe) == SEG_MAGIC[:3] and self._parse(seg, probe, size):
-                self._count("damaged")
-                log.error("upload queue %s: skipped %d damaged bytes at offset %d (the "
-                          "items in them are lost)", self._file(seg.number, "seg"),
-                          probe - pos, pos)
-                return probe
-            probe += PAGE
-        return None
 
     def _read_outcomes(self, seg: _Segment) -> None:
         if seg.ack_fd is None:
             try:
-                seg.ack_fd = self._open(self._name(seg.number, "ack"), os.O_RDWR | os.O_APPEND)
+                seg.ack_fd = self._open(segments.file_name(seg.number, "ack"),
+                                        os.O_RDWR | os.O_APPEND)
             except FileNotFoundError:
                 return
-        size = os.fstat(seg.ack_fd).st_size
-        if size <= seg.ack_off:
-            return
-        data = os.pread(seg.ack_fd, size - seg.ack_off, seg.ack_off)
-        whole = len(data) - len(data) % ACK_BYTES
-        for i in range(0, whole, ACK_BYTES):
-            crc, = struct.unpack_from("<I", data, i)
-            body = data[i + 4:i + ACK_BYTES]
-            if zlib.crc32(body) == crc:
-                self._apply(seg, *ACK_BODY.unpack(body))
-        if whole < len(data):  # a torn outcome: the item is simply not settled
-            os.ftruncate(seg.ack_fd, seg.ack_off + whole)
-        seg.ack_off += whole
+        outcomes, seg.ack_off = segments.read_outcomes(seg.ack_fd, seg.ack_off)
+        for outcome in outcomes:
+            self._apply(seg, *outcome)
 
     def _apply(self, seg: _Segment, off: int, state: int, attempts: int, at: float,
                next_at: float) -> None:
@@ -514,13 +395,9 @@ class QueueStore:
         seg.close()
 
     # -- writing ----------------------------------------------------------------
-    @staticmethod
-    def _name(number: int, ext: str) -> str:
-        return f"{number:08d}.{ext}"
-
     def _file(self, number: int, ext: str) -> str:
         """For messages: every file is opened through the directory's descriptor."""
-        return os.path.join(self.path, self._name(number, ext))
+        return os.path.join(self.path, segments.file_name(number, ext))
 
     def _segment_for(self, length: int) -> _Segment:
         if self._segs:
@@ -528,8 +405,9 @@ class QueueStore:
             if last.read_off == 0 or last.read_off + length <= SEGMENT_BYTES:
                 return last
         number = max(self._segs, default=0) + 1
-        fd = self._open(self._name(number, "seg"), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
-        _reserve(fd, SEGMENT_BYTES)
+        fd = self._open(segments.file_name(number, "seg"),
+                        os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+        segments.reserve(fd, SEGMENT_BYTES)
         os.fsync(self._dir_fd)   # the new name must survive a power cut with its first item
         seg = self._segs[number] = _Segment(number, fd)
         return seg
@@ -537,25 +415,17 @@ class QueueStore:
     def _append_item(self, kind: str, payload: bytes, digest: bytes, now: float,
                      raw_id: bytes | None = None, key: str | None = None,
                      synced: bool = True) -> _Entry:
-        raw_id = raw_id or uuid.uuid4().bytes
-        raw_key = (key or "").encode("ascii")
-        meta = SEG_META2.pack(KIND_CODES[kind], now, raw_id, digest,
-                              CLOCK_SYNCED if synced else 0, len(raw_key), raw_key)
-        crc = zlib.crc32(payload)
-        head = struct.pack("<4sII", SEG_MAGIC2, len(payload), crc)
-        record = head + struct.pack("<I", zlib.crc32(head + meta)) + meta
-        length = _padded(len(record) + len(payload))
-        seg = self._segment_for(length)
+        data, record = segments.item_record(kind, payload, digest, now,
+                                            raw_id or uuid.uuid4().bytes, key, synced)
+        seg = self._segment_for(len(data))
         try:
-            _write_all(seg.fd, record + payload + bytes(length - len(record) - len(payload)))
+            segments.write_all(seg.fd, data)
             os.fdatasync(seg.fd)
         except OSError:
             os.ftruncate(seg.fd, seg.read_off)  # nothing half-written stays behind
             raise
-        entry = _Entry(seg.number, seg.read_off, kind, now, key or raw_id.hex(), digest,
-                       len(payload), crc, len(record), key, synced, next_at=now)
-        seg.entries[seg.read_off] = entry
-        seg.read_off += length
+        entry = seg.entries[seg.read_off] = _Entry(seg.number, seg.read_off, *record, next_at=now)
+        seg.read_off += len(data)
         self._add(entry)
         return entry
 
@@ -569,11 +439,10 @@ class QueueStore:
     def _write_outcome(self, seg: _Segment, off: int, state: int, attempts: int, at: float,
                        next_at: float) -> None:
         if seg.ack_fd is None:
-            seg.ack_fd = self._open(self._name(seg.number, "ack"),
+            seg.ack_fd = self._open(segments.file_name(seg.number, "ack"),
                                     os.O_RDWR | os.O_CREAT | os.O_APPEND)
-        body = ACK_BODY.pack(off, state, min(attempts, 0xFFFF), at, next_at)
-        _write_all(seg.ack_fd, struct.pack("<I", zlib.crc32(body)) + body)
-        seg.ack_off += ACK_BYTES
+        segments.write_all(seg.ack_fd, segments.outcome_record(off, state, attempts, at, next_at))
+        seg.ack_off += segments.ACK_BYTES
         self._apply(seg, off, state, attempts, at, next_at)
 
     def _collect(self, now: float) -> None:
@@ -583,9 +452,9 @@ class QueueStore:
         for number, seg in list(self._segs.items()):
             if number == newest or seg.live or now - seg.last_sent < self.policy.dedupe_window_s:
                 continue
-            os.unlink(self._name(number, "seg"), dir_fd=self._dir_fd)
+            os.unlink(segments.file_name(number, "seg"), dir_fd=self._dir_fd)
             try:
-                os.unlink(self._name(number, "ack"), dir_fd=self._dir_fd)
+                os.unlink(segments.file_name(number, "ack"), dir_fd=self._dir_fd)
             except FileNotFoundError:
                 pass
             self._forget(number)
@@ -609,7 +478,7 @@ class QueueStore:
         key = item_key(kind, payload, key)
         now = time.time() if now is None else now
         synced = self.synced()
-        digest = hashlib.sha256(kind.encode() + b"\0" + payload).digest()
+        digest = segments.digest(kind, payload)
         size = len(payload)
         p = self.policy
         limit = min(p.max_bytes, p.max_item_bytes)
@@ -704,8 +573,9 @@ class QueueStore:
                 if len(items) >= limit or (items and max_bytes is not None
                                            and total + entry.size > max_bytes):
                     break
-                payload = os.pread(self._segs[entry.seg].fd, entry.size, entry.off + entry.head)
-                if zlib.crc32(payload) != entry.payload_crc:
+                payload = segments.read_payload(self._segs[entry.seg].fd, entry.off + entry.head,
+                                                entry.size, entry.payload_crc)
+                if payload is None:
                     self._dead(entry, "damaged on the SD card (checksum mismatch)", time.time())
                     continue
                 items.append(Item(entry.id, entry.kind, payload, entry.attempts, entry.next_at,
@@ -726,7 +596,7 @@ class QueueStore:
                     self._settle(entry, SENT, now)
             self._collect(now)
 
-    def failed(self, item: Item, next_attempt_at: float, error: str) -> None:
+    def failed(self, item: Item, next_attempt_at: float) -> None:
         with self._locked():
             entry = self._live.get(item.id)
             if entry is not None:
@@ -742,65 +612,17 @@ class QueueStore:
 
     def _dead(self, entry: _Entry, reason: str, now: float) -> None:
         """The reason is on the card (fsync'd) before the item may go."""
-        line = json.dumps({"id": entry.id, "kind": entry.kind, "sha256": entry.digest.hex(),
-                           "created_at": entry.created_at, "failed_at": now,
-                           "reason": reason[:200]}) + "\n"
-        self._dead_letter_append(line.encode())
+        self._dead_letter.append(deadletter.line(entry.id, entry.kind, entry.digest.hex(),
+                                                 entry.created_at, now, reason[:200]))
         self._settle(entry, DEAD, now)
 
-    def _dead_letter_append(self, lines: bytes) -> None:
-        try:
-            st = os.stat(DEAD_LETTER, dir_fd=self._dir_fd, follow_symlinks=False)
-            if st.st_size > DEAD_LETTER_MAX_BYTES:
-                os.replace(DEAD_LETTER, DEAD_LETTER + ".1", src_dir_fd=self._dir_fd,
-                           dst_dir_fd=self._dir_fd)
-        except FileNotFoundError:
-            pass
-        fd = self._open(DEAD_LETTER, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        try:
-            _write_all(fd, lines)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _read_dead_letter(self, name: str) -> bytes:
-        fd = self._open(name, os.O_RDONLY)
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
-
     def dead_letters(self) -> list[dict]:
-        out = []
-        for name in (DEAD_LETTER + ".1", DEAD_LETTER):
-            try:
-                text = self._read_dead_letter(name).decode("utf-8", "replace")
-                out += [json.loads(line) for line in text.splitlines(keepends=True)
-                        if line.endswith("\n")]
-            except (FileNotFoundError, ValueError):
-                pass
-        return out
-
-    def _dead_letter_count(self) -> int:
-        """Lines in the dead-letter files, counted again only when they changed: stats()
-        runs on every status refresh, the files hold up to ~20,000 reasons."""
-        key, paths = [], [DEAD_LETTER + ".1", DEAD_LETTER]
-        for path in paths:
-            try:
-                st = os.stat(path, dir_fd=self._dir_fd, follow_symlinks=False)
-                key.append((st.st_ino, st.st_size, st.st_mtime_ns))
-            except FileNotFoundError:
-                key.append(None)
-        if key != self._dead_counted[0]:
-            count = 0
-            for path, stamp in zip(paths, key):
-                if stamp is not None:
-                    count += self._read_dead_letter(path).count(b"\n")
-            self._dead_counted = (key, count)
-        return self._dead_counted[1]
+        return self._dead_letter.records()
 
     def stats(self) -> dict:
         with self._locked():
             count, total = self._n_items, self._n_bytes
-            dead = self._dead_letter_count()
+            dead = self._dead_letter.count()
         return {"items": count, "bytes": total, "dead_letter": dead, "dropped": dict(self.dropped)}
 
     def close(self) -> None:
@@ -815,51 +637,22 @@ class QueueStore:
 
     # -- the queue of earlier versions --------------------------------------------
     def _migrate_sqlite(self) -> None:
-        """Moves what an earlier version queued in ``queue.db`` next to the spool into
-        it, then deletes the database: an upgrade loses nothing."""
-        old = os.path.join(os.path.dirname(os.path.abspath(self.path)), "queue.db")
-        if not os.path.isfile(old):
+        """Moves what an earlier version queued in sqlite into the spool, then deletes
+        the database: an upgrade loses nothing."""
+        old = migrate_sqlite.old_queue(self.path)
+        if old is None:
             return
-        try:
-            db = sqlite3.connect(old, timeout=30)
-            try:
-                rows = db.execute("SELECT id, kind, payload, created_at, attempts, next_attempt_at "
-                                  "FROM items ORDER BY created_at").fetchall()
-                dead = db.execute("SELECT id, kind, content_hash, created_at, failed_at, reason "
-                                  "FROM dead_letter").fetchall()
-            finally:
-                db.close()
-        except sqlite3.DatabaseError as e:
-            aside = f"{old}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
-            log.error("the upload queue of an earlier version (%s) cannot be read (%s); moved "
-                      "aside to %s", old, e, aside)
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(old + suffix):
-                    os.replace(old + suffix, aside + suffix)
-            return
-        moved = 0
-        for _id, kind, payload, created, attempts, next_at in rows:
-            if kind not in KIND_CODES:
-                continue
-            payload = bytes(payload)
-            digest = hashlib.sha256(kind.encode() + b"\0" + payload).digest()
-            try:  # the same Idempotency-Key: a send in flight at the upgrade is not stored twice
-                raw_id = uuid.UUID(hex=_id).bytes
-            except (ValueError, TypeError, AttributeError):
-                raw_id = None
-            entry = self._append_item(kind, payload, digest, created, raw_id)
-            if attempts:
-                self._settle(entry, FAILED, time.time(), attempts, next_at)
-            moved += 1
-        if dead:
-            self._dead_letter_append("".join(
-                json.dumps(dict(zip(("id", "kind", "sha256", "created_at", "failed_at",
-                                     "reason"), row))) + "\n" for row in dead).encode())
-        for suffix in ("", "-wal", "-shm"):
-            if os.path.exists(old + suffix):
-                os.unlink(old + suffix)
+        for item in old.items:
+            entry = self._append_item(item.kind, item.payload,
+                                      segments.digest(item.kind, item.payload),
+                                      item.created_at, item.raw_id)
+            if item.attempts:
+                self._settle(entry, FAILED, time.time(), item.attempts, item.next_attempt_at)
+        if old.dead_letters:
+            self._dead_letter.append(old.dead_letters)
+        old.remove()
         log.info("moved %d queued uploads from %s (an earlier version's queue) into %s",
-                 moved, old, self.path)
+                 len(old.items), old.path, self.path)
 
     # -- internals --------------------------------------------------------------
     def _count(self, reason: str, n: int = 1) -> None:
@@ -885,33 +678,3 @@ class _Locked:
         if failure is not None and failure is not e:
             raise failure from e
         return False
-
-
-def _padded(length: int) -> int:
-    return -(-length // PAGE) * PAGE
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-_libc = None
-
-
-def _reserve(fd: int, length: int) -> None:
-    """Allocates the segment's blocks up front, past its end (its size still says where
-    the items end): an enqueue's sync then writes its pages and the inode, not also the
-    allocation bitmaps. Best effort: a file system without fallocate just allocates as
-    it goes."""
-    global _libc
-    try:
-        if _libc is None:
-            import ctypes
-            import ctypes.util
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-        _libc.fallocate(fd, 1, 0, length)   # 1: FALLOC_FL_KEEP_SIZE
-    except (OSError, AttributeError):
-        pass

@@ -14,7 +14,9 @@ from typing import Callable
 
 from ..clock import Clock, SystemClock
 from ..storage import card_failure
-from .schedule import OK, PERMANENT, QUEUE_WIDE, UploadPolicy, UploadScheduler
+from ..upload_kinds import PROOF_OF_PLAY
+from .schedule import (OK, PERMANENT, QUEUE_WIDE, SLOW_DOWN, UploadPolicy,
+                       UploadScheduler)
 from .sender import UploadSender
 from .store import Item, QueueStorageFailed, QueueStore, QueueUnavailable
 
@@ -134,8 +136,8 @@ class UploadWorker(threading.Thread):
             earliest = self.store.earliest_due()
             return IDLE if earliest is None else max(0.05, earliest - wall)
         self._on_change()  # status shows what is queued while it is on its way
-        pop = [i for i in items if i.kind == "proof-of-play"]
-        others = [i for i in items if i.kind != "proof-of-play"]
+        pop = [i for i in items if i.kind == PROOF_OF_PLAY]
+        others = [i for i in items if i.kind != PROOF_OF_PLAY]
         if pop:
             for item_id, outcome in self.sender.send_batch(pop).items():
                 self._settle(next(i for i in pop if i.id == item_id), outcome)
@@ -159,7 +161,7 @@ class UploadWorker(threading.Thread):
             if first:
                 log.warning("uploads held (%s: %s): %d queued, trying again in %.0fs%s",
                             outcome.kind, outcome.detail, self._queued(), until - mono,
-                            ", or when the link is back" if outcome.kind != "slow-down" else "")
+                            ", or when the link is back" if outcome.kind != SLOW_DOWN else "")
             return
         if outcome.kind == OK:
             if self.scheduler.hold_reason is not None:
@@ -174,8 +176,8 @@ class UploadWorker(threading.Thread):
                         item.id, item.kind, outcome.detail)
             return
         self.scheduler.succeeded()  # the server answered: not an outage
-        due_mono = self.scheduler.after_failure(outcome, item.attempts + 1, mono)
-        self.store.failed(item, wall + (due_mono - mono), outcome.detail)
+        due_mono = self.scheduler.after_failure(item.attempts + 1, mono)
+        self.store.failed(item, wall + (due_mono - mono))
         log.warning("upload of a %s failed (%s), retrying in %.0fs", item.kind, outcome.detail,
                     due_mono - mono)
 

@@ -11,7 +11,8 @@ import sqlite3
 import time
 import uuid
 
-from agent.uploads.schedule import KINDS, UploadPolicy
+from agent.upload_kinds import KINDS
+from agent.uploads.schedule import UploadPolicy
 # What the spool kept from this design: its errors, items and free-space rule.
 from agent.uploads.store import (Item, QueueDiskFull, QueueUnavailable,  # noqa: F401
                                  QueueStore as SpoolStore, free_bytes)
@@ -234,7 +235,7 @@ class QueueStore:
                     self.db.execute("INSERT OR REPLACE INTO sent(content_hash, sent_at) VALUES(?,?)",
                                     (row[0], now))
 
-    def failed(self, item: Item, next_attempt_at: float, error: str) -> None:
+    def failed(self, item: Item, next_attempt_at: float, error: str = "") -> None:
         self.db.execute("UPDATE items SET attempts=attempts+1, next_attempt_at=?, last_error=? "
                         "WHERE id=?", (next_attempt_at, error[:200], item.id))
 

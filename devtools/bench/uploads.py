@@ -44,6 +44,7 @@ class _Meter:
 
 def _one_design(store_class, path: str, card: SdCard, server_url: str, items: int) -> dict:
     from agent.clock import FakeClock
+    from agent.upload_kinds import LOG
     from agent.uploads.schedule import UploadPolicy
     from agent.uploads.sender import UploadSender
     from agent.uploads.worker import UploadWorker
@@ -53,7 +54,7 @@ def _one_design(store_class, path: str, card: SdCard, server_url: str, items: in
         payload = os.urandom(PAYLOAD - 4)
         with _Meter(card) as enqueue:
             for i in range(items):
-                store.enqueue("log", payload + i.to_bytes(4, "big"))
+                store.enqueue(LOG, payload + i.to_bytes(4, "big"))
         # an hour of the server out of reach (nothing listens there), on a fake clock
         clock = FakeClock(wall_offset=time.time() - 1000.0)
         dead_end = UploadWorker(store, UploadSender("http://127.0.0.1:9", ("screen-1", "t")),
