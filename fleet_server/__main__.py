@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import logging
 import os
 import sys
+import time
+import urllib.error
+import urllib.request
 
-
-from .server import Behaviour, FleetServer
+from .behaviour import Behaviour
+from .server import FleetServer
 from .serving import serve_until_stopped
 
 
@@ -54,8 +58,6 @@ async def serve(args, tokens) -> None:
 
 def pair(argv) -> int:
     """`fleet-server pair CODE`: what an operator types after reading the screen."""
-    import urllib.error
-    import urllib.request
     p = argparse.ArgumentParser(prog="fleet-server pair")
     p.add_argument("code")
     p.add_argument("--url", default="http://127.0.0.1:8470")
@@ -85,10 +87,6 @@ def _duration(text: str) -> int:
 
 def command(argv) -> int:
     """`fleet-server command DEVICE NAME [...]`: ask a screen to act, wait, print the result."""
-    import gzip
-    import time
-    import urllib.error
-    import urllib.request
     p = argparse.ArgumentParser(prog="fleet-server command")
     p.add_argument("device_id")
     p.add_argument("name", help="diagnostics | logs | screenshot | display | restart-agent | reboot")

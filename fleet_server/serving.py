@@ -1,5 +1,6 @@
-"""Running an aiohttp app until SIGTERM, saying its port: the reference server's and the
-test peers' one way to listen (0 picks a free port, written atomically to port_file)."""
+"""The aiohttp plumbing the reference server and the test peers share: running an app
+until SIGTERM, saying its port (0 picks a free port, written atomically to port_file),
+and reading a request's JSON object."""
 from __future__ import annotations
 
 import asyncio
@@ -31,3 +32,13 @@ async def serve_until_stopped(app: web.Application, host: str, port: int,
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+
+
+async def read_json(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="body must be JSON") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="body must be a JSON object")
+    return body

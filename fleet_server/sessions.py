@@ -1,0 +1,167 @@
+"""Device connections on the default namespace: the Socket.IO CONNECT (credentials, the
+flap limiter, TCP keepalive), heartbeats and their ACKs, reports and events, and the
+reaper that marks a silent device offline and closes its socket, so "offline" and
+"connected" never disagree."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+import socketio
+
+from agent.link.protocol import THROTTLE
+
+from .behaviour import Behaviour
+from .commands import Commands
+from .devices import Registry
+
+log = logging.getLogger("fleet_server")
+
+
+class FlapLimiter:
+    """Connects per identity: a paired device that flaps is asked, softly, to slow down
+    (it is never quarantined); an unknown identity that flaps is refused for a while."""
+
+    def __init__(self, behaviour: Behaviour):
+        self.behaviour = behaviour
+        self.connects: dict[str, list] = {}      # identity -> recent connect times
+        self.quarantined: dict[str, float] = {}  # identity -> until (monotonic)
+        self.throttled: dict[str, int] = {}      # identity -> soft throttles sent
+
+    def flapping(self, identity: str, now: float) -> bool:
+        """Counts this connect; True once the identity connects too often."""
+        recent = [t for t in self.connects.get(identity, []) if now - t < self.behaviour.flap_window_s]
+        recent.append(now)
+        self.connects[identity] = recent[-1000:]
+        return len(recent) > self.behaviour.flap_limit
+
+    def view(self, now: float) -> dict:
+        return {"throttled": self.throttled,
+                "quarantined": [i for i, t in self.quarantined.items() if t > now]}
+
+
+class Sessions:
+    def __init__(self, sio: socketio.AsyncServer, behaviour: Behaviour, registry: Registry,
+                 commands: Commands):
+        self.sio = sio
+        self.behaviour = behaviour
+        self.registry = registry
+        self.commands = commands
+        self.limiter = FlapLimiter(behaviour)
+
+    async def connect(self, sid, environ, auth=None):
+        claimed = auth.get("device_id") if isinstance(auth, dict) else None
+        identity = claimed if isinstance(claimed, str) and claimed else "anonymous"
+        now = time.monotonic()
+        if self.limiter.quarantined.get(identity, 0) > now:
+            raise socketio.exceptions.ConnectionRefusedError("quarantined")
+        flapping = self.limiter.flapping(identity, now)
+        try:
+            device_id = self._authenticate(auth)
+        except socketio.exceptions.ConnectionRefusedError:
+            if flapping:  # an unknown identity that flaps is shut out for a while
+                self.limiter.quarantined[identity] = now + self.behaviour.quarantine_s
+                log.info("quarantining identity %s: flapping with bad credentials", identity)
+            raise
+        if self.behaviour.connect_delay_s:
+            await asyncio.sleep(self.behaviour.connect_delay_s)
+        self._keep_alive(sid, environ)
+        dev = self.registry.attach(sid, device_id)
+        self.commands.resend_unreceived(sid, dev)
+        if flapping:
+            self.limiter.throttled[device_id] = self.limiter.throttled.get(device_id, 0) + 1
+            asyncio.get_running_loop().create_task(self.sio.emit(
+                THROTTLE, {"retry_after_s": self.behaviour.throttle_s}, to=sid))
+
+    def _authenticate(self, auth) -> str:
+        if not isinstance(auth, dict):
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+        device_id, token = auth.get("device_id"), auth.get("token")
+        if not isinstance(device_id, str) or not isinstance(token, str) or not device_id:
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+        if not self.registry.admits(device_id, token):
+            self.registry.device(device_id).refused += 1
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+        return device_id
+
+    def _keep_alive(self, sid: str, environ: dict) -> None:
+        request = environ.get("aiohttp.request")
+        transport = request.transport if request is not None else None
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # The server must notice dead peers by itself too.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        self.registry.transports[sid] = transport
+
+    async def disconnect(self, sid, *args):
+        self.registry.detach(sid)
+
+    async def heartbeat(self, sid, data=None):
+        """device:heartbeat; the ACK (the return value) is what Behaviour.ack_mode says."""
+        dev = self.registry.device_of(sid)
+        if dev is None or not isinstance(data, dict):
+            return None
+        seq = data.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            return None
+        dev.heartbeats += 1
+        dev.last_seq = seq
+        dev.heartbeat_times.append(round(time.time(), 3))
+        del dev.heartbeat_times[:-200]
+        if len(dev.seqs) < 100_000:
+            dev.seqs.add(seq)
+        if sid not in dev._sids_heard:
+            dev._sids_heard.add(sid)
+            dev.first_heartbeat_times.append(round(time.time(), 3))
+            if len(dev._sids_heard) > 1000:
+                dev._sids_heard.clear()
+        dev.last_heartbeat = time.monotonic()
+        dev.online = True
+        mode = self.behaviour.ack_mode
+        if self.behaviour.ack_delay_s:
+            await asyncio.sleep(self.behaviour.ack_delay_s)
+        if mode == "none":
+            return None
+        if mode == "wrong-seq":
+            return {"seq": seq + 1000, "server_ts": round(time.time(), 3)}
+        if mode == "garbage":
+            return "not-an-ack", [1, 2]
+        return {"seq": seq, "server_ts": round(time.time(), 3)}
+
+    async def report(self, sid, data=None):
+        dev = self.registry.device_of(sid)
+        if dev is None or not isinstance(data, dict) or not isinstance(
+                data.get("connections"), list):
+            return {"ok": False, "error": "bad report"}
+        dev.reports.extend(c for c in data["connections"][:100] if isinstance(c, dict))
+        return {"ok": True}
+
+    async def event(self, sid, data=None):
+        dev = self.registry.device_of(sid)
+        if dev is None or not isinstance(data, dict) or not isinstance(data.get("type"), str):
+            return {"ok": False, "error": "bad event"}
+        dev.events.append(data)
+        return {"ok": True}
+
+    async def start_reaper(self, _app) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for dev in self.registry.devices.values():
+                if (dev.online and dev.last_heartbeat is not None
+                        and now - dev.last_heartbeat > self.behaviour.heartbeat_timeout_s):
+                    dev.online = False
+                    log.info("device %s offline: no heartbeat for %.0fs; closing its socket",
+                             dev.device_id, now - dev.last_heartbeat)
+                    for sid in list(dev.sids):
+                        self.registry.close(sid)
