@@ -7,8 +7,13 @@ import logging
 import os
 import signal
 import sys
+import time
 
-from . import __version__, config as cfgmod, logs, status
+from . import __version__, config as cfgmod, crashes, logs, status
+from .fsutil import UnsafePath, drop_to_owner
+from .identity.credentials import Credentials
+from .link.profiles import PROFILES
+from .upload_kinds import KINDS
 
 EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
 
@@ -39,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=ENQUEUE_EXITS)
     enq.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
-    enq.add_argument("--kind", required=True, choices=["screenshot", "log", "proof-of-play"])
+    enq.add_argument("--kind", required=True, choices=list(KINDS))
     enq.add_argument("--key", help="idempotency key (1 to 64 of A-Z a-z 0-9 . _ : -): an item "
                                    "whose key is queued or was sent in the last dedupe window "
                                    "is a duplicate; a proof-of-play record's \"play_id\" is its "
@@ -72,10 +77,9 @@ def _load(path: str) -> cfgmod.Config:
 def cmd_run(args) -> int:
     config = _load(args.config)
     logs.setup(config.log_level)
-    from . import crashes
     crashes.prepare()
     from .daemon import Agent  # imports socketio; keep `status` light
-    from .uploads.store import QueueUnavailable
+    from .uploads.store import QueueUnavailable  # likewise
     try:
         agent = Agent(config)
     except QueueUnavailable as e:
@@ -196,7 +200,6 @@ def _storage(doc: dict) -> dict:
 
 
 def _elapsed_since(updated_at) -> float:
-    import time
     if isinstance(updated_at, bool) or not isinstance(updated_at, (int, float)):
         return 0.0
     return max(0.0, time.time() - updated_at)
@@ -232,7 +235,6 @@ ENQUEUE_EXITS = """exit status:
 
 def cmd_enqueue(args) -> int:
     config = _load(args.config)
-    from .link.profiles import PROFILES
     carried = PROFILES[config.profile].link_upload_kinds
     if carried and args.kind not in carried:
         sys.stderr.write(f"edge-agent: --kind: the {config.profile} profile carries no "
@@ -240,7 +242,7 @@ def cmd_enqueue(args) -> int:
         return EXIT_USAGE
     # the answer is the one line below; the store's own warnings are for the agent's journal
     logging.getLogger("edge_agent").addHandler(logging.NullHandler())
-    from .fsutil import UnsafePath, drop_to_owner
+    # the queue's modules are heavy: imported here, off `status`'s path
     from .uploads.store import QueueDiskFull, QueueRefused, QueueStore, QueueUnavailable
     try:  # read as the caller (root may queue its own files), before dropping to the agent
         limit = min(config.uploads.max_bytes, config.uploads.max_item_bytes)
@@ -304,8 +306,6 @@ def cmd_unpair(args) -> int:
         sys.stderr.write("edge-agent: this device has a pre-provisioned token in the "
                          "configuration ([identity] token); remove it to enroll\n")
         return EXIT_USAGE
-    from .fsutil import UnsafePath, drop_to_owner
-    from .identity.credentials import Credentials
     try:
         # as the agent's user: root deletes nothing there that it could not
         drop_to_owner(config.state_dir)

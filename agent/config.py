@@ -21,13 +21,14 @@ from urllib.parse import urlparse
 
 from .identity.rules import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
 from .backoff import JITTER_MODES, BackoffPolicy
+from .commands.core import COMMANDS
 from .link.liveness import LivenessPolicy
+from .link.profiles import PROFILES
 from .link.sockopts import KeepalivePolicy
 from .uploads.schedule import UploadPolicy
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
 ENV_PREFIX = "EDGE_AGENT_"
-PROFILES = ("edge-agent", "screentinker")
 
 
 class ConfigError(Exception):
@@ -103,7 +104,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "server": {
         "url": Key(str, REQUIRED, "server_url"),     # its own rule: _check_url
         "ca_file": Key(str, None, "ca_file", ABS_PATH),
-        "profile": Key(str, "edge-agent", "profile", PROFILES),
+        "profile": Key(str, "edge-agent", "profile", tuple(PROFILES)),
         # a cellular link needs seconds; minutes only hide a dead server
         "connect_timeout_s": Key(float, 10.0, "connect_timeout_s", Range(0.5, 300)),
     },
@@ -455,7 +456,6 @@ def _validate(v: dict, env: dict, path: str) -> Config:
             f"link.silence_timeout_s: must be greater than link.heartbeat_interval_s ({hb})")
     if v["link.backoff.cap_s"] < v["link.backoff.base_s"]:
         raise ConfigError("link.backoff.cap_s: must be >= link.backoff.base_s")
-    from .commands.core import COMMANDS
     unknown = [c for c in v["commands.allow"] if c not in COMMANDS]
     if unknown:
         raise ConfigError(f"commands.allow: unknown command {unknown[0]!r} (one of "

@@ -1,5 +1,6 @@
 """Files the agent keeps: replaced so that readers and power cuts see the old one or the
-new one, and never reached through a link someone else planted.
+new one, read within a bound, set aside when corrupt, and never reached through a link
+someone else planted.
 
 The state directory belongs to the agent's user. A command run as root there (an
 operator's `sudo edge-agent enqueue`) first becomes that user (`drop_to_owner`), so it
@@ -7,13 +8,25 @@ can never do more than the agent could; files are opened with O_NOFOLLOW besides
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
 import secrets
 import stat
+import time
 
 
 class UnsafePath(Exception):
     """A path a privileged command must not use: one line saying why."""
+
+
+class NotRegularFile(OSError):
+    """A FIFO, device or directory where a file was expected: refused unread, since it
+    could block the reader or feed it forever."""
+
+
+class FileTooLarge(ValueError):
+    """A file over the bound its reader set."""
 
 
 def drop_to_owner(directory: str) -> tuple[int, int]:
@@ -81,3 +94,45 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True
             os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def read_bounded(path: str, max_bytes: int, follow_links: bool = False) -> bytes:
+    """The regular file at ``path``, at most ``max_bytes`` of it, else FileTooLarge. Not
+    through a link unless ``follow_links`` (OSError ELOOP); NotRegularFile for anything
+    but a regular file, which is never waited on (O_NONBLOCK). FileNotFoundError and any
+    other OSError pass as they are."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > max_bytes:
+        raise FileTooLarge(f"{path}: over {max_bytes} bytes")
+    return raw
+
+
+def read_json(path: str, max_bytes: int, follow_links: bool = False):
+    """The JSON document in ``path``, read as ``read_bounded`` does; ValueError (of
+    which FileTooLarge is one) for a file too large or not JSON, nested past the parser's
+    depth included."""
+    raw = read_bounded(path, max_bytes, follow_links)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path}: not JSON") from None
+
+
+def set_aside(path: str, why: str) -> str | None:
+    """Renames a file its reader cannot use to ``<path>.<why>-<time>`` beside it, kept for
+    inspection: the new path, or None when it cannot be moved (a read-only card). Never
+    raises."""
+    aside = f"{path}.{why}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return None
+    return aside

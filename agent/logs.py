@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4,
@@ -206,7 +207,6 @@ class RecentLines(logging.Handler):
 
     def __init__(self, capacity: int = 1000):
         super().__init__()
-        from collections import deque
         self.lines = deque(maxlen=capacity)
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import errno
 import json
 import os
-import stat
 
-from .fsutil import atomic_write
+from .fsutil import FileTooLarge, NotRegularFile, atomic_write, read_json
 
 MAX_STATUS_BYTES = 1 << 20
 
@@ -31,25 +30,18 @@ def read(path: str) -> dict:
     """The agent's user writes this file and `edge-agent status` may read it as root:
     never through a link, never a FIFO or device that could block or feed it forever."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_json(path, MAX_STATUS_BYTES)
     except FileNotFoundError:
         raise StatusFileError(f"{path}: no status file (is the agent running?)") from None
+    except NotRegularFile:
+        raise StatusFileError(f"{path}: not a regular file, not a status file") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise StatusFileError(f"{path}: a symbolic link, not a status file") from None
         raise StatusFileError(f"{path}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise StatusFileError(f"{path}: not a regular file, not a status file")
-            raw = f.read(MAX_STATUS_BYTES + 1)
-    except OSError as e:
-        raise StatusFileError(f"{path}: {e.strerror}") from None
-    if len(raw) > MAX_STATUS_BYTES:
-        raise StatusFileError(f"{path}: too large to be a status file")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except FileTooLarge:
+        raise StatusFileError(f"{path}: too large to be a status file") from None
+    except ValueError:
         raise StatusFileError(f"{path}: not a valid status file") from None
     if not isinstance(data, dict):
         raise StatusFileError(f"{path}: not a valid status file")

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from .. import journal_gate
 from ..logs import RECENT, under_journal
+from ..upload_kinds import LOG, SCREENSHOT
 
 log = logging.getLogger("edge_agent.commands")
 
@@ -104,7 +105,7 @@ class Actions:
     def _bundle(self, lines: list[dict], source: str) -> Outcome:
         bundle = gzip.compress("\n".join(json.dumps(x) for x in lines).encode(), 6)
         try:
-            upload_id = self.enqueue("log", bundle)
+            upload_id = self.enqueue(LOG, bundle)
         except NotQueued as e:
             return Outcome(False, error=f"the bundle was not queued: {e}")
         return Outcome(True, f"{len(lines)} lines from {source} queued as upload {upload_id} "
@@ -123,7 +124,7 @@ class Actions:
         if not (image.startswith(b"\xff\xd8") or image.startswith(b"\x89PNG")):
             return Outcome(False, error="the screenshot command printed no JPEG or PNG image")
         try:
-            upload_id = self.enqueue("screenshot", image)
+            upload_id = self.enqueue(SCREENSHOT, image)
         except NotQueued as e:
             return Outcome(False, error=f"the screenshot was not queued: {e}")
         return Outcome(True, f"screenshot of {len(image)} bytes queued as upload {upload_id}",

@@ -226,7 +226,7 @@ class CommandCore:
                 f"{1 / RATE_PER_S:.0f}s; not run, send it again in "
                 f"{self.bucket.wait_s():.0f}s"))]
         why = self._refusal(raw, now)
-        if why is None and len(self.running()) >= MAX_PENDING:
+        if why is None and sum(e.state == "running" for e in self.entries.values()) >= MAX_PENDING:
             return [self._refused(cid, name, now, "busy", (
                 f"busy: {MAX_PENDING} commands queued or running; not run, send it again "
                 "later"))]
@@ -264,9 +264,6 @@ class CommandCore:
         """Results the server has not confirmed: sent again on every new connection."""
         return [Report(e.result) for e in sorted(self.entries.values(), key=lambda e: e.received_at)
                 if e.state == "done" and not e.acked and e.result is not None]
-
-    def running(self) -> list[str]:
-        return [e.id for e in self.entries.values() if e.state == "running"]
 
     def take_changes(self) -> tuple[list, bool]:
         """What the ledger must record since the last call: [(id, Entry | None)], and

@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..fsutil import atomic_write
+from ..fsutil import FileTooLarge, atomic_write, read_bounded, set_aside
 from .core import Entry
 
 log = logging.getLogger("edge_agent.commands")
@@ -49,21 +48,19 @@ class Loaded:
 def load(path: str, now: float) -> Loaded:
     """``now``: wall time, for the hold after damage."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read(MIGRATE_MAX_BYTES + 1)
+        raw = read_bounded(path, MIGRATE_MAX_BYTES)
     except FileNotFoundError:
         return Loaded()
     except OSError as e:
         log.error("cannot read the command ledger %s (%s): refusing commands that may be "
                   "in it", path, e.strerror)
         return _lost(Loaded(rewrite=True), now)
-    out = Loaded(size=len(raw))
-    if len(raw) > MIGRATE_MAX_BYTES:
+    except FileTooLarge:
         log.error("command ledger %s is over %d bytes: refusing commands that may be in it",
                   path, MIGRATE_MAX_BYTES)
-        _set_aside(path, "toolarge")
+        set_aside(path, "toolarge")
         return _lost(Loaded(rewrite=True), now)
+    out = Loaded(size=len(raw))
     if raw.startswith(b'{"entries"'):
         return _load_v1(path, raw, now)
     lines = raw.split(b"\n")
@@ -76,7 +73,7 @@ def load(path: str, now: float) -> Loaded:
         if not _apply(out, line):
             damaged += 1
     if damaged:
-        aside = _set_aside(path, "corrupt")
+        aside = set_aside(path, "corrupt")
         log.error("command ledger %s: %d damaged line(s)%s; refusing commands that may be "
                   "in them", path, damaged, f", kept aside as {aside}" if aside else "")
         _lost(out, now)
@@ -118,7 +115,7 @@ def _load_v1(path: str, raw: bytes, now: float) -> Loaded:
             if e is not None:
                 out.entries[e.id] = e
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        aside = _set_aside(path, "corrupt")
+        aside = set_aside(path, "corrupt")
         log.error("command ledger %s is corrupt%s; refusing commands that may be in it", path,
                   f", kept aside as {aside}" if aside else "")
         return _lost(out, now)
@@ -132,15 +129,6 @@ def _lost(out: Loaded, now: float) -> Loaded:
     out.closed = True
     out.rewrite = True
     return out
-
-
-def _set_aside(path: str, why: str) -> str | None:
-    aside = f"{path}.{why}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        os.replace(path, aside)
-        return aside
-    except OSError:
-        return None
 
 
 class Ledger:

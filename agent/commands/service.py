@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable
 
+from ..fsutil import atomic_write
 from . import ledger
 from .actions import LATER, Actions, Outcome
 from .core import CommandCore, Report, Run
@@ -35,7 +36,6 @@ def boot_token(runtime_dir: str) -> str:
         pass
     token = os.urandom(8).hex()
     try:
-        from ..fsutil import atomic_write
         atomic_write(path, token.encode(), 0o644, durable=False)
     except OSError as e:
         log.warning("cannot keep the boot token in %s: %s", path, e.strerror)

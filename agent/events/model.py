@@ -31,7 +31,7 @@ def storage_failed(ts: float, state: str, reason: str, path: str, part: str,
                                       "part": part, "errno": errno_name})
 
 
-def display_event(connector: str, status: str) -> str | None:
+def display_event(status: str) -> str | None:
     """`/sys/class/drm/card*-HDMI-A-*/status` as an event type."""
     status = status.strip()
     if status == "connected":

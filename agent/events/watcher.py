@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Callable
 
+from ..supervise import supervise
 from .debounce import Debouncer
 from .model import Event, NetworkState, UndervoltageLatch, display_event
 from .outbox import Outbox
@@ -49,19 +50,6 @@ class SysfsState:
     def connectors(self) -> dict[str, str]:
         return {os.path.basename(p).split("-", 1)[1]: _read(os.path.join(p, "status"))
                 for p in glob.glob(os.path.join(self.root, "class/drm/card*-HDMI-A-*"))}
-
-    def screen_size(self) -> tuple[int, int] | None:
-        """The preferred mode of the first connected display (the first line of modes)."""
-        for p in sorted(glob.glob(os.path.join(self.root, "class/drm/card*-*"))):
-            if _read(os.path.join(p, "status")) != "connected":
-                continue
-            try:
-                with open(os.path.join(p, "modes")) as f:
-                    width, _, height = f.readline().strip().partition("x")
-                return int(width), int(height.rstrip("ip"))
-            except (OSError, ValueError):
-                continue
-        return None
 
     def undervoltage_alarm(self) -> str | None:
         for hw in glob.glob(os.path.join(self.root, "class/hwmon/hwmon*")):
@@ -161,7 +149,7 @@ class EventWatcher(threading.Thread):
     # -- sources --------------------------------------------------------------------
     def _open_udev(self):
         try:
-            import pyudev
+            import pyudev  # here: a missing or broken pyudev costs the fallback, not the agent
             source = self.udev_source
             if source == "auto":
                 source = "udev" if os.path.exists("/run/udev/control") else "kernel"
@@ -188,7 +176,6 @@ class EventWatcher(threading.Thread):
 
     # -- the loop -------------------------------------------------------------------
     def run(self) -> None:
-        from ..supervise import supervise
         supervise("events", self._loop, lambda: False,
                   lambda seconds: bool(select.select([self._stop_r], [], [], seconds)[0]))
 
@@ -254,7 +241,7 @@ class EventWatcher(threading.Thread):
         for connector, status in self.sysfs.connectors().items():
             if self._displays.get(connector) != status:
                 self._displays[connector] = status
-                kind = display_event(connector, status)
+                kind = display_event(status)
                 if kind and not baseline:
                     self.debouncer.feed(f"display:{connector}",
                                         Event(kind, wall, {"connector": connector}), now)

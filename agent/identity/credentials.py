@@ -12,10 +12,11 @@ import logging
 import os
 import time
 
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, read_json, set_aside
 from .rules import token_problem, usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
+MAX_BYTES = 64 * 1024
 
 
 class Credentials:
@@ -24,9 +25,8 @@ class Credentials:
 
     def _field(self, name: str):
         try:
-            with open(self.path, "rb") as f:
-                return json.loads(f.read(65536)).get(name)
-        except (OSError, ValueError, AttributeError, RecursionError):
+            return read_json(self.path, MAX_BYTES, follow_links=True).get(name)
+        except (OSError, ValueError, AttributeError):
             return None
 
     def server_device_id(self) -> str | None:
@@ -46,40 +46,32 @@ class Credentials:
     def load(self, device_id: str) -> str | None:
         """The stored token for ``device_id``, or None (absent, corrupt or another id's)."""
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read(65536)
+            doc = read_json(self.path, MAX_BYTES, follow_links=True)
+            problem = (token_problem("token", doc["token"]) if isinstance(doc, dict)
+                       else "not a JSON object")
         except FileNotFoundError:
             return None
         except OSError as e:
             log.warning("cannot read %s: %s", self.path, e.strerror)
             return None
-        try:
-            doc = json.loads(raw)
-            problem = (token_problem("token", doc["token"]) if isinstance(doc, dict)
-                       else "not a JSON object")
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
+        except (ValueError, KeyError, TypeError) as e:
             problem = "token: missing" if isinstance(e, KeyError) else "not JSON"
         if problem is not None:
             # an SD card that lied, or a file from a build whose token rule was looser
-            self._set_aside(problem)
+            aside = set_aside(self.path, "corrupt")
+            if aside is None:
+                # a read-only card: ignored in memory, and again at each start until writable
+                log.error("credentials file %s is unusable (%s) and cannot be moved aside; "
+                          "ignoring it, enrolling again", self.path, problem)
+            else:
+                log.error("credentials file %s is unusable (%s); kept aside as %s, enrolling "
+                          "again", self.path, problem, aside)
             return None
         token = doc["token"]
         if doc.get("device_id") != device_id:
             log.warning("stored credentials belong to another device id; enrolling again")
             return None
         return token
-
-    def _set_aside(self, problem: str) -> None:
-        aside = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
-        try:
-            os.replace(self.path, aside)
-        except OSError as e:
-            # a read-only card: ignored in memory, and again at each start until writable
-            log.error("credentials file %s is unusable (%s) and cannot be moved aside (%s); "
-                      "ignoring it, enrolling again", self.path, problem, e.strerror)
-            return
-        log.error("credentials file %s is unusable (%s); kept aside as %s, enrolling again",
-                  self.path, problem, aside)
 
     def save(self, device_id: str, token: str, server_device_id: str | None = None,
              pairing_code: str | None = None, claimed: bool | None = None) -> None:

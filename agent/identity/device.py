@@ -12,35 +12,10 @@ import os
 import secrets
 
 from ..fsutil import atomic_write
+from ..hardware import board_serial, machine_id
 from .rules import usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
-
-MACHINE_ID = "/etc/machine-id"
-SERIAL_PATHS = ("/sys/firmware/devicetree/base/serial-number", "/proc/device-tree/serial-number")
-MODEL_PATHS = ("/sys/firmware/devicetree/base/model", "/proc/device-tree/model")
-
-
-def _read(paths, limit=256) -> str:
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                return f.read(limit).replace(b"\0", b"").decode("ascii", "replace").strip()
-        except OSError:
-            continue
-    return ""
-
-
-def board_serial() -> str:
-    return _read(SERIAL_PATHS)
-
-
-def board_model() -> str:
-    return _read(MODEL_PATHS)
-
-
-def machine_id() -> str:
-    return _read((MACHINE_ID,))
 
 
 def derive() -> str:

@@ -17,12 +17,13 @@ from typing import Callable
 import requests
 import urllib3
 
-from .. import __version__
 from ..clock import SystemClock
-from . import device
-from ..fsutil import atomic_write
-from .rules import token_problem
+from ..fsutil import atomic_write, read_json
+from ..hardware import hardware_facts
+from ..supervise import supervise
 from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
+from .pairing_code import shown
+from .rules import token_problem
 
 log = logging.getLogger("edge_agent.identity")
 
@@ -40,31 +41,6 @@ MAX_SILENCE_S = MAX_WAIT_S + 2 * sum(TIMEOUT) + 10.0
 
 class BadAnswer(Exception):
     pass
-
-
-def hardware_facts() -> dict:
-    import platform
-    facts = {"model": device.board_model() or platform.machine(), "os": _os_name(),
-             "agent_version": __version__, "arch": platform.machine()}
-    serial = device.board_serial()
-    if serial:
-        facts["serial"] = serial
-    from ..events.watcher import SysfsState
-    size = SysfsState().screen_size()
-    if size:
-        facts["screen_width"], facts["screen_height"] = size
-    return facts
-
-
-def _os_name() -> str:
-    try:
-        with open("/etc/os-release") as f:
-            for line in f:
-                if line.startswith("PRETTY_NAME="):
-                    return line.split("=", 1)[1].strip().strip('"')[:100]
-    except OSError:
-        pass
-    return "linux"
 
 
 class Enroller(threading.Thread):
@@ -132,7 +108,6 @@ class Enroller(threading.Thread):
 
     # -- the loop -----------------------------------------------------------------
     def run(self) -> None:
-        from ..supervise import supervise
         self.core.start(self.clock.monotonic(), self._load_code())
         supervise("enrollment", self._loop, lambda: self._stopping,
                   lambda seconds: self._wake.wait(seconds) and self._stopping)
@@ -195,7 +170,7 @@ class Enroller(threading.Thread):
                             "of A-Z a-z 0-9 - . _ ~ + /)")
         if isinstance(expires, bool) or not isinstance(expires, (int, float)) or not 10 <= expires <= 86400:
             raise BadAnswer("enroll answer with a bad expires_in_s")
-        return PairingCode(code, f"{code[:3]}-{code[3:]}", self.clock.monotonic() + float(expires), secret)
+        return PairingCode(code, shown(code), self.clock.monotonic() + float(expires), secret)
 
     def _poll(self) -> str | None:
         code = self.core.code
@@ -280,8 +255,8 @@ class Enroller(threading.Thread):
 
     def _load_code(self) -> PairingCode | None:
         try:
-            with open(os.path.join(self.runtime_dir, "pairing.json"), "rb") as f:
-                doc = json.loads(f.read(4096))
+            doc = read_json(os.path.join(self.runtime_dir, "pairing.json"), 4096,
+                            follow_links=True)
             # a code already paired is asked about once more, whatever its age: the
             # server hands the token out again to the poll secret
             left = (PAIRED_RECHECK_S if doc.get("paired") is True
@@ -289,9 +264,9 @@ class Enroller(threading.Thread):
             if left <= 0 or not CODE_RE.fullmatch(doc["code"]) or token_problem("", doc["poll_secret"]):
                 return None
             code = doc["code"]
-            return PairingCode(code, f"{code[:3]}-{code[3:]}", self.clock.monotonic() + left,
+            return PairingCode(code, shown(code), self.clock.monotonic() + left,
                                doc["poll_secret"])
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def _clear_code_files(self) -> None:

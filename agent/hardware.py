@@ -1,0 +1,77 @@
+"""What the board and the OS say about themselves: the facts a server is told at
+enrollment and registration, and the basis of a stable device id.
+
+Each is a few hundred bytes from the device tree, /etc or sysfs; a fact that is not
+there (a container, a PC without a display) is empty, never an error.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import platform
+
+from . import __version__
+
+MACHINE_ID = "/etc/machine-id"
+OS_RELEASE = "/etc/os-release"
+SERIAL_PATHS = ("/sys/firmware/devicetree/base/serial-number", "/proc/device-tree/serial-number")
+MODEL_PATHS = ("/sys/firmware/devicetree/base/model", "/proc/device-tree/model")
+
+
+def _read(paths, limit=256) -> str:
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                return f.read(limit).replace(b"\0", b"").decode("ascii", "replace").strip()
+        except OSError:
+            continue
+    return ""
+
+
+def board_serial() -> str:
+    return _read(SERIAL_PATHS)
+
+
+def board_model() -> str:
+    return _read(MODEL_PATHS)
+
+
+def machine_id() -> str:
+    return _read((MACHINE_ID,))
+
+
+def os_name() -> str:
+    try:
+        with open(OS_RELEASE) as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')[:100]
+    except OSError:
+        pass
+    return "linux"
+
+
+def screen_size(sysfs_root: str = "/sys") -> tuple[int, int] | None:
+    """The preferred mode of the first connected display (the first line of modes)."""
+    for p in sorted(glob.glob(os.path.join(sysfs_root, "class/drm/card*-*"))):
+        if _read((os.path.join(p, "status"),)) != "connected":
+            continue
+        try:
+            with open(os.path.join(p, "modes")) as f:
+                width, _, height = f.readline().strip().partition("x")
+            return int(width), int(height.rstrip("ip"))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def hardware_facts() -> dict:
+    facts = {"model": board_model() or platform.machine(), "os": os_name(),
+             "agent_version": __version__, "arch": platform.machine()}
+    serial = board_serial()
+    if serial:
+        facts["serial"] = serial
+    size = screen_size()
+    if size:
+        facts["screen_width"], facts["screen_height"] = size
+    return facts
