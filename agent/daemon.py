@@ -8,22 +8,25 @@ import threading
 import time
 
 from . import __version__, status
+from .boot import first_start_of_boot
 from .commands.actions import Actions, NotQueued
 from .commands.service import CommandService
 from .config import Config
-from .storage import StorageHealth, card_failure
-from .link.liveness import heal_window_s
-from .link.runner import LinkRunner
-from .link.schedule_store import ScheduleStore
 from .events.outbox import Outbox
 from .events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, TelemetrySource
 from .events.watcher import MAX_WAIT_S as EVENTS_MAX_WAIT_S, EventWatcher, SysfsState
-from .identity import device
-from .identity.credentials import Credentials
+from .hardware import hardware_facts
+from .identity import device, pairing_code
 from .identity.core import Claimed, Enrolled, Refused, Registered, Revoked, UnpairedByServer
+from .identity.credentials import Credentials
 from .identity.enroller import MAX_SILENCE_S as ENROLL_MAX_SILENCE_S, Enroller
 from .identity.service import Hooks, IdentityService
+from .link.liveness import heal_window_s
+from .link.profiles import PROFILES, ProfileContext
+from .link.runner import LinkRunner
+from .link.schedule_store import ScheduleStore
 from .mainwait import MainThreadWait
+from .storage import StorageHealth, card_failure
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
@@ -78,7 +81,7 @@ class Agent:
         self.storage = StorageHealth(config.state_dir)
         self._storage_events: list | None = []   # until run(): the link publishes first
         self.credentials = Credentials(config.state_dir)
-        self.profile_pairs = config.profile == "screentinker"  # pairing inside the link
+        self.profile_pairs = PROFILES[config.profile].pairs_in_link
         self.ids = IdentityService.load(
             config.device_id or self._local_device_id(), self.credentials,
             config.token, config.device_id is not None, self.profile_pairs)
@@ -98,8 +101,6 @@ class Agent:
             if self.token is not None:
                 self.enroller.core.on_paired(self.token)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
-        from .identity.enroller import hardware_facts
-        from .link.profiles import PROFILES, ProfileContext, first_start_of_boot
         self._telemetry = TelemetrySource(config.state_dir, config.debug_sysfs_root or "/sys")
         self._telemetry_due = 0.0
         self.profile = PROFILES[config.profile](ProfileContext(
@@ -119,7 +120,7 @@ class Agent:
             Actions(config, snapshot=lambda: self._status_doc(self._last_link),
                     link_socket=lambda: getattr(self.runner.transport, "_sock", None),
                     request_restart=self._restart_requested, enqueue=self._enqueue),
-            post=lambda kind, *args: self.runner.sink(None, kind, *args),
+            on_finished=lambda *finished: self.runner.command_finished(*finished),
             runtime_dir=config.runtime_dir, ids_ours=self.profile_pairs,
             on_storage_error=self._ledger_write_failed)
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
@@ -141,7 +142,7 @@ class Agent:
             on_idle=lambda: self.gate.unregister("uploads"),
             on_change=self._refresh_status, on_storage_failed=self._queue_failed)
         self.ids.hooks = self._identity_hooks()
-        if self.token is None and self.profile.needs_token:
+        if self.token is None and not self.profile.pairs_in_link:
             self.runner.core.paused = True  # nothing to connect with until paired
         now = time.monotonic()
         self.gate.register("link", self.runner.max_silence_s, now)
@@ -274,7 +275,7 @@ class Agent:
     def _identity_hooks(self) -> Hooks:
         def reregister(why: str) -> None:
             self.profile.forget_pairing()
-            self.runner.reregister(why)
+            self.runner.credentials_dropped(why)
 
         def restart_enrollment(generation: int) -> None:
             # not before the link would have tried again: a server that keeps refusing
@@ -307,7 +308,7 @@ class Agent:
                 return {"state": "paired"}
             code = self.profile.pairing_code
             return {"state": "registered-waiting-for-pairing" if current.token else "waiting-for-pairing",
-                    "code": f"{code[:3]}-{code[3:]}"}
+                    "code": pairing_code.shown(code)}
         return self.enroller.pairing() if self.enroller is not None else None
 
     def _on_link_status(self, link: dict) -> None:
@@ -317,9 +318,7 @@ class Agent:
 
     def _network_up(self) -> None:
         """From the events thread: the device's own network is back after being down."""
-        network_returned = getattr(self.profile, "network_returned", None)
-        if network_returned is not None:
-            network_returned()
+        self.profile.network_returned()
         self.runner.network_up()
 
     def _refresh_status(self) -> None:

@@ -17,6 +17,7 @@ from agent.identity.credentials import Credentials
 from agent.identity.enroller import BadAnswer, Enroller
 from agent.identity.rules import TOKEN_RULE, token_problem, usable_device_id, usable_token
 from agent.identity.service import IdentityService
+from agent.link.inbox import Malformed
 from agent.link.profiles import ProfileContext, ScreenTinkerProfile
 from agent.uploads.link_sender import LinkUploadSender
 from agent.uploads.schedule import AUTH, OK, PERMANENT, Outcome, UploadPolicy
@@ -112,9 +113,9 @@ def test_a_screentinker_registration_with_a_non_ascii_token_is_not_kept():
     profile = ScreenTinkerProfile(ProfileContext(
         device_id=lambda: "local-1", token=lambda: None,
         on_token=lambda token, device_id=None, pairing_code=None: kept.append(token)))
-    registered = profile.handlers(lambda *a: posted.append(a))["device:registered"]
+    registered = profile.handlers(posted.append)["device:registered"]
     registered(None, {"device_id": "st-1", "device_token": BAD, "status": "provisioning"})
-    assert kept == [] and posted == [("malformed", "device:registered (device_token)")]
+    assert kept == [] and posted == [Malformed("device:registered (device_token)")]
     registered(None, {"device_id": "st-1", "device_token": "ab" * 32, "status": "provisioning"})
     assert kept == ["ab" * 32]
 

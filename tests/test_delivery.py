@@ -9,7 +9,9 @@ import pytest
 from agent import config as C
 from agent.events.model import Event
 from agent.events.outbox import Outbox
+from agent.link.cargo import Cargo
 from agent.link.delivery import DELIVERED, LOST, DeliveryTracker
+from agent.link.inbox import HeartbeatAcked, Registered
 from agent.link.profiles import ProfileContext, ScreenTinkerProfile, play_record
 from agent.link.runner import LinkRunner
 from agent.link.schedule_store import ScheduleStore
@@ -44,6 +46,21 @@ def test_loss_and_forgetting_settle_once():
     t.forget("c")
     assert [(s.key, s.verdict) for s in t.connection_ended(1)] == [("d", LOST)]
     assert t.heartbeat_acked(1, 99) == [] and t.server_pinged(1, 99) == [] and len(t) == 0
+
+
+def test_the_cargo_loses_an_upload_whose_connection_ends_during_its_writes():
+    finished = []
+    request = SimpleNamespace(key="u", messages=[],
+                              finish=lambda verdict, detail: finished.append(verdict))
+    cargo = Cargo(outbox_capacity=8)
+    cargo.upload_sending(request)   # the emit fails: the link ends before upload_sent
+    cargo.connection_ended()
+    assert finished == [LOST] and not cargo.uploads_waiting
+    cargo.upload_sending(request)
+    cargo.upload_sent("u", 2, 5, 0)
+    cargo.heartbeat_acked(2, 5)     # the heartbeat before it proves nothing
+    cargo.heartbeat_acked(2, 6)
+    assert finished == [LOST, DELIVERED] and not cargo.uploads_waiting
 
 
 def item(kind="screenshot", payload=b"\xff\xd8\xff....", item_id="u1"):
@@ -161,14 +178,14 @@ def slept(runner, at_most_s: float) -> float:
 def test_an_ack_waits_for_the_link_threads_next_turn_instead_of_waking_it(tmp_path):
     runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2")
     connect(runner)
-    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    runner.sink(runner.generation, HeartbeatAcked(heartbeat(runner), runner.clock.monotonic()))
     assert slept(runner, 5.0) < 1.0, "the first ACK of a connection proves it at once"
     drain(runner)
     first = runner.core.watchdog.last_ack_at
     assert first is not None and runner._acks_may_wait
 
     seq = heartbeat(runner)
-    runner.sink(runner.generation, "ack", seq, runner.clock.monotonic())
+    runner.sink(runner.generation, HeartbeatAcked(seq, runner.clock.monotonic()))
     assert slept(runner, 0.6) >= 0.6, "a later ACK, or its deadline, woke the link thread"
     assert runner.core.watchdog.last_ack_at == first
     drain(runner)   # what the loop does on its next turn
@@ -178,7 +195,7 @@ def test_an_ack_waits_for_the_link_threads_next_turn_instead_of_waking_it(tmp_pa
 def test_a_late_ack_wakes_the_link_thread_at_its_deadline(tmp_path):
     runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2")
     connect(runner)
-    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    runner.sink(runner.generation, HeartbeatAcked(heartbeat(runner), runner.clock.monotonic()))
     assert slept(runner, 5.0) < 1.0
     drain(runner)
     heartbeat(runner)
@@ -190,7 +207,7 @@ def test_a_late_ack_wakes_the_link_thread_at_its_deadline(tmp_path):
 def proven(runner):
     """Connected, and the first ACK taken in (what the loop does as it wakes for it)."""
     connect(runner)
-    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    runner.sink(runner.generation, HeartbeatAcked(heartbeat(runner), runner.clock.monotonic()))
     drain(runner)
     assert runner._acks_may_wait
 
@@ -269,7 +286,7 @@ def test_nothing_goes_before_device_registered_on_this_connection(runner):
     req = upload(runner, 1)
     assert req.settled[0] == LOST and "registered" in req.settled[1]
     assert [e for e, *_ in runner.transports[0].emitted] == ["device:register"]
-    runner.sink(runner.generation, "registered")
+    runner.sink(runner.generation, Registered())
     drain(runner)
     assert upload(runner, 2).settled is None
     assert runner.transports[0].emitted[-1][0] == "device:screenshot"
@@ -277,16 +294,16 @@ def test_nothing_goes_before_device_registered_on_this_connection(runner):
 
 def test_the_runner_settles_on_a_later_heartbeat_ack_a_second_ping_or_the_loss(runner):
     connect(runner)
-    runner.sink(runner.generation, "registered")
+    runner.sink(runner.generation, Registered())
     drain(runner)
     seq_before = runner.core.seq
     transport = runner.transports[0]
     transport.server_pings = 7
     by_heartbeat = upload(runner, 1)
-    runner.sink(runner.generation, "ack", seq_before, runner.clock.monotonic())
+    runner.sink(runner.generation, HeartbeatAcked(seq_before, runner.clock.monotonic()))
     drain(runner)
     assert by_heartbeat.settled is None, "an ACK of an earlier heartbeat proves nothing"
-    runner.sink(runner.generation, "ack", seq_before + 1, runner.clock.monotonic())
+    runner.sink(runner.generation, HeartbeatAcked(seq_before + 1, runner.clock.monotonic()))
     drain(runner)
     assert by_heartbeat.settled[0] == DELIVERED
     by_ping = upload(runner, 2)
@@ -307,13 +324,13 @@ def test_an_ack_wakes_the_link_thread_while_an_upload_waits_for_its_proof(tmp_pa
     sender's proof window (one heartbeat plus the ACK timeout) had run out."""
     runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2")
     connect(runner)
-    runner.sink(runner.generation, "registered")
-    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    runner.sink(runner.generation, Registered())
+    runner.sink(runner.generation, HeartbeatAcked(heartbeat(runner), runner.clock.monotonic()))
     assert slept(runner, 5.0) < 1.0
     drain(runner)
     assert runner._acks_may_wait
     waiting = upload(runner, 1)
-    runner.sink(runner.generation, "ack", heartbeat(runner), runner.clock.monotonic())
+    runner.sink(runner.generation, HeartbeatAcked(heartbeat(runner), runner.clock.monotonic()))
     assert slept(runner, 5.0) < 0.1
     drain(runner)
     assert waiting.settled[0] == DELIVERED

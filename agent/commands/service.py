@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from ..fsutil import atomic_write
+from ..boot import boot_token
 from . import ledger
 from .actions import LATER, Actions, Outcome
 from .core import CommandCore, Report, Run
@@ -22,43 +22,24 @@ from .core import CommandCore, Report, Run
 log = logging.getLogger("edge_agent.commands")
 
 
-def boot_token(runtime_dir: str) -> str:
-    """Which boot this is. The kernel's boot_id is the host's inside a container, so
-    the mark is a token in the runtime directory: tmpfs, kept across restarts of the
-    service (RuntimeDirectoryPreserve=restart), gone at every boot."""
-    path = os.path.join(runtime_dir, "boot-token")
-    try:
-        with open(path) as f:
-            token = f.read(64).strip()
-        if token:
-            return token
-    except OSError:
-        pass
-    token = os.urandom(8).hex()
-    try:
-        atomic_write(path, token.encode(), 0o644, durable=False)
-    except OSError as e:
-        log.warning("cannot keep the boot token in %s: %s", path, e.strerror)
-    return token
-
-
 class CommandService:
     def __init__(self, path: str, allow: frozenset, actions: Actions,
-                 post: Callable[..., None], runtime_dir: str,
+                 on_finished: Callable[[str, Outcome, float], None], runtime_dir: str,
                  clock: Callable[[], float] = time.time,
                  mono: Callable[[], float] = time.monotonic, ids_ours: bool = False,
                  on_storage_error: Callable[[str, OSError], None] | None = None):
         """``ids_ours``: the server's protocol has no command ids (ScreenTinker), the
         profile mints a random one per message, which nothing can send again, so
-        forgetting one needs no horizon (core.py). ``on_storage_error(path, error)``: the
-        ledger could not be written."""
+        forgetting one needs no horizon (core.py). ``on_finished(id, outcome, started)``
+        hands a finished command to the link thread, whose finished() records it.
+        ``on_storage_error(path, error)``: the ledger could not be written."""
         self.path = path
         loaded = ledger.load(path, clock())
         self._ledger = ledger.Ledger(path, loaded)
         self._on_storage_error = on_storage_error
         self.core = CommandCore(allow, loaded.entries, loaded.floor, loaded.closed, ids_ours)
         self.actions = actions
-        self._post = post           # post(kind, *args) into the link thread
+        self._on_finished = on_finished
         self._clock = clock
         self._mono = mono
         self._boot, self._pid = boot_token(runtime_dir), os.getpid()
@@ -173,4 +154,4 @@ class CommandService:
                 log.error("command %s failed: %s: %s", job.name, type(e).__name__, e,
                           exc_info=True)
                 outcome = Outcome(False, error=f"internal error: {type(e).__name__}")
-            self._post("command-done", job.id, outcome, started)
+            self._on_finished(job.id, outcome, started)

@@ -14,8 +14,9 @@ from typing import Callable
 
 from ..clock import Clock, SystemClock
 from . import journal as J
-from . import protocol, tcpinfo
-from .delivery import LOST, DeliveryTracker
+from . import inbox, protocol, tcpinfo
+from .cargo import Cargo
+from .delivery import LOST
 from .core import (Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport,
                    VerifyDelivery)
 from .profiles import PROFILES, ProfileContext
@@ -67,10 +68,7 @@ class LinkRunner:
         self.profile = profile or PROFILES[config.profile](ProfileContext(
             device_id=lambda: (self.identity() or (config.device_id, None))[0],
             token=lambda: (self.identity() or (None, None))[1]))
-        self._events_sent_on: dict[int, int] = {}  # event id -> generation it went out on
-        self.deliveries = DeliveryTracker()
-        self._uploads: dict = {}        # delivery key -> the waiting upload request
-        self._registered_on = 0         # generation the server last confirmed us on
+        self.cargo = Cargo(outbox.capacity if outbox is not None else 0)
         self._store = schedule_store
         self._started = self.clock.monotonic()
         self._published: tuple | None = None
@@ -80,63 +78,68 @@ class LinkRunner:
         self._tcp_before: dict[int, tcpinfo.TcpProgress | None] = {}  # seq -> before its write
         self._loop_thread: int | None = None
         self._begun = False
+        self._handlers = self._handler_table()
 
     # -- called from any thread -------------------------------------------------
-    def sink(self, generation: int | None, kind: str, *args) -> None:
-        """From any thread: an event for the link thread.
+    def sink(self, generation: int | None, news) -> None:
+        """From any thread: news (inbox.py) for the link thread; ``generation`` names
+        the connection news of inbox.CONNECTION_NEWS is about.
 
         A heartbeat's ACK on a connection already proven waits for the loop's next turn
         and calls off its deadline's timer (wakeup.py): woken by each ACK, or by each
         deadline, the link thread cost two context switches per heartbeat (the wait, then
         the GIL the library's read thread held). The first ACK of a connection wakes it
         at once: it proves the link, and systemd's watchdog is petted only then; so does
-        any ACK while an upload waits for its proof of delivery (proof_window_s())."""
-        if kind == "ack" and self._acks_may_wait and not self._uploads:
-            self.wakeup.put((generation, kind, args), wake=False)
-            if args:
-                self.wakeup.call_off((generation, args[0]))
+        any ACK while an upload waits for its proof of delivery."""
+        if (isinstance(news, inbox.HeartbeatAcked) and self._acks_may_wait
+                and not self.cargo.uploads_waiting):
+            self.wakeup.put((generation, news), wake=False)
+            self.wakeup.call_off((generation, news.seq))
             return
-        self.wakeup.put((generation, kind, args))
+        self.wakeup.put((generation, news))
 
     def events_queued(self) -> None:
         """From any thread: the outbox holds something new to send. Put on the link
         thread itself (telemetry, sampled on its tick) it needs no wake-up: each turn
         flushes the outbox after its tick."""
         if threading.get_ident() != self._loop_thread:
-            self.sink(None, "outbox")
+            self.sink(None, inbox.OutboxChanged())
 
     def request_stop(self) -> None:
-        self.sink(None, "stop")
+        self.sink(None, inbox.Stop())
 
     def network_up(self) -> None:
-        self.sink(None, "network-up")
+        self.sink(None, inbox.NetworkUp())
 
     def pause(self) -> None:
         """No usable credentials: stop connecting (and drop the link) until resume()."""
-        self.sink(None, "pause")
+        self.sink(None, inbox.Pause())
 
     def resume(self) -> None:
-        self.sink(None, "resume")
+        self.sink(None, inbox.Resume())
 
-    def reregister(self, why: str) -> None:
+    def credentials_dropped(self, why: str) -> None:
         """The credentials were dropped on this side: drop the link and register anew
         (profiles that register inside the link)."""
-        self.sink(None, "reregister", why)
+        self.sink(None, inbox.CredentialsDropped(why))
 
     def deliver(self, request) -> None:
         """Send a queued upload over the link (profiles that carry them). ``request``
         has key, messages [(event, payload)] and finish(verdict, detail); finish is
         called exactly once, from the link thread, unless forget() came first."""
-        self.sink(None, "upload", request)
+        self.sink(None, inbox.SendUpload(request))
 
     def forget(self, key) -> None:
-        self.sink(None, "upload-forget", key)
+        self.sink(None, inbox.ForgetUpload(key))
+
+    def command_finished(self, command_id: str, outcome, started: float) -> None:
+        self.sink(None, inbox.CommandFinished(command_id, outcome, started))
 
     def uploads_ready(self) -> bool:
         """Online, and (where the profile registers) confirmed by the server on this
         connection: an upload before device:registered would be dropped unread."""
         return (self.transport is not None and self.core.state == LinkState.ONLINE
-                and (not self.profile.registers or self._registered_on == self.generation))
+                and (not self.profile.registers or self.cargo.registered_on(self.generation)))
 
     # -- the loop ---------------------------------------------------------------
     @property
@@ -200,8 +203,11 @@ class LinkRunner:
         self._publish()
 
     def _take_in_events(self) -> None:
-        for event in self.wakeup.take_all():
-            self._handle(*event)
+        for generation, news in self.wakeup.take_all():
+            if type(news) in inbox.CONNECTION_NEWS and (
+                    generation != self.generation or self.transport is None):
+                continue   # about a connection already torn down
+            self._handlers[type(news)](news)
 
     def _next_wakeup(self) -> float:
         """The core's next deadline; on a proven connection, the ACK deadline goes on the
@@ -224,8 +230,8 @@ class LinkRunner:
         if pings != self._pings_seen:
             self._pings_seen = pings
             self.core.on_server_ping(transport.last_server_ping or self.clock.monotonic())
-            if self._uploads:
-                self._settle(self.deliveries.server_pinged(self.generation, pings))
+            if self.cargo.uploads_waiting:
+                self.cargo.server_pinged(self.generation, pings)
 
     # -- actions ----------------------------------------------------------------
     def _execute(self, action) -> None:
@@ -241,7 +247,7 @@ class LinkRunner:
             self._abort(action.reason)
 
     def _connect(self, attempt: int) -> None:
-        if self.identity() is None and self.profile.needs_token:
+        if self.identity() is None and not self.profile.pairs_in_link:
             now = self.clock.monotonic()
             self.core.on_connect_failed(now, J.REFUSED)
             self.core.pause(now, J.REFUSED)
@@ -282,7 +288,7 @@ class LinkRunner:
                 self._send_result(report.result)
 
     def _poster(self, generation: int):
-        return lambda kind, *args: self.sink(generation, kind, *args)
+        return lambda news: self.sink(generation, news)
 
     def _send_heartbeat(self, seq: int) -> None:
         if self.transport is None:
@@ -320,7 +326,7 @@ class LinkRunner:
                 offline_s = self.core.connected_at - (ended[0].opened_mono + ended[0].lived_s)
 
         def on_ack(*args):
-            self.sink(gen, "report-ack", action.upto_n, args)
+            self.sink(gen, inbox.ReportAcked(action.upto_n, args))
 
         try:
             self.profile.send_report(self.transport, action.connections, offline_s,
@@ -336,18 +342,18 @@ class LinkRunner:
         except TransportError as e:
             self._closed(e.reason, e.detail)
 
-    def _send_upload(self, request) -> None:
+    def _send_upload(self, news: inbox.SendUpload) -> None:
+        request = news.request
         if not self.uploads_ready():
             request.finish(LOST, "link not up and registered")
             return
-        gen, key, seq = self.generation, request.key, self.core.seq
-        self._uploads[key] = request
+        generation, seq = self.generation, self.core.seq
+        self.cargo.upload_sending(request)
         for event, payload in request.messages:
             self._emit(event, payload, None)
         if self.transport is None:
             return  # the emit found the link gone: _closed settled it as lost
-        # pings counted only now: an earlier one's pong may have left before the messages
-        self.deliveries.sent(key, gen, seq, self.transport.server_pings)
+        self.cargo.upload_sent(request.key, generation, seq, self.transport.server_pings)
 
     def _flush_outbox(self) -> None:
         """Hardware events go out in order once the link has carried an ACK, each until
@@ -356,12 +362,7 @@ class LinkRunner:
                 or self.core.state != LinkState.ONLINE
                 or not self.core.watchdog.acked):
             return
-        gen = self.generation
-        for event in self.outbox.pending():
-            if self._events_sent_on.get(event.id) == gen:
-                continue
-            self._events_sent_on[event.id] = gen
-
+        for event in self.cargo.events_to_send(self.outbox.pending(), self.generation):
             # on the library's thread, without waking this one: the server has the
             # event, whichever connection carried it, and the outbox is thread-safe
             def on_ack(*args, event_id=event.id):
@@ -369,18 +370,9 @@ class LinkRunner:
                     self.outbox.ack(event_id)
 
             self._emit(protocol.EVENT, event.payload(), on_ack)
-        if len(self._events_sent_on) > 4 * self.outbox.capacity:
-            live = {e.id for e in self.outbox.pending()}
-            self._events_sent_on = {k: v for k, v in self._events_sent_on.items() if k in live}
-
-    def _settle(self, settled) -> None:
-        for s in settled:
-            request = self._uploads.pop(s.key, None)
-            if request is not None:
-                request.finish(s.verdict, s.detail)
 
     def _abort(self, reason: str) -> None:
-        self._settle(self.deliveries.connection_ended())
+        self.cargo.connection_ended()
         transport, self.transport = self.transport, None
         if reason == J.SHUTDOWN:
             log.info("link closed: shutting down")
@@ -409,7 +401,7 @@ class LinkRunner:
         if self.core.state != LinkState.ONLINE:
             return
         self.core.on_closed(self.clock.monotonic(), reason)
-        self._settle(self.deliveries.connection_ended())
+        self.cargo.connection_ended()
         transport, self.transport = self.transport, None
         log.warning("link lost: %s%s, reconnecting in %.1fs", reason,
                     f" ({detail})" if detail else "",
@@ -417,95 +409,112 @@ class LinkRunner:
         if transport is not None:
             transport.abort()
 
-    # -- events -----------------------------------------------------------------
-    def _handle(self, generation, kind: str, args: tuple) -> None:
-        if kind == "ack":   # first: an idle link's one event
-            if generation == self.generation and self.transport is not None:
-                self._heartbeat_acked(generation, *args)
-            return
-        if kind == "stop":
-            for action in self.core.stop(self.clock.monotonic()):
-                self._execute(action)
-            return
-        if kind == "pause":
-            for action in self.core.pause(self.clock.monotonic(), J.REFUSED):
-                self._execute(action)
-            return
-        if kind == "resume":
-            self.core.resume(self.clock.monotonic())
-            return
-        if kind == "outbox":
-            return  # woken to flush; the loop does it
-        if kind == "network-up":
-            if self.core.on_network_up(self.clock.monotonic()):
-                log.info("network is back: connecting now instead of waiting out the backoff")
-            return
-        if kind == "upload":
-            self._send_upload(args[0])
-            return
-        if kind == "command-done":
-            for report in self.commands.finished(*args):
-                self._send_result(report.result)
-            return
-        if kind == "reregister":
-            if self.core.state == LinkState.ONLINE:
-                log.info("%s: registering again", args[0])
-                self._closed(J.SERVER_DISCONNECT, args[0])
-            return
-        if kind == "upload-forget":
-            self.deliveries.forget(args[0])
-            self._uploads.pop(args[0], None)
-            return
-        if generation != self.generation or self.transport is None:
-            return  # from a connection already torn down
-        if kind == "registered":
-            if self._registered_on != generation:
-                self._registered_on = generation
-                if self._on_link_up is not None:
-                    self._on_link_up()
-        elif kind == "bad-ack":
-            self._warn_once("ack", f"ignoring malformed heartbeat ack: {args[0]}")
-        elif kind == "malformed":
-            self._warn_once("malformed:" + args[0], f"ignoring malformed {args[0]} message")
-        elif kind == "emit":
-            self._emit(args[0], args[1], None)
-        elif kind == "re-register":
-            # The server dropped our pairing: one fresh register, after its settle
-            # window and never sooner than the backoff says; not an inline one.
-            settle_s, why = args
-            self.core.on_throttle(settle_s, self.clock.monotonic())
-            log.warning("%s: registering again with pairing code %s", why,
-                        getattr(self.profile, "pairing_code", "?"))
-            self._closed(J.SERVER_DISCONNECT, why)
-        elif kind == "command":
-            raw, via = args
-            if self.commands is None:
-                log.warning("server asked for a command (%s) and this agent runs none", via)
-                return
-            for report in self.commands.received(raw):
-                self._send_result(report.result, report.kept)
-        elif kind == "command-result-ack":
-            cid, payload = args
-            if protocol.parse_ok(payload):
-                self.commands.acked(cid)
-        elif kind == "report-ack":
-            upto_n, payload = args
-            if protocol.parse_ok(payload):
-                self.core.on_report_acked(upto_n)
-        elif kind == "closed":
-            self._closed(*args)
-        elif kind == "throttle":
-            hold = self.core.on_throttle(args[0], self.clock.monotonic())
-            log.warning("server asked to hold off: no new connection for %.0fs", hold)
-        elif kind == "unknown":
-            self._warn_once("unknown:" + str(args[0])[:64],
-                            f"ignoring unknown server event {str(args[0])[:64]!r}")
+    # -- news -------------------------------------------------------------------
+    def _handler_table(self) -> dict:
+        return {
+            inbox.HeartbeatAcked: self._heartbeat_acked,
+            inbox.Stop: self._stop,
+            inbox.Pause: self._pause,
+            inbox.Resume: self._resume,
+            inbox.OutboxChanged: self._outbox_changed,
+            inbox.NetworkUp: self._network_up,
+            inbox.SendUpload: self._send_upload,
+            inbox.ForgetUpload: self._forget_upload,
+            inbox.CommandFinished: self._command_finished,
+            inbox.CredentialsDropped: self._credentials_dropped,
+            inbox.Registered: self._registered,
+            inbox.BadAck: self._bad_ack,
+            inbox.Malformed: self._malformed,
+            inbox.UnknownEvent: self._unknown_event,
+            inbox.Emit: self._emit_for_profile,
+            inbox.Unpaired: self._unpaired,
+            inbox.CommandReceived: self._command_received,
+            inbox.CommandResultAcked: self._command_result_acked,
+            inbox.ReportAcked: self._report_acked,
+            inbox.Closed: self._connection_closed,
+            inbox.Throttled: self._throttled,
+        }
 
-    def _heartbeat_acked(self, generation: int, seq: int, at: float) -> None:
-        self.core.on_ack(seq, at)
+    def _stop(self, news: inbox.Stop) -> None:
+        for action in self.core.stop(self.clock.monotonic()):
+            self._execute(action)
+
+    def _pause(self, news: inbox.Pause) -> None:
+        for action in self.core.pause(self.clock.monotonic(), J.REFUSED):
+            self._execute(action)
+
+    def _resume(self, news: inbox.Resume) -> None:
+        self.core.resume(self.clock.monotonic())
+
+    def _outbox_changed(self, news: inbox.OutboxChanged) -> None:
+        pass   # woken to flush; every turn does
+
+    def _network_up(self, news: inbox.NetworkUp) -> None:
+        if self.core.on_network_up(self.clock.monotonic()):
+            log.info("network is back: connecting now instead of waiting out the backoff")
+
+    def _forget_upload(self, news: inbox.ForgetUpload) -> None:
+        self.cargo.forget_upload(news.key)
+
+    def _command_finished(self, news: inbox.CommandFinished) -> None:
+        for report in self.commands.finished(news.command_id, news.outcome, news.started):
+            self._send_result(report.result)
+
+    def _credentials_dropped(self, news: inbox.CredentialsDropped) -> None:
+        if self.core.state == LinkState.ONLINE:
+            log.info("%s: registering again", news.why)
+            self._closed(J.SERVER_DISCONNECT, news.why)
+
+    def _registered(self, news: inbox.Registered) -> None:
+        if self.cargo.registered(self.generation) and self._on_link_up is not None:
+            self._on_link_up()
+
+    def _bad_ack(self, news: inbox.BadAck) -> None:
+        self._warn_once("ack", f"ignoring malformed heartbeat ack: {news.why}")
+
+    def _malformed(self, news: inbox.Malformed) -> None:
+        self._warn_once("malformed:" + news.what, f"ignoring malformed {news.what} message")
+
+    def _emit_for_profile(self, news: inbox.Emit) -> None:
+        self._emit(news.event, news.payload, None)
+
+    def _connection_closed(self, news: inbox.Closed) -> None:
+        self._closed(news.reason, news.detail)
+
+    def _unknown_event(self, news: inbox.UnknownEvent) -> None:
+        name = str(news.name)[:64]
+        self._warn_once("unknown:" + name, f"ignoring unknown server event {name!r}")
+
+    def _unpaired(self, news: inbox.Unpaired) -> None:
+        self.core.on_throttle(news.settle_s, self.clock.monotonic())
+        log.warning("%s: registering again with pairing code %s", news.why,
+                    self.profile.pairing_code)
+        self._closed(J.SERVER_DISCONNECT, news.why)
+
+    def _command_received(self, news: inbox.CommandReceived) -> None:
+        if self.commands is None:
+            log.warning("server asked for a command (%s) and this agent runs none", news.via)
+            return
+        for report in self.commands.received(news.raw):
+            self._send_result(report.result, report.kept)
+
+    def _command_result_acked(self, news: inbox.CommandResultAcked) -> None:
+        if protocol.parse_ok(news.answer):
+            self.commands.acked(news.command_id)
+
+    def _report_acked(self, news: inbox.ReportAcked) -> None:
+        if protocol.parse_ok(news.answer):
+            self.core.on_report_acked(news.upto_n)
+
+    def _throttled(self, news: inbox.Throttled) -> None:
+        hold = self.core.on_throttle(news.seconds, self.clock.monotonic())
+        log.warning("server asked to hold off: no new connection for %.0fs", hold)
+
+    def _heartbeat_acked(self, news: inbox.HeartbeatAcked) -> None:
+        self.core.on_ack(news.seq, news.at)
         self._acks_may_wait = self.core.watchdog.proven_live(self.clock.monotonic())
-        if self._uploads:
-            self._settle(self.deliveries.heartbeat_acked(generation, seq))
+        if self.cargo.uploads_waiting:
+            self.cargo.heartbeat_acked(self.generation, news.seq)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned and len(self._warned) < 256:
@@ -526,7 +535,7 @@ class LinkRunner:
         event, payload, confirms = self.profile.command_result(result)
         if confirms:
             def on_ack(*args, cid=result["id"]):
-                self.sink(gen, "command-result-ack", cid, args)
+                self.sink(gen, inbox.CommandResultAcked(cid, args))
             self._emit(event, payload, on_ack)
         else:
             self._emit(event, payload, None)

@@ -12,19 +12,10 @@ from __future__ import annotations
 import json
 import logging
 
-from ..fsutil import atomic_write
+from ..boot import boot_id
+from ..fsutil import atomic_write, read_json
 
 log = logging.getLogger("edge_agent.link")
-
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-
-
-def boot_id() -> str:
-    try:
-        with open(BOOT_ID_PATH) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 class ScheduleStore:
@@ -35,11 +26,10 @@ class ScheduleStore:
     def load(self) -> tuple[int, float | None]:
         """(attempts, resume_at monotonic) from a previous process of this boot."""
         try:
-            with open(self.path, "rb") as f:
-                doc = json.loads(f.read(4096))
+            doc = read_json(self.path, 4096)
         except FileNotFoundError:
             return 0, None
-        except (OSError, ValueError, UnicodeDecodeError):
+        except (OSError, ValueError):
             log.warning("ignoring unreadable backoff state %s", self.path)
             return 0, None
         if not isinstance(doc, dict) or doc.get("boot_id") != boot_id():

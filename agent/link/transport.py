@@ -40,7 +40,7 @@ import socketio
 import websocket
 
 from . import journal as J
-from . import sockopts
+from . import inbox, sockopts
 from .sockopts import KeepalivePolicy
 
 log = logging.getLogger("edge_agent.link")
@@ -309,8 +309,8 @@ class SocketIOTransport:
             error = error.__cause__ or error.__context__
         return refused
 
-    def _post(self, kind: str, *args: Any) -> None:
-        self._sink(self.generation, kind, *args)
+    def _post(self, news) -> None:
+        self._sink(self.generation, news)
 
     def _install_hooks(self) -> None:
         from engineio import packet
@@ -346,12 +346,12 @@ class SocketIOTransport:
             refused = self._message_refused()
             if refused is not None:
                 reason, detail = refused.reason, str(refused)
-            self._post("closed", reason, detail)
+            self._post(inbox.Closed(reason, detail))
 
         def on_any(event, *args):
             handler = self._handlers.get(event)
             if handler is None:
-                self._post("unknown", event)
+                self._post(inbox.UnknownEvent(event))
                 return None
             return handler(self, *args)
 

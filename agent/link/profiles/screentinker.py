@@ -1,108 +1,25 @@
-"""Server profiles: how the one link (watchdog, backoff, keepalive, journal) speaks to a
-particular server. The core and the runner never change per server; a profile only
-maps their actions onto a wire protocol and the server's messages back onto events.
-
-- ``edge-agent``: our contract, docs/PROTOCOL.md.
-- ``screentinker``: the device protocol ("contract v4") of ScreenTinker, an open-source
-  signage server, so an existing fleet can adopt the agent.
-"""
+"""ScreenTinker's device protocol ("contract v4") as its servers read it, so an existing
+ScreenTinker fleet can adopt the agent (docs/PROTOCOL.md; tested against the real 1.2 and
+1.9 servers, tests/test_screentinker_real.py)."""
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
-import logging
 import math
-import os
 import platform
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
-from .. import __version__
-from ..fsutil import atomic_write
-from ..identity.rules import usable_device_id, usable_token
-from . import protocol
-from .schedule_store import boot_id
-
-log = logging.getLogger("edge_agent.link")
-
-Post = Callable[..., None]   # post(kind, *args): an event into the runner, for this connection
-
-
-@dataclass
-class ProfileContext:
-    """What a profile may know and do about the device's identity."""
-    device_id: Callable[[], str]
-    token: Callable[[], str | None]
-    # a server handed a token (and its own id for us); screentinker: at registration
-    on_token: Callable[..., None] = lambda token, device_id=None, pairing_code=None: None
-    on_unpaired: Callable[[float], None] = lambda settle_s: None  # the server dropped us
-    facts: Callable[[], dict] = lambda: {}
-    # screentinker: the code this device registered with, and whether an operator
-    # has claimed it since, both kept with the credentials across restarts
-    pairing_code: Callable[[], str | None] = lambda: None
-    claimed: Callable[[], bool] = lambda: False
-    on_claimed: Callable[[str], None] = lambda name: None
-    telemetry: Callable[[], dict] = lambda: {}
-    # what [commands] allow lets run here, and whether this process is the first of its boot
-    allowed_commands: frozenset = frozenset()
-    cold_start: bool = False
-
-
-class EdgeAgentProfile:
-    name = "edge-agent"
-    supports_events = True   # device:event with ACKs
-    needs_token = True       # pairing happens over HTTP before the link
-    namespace = "/"
-    transports = ["websocket"]
-    link_upload_kinds: frozenset = frozenset()  # uploads go over HTTP (docs/PROTOCOL.md)
-    registers = False        # the handshake auth identifies us; no register step
-
-    def __init__(self, ctx: ProfileContext):
-        self.ctx = ctx
-
-    def auth(self) -> dict | None:
-        return protocol.connect_auth(self.ctx.device_id(), self.ctx.token() or "", __version__)
-
-    def upload_gap_s(self, event: str, payload: dict) -> float:
-        return 0.0   # carries no uploads over the link
-
-    def handlers(self, post: Post) -> dict:
-        def throttle(_transport, *args):
-            seconds = protocol.parse_throttle(args)
-            post("throttle", seconds) if seconds is not None else post("malformed", protocol.THROTTLE)
-
-        def command(_transport, data=None, *_):
-            post("command", data, protocol.COMMAND)
-            return {"ok": True}  # the receipt; the result follows as its own message
-        return {protocol.THROTTLE: throttle, protocol.COMMAND: command}
-
-    @staticmethod
-    def command_result(result: dict) -> tuple[str, dict, bool]:
-        """(event, payload, whether the server confirms it)."""
-        return protocol.COMMAND_RESULT, result, True
-
-    def on_connected(self, transport, post: Post) -> None:
-        pass
-
-    @staticmethod
-    def enqueue_problem(kind: str, payload: bytes) -> str | None:
-        return None  # HTTP uploads carry any bytes (docs/PROTOCOL.md)
-
-    def send_heartbeat(self, transport, seq: int, wall: float, uptime_s: float, post: Post,
-                       now: Callable[[], float]) -> None:
-        def on_ack(*args):
-            ok, why = protocol.parse_heartbeat_ack(args, seq)
-            post("ack", seq, now()) if ok else post("bad-ack", why)
-        transport.emit(protocol.HEARTBEAT, protocol.heartbeat(seq, wall, uptime_s), on_ack)
-
-    def send_report(self, transport, connections: list[dict], offline_s: float | None,
-                    wall: float, on_ack: Callable) -> None:
-        transport.emit(protocol.REPORT, protocol.report(self.ctx.device_id(), connections, wall),
-                       on_ack)
+from ... import __version__
+from ...hardware import board_serial, machine_id
+from ...identity.pairing_code import new_code
+from ...identity.rules import usable_device_id, usable_token
+from ...upload_kinds import PROOF_OF_PLAY, SCREENSHOT
+from .. import inbox
+from .contract import Post, ProfileContext
 
 
 class ScreenTinkerProfile:
@@ -118,12 +35,11 @@ class ScreenTinkerProfile:
     """
     name = "screentinker"
     supports_events = False  # device:event exists only in newer servers, typed by them
-    needs_token = False      # an unclaimed device registers with its pairing code
+    pairs_in_link = True     # an unclaimed device registers with its pairing code
     namespace = "/device"
     transports = ["websocket", "polling"]
     MAX_HOLD_S = 300.0
-    STALE_RTT_S = 5.0
-    link_upload_kinds = frozenset({"screenshot", "proof-of-play"})
+    link_upload_kinds = frozenset({SCREENSHOT, PROOF_OF_PLAY})
     registers = True         # uploads wait for device:registered on each connection
     # The server drops a screenshot whose image_b64 is longer than this, unread.
     MAX_IMAGE_B64 = 2 * 1024 * 1024
@@ -151,8 +67,7 @@ class ScreenTinkerProfile:
 
     def __init__(self, ctx: ProfileContext):
         self.ctx = ctx
-        self.pairing_code = ctx.pairing_code() or new_pairing_code()
-        self.clock_offset_ms: float | None = None
+        self.pairing_code = ctx.pairing_code() or new_code()
         self._sent: dict[int, int] = {}  # client_ms -> seq
         self._boot_unreported = ctx.cold_start
         self._network_returned = False
@@ -194,31 +109,31 @@ class ScreenTinkerProfile:
 
     def forget_pairing(self) -> None:
         """Credentials dropped (unpair, or the server no longer knows us): a new code."""
-        self.pairing_code = new_pairing_code()
+        self.pairing_code = new_code()
 
     def handlers(self, post: Post) -> dict:
         def registered(_t, data=None, *_):
             if not isinstance(data, dict):
-                return post("malformed", "device:registered")
+                return post(inbox.Malformed("device:registered"))
             token, device_id, status = (data.get("device_token"), data.get("device_id"),
                                         data.get("status"))
             if not usable_device_id(device_id):
-                return post("malformed", "device:registered (device_id)")
+                return post(inbox.Malformed("device:registered (device_id)"))
             if not usable_token(token):   # never kept: it would go into a header some day
-                return post("malformed", "device:registered (device_token)")
+                return post(inbox.Malformed("device:registered (device_token)"))
             with self._lock:
                 if token != self.ctx.token() or device_id != self.ctx.device_id():
                     self.ctx.on_token(token, device_id, self.pairing_code)
                 if status == "online" and not self.ctx.claimed():
                     self.ctx.on_claimed("")
             if self.paired:
-                post("registered")  # claimed, and the server knows who we are: uploads go
+                post(inbox.Registered())  # claimed, and the server knows who we are: uploads go
             cold, self._boot_unreported = self._boot_unreported, False
             if cold and status == "online" and self._registered_with_token:
                 # a screen the server knew is back from a boot: the gap in its log was a
                 # reboot (only the first registration of a boot's first process says so)
-                post("emit", "device:connectivity-report",
-                     self._report([], None, link_lost=False, cold_start=True))
+                post(inbox.Emit("device:connectivity-report",
+                                self._report([], None, link_lost=False, cold_start=True)))
 
         def paired(_t, data=None, *_):
             name = data.get("name") if isinstance(data, dict) else None
@@ -228,9 +143,9 @@ class ScreenTinkerProfile:
             if newly and self.ctx.token():
                 # register again with the token: the server then links this device's
                 # fingerprint to its row, so a later re-registration finds it again
-                post("emit", "device:register", self.register_payload())
+                post(inbox.Emit("device:register", self.register_payload()))
             if self.paired:
-                post("registered")
+                post(inbox.Registered())
 
         def unpaired(_t, data=None, *_):
             # the server no longer has this device (deleted on the dashboard)
@@ -244,34 +159,29 @@ class ScreenTinkerProfile:
 
         def heartbeat_ack(_t, data=None, *_):
             if not isinstance(data, dict):
-                return post("bad-ack", "heartbeat-ack is not an object")
-            client_ms, server_ms = data.get("client_ms"), data.get("server_ms")
+                return post(inbox.BadAck("heartbeat-ack is not an object"))
+            client_ms = data.get("client_ms")
             seq = self._sent.pop(client_ms, None) if isinstance(client_ms, int) else None
             if seq is None:
-                return post("bad-ack", f"heartbeat-ack for unknown client_ms {str(client_ms)[:20]}")
-            now_ms = time.time() * 1000
-            rtt_ms = now_ms - client_ms
-            if isinstance(server_ms, (int, float)) and 0 <= rtt_ms <= self.STALE_RTT_S * 1000:
-                # NTP-style: the server's clock at the midpoint of the round trip
-                self.clock_offset_ms = server_ms - (client_ms + rtt_ms / 2)
-            post("ack", seq, time.monotonic())
+                return post(inbox.BadAck(f"heartbeat-ack for unknown client_ms {str(client_ms)[:20]}"))
+            post(inbox.HeartbeatAcked(seq, time.monotonic()))
 
         def throttled(_t, data=None, *_):
             ms = data.get("retry_after_ms") if isinstance(data, dict) else None
             if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms):
-                return post("malformed", "device:throttled")
-            post("throttle", max(1.0, min(ms / 1000.0, self.MAX_HOLD_S)))
+                return post(inbox.Malformed("device:throttled"))
+            post(inbox.Throttled(max(1.0, min(ms / 1000.0, self.MAX_HOLD_S))))
 
         def command(_t, data=None, *_):
             kind = data.get("type") if isinstance(data, dict) else None
             name, args = self.COMMANDS.get(kind, (str(kind)[:40] if kind else "(no type)", {}))
             # no command ids on this protocol: each message is one request
-            post("command", {"id": "st-" + secrets.token_hex(6), "name": name, "args": args},
-                 "device:command")
+            post(inbox.CommandReceived(
+                {"id": "st-" + secrets.token_hex(6), "name": name, "args": args}, "device:command"))
 
         def screenshot_request(_t, data=None, *_):
-            post("command", {"id": "st-" + secrets.token_hex(6), "name": "screenshot",
-                             "args": {}}, "device:screenshot-request")
+            post(inbox.CommandReceived({"id": "st-" + secrets.token_hex(6), "name": "screenshot",
+                                        "args": {}}, "device:screenshot-request"))
 
         handlers = {"device:registered": registered, "device:paired": paired,
                     "device:unpaired": unpaired, "device:auth-error": auth_error,
@@ -302,7 +212,7 @@ class ScreenTinkerProfile:
         with self._lock:
             self.forget_pairing()
             self.ctx.on_unpaired(settle_s)
-        post("re-register", settle_s, why)
+        post(inbox.Unpaired(settle_s, why))
 
     def send_heartbeat(self, transport, seq: int, wall: float, uptime_s: float, post: Post,
                        now: Callable[[], float]) -> None:
@@ -338,9 +248,9 @@ class ScreenTinkerProfile:
     @staticmethod
     def enqueue_problem(kind: str, payload: bytes) -> str | None:
         """Why the server would drop this upload unread, checked before it is queued."""
-        if kind == "screenshot":
+        if kind == SCREENSHOT:
             return screenshot_problem(payload)
-        if kind == "proof-of-play":
+        if kind == PROOF_OF_PLAY:
             return play_record(payload)[1]
         return None
 
@@ -355,47 +265,18 @@ class ScreenTinkerProfile:
         """The message carrying a queued item (Item-like: id, kind, payload) as the
         server reads it, or a one-line reason the server would drop it unread (then
         it is never sent)."""
-        if item.kind == "screenshot":
+        if item.kind == SCREENSHOT:
             reason = screenshot_problem(item.payload)
             if reason:
                 return reason
             return "device:screenshot", {"device_id": self.ctx.device_id(),
                                          "image_b64": base64.b64encode(item.payload).decode("ascii")}
-        if item.kind == "proof-of-play":
+        if item.kind == PROOF_OF_PLAY:
             record, reason = play_record(item.payload)
             if reason:
                 return reason
             return "device:play-event", {"device_id": self.ctx.device_id(), **record}
         return f"the screentinker profile carries no {item.kind} uploads"
-
-
-BOOT_MARK = "last-start-boot-id"
-
-
-def first_start_of_boot(runtime_dir: str) -> bool:
-    """Is this the agent's first start since the machine booted? The kernel's boot id is
-    compared with the one the previous start left in the runtime directory, which a boot
-    also empties (inside a container the boot id is the host's). A restart of the service
-    is not a boot; tmpfs, so no write to the SD card."""
-    path = os.path.join(runtime_dir, BOOT_MARK)
-    current = boot_id()
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            last = f.read(64).decode("ascii", "replace").strip()
-    except OSError:
-        last = None
-    if last == current:
-        return False
-    try:
-        atomic_write(path, current.encode(), 0o644, durable=False)
-    except OSError as e:
-        log.warning("cannot keep the boot id in %s: %s", path, e.strerror)
-    return True
-
-
-def new_pairing_code() -> str:
-    return f"{secrets.randbelow(10 ** 6):06d}"
 
 
 def screenshot_problem(data: bytes) -> str | None:
@@ -471,9 +352,6 @@ def _image_mime(data: bytes) -> str:
 
 
 def fingerprint(facts: dict) -> str:
-    from ..identity import device
-    basis = f"{device.board_serial()}|{facts.get('model', '')}|{device.machine_id()}"
+    basis = f"{board_serial()}|{facts.get('model', '')}|{machine_id()}"
     return hashlib.sha256(basis.encode()).hexdigest()
 
-
-PROFILES = {"edge-agent": EdgeAgentProfile, "screentinker": ScreenTinkerProfile}

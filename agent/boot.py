@@ -1,0 +1,63 @@
+"""Which boot this is: the kernel's boot id, a token of this boot that holds inside a
+container too, and whether this process is the agent's first start since the machine
+booted (a service restart is not a boot)."""
+from __future__ import annotations
+
+import logging
+import os
+
+from .fsutil import atomic_write
+
+log = logging.getLogger("edge_agent")
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+BOOT_MARK = "last-start-boot-id"
+
+
+def boot_id() -> str:
+    try:
+        with open(BOOT_ID_PATH) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def first_start_of_boot(runtime_dir: str) -> bool:
+    """The boot id is compared with the one the previous start left in the runtime
+    directory, which a boot also empties (inside a container the boot id is the
+    host's). tmpfs, so no write to the SD card."""
+    path = os.path.join(runtime_dir, BOOT_MARK)
+    current = boot_id()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            last = f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        last = None
+    if last == current:
+        return False
+    try:
+        atomic_write(path, current.encode(), 0o644, durable=False)
+    except OSError as e:
+        log.warning("cannot keep the boot id in %s: %s", path, e.strerror)
+    return True
+
+
+def boot_token(runtime_dir: str) -> str:
+    """Which boot this is, for the command ledger. The kernel's boot_id is the host's inside a container, so
+    the mark is a token in the runtime directory: tmpfs, kept across restarts of the
+    service (RuntimeDirectoryPreserve=restart), gone at every boot."""
+    path = os.path.join(runtime_dir, "boot-token")
+    try:
+        with open(path) as f:
+            token = f.read(64).strip()
+        if token:
+            return token
+    except OSError:
+        pass
+    token = os.urandom(8).hex()
+    try:
+        atomic_write(path, token.encode(), 0o644, durable=False)
+    except OSError as e:
+        log.warning("cannot keep the boot token in %s: %s", path, e.strerror)
+    return token

@@ -1,0 +1,127 @@
+"""What the link thread is told, from any thread: one immutable type per kind of news.
+
+Two families. News about a connection (CONNECTION_NEWS) comes from the library's
+threads, through the transport or a profile's handlers, and is dropped unread once
+that connection is gone: the runner tags it with the connection's generation when it
+is put. Everything else comes from the agent's other parts and holds whatever the
+connection.
+
+NamedTuples, not dataclasses: a frozen dataclass costs a millisecond to define here
+(several on a Pi), and `edge-agent status` imports this through the profile list.
+The runner dispatches on the type, never on equality.
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable, NamedTuple
+
+
+# -- from the agent's other parts --------------------------------------------------
+
+class Stop(NamedTuple):
+    """SIGTERM, or the server asked for a restart."""
+
+
+class Pause(NamedTuple):
+    """No usable credentials: drop the link and stop connecting."""
+
+
+class Resume(NamedTuple):
+    """Credentials again: connect."""
+
+
+class NetworkUp(NamedTuple):
+    """The device's own network is back: connect now rather than wait out the backoff."""
+
+
+class OutboxChanged(NamedTuple):
+    """An event to flush (each turn flushes the outbox; this only wakes the thread)."""
+
+
+class CredentialsDropped(NamedTuple):
+    """This side dropped the credentials: register anew on a fresh connection."""
+    why: str
+
+
+class SendUpload(NamedTuple):
+    """A queued upload to carry (profiles that carry them); see LinkRunner.deliver."""
+    request: Any
+
+
+class ForgetUpload(NamedTuple):
+    """The sender stopped waiting for this upload's proof."""
+    key: Hashable
+
+
+class CommandFinished(NamedTuple):
+    """The command thread finished a command: its result goes to the server."""
+    command_id: str
+    outcome: Any
+    started: float
+
+
+# -- from the library's threads, about one connection ------------------------------
+
+class HeartbeatAcked(NamedTuple):
+    seq: int
+    at: float   # monotonic
+
+
+class BadAck(NamedTuple):
+    why: str
+
+
+class Malformed(NamedTuple):
+    """A server message the profile could not read: ignored, said once."""
+    what: str
+
+
+class UnknownEvent(NamedTuple):
+    name: Any
+
+
+class Throttled(NamedTuple):
+    """The server asked for no new connection for this long."""
+    seconds: float
+
+
+class Registered(NamedTuple):
+    """The server confirmed this device on this connection: uploads may go."""
+
+
+class Unpaired(NamedTuple):
+    """The server dropped this device's pairing: one fresh registration after its settle
+    window, never sooner than the backoff says."""
+    settle_s: float
+    why: str
+
+
+class Emit(NamedTuple):
+    """A message the profile sends in answer to the server (from the link thread)."""
+    event: str
+    payload: Any
+
+
+class CommandReceived(NamedTuple):
+    raw: Any
+    via: str   # the server's event name
+
+
+class CommandResultAcked(NamedTuple):
+    command_id: str
+    answer: tuple
+
+
+class ReportAcked(NamedTuple):
+    upto_n: int
+    answer: tuple
+
+
+class Closed(NamedTuple):
+    reason: str
+    detail: str
+
+
+# about the connection whose generation they are put with; stale once that one ends
+CONNECTION_NEWS = frozenset({HeartbeatAcked, BadAck, Malformed, UnknownEvent, Throttled,
+                             Registered, Unpaired, Emit, CommandReceived, CommandResultAcked,
+                             ReportAcked, Closed})

@@ -1,0 +1,72 @@
+"""Our own contract, docs/PROTOCOL.md: the token in the handshake, ACKed heartbeats,
+events and command results, uploads over HTTP."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ... import __version__
+from .. import inbox, protocol
+from .contract import Post, ProfileContext
+
+
+class EdgeAgentProfile:
+    name = "edge-agent"
+    supports_events = True   # device:event with ACKs
+    pairs_in_link = False    # pairing happens over HTTP before the link
+    namespace = "/"
+    transports = ["websocket"]
+    link_upload_kinds: frozenset = frozenset()  # uploads go over HTTP (docs/PROTOCOL.md)
+    registers = False        # the handshake auth identifies us; no register step
+    pairing_code = None      # the enroller shows the server's code (identity/enroller.py)
+
+    def __init__(self, ctx: ProfileContext):
+        self.ctx = ctx
+
+    def auth(self) -> dict | None:
+        return protocol.connect_auth(self.ctx.device_id(), self.ctx.token() or "", __version__)
+
+    def upload_gap_s(self, event: str, payload: dict) -> float:
+        return 0.0   # carries no uploads over the link
+
+    def handlers(self, post: Post) -> dict:
+        def throttle(_transport, *args):
+            seconds = protocol.parse_throttle(args)
+            post(inbox.Throttled(seconds) if seconds is not None else inbox.Malformed(protocol.THROTTLE))
+
+        def command(_transport, data=None, *_):
+            post(inbox.CommandReceived(data, protocol.COMMAND))
+            return {"ok": True}  # the receipt; the result follows as its own message
+        return {protocol.THROTTLE: throttle, protocol.COMMAND: command}
+
+    @staticmethod
+    def command_result(result: dict) -> tuple[str, dict, bool]:
+        """(event, payload, whether the server confirms it)."""
+        return protocol.COMMAND_RESULT, result, True
+
+    def on_connected(self, transport, post: Post) -> None:
+        pass
+
+    @staticmethod
+    def enqueue_problem(kind: str, payload: bytes) -> str | None:
+        return None  # HTTP uploads carry any bytes (docs/PROTOCOL.md)
+
+    def send_heartbeat(self, transport, seq: int, wall: float, uptime_s: float, post: Post,
+                       now: Callable[[], float]) -> None:
+        def on_ack(*args):
+            ok, why = protocol.parse_heartbeat_ack(args, seq)
+            post(inbox.HeartbeatAcked(seq, now()) if ok else inbox.BadAck(why))
+        transport.emit(protocol.HEARTBEAT, protocol.heartbeat(seq, wall, uptime_s), on_ack)
+
+    def send_report(self, transport, connections: list[dict], offline_s: float | None,
+                    wall: float, on_ack: Callable) -> None:
+        transport.emit(protocol.REPORT, protocol.report(self.ctx.device_id(), connections, wall),
+                       on_ack)
+
+    def upload_message(self, item) -> str:
+        return "the edge-agent profile sends uploads over HTTP"
+
+    def forget_pairing(self) -> None:
+        pass   # the enroller pairs again
+
+    def network_returned(self) -> None:
+        pass   # the connection report says what the link saw
