@@ -14,12 +14,12 @@ from .commands.service import CommandService
 from .config import Config
 from .events.outbox import Outbox
 from .events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, TelemetrySource
-from .events.watcher import MAX_WAIT_S as EVENTS_MAX_WAIT_S, EventWatcher, SysfsState
+from .events.watcher import EventWatcher, SysfsState
 from .hardware import hardware_facts
 from .identity import device, pairing_code
 from .identity.core import Claimed, Enrolled, Refused, Registered, Revoked, UnpairedByServer
 from .identity.credentials import Credentials
-from .identity.enroller import MAX_SILENCE_S as ENROLL_MAX_SILENCE_S, Enroller
+from .identity.enroller import Enroller
 from .identity.service import Hooks, IdentityService
 from .link.liveness import heal_window_s
 from .link.profiles import PROFILES, ProfileContext
@@ -31,15 +31,13 @@ from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
 from .uploads.store import QueueRefused, QueueStorageFailed, QueueStore, QueueUnavailable
-from .uploads.worker import MAX_SILENCE_S as UPLOADS_MAX_SILENCE_S, UploadWorker
+from .uploads.worker import UploadWorker
 from .watchdog_gate import WatchdogGate
 
 log = logging.getLogger("edge_agent")
 
 # How often STATUS= is refreshed while nothing else changes (it carries the RTT).
 STATUS_REFRESH_S = 30.0
-# the events thread's timed waits are at most EVENTS_MAX_WAIT_S
-EVENTS_MAX_SILENCE_S = EVENTS_MAX_WAIT_S + 10.0
 
 
 def status_line(link: dict, pairing: dict | None = None, storage: dict | None = None) -> str:
@@ -93,11 +91,7 @@ class Agent:
                 config.ca_file, on_paired=lambda token, generation: self.ids.handle(
                     Enrolled(token, generation)),
                 on_change=self._refresh_status,
-                show_on_console=config.show_code_on_console,
-                # on the watchdog gate while it has work: a dead enroller must not
-                # leave an unpaired screen that systemd never restarts
-                on_tick=lambda: self.gate.register("enroll", ENROLL_MAX_SILENCE_S, time.monotonic()),
-                on_idle=lambda: self.gate.unregister("enroll"))
+                show_on_console=config.show_code_on_console, gate=self.gate)
             if self.token is not None:
                 self.enroller.core.on_paired(self.token)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
@@ -125,7 +119,7 @@ class Agent:
             on_storage_error=self._ledger_write_failed)
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
-                                 on_tick=self._link_tick,
+                                 on_turn=self._link_turn, gate=self.gate,
                                  on_link_up=lambda: self.uploads.link_up(),
                                  on_refused=self._refused, identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path),
@@ -136,30 +130,20 @@ class Agent:
             self.store = None
             self._queue_failed(e)
         self.uploads = UploadWorker(
-            self.store, self._upload_sender(), config.uploads,
-            # on the gate while it has work, like the enroller
-            on_tick=lambda: self.gate.register("uploads", UPLOADS_MAX_SILENCE_S, time.monotonic()),
-            on_idle=lambda: self.gate.unregister("uploads"),
+            self.store, self._upload_sender(), config.uploads, gate=self.gate,
             on_change=self._refresh_status, on_storage_failed=self._queue_failed)
         self.ids.hooks = self._identity_hooks()
         if self.token is None and not self.profile.pairs_in_link:
             self.runner.core.paused = True  # nothing to connect with until paired
-        now = time.monotonic()
-        self.gate.register("link", self.runner.max_silence_s, now)
-        self.gate.register("uploads", UPLOADS_MAX_SILENCE_S, now)
         self.events = None
         if config.events_enabled:
             self.events = EventWatcher(
-                self.outbox, on_network_up=self._network_up,
-                on_tick=lambda: self.gate.register("events", EVENTS_MAX_SILENCE_S,
-                                                   time.monotonic()),
-                on_idle=lambda: self.gate.unregister("events"),
+                self.outbox, on_network_up=self._network_up, gate=self.gate,
                 sysfs=SysfsState(config.debug_sysfs_root or "/sys"),
                 settle_s=config.events_settle_s,
                 fallback_interval_s=config.events_fallback_interval_s,
                 udev_source=config.events_udev_source,
                 telemetry_every_s=config.telemetry_every_s)
-            self.gate.register("events", EVENTS_MAX_SILENCE_S, now)
         self._last_link: dict = {}
         self._status_refreshed = time.monotonic()
         self._status_lock = threading.Lock()
@@ -212,12 +196,10 @@ class Agent:
         if self._storage_events is None:
             self._refresh_status()
 
-    def _link_tick(self) -> None:
-        """Each turn of the link loop: tell the gate it turns, and now and then, on a
-        wake-up the loop had anyway, sample telemetry and refresh STATUS= (it carries
-        the RTT)."""
+    def _link_turn(self) -> None:
+        """Now and then, on a wake-up the link thread had anyway, sample telemetry and
+        refresh STATUS= (it carries the RTT)."""
         now = time.monotonic()
-        self.gate.tick("link", now)
         # not before the link has published its state: a telemetry event refreshes the
         # status file, and its first version must say what the link is doing
         if self.events is not None and self._last_link and now >= self._telemetry_due:
@@ -396,17 +378,13 @@ class Agent:
         for event in early:   # what start-up found: to the server once the link is live
             self.outbox.put(event)
         main_wait = MainThreadWait()
-        link_ended = threading.Event()   # before the thread is no longer alive
+        link_ended = threading.Event()   # set before the thread is no longer alive
 
-        def link_then_wake_main():
-            try:
-                self._run_link()
-            finally:
-                link_ended.set()
-                main_wait.wake()
+        def wake_main() -> None:
+            link_ended.set()
+            main_wait.wake()
 
-        link = threading.Thread(target=link_then_wake_main, name="link", daemon=True)
-        link.start()
+        self.runner.start(then=wake_main)
         self.uploads.start()
         if self.enroller is not None:
             self.enroller.start()
@@ -433,8 +411,11 @@ class Agent:
             # A signal (its handler stops the link) or the link thread's end: this
             # thread has nothing else to do and never wakes on a timer.
             main_wait.wait()
-        link.join()
+        self.runner.loop.join()
         main_wait.close()
+        if self.runner.loop.gave_up:   # a bug, not bad input: a fresh process
+            self._failed = True
+            self.notifier.stopping()
         if petter is not None:
             petter.stop()
         if self.enroller is not None:
@@ -447,14 +428,3 @@ class Agent:
         self.uploads.join(3.0)
         log.info("edge-agent stopped")
         return 1 if self._failed else 0
-
-    def _run_link(self) -> None:
-        try:
-            self.runner.run()
-        except Exception as e:
-            # A bug, not bad input: one line for the operator, the traceback at debug
-            # level, and a non-zero exit so systemd starts a fresh process.
-            log.error("link thread failed: %s: %s", type(e).__name__, e)
-            log.debug("link thread failure", exc_info=True)
-            self._failed = True
-            self.notifier.stopping()

@@ -22,15 +22,16 @@ BACKOFF_BASE_S, BACKOFF_CAP_S = 1.0, 60.0
 
 def supervise(name: str, loop: Callable[[], None], stopping: Callable[[], bool],
               pause: Callable[[float], bool] | None = None,
-              clock: Callable[[], float] = time.monotonic) -> None:
+              clock: Callable[[], float] = time.monotonic) -> bool:
     """Runs ``loop`` until it returns or ``stopping()``. ``pause(seconds)`` waits before
-    a restart and returns True to give up early (default: time.sleep)."""
+    a restart and returns True to give up early (default: time.sleep). False when it
+    left a loop that kept dying stopped."""
     deaths: list[float] = []
     seen: set[str] = set()
     while not stopping():
         try:
             loop()
-            return
+            return True
         except Exception as e:
             now = clock()
             deaths = [t for t in deaths if now - t < DEATH_WINDOW_S] + [now]
@@ -44,10 +45,11 @@ def supervise(name: str, loop: Callable[[], None], stopping: Callable[[], bool],
                 log.error("%s loop failed %d times in %.0f min: leaving it stopped, so the "
                           "watchdog stops being petted and systemd restarts the agent",
                           name, len(deaths), DEATH_WINDOW_S / 60)
-                return
+                return False
             delay = ceiling(BACKOFF_BASE_S, BACKOFF_CAP_S, len(deaths) - 1)
             if (pause or _sleep)(delay):
-                return
+                return True
+    return True
 
 
 def _sleep(seconds: float) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 class _Loop:
     max_silence_s: float
     last_tick: float
+    idle: bool = False
 
 
 class WatchdogGate:
@@ -31,11 +32,23 @@ class WatchdogGate:
 
     def tick(self, name: str, now: float) -> None:
         loop = self._loops.get(name)
-        if loop is not None and now > loop.last_tick:
-            loop.last_tick = now
+        if loop is not None:
+            if now > loop.last_tick:
+                loop.last_tick = now
+            loop.idle = False   # after the time: never a stale tick that counts
+
+    def idle(self, name: str) -> None:
+        """The loop waits for input with no deadline (nothing to do until told): it has
+        nothing to wedge on, so no silence counts against it until its next tick."""
+        loop = self._loops.get(name)
+        if loop is not None:
+            loop.idle = True
 
     def stalled(self, now: float) -> list[str]:
-        return sorted(n for n, l in self._loops.items() if now - l.last_tick > l.max_silence_s)
+        # the loops register and leave from their own threads meanwhile
+        loops = list(self._loops.items())
+        return sorted(n for n, l in loops
+                      if not l.idle and now - l.last_tick > l.max_silence_s)
 
     def verdict(self, now: float, link_live: bool) -> tuple[bool, str]:
         """(may pet, why not)."""

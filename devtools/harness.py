@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from agent.watchdog_gate import WatchdogGate
 from devtools import netns
 
 REPO = Path(__file__).resolve().parent.parent
@@ -261,3 +262,19 @@ class FakeSystemd:
         self._stop.set()
         self._thread.join(2)
         self.sock.close()
+
+
+class TurnRecorder(WatchdogGate):
+    """A watchdog gate that tells a test each turn and each idle wait of a loop."""
+
+    def __init__(self, on_turn=lambda: None, on_idle=lambda: None):
+        super().__init__()
+        self._on_turn, self._on_idle = on_turn, on_idle
+
+    def tick(self, name: str, now: float) -> None:
+        super().tick(name, now)
+        self._on_turn()
+
+    def idle(self, name: str) -> None:
+        super().idle(name)
+        self._on_idle()

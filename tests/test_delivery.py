@@ -424,3 +424,25 @@ def test_paced_uploads_go_that_far_apart_and_a_round_stops_pacing_in_time(monkey
     assert all(g >= 0.19 for g in gaps), gaps
     assert sorted(outcomes) == ["0", "1", "2", "3", "4", "5"]
     assert all(o.kind == OK for o in outcomes.values())
+
+
+def test_the_link_loop_is_supervised_a_bug_costs_a_restart_not_the_process(tmp_path, caplog):
+    import threading
+    runner = make_runner(tmp_path)
+    runner.loop._pause = lambda seconds: False     # no backoff wait in a test
+    polls, ended = [], threading.Event()
+    real_poll = runner.core.poll
+
+    def poll(now):
+        polls.append(now)
+        if len(polls) == 1:
+            raise KeyError("what a library may raise that nobody documented")
+        if len(polls) == 3:
+            runner.request_stop()
+        return real_poll(now)
+
+    runner.core.poll = poll
+    runner.start(then=ended.set)
+    assert ended.wait(5), "the link loop did not end on the stop"
+    assert len(polls) >= 3 and not runner.loop.gave_up
+    assert "link loop failed: KeyError" in caplog.text

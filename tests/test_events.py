@@ -7,6 +7,7 @@ from agent.events.model import Event, NetworkState, UndervoltageLatch
 from agent.events.outbox import Outbox
 from agent.events.telemetry import TelemetryGate, TelemetrySampler
 from agent.events.watcher import EventWatcher, SysfsState
+from devtools.harness import TurnRecorder
 
 
 def test_a_burst_of_50_hotplugs_in_one_second_is_one_event_with_count_50():
@@ -165,8 +166,8 @@ def test_the_watcher_waits_untimed_and_off_the_watchdog_gate_while_idle(tmp_path
     log, idle = [], threading.Event()
     udev, rtnl = FakeNetlink(), FakeNetlink()
     w = EventWatcher(box, sysfs=SysfsState(root), settle_s=0.2,
-                     on_tick=lambda: log.append("tick"),
-                     on_idle=lambda: (log.append("idle"), idle.set()))
+                     gate=TurnRecorder(on_turn=lambda: log.append("tick"),
+                                       on_idle=lambda: (log.append("idle"), idle.set())))
     monkeypatch.setattr(w, "_open_udev", lambda: udev)
     monkeypatch.setattr(w, "_open_rtnetlink", lambda: rtnl)
     w.start()

@@ -84,11 +84,12 @@ def test_the_status_file_says_what_the_link_does_before_any_other_thread_runs(tm
     agent = Agent(cfgmod.load(str(agent_config(server, tmp_path)), env={}))
     seen = {}
 
-    def first_thread():   # the link thread, the first to start: what is there already
+    def first_thread(then):   # the link thread, the first to start: what is there already
         path = agent.config.status_path
         seen["link"] = status.read(path).get("link") if os.path.exists(path) else None
+        then()
 
-    monkeypatch.setattr(agent, "_run_link", first_thread)
+    monkeypatch.setattr(agent.runner, "start", first_thread)
     agent.run()
     assert seen["link"] and seen["link"]["state"] == "waiting", seen
     assert seen["link"]["next_attempt_in_s"] == 0.0

@@ -12,6 +12,7 @@ from agent.uploads.schedule import (AUTH, OK, PERMANENT, SLOW_DOWN, TRANSIENT, U
                                     classify, parse_retry_after)
 from agent.uploads.store import Duplicate, QueueStore
 from agent.uploads.worker import UploadWorker
+from devtools.harness import TurnRecorder
 
 
 def test_per_item_backoff_30s_doubling_to_30min():
@@ -474,8 +475,8 @@ def test_an_empty_queue_sleeps_until_woken_and_leaves_the_watchdog_gate(store):
     import threading
     idle, rounds = threading.Event(), []
     sender = FakeSender()
-    worker = UploadWorker(store, sender, UploadPolicy(), on_idle=idle.set,
-                          on_tick=lambda: rounds.append(1))
+    worker = UploadWorker(store, sender, UploadPolicy(),
+                          gate=TurnRecorder(on_turn=lambda: rounds.append(1), on_idle=idle.set))
     worker.start()
     try:
         assert idle.wait(2), "an empty queue did not go idle"

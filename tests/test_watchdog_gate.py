@@ -50,7 +50,7 @@ def test_a_watchdog_shorter_than_one_self_heal_is_named_at_start(tmp_path, monke
         fake = FakeSystemd(work / "notify.sock", watchdog_s)
         try:
             agent = Agent(cfgmod.load(str(agent_config(server, work)), env={}), environ=fake.env())
-            monkeypatch.setattr(agent, "_run_link", lambda: None)
+            monkeypatch.setattr(agent.runner, "start", lambda then: then())
             caplog.clear()
             with caplog.at_level(logging.WARNING, logger="edge_agent"):
                 agent.run()
@@ -63,3 +63,32 @@ def test_a_watchdog_shorter_than_one_self_heal_is_named_at_start(tmp_path, monke
                            "systemd would restart a healthy agent; raise WatchdogSec or lower "
                            "[link] heartbeat_interval_s"], warned
     assert warned[10.0] == []
+
+
+def test_an_idle_loop_is_no_stall_until_its_next_turn_and_the_turn_counts_from_then():
+    gate = WatchdogGate()
+    gate.register("uploads", 5.0, now=0.0)
+    gate.idle("uploads")                      # nothing queued: waits untimed
+    assert gate.stalled(1000.0) == []
+    gate.tick("uploads", 1000.0)              # woken: on the gate again, from now
+    assert gate.stalled(1004.0) == [] and gate.stalled(1005.5) == ["uploads"]
+
+
+def test_a_loop_is_on_the_gate_from_its_start_and_one_that_keeps_dying_stays_stalled():
+    import threading
+    from agent.loop import Loop
+    gate, ended = WatchdogGate(), threading.Event()
+    hung = threading.Event()
+    slow = Loop("slow", lambda: hung.wait(5), max_silence_s=2.0, gate=gate,
+                pause=lambda s: False, stopping=lambda: False, clock=lambda: 0.0)
+    slow.start()   # its body hangs before its first turn: a stall all the same
+    assert gate.stalled(3.0) == ["slow"]
+    hung.set()
+    slow.join(2)
+    deaths = []
+    doomed = Loop("doomed", lambda: deaths.append(1) or 1 / 0, max_silence_s=2.0, gate=gate,
+                  pause=lambda s: False, stopping=lambda: False, clock=lambda: 0.0)
+    doomed.start(then=ended.set)
+    assert ended.wait(5) and doomed.gave_up and len(deaths) > 1
+    assert "doomed" in gate.stalled(3.0), "its pets must stop: systemd starts a fresh process"
+    assert not slow.gave_up

@@ -15,11 +15,11 @@ import os
 import select
 import socket
 import struct
-import threading
 import time
 from typing import Callable
 
-from ..supervise import supervise
+from ..loop import Loop
+from ..watchdog_gate import WatchdogGate
 from .debounce import Debouncer
 from .model import Event, NetworkState, UndervoltageLatch, display_event
 from .outbox import Outbox
@@ -31,6 +31,8 @@ SUBSYSTEMS = ("drm", "power_supply", "hwmon", "net")
 RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
 NETLINK_ROUTE = 0
 MAX_WAIT_S = 60.0  # the longest timed wait: the watchdog gate hears from it this often
+# what the gate allows between ticks: that wait, plus a sysfs read and its events
+MAX_SILENCE_S = MAX_WAIT_S + 10.0
 
 
 def _read(path: str) -> str:
@@ -120,13 +122,11 @@ def rtnetlink_links() -> dict[str, tuple[str, str]]:
                 offset += (length + 3) & ~3
 
 
-class EventWatcher(threading.Thread):
+class EventWatcher:
     def __init__(self, outbox: Outbox, on_network_up: Callable[[], None] | None = None,
-                 on_tick: Callable[[], None] | None = None,
-                 on_idle: Callable[[], None] | None = None, sysfs: SysfsState | None = None,
+                 gate: WatchdogGate | None = None, sysfs: SysfsState | None = None,
                  settle_s: float = 2.0, fallback_interval_s: float = 60.0,
                  udev_source: str = "auto", telemetry_every_s: float = 300.0):
-        super().__init__(name="events", daemon=True)
         self.outbox = outbox
         self.sysfs = sysfs or SysfsState()
         self.debouncer = Debouncer(settle_s)
@@ -135,16 +135,25 @@ class EventWatcher(threading.Thread):
         self._displays: dict[str, str] = {}
         self._supplies: dict[str, str] = {}
         self._on_network_up = on_network_up or (lambda: None)
-        self._on_tick = on_tick or (lambda: None)   # puts it on the watchdog gate...
-        self._on_idle = on_idle or (lambda: None)   # ...and lets it wait untimed, off it
         self.fallback_interval_s = fallback_interval_s
         self.udev_source = udev_source
         self._stop_r, self._stop_w = os.pipe()
         self.mode = "starting"
         self.telemetry = TelemetryGate(telemetry_every_s)
+        self.loop = Loop("events", self._turns, max_silence_s=MAX_SILENCE_S, gate=gate,
+                         stopping=lambda: False, pause=self._stop_requested_within)
+
+    def start(self) -> None:
+        self.loop.start()
 
     def stop(self) -> None:
         os.write(self._stop_w, b"x")
+
+    def join(self, timeout: float | None = None) -> None:
+        self.loop.join(timeout)
+
+    def _stop_requested_within(self, seconds: float) -> bool:
+        return bool(select.select([self._stop_r], [], [], seconds)[0])
 
     # -- sources --------------------------------------------------------------------
     def _open_udev(self):
@@ -175,11 +184,7 @@ class EventWatcher(threading.Thread):
             return None
 
     # -- the loop -------------------------------------------------------------------
-    def run(self) -> None:
-        supervise("events", self._loop, lambda: False,
-                  lambda seconds: bool(select.select([self._stop_r], [], [], seconds)[0]))
-
-    def _loop(self) -> None:
+    def _turns(self) -> None:
         """Woken by netlink (udev, rtnetlink), not by a timer: state is read when the
         kernel says it changed. Timers only flush the debouncer; sysfs is polled only
         without netlink. With nothing pending it waits untimed, off the watchdog gate:
@@ -192,14 +197,14 @@ class EventWatcher(threading.Thread):
         self.scan(now, baseline=True)
         next_poll = now + self.fallback_interval_s
         while True:
-            self._on_tick()
+            self.loop.turn()
             now = time.monotonic()
             deadlines = [d for d in (self.debouncer.next_deadline(),
                                      next_poll if self.mode != "netlink" else None)
                          if d is not None]
             timeout = min(max(0.0, min(deadlines) - now), MAX_WAIT_S) if deadlines else None
             if timeout is None:
-                self._on_idle()
+                self.loop.idle()
             ready, _, _ = select.select(fds, [], [], timeout)
             if self._stop_r in ready:
                 return

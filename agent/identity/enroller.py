@@ -20,7 +20,8 @@ import urllib3
 from ..clock import SystemClock
 from ..fsutil import atomic_write, read_json
 from ..hardware import hardware_facts
-from ..supervise import supervise
+from ..loop import Loop
+from ..watchdog_gate import WatchdogGate
 from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
 from .pairing_code import shown
 from .rules import token_problem
@@ -43,15 +44,12 @@ class BadAnswer(Exception):
     pass
 
 
-class Enroller(threading.Thread):
+class Enroller:
     def __init__(self, server_url: str, device_id: str,
                  runtime_dir: str, ca_file: str | None = None,
                  on_paired: Callable[[str, int], None] | None = None,
                  on_change: Callable[[], None] | None = None,
-                 show_on_console: bool = False,
-                 on_tick: Callable[[], None] | None = None,
-                 on_idle: Callable[[], None] | None = None):
-        super().__init__(name="enroll", daemon=True)
+                 show_on_console: bool = False, gate: WatchdogGate | None = None):
         self.base = server_url
         self.device_id = device_id
         self.runtime_dir = runtime_dir
@@ -61,8 +59,6 @@ class Enroller(threading.Thread):
         # (token, generation): the identity core keeps it, or not if revoked meanwhile
         self._on_paired = on_paired or (lambda token, generation: None)
         self._on_change = on_change or (lambda: None)
-        self._on_tick = on_tick or (lambda: None)   # the watchdog gate hears this loop
-        self._on_idle = on_idle or (lambda: None)   # ...and lets it go quiet when paired
         self._console = show_on_console
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -70,6 +66,11 @@ class Enroller(threading.Thread):
         self._generation = 0     # the identity core's, for the enrollment under way
         self._stopping = False
         self.session = requests.Session()
+        # on the watchdog gate while it has work: a dead enroller must not leave an
+        # unpaired screen that systemd never restarts
+        self.loop = Loop("enroll", self._turns, max_silence_s=MAX_SILENCE_S, gate=gate,
+                         pause=lambda seconds: self._wake.wait(seconds) and self._stopping,
+                         stopping=lambda: self._stopping)
 
     # -- control ------------------------------------------------------------------
     def restart(self, hold_s: float, generation: int) -> None:
@@ -107,20 +108,19 @@ class Enroller(threading.Thread):
                 "error": self.core.last_error}
 
     # -- the loop -----------------------------------------------------------------
-    def run(self) -> None:
+    def start(self) -> None:
         self.core.start(self.clock.monotonic(), self._load_code())
-        supervise("enrollment", self._loop, lambda: self._stopping,
-                  lambda seconds: self._wake.wait(seconds) and self._stopping)
+        self.loop.start()
 
-    def _loop(self) -> None:
+    def _turns(self) -> None:
         while not self._stopping:
-            self._on_tick()
+            self.loop.turn()
             self._take_restart()
             for action in self.core.poll(self.clock.monotonic()):
                 self._execute(action)
             if self.core.state == PAIRED:
                 # nothing to do until unpaired: no timer, no wake-ups, off the gate
-                self._on_idle()
+                self.loop.idle()
                 self._wake.wait()
             else:
                 wait = self.core.next_wakeup() - self.clock.monotonic()

@@ -13,6 +13,8 @@ import time
 from typing import Callable
 
 from ..clock import Clock, SystemClock
+from ..loop import Loop
+from ..watchdog_gate import WatchdogGate
 from . import journal as J
 from . import inbox, protocol, tcpinfo
 from .cargo import Cargo
@@ -40,7 +42,8 @@ class LinkRunner:
     def __init__(self, config, *, clock: Clock | None = None,
                  transport_factory: TransportFactory | None = None,
                  on_status: Callable[[dict], None] | None = None,
-                 on_tick: Callable[[], None] | None = None,
+                 on_turn: Callable[[], None] | None = None,
+                 gate: WatchdogGate | None = None,
                  on_link_up: Callable[[], None] | None = None,
                  on_refused: Callable[[str], None] | None = None,
                  identity: Callable[[], tuple[str, str] | None] | None = None,
@@ -60,7 +63,8 @@ class LinkRunner:
         self.generation = 0
         self._factory = transport_factory or self._default_transport
         self._on_status = on_status
-        self._on_tick = on_tick
+        # others' work done on this thread's wake-ups: an idle agent wakes no other thread
+        self._on_turn = on_turn
         self._on_link_up = on_link_up
         self._on_refused = on_refused
         self.identity = identity or (lambda: (config.device_id, config.token))
@@ -79,6 +83,10 @@ class LinkRunner:
         self._loop_thread: int | None = None
         self._begun = False
         self._handlers = self._handler_table()
+        self._stop_asked = False
+        self._stall_at: float | None = None
+        self.loop = Loop("link", self._turns, max_silence_s=self.max_silence_s, gate=gate,
+                         stopping=lambda: self._stop_asked, pause=self._pause)
 
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, news) -> None:
@@ -106,6 +114,7 @@ class LinkRunner:
             self.sink(None, inbox.OutboxChanged())
 
     def request_stop(self) -> None:
+        self._stop_asked = True
         self.sink(None, inbox.Stop())
 
     def network_up(self) -> None:
@@ -176,23 +185,42 @@ class LinkRunner:
         self.core.start(now, resume_at, attempts)
         self._publish()
 
+    def start(self, then: Callable[[], None] | None = None) -> None:
+        """Begins on the caller's thread, before any other can touch the core, then runs
+        the link on its own; ``then()`` once it has ended."""
+        self._prepare()
+        self.loop.start(then)
+
     def run(self) -> None:
-        self._loop_thread = threading.get_ident()
+        """The same, on the calling thread."""
+        self._prepare()
+        self.loop.run()
+
+    def _prepare(self) -> None:
         if self.commands is not None:
             self.commands.start()  # results of commands from before: sent once connected
         self.begin()
-        stall_at = (self._started + self.config.debug_stall_link_after_s
-                    if self.config.debug_stall_link_after_s is not None else None)
+        if self.config.debug_stall_link_after_s is not None:
+            self._stall_at = self._started + self.config.debug_stall_link_after_s
+
+    def _pause(self, seconds: float) -> bool:
+        """Before a restart of the loop: what came in meanwhile waits for it."""
+        self.wakeup.wait(seconds)
+        return self._stop_asked
+
+    def _turns(self) -> None:
+        self._loop_thread = threading.get_ident()
         while True:
-            if self._on_tick is not None:
-                self._on_tick()
+            self.loop.turn()
+            if self._on_turn is not None:
+                self._on_turn()
             if self.transport is not None:
                 self._read_transport()
             self._take_in_events()
             if self.core.state == LinkState.STOPPED:
                 break
             now = self.clock.monotonic()
-            if stall_at is not None and now >= stall_at:
+            if self._stall_at is not None and now >= self._stall_at:
                 _stall_forever()
             for action in self.core.poll(now):
                 self._execute(action)

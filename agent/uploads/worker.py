@@ -13,8 +13,10 @@ import threading
 from typing import Callable
 
 from ..clock import Clock, SystemClock
+from ..loop import Loop
 from ..storage import card_failure
 from ..upload_kinds import PROOF_OF_PLAY
+from ..watchdog_gate import WatchdogGate
 from .schedule import (OK, PERMANENT, QUEUE_WIDE, SLOW_DOWN, UploadPolicy,
                        UploadScheduler)
 from .sender import UploadSender
@@ -32,17 +34,15 @@ MAX_ROUND_S = 20.0
 MAX_SILENCE_S = MAX_NAP_S + MAX_ROUND_S + 2 * 35.0 + 10.0
 
 
-class UploadWorker(threading.Thread):
+class UploadWorker:
     """``store`` is None when the queue could not be opened at start (a read-only or
     failing card): the worker then holds, as it does when the card fails under it;
     ``on_storage_failed`` hears of that once, and the store is not touched again."""
 
     def __init__(self, store: QueueStore | None, sender: UploadSender, policy: UploadPolicy,
-                 on_tick: Callable[[], None] | None = None,
                  on_change: Callable[[], None] | None = None, clock: Clock | None = None,
-                 rng=None, on_idle: Callable[[], None] | None = None,
+                 rng=None, gate: WatchdogGate | None = None,
                  on_storage_failed: Callable[[Exception], None] | None = None):
-        super().__init__(name="uploads", daemon=True)
         self.clock = clock or SystemClock()
         self.store, self.sender, self.policy = store, sender, policy
         self.scheduler = UploadScheduler(policy, rng)
@@ -50,14 +50,14 @@ class UploadWorker(threading.Thread):
         self._woken = False
         self._link_up = False
         self._stopping = False
-        self._on_tick = on_tick or (lambda: None)
         self._on_change = on_change or (lambda: None)
-        self._on_idle = on_idle or (lambda: None)
         self._on_storage_failed = on_storage_failed or (lambda e: None)
         # a card that failed does not come back within a process: no retries that only
         # fail again, and nothing sent whose confirmation could not be written
         self.storage_failed = store is None
         self.sent = 0
+        self.loop = Loop("uploads", self._turns, max_silence_s=MAX_SILENCE_S, gate=gate,
+                         pause=self._pause, stopping=lambda: self._stopping)
 
     # -- from any thread ----------------------------------------------------------
     def wake(self) -> None:
@@ -78,9 +78,14 @@ class UploadWorker(threading.Thread):
             self._wake.notify()
 
     # -- the loop -----------------------------------------------------------------
+    def start(self) -> None:
+        self.loop.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.loop.join(timeout)
+
     def run(self) -> None:
-        from ..supervise import supervise
-        supervise("uploads", self._loop, lambda: self._stopping, self._pause)
+        self.loop.run()
 
     def _pause(self, seconds: float) -> bool:
         with self._wake:
@@ -88,9 +93,9 @@ class UploadWorker(threading.Thread):
                 self._wake.wait(seconds)
             return self._stopping
 
-    def _loop(self) -> None:
+    def _turns(self) -> None:
         while not self._stopping:
-            self._on_tick()
+            self.loop.turn()
             try:
                 nap = self._work_once()
             except (OSError, QueueUnavailable) as e:
@@ -108,7 +113,7 @@ class UploadWorker(threading.Thread):
             with self._wake:
                 if not self._woken and not self._stopping and nap > 0:
                     if nap == IDLE:
-                        self._on_idle()
+                        self.loop.idle()
                         self._wake.wait()
                     else:
                         self._wake.wait(min(nap, MAX_NAP_S))
