@@ -1,0 +1,139 @@
+"""The layering written down in docs/LAYERS.md, kept: no import runs up a floor, the
+sans-I/O cores import no I/O, and the reference server takes from the agent only the
+wire contract. The tables come from the doc itself, so the two cannot disagree."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "LAYERS.md"
+
+
+def _modules(package: str) -> dict[str, Path]:
+    """Dotted name -> file, for every .py under one top-level package."""
+    found = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+AGENT, SERVER = _modules("agent"), _modules("fleet_server")
+KNOWN = AGENT | SERVER | _modules("devtools")
+
+
+def _imports(name: str, path: Path) -> list[str]:
+    """Every module `name` imports, at the top or inside a function, as absolute dotted
+    names; one of this repository's is the module itself, not a name inside it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                base = package.split(".")[: package.count(".") + 2 - node.level]
+                source = ".".join(base + ([node.module] if node.module else []))
+            found += [f"{source}.{a.name}" if f"{source}.{a.name}" in KNOWN else source
+                      for a in node.names]
+    return sorted({_own(target) or target for target in found})
+
+
+def _own(target: str) -> str | None:
+    """The module of this repository that `target` names (agent.__version__ -> agent)."""
+    while target and target not in KNOWN:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _unit(name: str) -> str:
+    """agent.link.core -> link/, agent.fsutil -> fsutil, agent -> __init__."""
+    first = (name.split(".")[1:] or ["__init__"])[0]
+    return f"{first}/" if (ROOT / "agent" / first).is_dir() else first
+
+
+def _rows() -> dict[str, list[str]]:
+    """Each table row of the doc: its first cell -> the `ticked` names of its second."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = line.strip().strip("|").split("|")
+        if line.startswith("|") and len(cells) >= 2:
+            rows[cells[0].strip()] = re.findall(r"`([^`]+)`", cells[1])
+    return rows
+
+
+def _dotted(path: str) -> str:
+    return "agent." + path.removesuffix(".py").replace("/", ".")
+
+
+ROWS = _rows()
+FLOOR = {unit: int(key) for key, units in ROWS.items() if key.isdigit() for unit in units}
+CORES = {_dotted(p) for p in ROWS.get("cores", [])}
+PURE = CORES | {_dotted(p) for p in ROWS.get("pure helpers", [])}
+NO_IO = ROWS.get("never imported by either", [])
+SERVER_TAKES = {_dotted(p) for p in ROWS.get("`fleet_server/`", []) if p.endswith(".py")}
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_the_doc_gives_every_unit_of_the_agent_one_floor():
+    units = {_unit(name) for name in AGENT}
+    listed = [unit for units in (v for k, v in ROWS.items() if k.isdigit()) for unit in units]
+    assert len(FLOOR) > 10 and len(CORES) > 5 and NO_IO and SERVER_TAKES, "docs/LAYERS.md: tables not found"
+    assert len(listed) == len(set(listed)), "docs/LAYERS.md places a unit on two floors"
+    missing, gone = sorted(units - FLOOR.keys()), sorted(FLOOR.keys() - units)
+    assert not missing, f"no floor in docs/LAYERS.md for {missing}"
+    assert not gone, f"docs/LAYERS.md places units that are gone: {gone}"
+    gone = sorted((PURE | SERVER_TAKES) - AGENT.keys())
+    assert not gone, f"docs/LAYERS.md names modules that are gone: {gone}"
+
+
+def test_no_import_runs_up_a_floor_or_sideways():
+    bad, seen = [], 0
+    for name, path in AGENT.items():
+        here = _unit(name)
+        for target in _imports(name, path):
+            top = target.split(".")[0]
+            if top in ("fleet_server", "devtools"):
+                bad.append(f"{_rel(path)} imports {target}: the agent never imports {top}")
+            elif top == "agent":
+                seen += 1
+                there = _unit(target)
+                if there != here and FLOOR[there] >= FLOOR[here]:
+                    bad.append(f"{_rel(path)} imports {target}: floor {FLOOR[here]} ({here}) "
+                               f"may not import floor {FLOOR[there]} ({there})")
+    assert seen > 100, "the scan found almost no imports: it is broken"
+    assert not bad, "\n".join(bad)
+
+
+def test_the_sans_io_cores_import_no_io():
+    bad = []
+    for name in sorted(PURE):
+        path = AGENT[name]
+        for target in _imports(name, path):
+            if target.split(".")[0] == "agent" and target not in PURE:
+                bad.append(f"{_rel(path)} imports {target}: a sans-I/O module imports only "
+                           f"the cores and pure helpers of docs/LAYERS.md")
+            elif any(target == io or target.startswith(io + ".") for io in NO_IO):
+                bad.append(f"{_rel(path)} imports {target}: a sans-I/O module does no I/O")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_reference_server_takes_only_the_wire_contract_from_the_agent():
+    bad = []
+    for name, path in SERVER.items():
+        for target in _imports(name, path):
+            top = target.split(".")[0]
+            if top == "devtools" or (top == "agent" and target not in SERVER_TAKES):
+                bad.append(f"{_rel(path)} imports {target}: fleet_server may import from the "
+                           f"agent only {sorted(SERVER_TAKES)}, and nothing of devtools")
+    for name in SERVER_TAKES:   # else the server would take the agent's insides with it
+        bad += [f"{_rel(AGENT[name])} imports {target}: the server imports this module, "
+                f"which must import nothing of the agent"
+                for target in _imports(name, AGENT[name]) if target.split(".")[0] == "agent"]
+    assert not bad, "\n".join(bad)
