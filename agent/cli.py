@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-import time
 
 from . import __version__, config as cfgmod, crashes, logs, status
 from .fsutil import UnsafePath, drop_to_owner
@@ -122,98 +121,14 @@ def cmd_status(args) -> int:
     except status.StatusFileError as e:
         sys.stderr.write(f"edge-agent: {e}\n")
         return EXIT_NOT_RUNNING
-    running = status.pid_alive(doc.get("pid"))
-    link = doc.get("link") if isinstance(doc.get("link"), dict) else {}
-    # online on a card that failed, or with a token only in memory, is still degraded:
-    # what it is asked to keep, it cannot (yet)
-    online = (running and link.get("state") == "online" and _storage(doc).get("state") == "ok"
-              and not isinstance(doc.get("credentials"), dict))
+    running, online = status.verdict(doc)
     if args.json:
         print(json.dumps({**doc, "running": running}, indent=1, sort_keys=True))
     else:
-        print(_render(doc, link, running))
+        print(status.render(doc, running))
     if not running:
         return EXIT_NOT_RUNNING
     return EXIT_OK if online else EXIT_DEGRADED
-
-
-def _render(doc: dict, link: dict, running: bool) -> str:
-    state = link.get("state", "unknown") if running else "not running"
-    lines = [f"edge-agent {doc.get('version', '?')}  device {doc.get('device_id', '?')}",
-             f"server      {doc.get('server', '?')}",
-             *([f"pairing     {_pairing_text(doc['pairing'])}"]
-               if isinstance(doc.get("pairing"), dict) else []),
-             f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
-    # the file is written on changes only: ages are as of its writing, plus since then
-    elapsed = _elapsed_since(doc.get("updated_at"))
-    if link.get("since_s") is not None and running:
-        lines.append(f"since       {_age(link['since_s'], elapsed)} in this state")
-    if link.get("rtt_ms") is not None:
-        ack = (f", last ack {_age(link['last_ack_age_s'], elapsed)} ago"
-               if link.get("last_ack_age_s") is not None else "")
-        lines.append(f"rtt         {link['rtt_ms']} ms{ack}")
-    storage = _storage(doc)
-    if storage.get("state") != "ok":
-        parts = storage.get("parts") if isinstance(storage.get("parts"), dict) else {}
-        lines.append(f"storage     {storage.get('state')}: {storage.get('reason')} at "
-                     f"{storage.get('path')}; held: {', '.join(map(str, parts)) or '?'}")
-    unwritten = doc.get("credentials")
-    if isinstance(unwritten, dict):
-        lines.append(f"credentials not stored yet ({unwritten.get('error')}, "
-                     f"{unwritten.get('failed_attempts')} failed writes): in use from memory, "
-                     f"written when the card takes it")
-    if link.get("proof"):
-        lines.append(f"proof       {link['proof']}")
-    uploads = doc.get("uploads") if isinstance(doc.get("uploads"), dict) else None
-    if uploads and "items" in uploads:
-        lines.append(f"uploads     {uploads['items']} queued ({uploads.get('bytes', 0)} bytes), "
-                     f"{uploads.get('dead_letter', 0)} dead-lettered, dropped {uploads.get('dropped') or 'none'}")
-    events = doc.get("events") if isinstance(doc.get("events"), dict) else None
-    if events:
-        recent = events.get("recent") if isinstance(events.get("recent"), list) else []
-        names = ", ".join(str(e.get("type")) for e in recent[-3:] if isinstance(e, dict)) or "none"
-        lines.append(f"events      {events.get('mode')}: {events.get('pending', 0)} waiting for the "
-                     f"server, {events.get('delivered', 0)} delivered; latest {names}")
-    commands = doc.get("commands") if isinstance(doc.get("commands"), list) else []
-    if commands:
-        latest = "; ".join(f"{c.get('command')} {str(c.get('result', '')).split(':')[0]}"
-                           for c in commands[-3:] if isinstance(c, dict))
-        lines.append(f"commands    latest from the server: {latest}")
-    if link.get("next_attempt_in_s") is not None:
-        lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
-    losses = link.get("losses_last_hour") or []
-    if isinstance(losses, list):
-        counts: dict = {}
-        for r in losses:
-            counts[str(r)] = counts.get(str(r), 0) + 1
-        summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
-        lines.append(f"losses/hour {summary}")
-    return "\n".join(lines)
-
-
-def _storage(doc: dict) -> dict:
-    """The status file's storage health; a file from a build before it: ok."""
-    storage = doc.get("storage")
-    if not isinstance(storage, dict):
-        return {"state": "ok"}
-    return storage if isinstance(storage.get("state"), str) else {"state": "unknown"}
-
-
-def _elapsed_since(updated_at) -> float:
-    if isinstance(updated_at, bool) or not isinstance(updated_at, (int, float)):
-        return 0.0
-    return max(0.0, time.time() - updated_at)
-
-
-def _age(seconds, elapsed: float) -> str:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        return "?"
-    total = seconds + elapsed
-    if total < 120:
-        return f"{total:.0f} s"
-    if total < 7200:
-        return f"{total / 60:.0f} min"
-    return f"{total / 3600:.1f} h"
 
 
 # enqueue: 0 means stored (on the card, synced); every refusal has its own status
@@ -326,12 +241,6 @@ def cmd_unpair(args) -> int:
         pass
     print("credentials removed; the agent will enroll when it starts")
     return EXIT_OK
-
-
-def _pairing_text(p: dict) -> str:
-    if p.get("code"):
-        return f"code {p['code']} (enter it on the fleet server; expires in {p.get('expires_in_s')} s)"
-    return str(p.get("state"))
 
 
 def cmd_check_config(args) -> int:

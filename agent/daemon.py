@@ -17,7 +17,6 @@ from .events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, Teleme
 from .events.watcher import EventWatcher, SysfsState
 from .hardware import hardware_facts
 from .identity import device, pairing_code
-from .identity.core import Claimed, Enrolled, Refused, Registered, Revoked, UnpairedByServer
 from .identity.credentials import Credentials
 from .identity.enroller import Enroller
 from .identity.service import Hooks, IdentityService
@@ -40,34 +39,6 @@ log = logging.getLogger("edge_agent")
 STATUS_REFRESH_S = 30.0
 
 
-def status_line(link: dict, pairing: dict | None = None, storage: dict | None = None) -> str:
-    """The one-line human state systemd shows in `systemctl status`."""
-    line = _link_line(link, pairing)
-    if storage and storage.get("state", "ok") != "ok":
-        return f"{line}; storage {storage['state']}"
-    return line
-
-
-def _link_line(link: dict, pairing: dict | None) -> str:
-    state = link.get("state")
-    if pairing and pairing.get("code") and state in ("unpaired", "waiting", "online", None):
-        return f"waiting for pairing code {pairing['code']}"
-    if state == "unpaired":
-        return "enrolling: waiting for a pairing code" + (
-            f" ({pairing['error']})" if pairing and pairing.get("error") else "")
-    if state == "online":
-        if link.get("rtt_ms") is not None:
-            return f"online rtt={link['rtt_ms']:.0f}ms"
-        return "online (waiting for the first heartbeat ack)"
-    if state == "waiting":
-        why = f" ({link['reason']})" if link.get("reason") else ""
-        return f"reconnecting in {link.get('next_attempt_in_s') or 0:.0f}s{why}"
-    if state == "connecting":
-        return "connecting"
-    # before the link thread's first report (the seconds after a restart)
-    return str(state) if state else "starting link"
-
-
 class Agent:
     def __init__(self, config: Config, environ=None):
         self.config = config
@@ -88,42 +59,36 @@ class Agent:
         if not self.preprovisioned and not self.profile_pairs:
             self.enroller = Enroller(
                 config.server_url, self.device_id, config.runtime_dir,
-                config.ca_file, on_paired=lambda token, generation: self.ids.handle(
-                    Enrolled(token, generation)),
+                config.ca_file, on_paired=self.ids.enrolled,
                 on_change=self._refresh_status,
-                show_on_console=config.show_code_on_console, gate=self.gate)
-            if self.token is not None:
-                self.enroller.core.on_paired(self.token)
+                show_on_console=config.show_code_on_console, gate=self.gate,
+                paired_with=self.token)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
         self._telemetry = TelemetrySource(config.state_dir, config.debug_sysfs_root or "/sys")
         self._telemetry_due = 0.0
         self.profile = PROFILES[config.profile](ProfileContext(
-            device_id=lambda: self.device_id, token=lambda: self.token,
-            on_token=lambda token, server_id=None, code=None: self.ids.handle(
-                Registered(token, server_id, code)),
-            on_unpaired=lambda settle_s: self.ids.handle(UnpairedByServer()),
-            facts=hardware_facts,
-            pairing_code=lambda: self.ids.current.pairing_code,
-            claimed=lambda: self.ids.current.claimed,
-            on_claimed=lambda name: self.ids.handle(Claimed(name)),
+            device_id=self.ids.device_id, token=self.ids.token,
+            on_token=self.ids.registered, on_unpaired=self.ids.unpaired_by_server,
+            facts=hardware_facts, pairing_code=self.ids.pairing_code,
+            claimed=self.ids.claimed, on_claimed=self.ids.claimed_as,
             telemetry=self._telemetry.get,
             allowed_commands=config.commands_allow,
             cold_start=first_start_of_boot(config.runtime_dir)))
         self.commands = CommandService(
             config.commands_path, config.commands_allow,
-            Actions(config, snapshot=lambda: self._status_doc(self._last_link),
-                    link_socket=lambda: getattr(self.runner.transport, "_sock", None),
+            Actions(config, snapshot=self._status_now, link_socket=self._link_socket,
                     request_restart=self._restart_requested, enqueue=self._enqueue),
-            on_finished=lambda *finished: self.runner.command_finished(*finished),
+            on_finished=self._command_finished,
             runtime_dir=config.runtime_dir, ids_ours=self.profile_pairs,
             on_storage_error=self._ledger_write_failed)
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
                                  on_turn=self._link_turn, gate=self.gate,
-                                 on_link_up=lambda: self.uploads.link_up(),
-                                 on_refused=self._refused, identity=self.identity,
+                                 on_link_up=self._link_up, on_refused=self.ids.refused,
+                                 identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path),
-                                 commands=self.commands)
+                                 commands=self.commands,
+                                 paused=self.token is None and not self.profile.pairs_in_link)
         try:
             self.store: QueueStore | None = QueueStore(config.queue_path, config.uploads)
         except (QueueUnavailable, OSError) as e:   # the card, a link planted in the spool
@@ -133,8 +98,6 @@ class Agent:
             self.store, self._upload_sender(), config.uploads, gate=self.gate,
             on_change=self._refresh_status, on_storage_failed=self._queue_failed)
         self.ids.hooks = self._identity_hooks()
-        if self.token is None and not self.profile.pairs_in_link:
-            self.runner.core.paused = True  # nothing to connect with until paired
         self.events = None
         if config.events_enabled:
             self.events = EventWatcher(
@@ -207,7 +170,7 @@ class Agent:
             self.events.telemetry_sampled(self._telemetry.get(), now)
         if self.notifier.enabled and now - self._status_refreshed >= STATUS_REFRESH_S:
             self._status_refreshed = now
-            self.notifier.status(status_line(self.runner.snapshot(), self._pairing(),
+            self.notifier.status(status.line(self.runner.snapshot(), self._pairing(),
                                              self.storage.snapshot()))
 
     def _restart_requested(self) -> None:
@@ -241,14 +204,26 @@ class Agent:
         self.runner.events_queued()
         self._refresh_status()
 
+    # -- between parts built before one another ---------------------------------------
+    def _link_up(self) -> None:
+        """The link is up (or the device paired anew): uploads held for it may go."""
+        self.uploads.link_up()
+
+    def _command_finished(self, command_id: str, outcome, started: float) -> None:
+        self.runner.command_finished(command_id, outcome, started)
+
+    def _link_socket(self):
+        """For the diagnostics command: the path MTU of the live connection."""
+        return self.runner.raw_socket()
+
     # -- identity ---------------------------------------------------------------
     @property
     def token(self) -> str | None:
-        return self.ids.current.token
+        return self.ids.token()
 
     @property
     def device_id(self) -> str:
-        return self.ids.current.device_id
+        return self.ids.device_id()
 
     def identity(self) -> tuple[str, str] | None:
         current = self.ids.current
@@ -262,25 +237,15 @@ class Agent:
         def restart_enrollment(generation: int) -> None:
             # not before the link would have tried again: a server that keeps refusing
             # is never hammered
-            hold = max(0.0, self.runner.core.attempt_at() - time.monotonic())
-            self.enroller.restart(hold, generation)
+            self.enroller.restart(self.runner.seconds_to_next_attempt(), generation)
 
         return Hooks(restart_enrollment=restart_enrollment, pause_link=self.runner.pause,
                      resume_link=self.runner.resume, reregister=reregister,
-                     resume_uploads=lambda: self.uploads.link_up(),
+                     resume_uploads=self._link_up,
                      status_changed=self._refresh_status,
                      credentials_write_failed=self._credentials_write_failed,
                      credentials_stored=(self.enroller.credentials_stored
                                          if self.enroller is not None else lambda: None))
-
-    def _refused(self, detail: str) -> None:
-        """The server refused our token at connect."""
-        self.ids.handle(Refused(detail))
-
-    def revoke(self) -> None:
-        """Forget the token, stop linking, show a fresh pairing code (after a backoff
-        delay, so a server that keeps refusing is never hammered)."""
-        self.ids.handle(Revoked())
 
     # -- status -----------------------------------------------------------------
     def _pairing(self) -> dict | None:
@@ -295,7 +260,7 @@ class Agent:
 
     def _on_link_status(self, link: dict) -> None:
         self._last_link = link
-        self.notifier.status(status_line(link, self._pairing(), self.storage.snapshot()))
+        self.notifier.status(status.line(link, self._pairing(), self.storage.snapshot()))
         self._write_status(link)
 
     def _network_up(self) -> None:
@@ -304,7 +269,7 @@ class Agent:
         self.runner.network_up()
 
     def _refresh_status(self) -> None:
-        self.notifier.status(status_line(self._last_link, self._pairing(),
+        self.notifier.status(status.line(self._last_link, self._pairing(),
                                          self.storage.snapshot()))
         self._write_status(self._last_link)
 
@@ -317,33 +282,17 @@ class Agent:
                 log.warning("cannot write status file %s: %s", self.config.status_path,
                             e.strerror)
 
-    def _status_doc(self, link: dict) -> dict:
-        return {
-            "pid": os.getpid(),
-            "version": __version__,
-            "device_id": self.device_id,
-            "pairing": self._pairing() or {"state": "pre-provisioned"},
-            "server": self.config.server_display,
-            "updated_at": round(time.time(), 3),
-            "link": link,
-            "storage": self.storage.snapshot(),
-            "credentials": self.ids.storage(),   # a credentials write the card still lacks
-            "uploads": {**self._queue_stats(), "sent": self.uploads.sent},
-            "events": {"mode": self.events.mode if self.events else "disabled",
-                       "pending": len(self.outbox), "delivered": self.outbox.delivered,
-                       "dropped": self.outbox.dropped,
-                       "recent": [e.payload() for e in list(self.outbox.recent)]},
-            "journal": [r.to_dict() for r in list(self.runner.core.journal.records)[-10:]],
-            "commands": self.commands.recent(),
-        }
+    def _status_now(self) -> dict:
+        return self._status_doc(self._last_link)
 
-    def _queue_stats(self) -> dict:
-        if self.store is None:
-            return {"error": "storage unavailable"}
-        try:
-            return self.store.stats()
-        except Exception as e:  # a status file must not fail on a busy database
-            return {"error": type(e).__name__}
+    def _status_doc(self, link: dict) -> dict:
+        return status.document(
+            device_id=self.device_id, pairing=self._pairing(), server=self.config.server_display,
+            link=link, storage=self.storage.snapshot(), credentials=self.ids.storage(),
+            uploads=self.uploads.snapshot(),
+            events={"mode": self.events.mode if self.events else "disabled",
+                    **self.outbox.snapshot()},
+            journal=self.runner.journal_snapshot(), commands=self.commands.recent())
 
     def may_pet(self) -> tuple[bool, str]:
         # a screen waiting for its operator to type the code is healthy, not wedged
@@ -368,7 +317,7 @@ class Agent:
         # `edge-agent enqueue` pokes us when it queued something
         signal.signal(signal.SIGUSR1, lambda *_: self.uploads.wake())
         # `edge-agent unpair` / `enroll` ask for a fresh pairing
-        signal.signal(signal.SIGUSR2, lambda *_: self.revoke())
+        signal.signal(signal.SIGUSR2, lambda *_: self.ids.revoked())
         log.info("edge-agent %s starting: device %s, server %s, %s", __version__,
                  self.device_id, self.config.server_display,
                  "pre-provisioned token" if self.preprovisioned else

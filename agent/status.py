@@ -1,14 +1,18 @@
-"""The status file: what `edge-agent status` reads.
+"""The status board: the document the agent keeps in its status file, the one line
+systemd shows, and what `edge-agent status` makes of the file.
 
-It lives in the runtime directory (tmpfs under systemd) and is rewritten only when
-something an operator cares about changes, never per heartbeat.
+The file lives in the runtime directory (tmpfs under systemd) and is rewritten only
+when something an operator cares about changes, never per heartbeat. Each part of the
+agent gives its own snapshot; the board only puts them together and says them.
 """
 from __future__ import annotations
 
 import errno
 import json
 import os
+import time
 
+from . import __version__
 from .fsutil import FileTooLarge, NotRegularFile, atomic_write, read_json
 
 MAX_STATUS_BYTES = 1 << 20
@@ -58,3 +62,145 @@ def pid_alive(pid) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# -- the document ------------------------------------------------------------------
+def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
+             storage: dict, credentials: dict | None, uploads: dict, events: dict,
+             journal: list, commands: list) -> dict:
+    return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
+            "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
+            "updated_at": round(time.time(), 3), "link": link, "storage": storage,
+            # a credentials write the card still lacks
+            "credentials": credentials, "uploads": uploads, "events": events,
+            "journal": journal, "commands": commands}
+
+
+# -- the line systemd shows ----------------------------------------------------------
+def line(link: dict, pairing: dict | None = None, storage: dict | None = None) -> str:
+    """The one-line human state systemd shows in `systemctl status`."""
+    said = _link_line(link, pairing)
+    if storage and storage.get("state", "ok") != "ok":
+        return f"{said}; storage {storage['state']}"
+    return said
+
+
+def _link_line(link: dict, pairing: dict | None) -> str:
+    state = link.get("state")
+    if pairing and pairing.get("code") and state in ("unpaired", "waiting", "online", None):
+        return f"waiting for pairing code {pairing['code']}"
+    if state == "unpaired":
+        return "enrolling: waiting for a pairing code" + (
+            f" ({pairing['error']})" if pairing and pairing.get("error") else "")
+    if state == "online":
+        if link.get("rtt_ms") is not None:
+            return f"online rtt={link['rtt_ms']:.0f}ms"
+        return "online (waiting for the first heartbeat ack)"
+    if state == "waiting":
+        why = f" ({link['reason']})" if link.get("reason") else ""
+        return f"reconnecting in {link.get('next_attempt_in_s') or 0:.0f}s{why}"
+    if state == "connecting":
+        return "connecting"
+    # before the link thread's first report (the seconds after a restart)
+    return str(state) if state else "starting link"
+
+
+# -- what `edge-agent status` says ----------------------------------------------------
+def verdict(doc: dict) -> tuple[bool, bool]:
+    """(the agent runs, it is online and keeps what it is asked to keep). Online on a
+    card that failed, or with a token only in memory, is still degraded."""
+    running = pid_alive(doc.get("pid"))
+    link = _link(doc)
+    return running, (running and link.get("state") == "online"
+                     and _storage(doc).get("state") == "ok"
+                     and not isinstance(doc.get("credentials"), dict))
+
+
+def render(doc: dict, running: bool) -> str:
+    link = _link(doc)
+    state = link.get("state", "unknown") if running else "not running"
+    lines = [f"edge-agent {doc.get('version', '?')}  device {doc.get('device_id', '?')}",
+             f"server      {doc.get('server', '?')}",
+             *([f"pairing     {_pairing_text(doc['pairing'])}"]
+               if isinstance(doc.get("pairing"), dict) else []),
+             f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
+    # the file is written on changes only: ages are as of its writing, plus since then
+    elapsed = _elapsed_since(doc.get("updated_at"))
+    if link.get("since_s") is not None and running:
+        lines.append(f"since       {_age(link['since_s'], elapsed)} in this state")
+    if link.get("rtt_ms") is not None:
+        ack = (f", last ack {_age(link['last_ack_age_s'], elapsed)} ago"
+               if link.get("last_ack_age_s") is not None else "")
+        lines.append(f"rtt         {link['rtt_ms']} ms{ack}")
+    storage = _storage(doc)
+    if storage.get("state") != "ok":
+        parts = storage.get("parts") if isinstance(storage.get("parts"), dict) else {}
+        lines.append(f"storage     {storage.get('state')}: {storage.get('reason')} at "
+                     f"{storage.get('path')}; held: {', '.join(map(str, parts)) or '?'}")
+    unwritten = doc.get("credentials")
+    if isinstance(unwritten, dict):
+        lines.append(f"credentials not stored yet ({unwritten.get('error')}, "
+                     f"{unwritten.get('failed_attempts')} failed writes): in use from memory, "
+                     f"written when the card takes it")
+    if link.get("proof"):
+        lines.append(f"proof       {link['proof']}")
+    uploads = doc.get("uploads") if isinstance(doc.get("uploads"), dict) else None
+    if uploads and "items" in uploads:
+        lines.append(f"uploads     {uploads['items']} queued ({uploads.get('bytes', 0)} bytes), "
+                     f"{uploads.get('dead_letter', 0)} dead-lettered, dropped {uploads.get('dropped') or 'none'}")
+    events = doc.get("events") if isinstance(doc.get("events"), dict) else None
+    if events:
+        recent = events.get("recent") if isinstance(events.get("recent"), list) else []
+        names = ", ".join(str(e.get("type")) for e in recent[-3:] if isinstance(e, dict)) or "none"
+        lines.append(f"events      {events.get('mode')}: {events.get('pending', 0)} waiting for the "
+                     f"server, {events.get('delivered', 0)} delivered; latest {names}")
+    commands = doc.get("commands") if isinstance(doc.get("commands"), list) else []
+    if commands:
+        latest = "; ".join(f"{c.get('command')} {str(c.get('result', '')).split(':')[0]}"
+                           for c in commands[-3:] if isinstance(c, dict))
+        lines.append(f"commands    latest from the server: {latest}")
+    if link.get("next_attempt_in_s") is not None:
+        lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
+    losses = link.get("losses_last_hour") or []
+    if isinstance(losses, list):
+        counts: dict = {}
+        for r in losses:
+            counts[str(r)] = counts.get(str(r), 0) + 1
+        summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
+        lines.append(f"losses/hour {summary}")
+    return "\n".join(lines)
+
+
+def _storage(doc: dict) -> dict:
+    """The status file's storage health; a file from a build before it: ok."""
+    storage = doc.get("storage")
+    if not isinstance(storage, dict):
+        return {"state": "ok"}
+    return storage if isinstance(storage.get("state"), str) else {"state": "unknown"}
+
+
+def _elapsed_since(updated_at) -> float:
+    if isinstance(updated_at, bool) or not isinstance(updated_at, (int, float)):
+        return 0.0
+    return max(0.0, time.time() - updated_at)
+
+
+def _age(seconds, elapsed: float) -> str:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return "?"
+    total = seconds + elapsed
+    if total < 120:
+        return f"{total:.0f} s"
+    if total < 7200:
+        return f"{total / 60:.0f} min"
+    return f"{total / 3600:.1f} h"
+
+
+def _link(doc: dict) -> dict:
+    return doc.get("link") if isinstance(doc.get("link"), dict) else {}
+
+
+def _pairing_text(p: dict) -> str:
+    if p.get("code"):
+        return f"code {p['code']} (enter it on the fleet server; expires in {p.get('expires_in_s')} s)"
+    return str(p.get("state"))

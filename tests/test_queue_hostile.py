@@ -186,5 +186,5 @@ def test_an_agent_starting_on_a_planted_queue_file_keeps_its_link_and_says_why(g
     doc = agent.storage.snapshot()
     assert doc["state"] == "unavailable" and "upload queue" in doc["parts"], doc
     assert "link" in doc["reason"], doc   # a symbolic one, or a second name
-    assert agent._queue_stats() == {"error": "storage unavailable"}
+    assert agent.uploads.queue_stats() == {"error": "storage unavailable"}
     assert fingerprint(precious) == before

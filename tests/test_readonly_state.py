@@ -14,7 +14,7 @@ import time
 import pytest
 
 from agent import config as cfgmod
-from agent.daemon import status_line
+from agent.status import line as status_line
 from agent.storage import READ_ONLY, StorageHealth, card_failure
 from agent.uploads.store import QueueStorageFailed, QueueStore
 from devtools.card import SdCard

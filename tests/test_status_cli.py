@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from agent import status
-from agent.daemon import status_line
+from agent.status import line as status_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

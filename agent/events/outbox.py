@@ -48,3 +48,8 @@ class Outbox:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def snapshot(self) -> dict:
+        """For `edge-agent status`."""
+        return {"pending": len(self._items), "delivered": self.delivered,
+                "dropped": self.dropped, "recent": [e.payload() for e in list(self.recent)]}

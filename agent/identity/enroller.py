@@ -49,12 +49,17 @@ class Enroller:
                  runtime_dir: str, ca_file: str | None = None,
                  on_paired: Callable[[str, int], None] | None = None,
                  on_change: Callable[[], None] | None = None,
-                 show_on_console: bool = False, gate: WatchdogGate | None = None):
+                 show_on_console: bool = False, gate: WatchdogGate | None = None,
+                 paired_with: str | None = None):
+        """``paired_with``: the token this device already holds: nothing to enroll
+        until it is refused or dropped (restart())."""
         self.base = server_url
         self.device_id = device_id
         self.runtime_dir = runtime_dir
         self.clock = SystemClock()
         self.core = EnrollmentCore()
+        if paired_with is not None:
+            self.core.on_paired(paired_with)
         self._verify: bool | str = ca_file or True
         # (token, generation): the identity core keeps it, or not if revoked meanwhile
         self._on_paired = on_paired or (lambda token, generation: None)

@@ -83,6 +83,42 @@ class IdentityService:
         with self._lock:
             self._apply(self.core.handle(event))
 
+    # -- what the parts that talk to the server read and report (any thread) ------------
+    def device_id(self) -> str:
+        return self.current.device_id
+
+    def token(self) -> str | None:
+        return self.current.token
+
+    def pairing_code(self) -> str | None:
+        return self.current.pairing_code
+
+    def claimed(self) -> bool:
+        return self.current.claimed
+
+    def enrolled(self, token: str, generation: int) -> None:
+        """The enroller's poll brought a token (of the enrollment ``generation``)."""
+        self.handle(C.Enrolled(token, generation))
+
+    def registered(self, token: str, server_device_id: str | None = None,
+                   pairing_code: str | None = None) -> None:
+        """A server that pairs inside the link handed a token at registration."""
+        self.handle(C.Registered(token, server_device_id, pairing_code))
+
+    def claimed_as(self, name: str) -> None:
+        self.handle(C.Claimed(name))
+
+    def unpaired_by_server(self) -> None:
+        self.handle(C.UnpairedByServer())
+
+    def refused(self, detail: str) -> None:
+        """The server refused the token at connect."""
+        self.handle(C.Refused(detail))
+
+    def revoked(self) -> None:
+        """Unpaired on this device (edge-agent unpair): enroll again."""
+        self.handle(C.Revoked())
+
     def _apply(self, effects: list) -> None:
         """Under the lock: the disk first, then the identity is published, then the rest."""
         answers = []

@@ -49,13 +49,15 @@ class LinkRunner:
                  identity: Callable[[], tuple[str, str] | None] | None = None,
                  outbox=None, profile=None,
                  schedule_store: ScheduleStore | None = None,
-                 commands=None,
+                 commands=None, paused: bool = False,
                  rng: random.Random | None = None):
+        """``paused``: nothing to connect with yet (not paired); resume() when there is."""
         self.config = config
         self.clock = clock or SystemClock()
         self.core = LinkCore(LinkPolicy(liveness=config.liveness, backoff=config.backoff,
                                         stable_after_s=config.stable_after_s,
                                         wake_min_interval_s=config.wake_min_interval_s), rng)
+        self.core.paused = paused
         # the ACK deadline's kernel timer runs on real time only
         self.wakeup = Wakeup(cancellable_deadlines=isinstance(self.clock, SystemClock))
         self._acks_may_wait = False   # this connection has been proven by an ACK
@@ -163,6 +165,9 @@ class LinkRunner:
         live = self.config.liveness
         return max(live.heartbeat_interval_s + live.ack_timeout_s,
                    2 * self.core.watchdog.server_ping_interval_s + live.ack_timeout_s)
+
+    def seconds_to_next_attempt(self) -> float:
+        return max(0.0, self.core.attempt_at() - self.clock.monotonic())
 
     def link_live(self) -> bool:
         core = self.core
@@ -322,7 +327,7 @@ class LinkRunner:
         if self.transport is None:
             return
         if not self.core.watchdog.armed:   # no ACKs from this server (yet): ask the kernel
-            self._tcp_before[seq] = tcpinfo.read(self._raw_socket())
+            self._tcp_before[seq] = tcpinfo.read(self.raw_socket())
         try:
             self.profile.send_heartbeat(self.transport, seq, self.clock.wall(),
                                         self.clock.monotonic() - self._started,
@@ -332,14 +337,17 @@ class LinkRunner:
 
     def _verify_delivery(self, seq: int) -> None:
         before = self._tcp_before.pop(seq, None)
-        after = tcpinfo.read(self._raw_socket())
+        after = tcpinfo.read(self.raw_socket())
         for action in self.core.on_delivery(seq, tcpinfo.delivered(before, after),
                                             self.clock.monotonic(),
                                             after.rtt_s if after is not None else None):
             self._execute(action)
 
-    def _raw_socket(self):
-        raw = getattr(self.transport, "raw_socket", None)
+    def raw_socket(self):
+        """The live connection's kernel socket, or None (any thread: diagnostics read
+        it; the link thread asks the kernel about its heartbeats)."""
+        transport = self.transport
+        raw = getattr(transport, "raw_socket", None)
         return raw() if raw is not None else None
 
     def _send_report(self, action: SendReport) -> None:
@@ -575,6 +583,10 @@ class LinkRunner:
     # -- status -----------------------------------------------------------------
     def snapshot(self) -> dict:
         return self.core.snapshot(self.clock.monotonic())
+
+    def journal_snapshot(self, last: int = 10) -> list[dict]:
+        """The latest connections, for `edge-agent status`."""
+        return [r.to_dict() for r in list(self.core.journal.records)[-last:]]
 
     def _publish(self) -> None:
         """The reconnect schedule to its store and the state to on_status, when either

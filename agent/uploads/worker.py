@@ -60,6 +60,18 @@ class UploadWorker:
                          pause=self._pause, stopping=lambda: self._stopping)
 
     # -- from any thread ----------------------------------------------------------
+    def snapshot(self) -> dict:
+        """For `edge-agent status`: what is queued, and what this process sent."""
+        return {**self.queue_stats(), "sent": self.sent}
+
+    def queue_stats(self) -> dict:
+        if self.store is None:
+            return {"error": "storage unavailable"}
+        try:
+            return self.store.stats()
+        except Exception as e:  # a status file must not fail on a busy queue
+            return {"error": type(e).__name__}
+
     def wake(self) -> None:
         with self._wake:
             self._woken = True

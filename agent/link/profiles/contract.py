@@ -17,7 +17,7 @@ class ProfileContext:
     token: Callable[[], str | None]
     # a server handed a token (and its own id for us); screentinker: at registration
     on_token: Callable[..., None] = lambda token, device_id=None, pairing_code=None: None
-    on_unpaired: Callable[[float], None] = lambda settle_s: None  # the server dropped us
+    on_unpaired: Callable[[], None] = lambda: None  # the server dropped us
     facts: Callable[[], dict] = lambda: {}
     # screentinker: the code this device registered with, and whether an operator
     # has claimed it since, both kept with the credentials across restarts

@@ -211,7 +211,7 @@ class ScreenTinkerProfile:
                     settle_s = max(0.0, min(float(value) * scale, self.MAX_HOLD_S))
         with self._lock:
             self.forget_pairing()
-            self.ctx.on_unpaired(settle_s)
+            self.ctx.on_unpaired()
         post(inbox.Unpaired(settle_s, why))
 
     def send_heartbeat(self, transport, seq: int, wall: float, uptime_s: float, post: Post,
