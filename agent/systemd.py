@@ -19,7 +19,7 @@ class Notifier:
         self.enabled = bool(env.get("NOTIFY_SOCKET"))
         self._notifier = None
         if self.enabled:
-            import sdnotify
+            import sdnotify  # only under systemd: `edge-agent status` and the tests need none
             self._notifier = sdnotify.SystemdNotifier()
         self._lock = threading.Lock()
         self._last_status: str | None = None

@@ -44,7 +44,7 @@ def test_loss_and_forgetting_settle_once():
     for key in "cd":
         t.sent(key, 1, 0)
     t.forget("c")
-    assert [(s.key, s.verdict) for s in t.connection_ended(1)] == [("d", LOST)]
+    assert [(s.key, s.verdict) for s in t.connection_ended()] == [("d", LOST)]
     assert t.heartbeat_acked(1, 99) == [] and t.server_pinged(1, 99) == [] and len(t) == 0
 
 

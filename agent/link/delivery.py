@@ -66,11 +66,10 @@ class DeliveryTracker:
             del self._pending[key]
         return [Settled(k, DELIVERED, "received before the pong to a later ping") for k in done]
 
-    def connection_ended(self, generation: int | None = None) -> list[Settled]:
-        """Everything still unproven on that connection (all, if None) is lost."""
-        done = [k for k, (gen, _, _) in self._pending.items() if generation is None or gen == generation]
-        for key in done:
-            del self._pending[key]
+    def connection_ended(self) -> list[Settled]:
+        """Everything still unproven is lost: one connection carries them all."""
+        done = list(self._pending)
+        self._pending.clear()
         return [Settled(k, LOST, "link lost before delivery was proven") for k in done]
 
     def forget(self, key: Hashable) -> None:

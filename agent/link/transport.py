@@ -36,6 +36,7 @@ import time
 from typing import Any, Callable
 
 import engineio.client
+from engineio import packet
 import socketio
 import websocket
 
@@ -313,7 +314,6 @@ class SocketIOTransport:
         self._sink(self.generation, news)
 
     def _install_hooks(self) -> None:
-        from engineio import packet
         eio = self.client.eio
         receive = eio._receive_packet
 
@@ -362,7 +362,6 @@ class SocketIOTransport:
 
 def _is_goodbye(pkt) -> bool:
     """An Engine.IO CLOSE, or a Socket.IO DISCONNECT ("1...") inside a MESSAGE."""
-    from engineio import packet
     if pkt.packet_type == packet.CLOSE:
         return True
     return (pkt.packet_type == packet.MESSAGE and isinstance(pkt.data, str)
