@@ -29,7 +29,7 @@ from .storage import StorageHealth, card_failure
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
-from .uploads.store import QueueRefused, QueueStorageFailed, QueueStore, QueueUnavailable
+from .uploads.store import QueueRefused, QueueStore, QueueUnavailable
 from .uploads.worker import UploadWorker
 from .watchdog_gate import WatchdogGate
 
@@ -180,20 +180,11 @@ class Agent:
         self._stop("restart requested by the server")
 
     def _enqueue(self, kind: str, payload: bytes) -> str:
-        """From the command thread, through the worker's store (it serialises threads):
-        a store of its own would read every queued item's header again on each call."""
-        if self.store is None or self.uploads.storage_failed:
-            raise NotQueued("the state partition is unusable (see edge-agent status)")
+        """From the command thread: what a command queues (a log bundle, a screenshot)."""
         try:
-            item_id = self.store.add(kind, payload)
-        except QueueStorageFailed as e:
-            self.uploads.storage_failed = True
-            self._queue_failed(e)
-            raise NotQueued(str(e)) from None
+            return self.uploads.add(kind, payload)
         except (QueueRefused, QueueUnavailable) as e:
             raise NotQueued(str(e)) from None
-        self.uploads.wake()
-        return item_id
 
     def _upload_sender(self):
         if self.profile.link_upload_kinds:

@@ -63,6 +63,8 @@ class Loop:
     def run(self) -> None:
         """The body, supervised, on the calling thread (start() runs it on the loop's)."""
         self.gave_up = not supervise(self.name, self._body, self._stopping, self._pause)
+        if self.gave_up and self._gate is not None:
+            self._gate.gave_up(self.name)
 
     def _run(self) -> None:
         try:

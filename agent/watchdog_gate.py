@@ -1,7 +1,7 @@
 """Decides, sans I/O, whether the agent may tell systemd it is healthy (WATCHDOG=1).
 
 systemd restarts a service whose pets stop. The agent pets only while it is really
-doing its job: every internal loop (link thread, upload worker, udev listener) has
+doing its job: every internal loop (link, uploads, events, enrollment: loop.py) has
 reported progress recently, and, when ``require_link`` is set, the link is proven
 live by a recent heartbeat ACK. A wedged thread or a link the agent cannot heal by
 itself then ends in a fresh process: fresh sockets, fresh DNS, fresh library state.
@@ -37,6 +37,13 @@ class WatchdogGate:
                 loop.last_tick = now
             loop.idle = False   # after the time: never a stale tick that counts
 
+    def gave_up(self, name: str) -> None:
+        """The loop was left stopped after dying again and again: stalled from now on,
+        idle or not, so the pets stop and systemd starts a fresh process."""
+        loop = self._loops.get(name)
+        if loop is not None:
+            loop.last_tick, loop.idle = float("-inf"), False
+
     def idle(self, name: str) -> None:
         """The loop waits for input with no deadline (nothing to do until told): it has
         nothing to wedge on, so no silence counts against it until its next tick."""
@@ -45,7 +52,7 @@ class WatchdogGate:
             loop.idle = True
 
     def stalled(self, now: float) -> list[str]:
-        # the loops register and leave from their own threads meanwhile
+        # the loops tick and go idle from their own threads meanwhile
         loops = list(self._loops.items())
         return sorted(n for n, l in loops
                       if not l.idle and now - l.last_tick > l.max_silence_s)

@@ -127,3 +127,14 @@ def test_a_timed_out_command_never_holds_the_commands_thread(tmp_path):
     took = time.monotonic() - t0
     assert outcome.ok is False and "TimeoutExpired" in outcome.error
     assert took < 3.0, f"the command thread was held {took:.1f}s"
+
+
+def test_every_command_the_core_admits_has_exactly_one_action():
+    from types import SimpleNamespace
+
+    from agent.commands.actions import Actions
+    from agent.commands.core import COMMANDS
+    actions = Actions(SimpleNamespace(command_timeout_s=5), snapshot=dict,
+                      link_socket=lambda: None, request_restart=lambda: None,
+                      enqueue=lambda *a: None)
+    assert set(actions.commands) == set(COMMANDS)

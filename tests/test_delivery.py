@@ -18,6 +18,7 @@ from agent.link.schedule_store import ScheduleStore
 from agent.uploads.link_sender import LinkUploadSender
 from agent.uploads.schedule import OK, PERMANENT, TRANSIENT
 from agent.uploads.store import Item
+from devtools.harness import wait_for
 
 
 def test_a_later_heartbeat_ack_on_the_same_connection_proves_receipt():
@@ -426,23 +427,28 @@ def test_paced_uploads_go_that_far_apart_and_a_round_stops_pacing_in_time(monkey
     assert all(o.kind == OK for o in outcomes.values())
 
 
-def test_the_link_loop_is_supervised_a_bug_costs_a_restart_not_the_process(tmp_path, caplog):
+def test_the_link_loop_is_supervised_a_bug_costs_a_restart_not_the_link(tmp_path, caplog):
+    """A bug in the middle of a connect (not a TransportError) restarts the loop after its
+    backoff: the core hears the connect failed, and the link comes up on the next try."""
     import threading
-    runner = make_runner(tmp_path)
-    runner.loop._pause = lambda seconds: False     # no backoff wait in a test
-    polls, ended = [], threading.Event()
-    real_poll = runner.core.poll
+    runner = make_runner(tmp_path, link="[link.backoff]\nbase_s = 0.1\ncap_s = 0.2")
+    runner._begun = True   # make_runner started the core
+    opened, ended = [], threading.Event()
+    real_factory = runner._factory
 
-    def poll(now):
-        polls.append(now)
-        if len(polls) == 1:
+    def factory(generation, sink):
+        opened.append(generation)
+        if len(opened) == 1:
             raise KeyError("what a library may raise that nobody documented")
-        if len(polls) == 3:
-            runner.request_stop()
-        return real_poll(now)
+        return real_factory(generation, sink)
 
-    runner.core.poll = poll
+    runner._factory = factory
     runner.start(then=ended.set)
-    assert ended.wait(5), "the link loop did not end on the stop"
-    assert len(polls) >= 3 and not runner.loop.gave_up
-    assert "link loop failed: KeyError" in caplog.text
+    try:
+        wait_for(lambda: runner.transport is not None, 10, what="the link up after the restart")
+        assert "link loop failed: KeyError" in caplog.text and not runner.loop.gave_up
+        assert runner.core.journal.records[-1].n >= 1
+    finally:
+        runner.request_stop()
+        assert ended.wait(5), "the link loop did not end on the stop"
+    assert runner.core.state.value == "stopped"

@@ -86,7 +86,13 @@ def test_a_loop_is_on_the_gate_from_its_start_and_one_that_keeps_dying_stays_sta
     hung.set()
     slow.join(2)
     deaths = []
-    doomed = Loop("doomed", lambda: deaths.append(1) or 1 / 0, max_silence_s=2.0, gate=gate,
+
+    def dies_while_idle():   # waiting untimed when it dies: idle must not hide it
+        doomed.idle()
+        deaths.append(1)
+        raise ZeroDivisionError("a bug")
+
+    doomed = Loop("doomed", dies_while_idle, max_silence_s=2.0, gate=gate,
                   pause=lambda s: False, stopping=lambda: False, clock=lambda: 0.0)
     doomed.start(then=ended.set)
     assert ended.wait(5) and doomed.gave_up and len(deaths) > 1

@@ -61,9 +61,13 @@ class Actions:
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None   # the configured command running now
         self._stopping = False
+        # every name of core.COMMANDS, and nothing else, runs here
+        self.commands: dict[str, Callable[[dict], Outcome]] = {
+            "diagnostics": self.diagnostics, "logs": self.logs, "screenshot": self.screenshot,
+            "display": self.display, "restart-agent": self.restart_agent, "reboot": self.reboot}
 
     def run(self, name: str, args: dict) -> Outcome:
-        return getattr(self, name.replace("-", "_"))(args)
+        return self.commands[name](args)
 
     # -- the commands -------------------------------------------------------------
     def diagnostics(self, args: dict) -> Outcome:

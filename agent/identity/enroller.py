@@ -70,6 +70,7 @@ class Enroller:
         self._restart_hold: float | None = None
         self._generation = 0     # the identity core's, for the enrollment under way
         self._stopping = False
+        self._begun = False
         self.session = requests.Session()
         # on the watchdog gate while it has work: a dead enroller must not leave an
         # unpaired screen that systemd never restarts
@@ -114,10 +115,12 @@ class Enroller:
 
     # -- the loop -----------------------------------------------------------------
     def start(self) -> None:
-        self.core.start(self.clock.monotonic(), self._load_code())
         self.loop.start()
 
     def _turns(self) -> None:
+        if not self._begun:   # on this thread: a bad pairing file costs a line, not the agent
+            self.core.start(self.clock.monotonic(), self._load_code())
+            self._begun = True
         while not self._stopping:
             self.loop.turn()
             self._take_restart()
@@ -271,8 +274,8 @@ class Enroller:
             code = doc["code"]
             return PairingCode(code, shown(code), self.clock.monotonic() + left,
                                doc["poll_secret"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError):
+            return None   # a 400-digit expiry overflows float(): any bad file is no code
 
     def _clear_code_files(self) -> None:
         for name in ("pairing-code", "pairing.json"):

@@ -96,7 +96,8 @@ class Unpaired(NamedTuple):
 
 
 class Emit(NamedTuple):
-    """A message the profile sends in answer to the server (from the link thread)."""
+    """A message the profile answers the server with: decided on the library's thread,
+    sent by the link thread."""
     event: str
     payload: Any
 

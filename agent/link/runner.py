@@ -6,6 +6,7 @@ library's callbacks (which arrive on its own threads) back through one queue.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -86,9 +87,10 @@ class LinkRunner:
         self._begun = False
         self._handlers = self._handler_table()
         self._stop_asked = False
+        self._prepared = False   # the commands started, the first state published
         self._stall_at: float | None = None
         self.loop = Loop("link", self._turns, max_silence_s=self.max_silence_s, gate=gate,
-                         stopping=lambda: self._stop_asked, pause=self._pause)
+                         stopping=lambda: self._stop_asked, pause=self._wait_before_restart)
 
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, news) -> None:
@@ -175,8 +177,9 @@ class LinkRunner:
 
     def begin(self) -> None:
         """The reconnect schedule of a previous process, and the first state published.
-        The daemon calls it before any thread starts (run() does if it did not), so the
-        status file, which other threads rewrite too, never shows an empty link."""
+        The daemon calls it before any thread starts (the loop's first turn does if it
+        did not), so the status file, which other threads rewrite too, never shows an
+        empty link."""
         if self._begun:
             return
         self._begun = True
@@ -191,30 +194,60 @@ class LinkRunner:
         self._publish()
 
     def start(self, then: Callable[[], None] | None = None) -> None:
-        """Begins on the caller's thread, before any other can touch the core, then runs
-        the link on its own; ``then()`` once it has ended."""
-        self._prepare()
-        self.loop.start(then)
+        """Runs the link on its own thread; ``then()`` once it has ended."""
+        def ended() -> None:
+            self._shut_down()
+            if then is not None:
+                then()
+        self.loop.start(ended)
 
     def run(self) -> None:
         """The same, on the calling thread."""
-        self._prepare()
-        self.loop.run()
+        try:
+            self.loop.run()
+        finally:
+            self._shut_down()
 
-    def _prepare(self) -> None:
-        if self.commands is not None:
-            self.commands.start()  # results of commands from before: sent once connected
-        self.begin()
-        if self.config.debug_stall_link_after_s is not None:
-            self._stall_at = self._started + self.config.debug_stall_link_after_s
-
-    def _pause(self, seconds: float) -> bool:
-        """Before a restart of the loop: what came in meanwhile waits for it."""
-        self.wakeup.wait(seconds)
+    def _wait_before_restart(self, seconds: float) -> bool:
+        """The loop died: wait out its backoff (news meanwhile waits in the inbox) and
+        say whether to give up instead, asked to stop."""
+        until = time.monotonic() + seconds   # the thread really waits: real time
+        while not self._stop_asked and (left := until - time.monotonic()) > 0:
+            self.wakeup.wait(left)
         return self._stop_asked
+
+    def _recover(self) -> None:
+        """A restart after the loop died: whatever connection it died with is gone, and
+        the core is told so, as it is of any lost connection."""
+        now = self.clock.monotonic()
+        if self.core.state == LinkState.CONNECTING:
+            self.transport, transport = None, self.transport
+            if transport is not None:
+                transport.abort()
+            self.core.on_connect_failed(now, J.CONNECT_FAILED)
+        elif self.core.state == LinkState.ONLINE:
+            self._closed(J.TRANSPORT_ERROR, "the link loop restarted")
+        self.cargo.connection_ended()
+
+    def _shut_down(self) -> None:
+        """However the loop ended: a stop asked while it waited to restart still closes
+        the link politely and is journaled."""
+        if self._stop_asked and self.core.state != LinkState.STOPPED:
+            for action in self.core.stop(self.clock.monotonic()):
+                self._execute(action)
+            self._publish()
 
     def _turns(self) -> None:
         self._loop_thread = threading.get_ident()
+        if not self._prepared:
+            if self.commands is not None:
+                self.commands.start()  # results of commands from before: sent once connected
+            self.begin()
+            if self.config.debug_stall_link_after_s is not None:
+                self._stall_at = self._started + self.config.debug_stall_link_after_s
+            self._prepared = True
+        else:
+            self._recover()
         while True:
             self.loop.turn()
             if self._on_turn is not None:
@@ -236,7 +269,9 @@ class LinkRunner:
         self._publish()
 
     def _take_in_events(self) -> None:
-        for generation, news in self.wakeup.take_all():
+        # one at a time: news behind one whose handler raised waits for the restart
+        while (item := self.wakeup.take()) is not None:
+            generation, news = item
             if type(news) in inbox.CONNECTION_NEWS and (
                     generation != self.generation or self.transport is None):
                 continue   # about a connection already torn down
@@ -321,7 +356,7 @@ class LinkRunner:
                 self._send_result(report.result)
 
     def _poster(self, generation: int):
-        return lambda news: self.sink(generation, news)
+        return functools.partial(self.sink, generation)
 
     def _send_heartbeat(self, seq: int) -> None:
         if self.transport is None:
@@ -449,9 +484,9 @@ class LinkRunner:
     def _handler_table(self) -> dict:
         return {
             inbox.HeartbeatAcked: self._heartbeat_acked,
-            inbox.Stop: self._stop,
-            inbox.Pause: self._pause,
-            inbox.Resume: self._resume,
+            inbox.Stop: self._on_stop,
+            inbox.Pause: self._on_pause,
+            inbox.Resume: self._on_resume,
             inbox.OutboxChanged: self._outbox_changed,
             inbox.NetworkUp: self._network_up,
             inbox.SendUpload: self._send_upload,
@@ -471,15 +506,15 @@ class LinkRunner:
             inbox.Throttled: self._throttled,
         }
 
-    def _stop(self, news: inbox.Stop) -> None:
+    def _on_stop(self, news: inbox.Stop) -> None:
         for action in self.core.stop(self.clock.monotonic()):
             self._execute(action)
 
-    def _pause(self, news: inbox.Pause) -> None:
+    def _on_pause(self, news: inbox.Pause) -> None:
         for action in self.core.pause(self.clock.monotonic(), J.REFUSED):
             self._execute(action)
 
-    def _resume(self, news: inbox.Resume) -> None:
+    def _on_resume(self, news: inbox.Resume) -> None:
         self.core.resume(self.clock.monotonic())
 
     def _outbox_changed(self, news: inbox.OutboxChanged) -> None:

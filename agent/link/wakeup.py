@@ -138,13 +138,18 @@ class Wakeup:
             except BlockingIOError:
                 pass  # a timer called off between its firing and this read
 
+    def take(self):
+        """The oldest item, or None."""
+        try:
+            return self._items.popleft()
+        except IndexError:
+            return None
+
     def take_all(self) -> list:
         out = []
-        while True:
-            try:
-                out.append(self._items.popleft())
-            except IndexError:
-                return out
+        while (item := self.take()) is not None:
+            out.append(item)
+        return out
 
     def close(self) -> None:
         """Only once no thread can call put() any more: a write to a closed, reused

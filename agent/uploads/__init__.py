@@ -1,6 +1,6 @@
 """The persistent upload queue: screenshots, log bundles and proof-of-play records.
 
-schedule.py holds the rules (sans I/O) and the upload kinds, store.py the queue on the SD
+schedule.py holds the rules (sans I/O), store.py the queue on the SD
 card (its index and what may be queued), segments.py the bytes of its files,
 deadletter.py the reasons of items dropped for good, migrate_sqlite.py the queue of
 earlier versions; worker.py is the thin thread that sends, sender.py the HTTP request,

@@ -60,6 +60,21 @@ class UploadWorker:
                          pause=self._pause, stopping=lambda: self._stopping)
 
     # -- from any thread ----------------------------------------------------------
+    def add(self, kind: str, payload: bytes) -> str:
+        """Queues an item from this process (a command's output) and wakes the loop.
+        Through this worker's store, which serialises threads: a store of its own would
+        read every queued item's header again on each call."""
+        if self.store is None or self.storage_failed:
+            raise QueueUnavailable("the state partition is unusable (see edge-agent status)")
+        try:
+            item_id = self.store.add(kind, payload)
+        except QueueStorageFailed as e:
+            self.storage_failed = True
+            self._on_storage_failed(e)
+            raise
+        self.wake()
+        return item_id
+
     def snapshot(self) -> dict:
         """For `edge-agent status`: what is queued, and what this process sent."""
         return {**self.queue_stats(), "sent": self.sent}
@@ -189,7 +204,7 @@ class UploadWorker:
             return
         if outcome.kind == PERMANENT:
             self.store.dead(item, outcome.detail, wall)
-            log.warning("upload %s (%s) refused for good (%s): moved to the dead-letter table",
+            log.warning("upload %s (%s) refused for good (%s): moved to the dead-letter file",
                         item.id, item.kind, outcome.detail)
             return
         self.scheduler.succeeded()  # the server answered: not an outage
