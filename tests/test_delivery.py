@@ -437,16 +437,20 @@ def test_the_link_loop_is_supervised_a_bug_costs_a_restart_not_the_link(tmp_path
     real_factory = runner._factory
 
     def factory(generation, sink):
-        opened.append(generation)
+        transport = real_factory(generation, sink)
+        opened.append(transport)
         if len(opened) == 1:
-            raise KeyError("what a library may raise that nobody documented")
-        return real_factory(generation, sink)
+            def open_with_a_bug():
+                raise KeyError("what a library may raise that nobody documented")
+            transport.open = open_with_a_bug
+        return transport
 
     runner._factory = factory
     runner.start(then=ended.set)
     try:
         wait_for(lambda: runner.transport is not None, 10, what="the link up after the restart")
         assert "link loop failed: KeyError" in caplog.text and not runner.loop.gave_up
+        assert opened[0].aborted, "the half-opened client of the first try is left behind"
         assert runner.core.journal.records[-1].n >= 1
     finally:
         runner.request_stop()

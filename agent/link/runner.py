@@ -88,6 +88,7 @@ class LinkRunner:
         self._handlers = self._handler_table()
         self._stop_asked = False
         self._prepared = False   # the commands started, the first state published
+        self._opening: SocketIOTransport | None = None   # during a connect
         self._stall_at: float | None = None
         self.loop = Loop("link", self._turns, max_silence_s=self.max_silence_s, gate=gate,
                          stopping=lambda: self._stop_asked, pause=self._wait_before_restart)
@@ -221,7 +222,7 @@ class LinkRunner:
         the core is told so, as it is of any lost connection."""
         now = self.clock.monotonic()
         if self.core.state == LinkState.CONNECTING:
-            self.transport, transport = None, self.transport
+            transport, self._opening = self._opening, None
             if transport is not None:
                 transport.abort()
             self.core.on_connect_failed(now, J.CONNECT_FAILED)
@@ -324,9 +325,11 @@ class LinkRunner:
         self._publish()
         self.generation += 1
         transport = self._factory(self.generation, self.sink)
+        self._opening = transport   # a bug in open() leaves it to _recover() to abort
         try:
             transport.open()
         except TransportError as e:
+            self._opening = None
             now = self.clock.monotonic()
             self.core.on_connect_failed(now, e.reason)
             delay = self.core.attempt_at() - now
@@ -335,7 +338,7 @@ class LinkRunner:
             if e.reason == J.REFUSED and self._on_refused is not None:
                 self._on_refused(e.detail)
             return
-        self.transport = transport
+        self.transport, self._opening = transport, None
         self._acks_may_wait = False
         self._pings_seen = 0
         self._tcp_before.clear()
