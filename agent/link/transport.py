@@ -36,6 +36,7 @@ import time
 from typing import Any, Callable
 
 import engineio.client
+import requests
 from engineio import packet
 import socketio
 import websocket
@@ -192,10 +193,15 @@ class SocketIOTransport:
         self.last_inbound = time.monotonic()
         self.server_pings = 0  # Engine.IO pings from the server on this connection
         self.last_server_ping: float | None = None
-        ssl_verify: bool | str = ca_file if ca_file else True
+        # The CA goes in a session's verify: engineio hands that to the websocket as
+        # ca_certs, and ignores a CA path given as ssl_verify there (the link never
+        # came up behind a TLS-inspecting box whose CA was configured). Verification
+        # stays on without one.
+        session = requests.Session()
+        session.verify = ca_file or True
         self.client = socketio.Client(
             reconnection=False, logger=False, engineio_logger=False,
-            request_timeout=connect_timeout_s, ssl_verify=ssl_verify)
+            request_timeout=connect_timeout_s, http_session=session)
         self._install_hooks()
 
     # -- lifecycle --------------------------------------------------------------
