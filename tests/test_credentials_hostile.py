@@ -126,7 +126,8 @@ class Recorder(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         Recorder.seen.append((self.path, dict(self.headers), body))
-        answer = b"{}"
+        # as the contract says: the key echoed, the receipt of the server
+        answer = json.dumps({"ok": True, "id": self.headers.get("Idempotency-Key")}).encode()
         if self.path.endswith("/proof-of-play"):
             answer = json.dumps({"acked": [r["id"] for r in json.loads(body)["records"]]}).encode()
         self.send_response(200)

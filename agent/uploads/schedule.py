@@ -56,6 +56,8 @@ def classify(status: int | None, retry_after: str | None = None, error: str = ""
         return Outcome(SLOW_DOWN, f"HTTP {status}", parse_retry_after(retry_after))
     if status in (502, 504):
         return Outcome(UNREACHABLE, f"HTTP {status}")
+    if status == 511:   # a captive portal wants a login: the site, not the server
+        return Outcome(UNREACHABLE, "HTTP 511: a captive portal answered for the server")
     if status in (401, 403):
         return Outcome(AUTH, f"HTTP {status}")
     if status in (404, 405, 501):

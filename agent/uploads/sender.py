@@ -1,8 +1,11 @@
 """HTTP for the upload queue: one POST per item (or per proof-of-play batch).
 
 Every request carries ``Idempotency-Key`` (the item id), so a retry after a lost
-answer is stored once at the server. Redirects are not followed: a token must not
-travel to another host.
+answer is stored once at the server. An item is done only on the server's receipt: a
+2xx that echoes the key (uploads) or names the record (proof of play). Anything else a
+site puts in the server's place (a captive portal's 200 login page, a redirect, which
+is never followed: a token must not travel to another host) holds the whole queue as
+the server being out of reach, and is never a verdict on the item.
 
 Header values are checked here, once, before requests sees them (it encodes them
 latin-1 and raises on anything else): a token that breaks the token rule (a file from an
@@ -19,12 +22,15 @@ import requests
 import urllib3
 
 from ..identity.rules import token_problem, usable_device_id
-from .schedule import AUTH, OK, PERMANENT, TRANSIENT, Outcome, classify
+from .schedule import AUTH, OK, PERMANENT, TRANSIENT, UNREACHABLE, Outcome, classify
 from .store import Item
 
 TIMEOUT = (5.0, 30.0)  # connect, read
 MAX_ANSWER_BYTES = 64 * 1024
 HEADER_VALUE_RE = re.compile(r"[\x21-\x7e]+")   # visible ASCII: no encoding, no line breaks
+# a 2xx without the server's receipt: a captive portal's page, a middlebox's answer
+_NOT_THE_SERVER = Outcome(UNREACHABLE, "a 2xx without the server's receipt: something "
+                                       "else answered for the server")
 
 
 class UploadSender:
@@ -62,7 +68,10 @@ class UploadSender:
         base, auth = creds
         headers = {**auth, "Idempotency-Key": item.id, "X-Upload-Kind": item.kind,
                    "Content-Type": "application/octet-stream"}
-        return self._post(f"{base}/uploads", headers, item.payload)[0]
+        outcome, body = self._post(f"{base}/uploads", headers, item.payload)
+        if outcome.kind == OK and not (isinstance(body, dict) and body.get("id") == item.id):
+            return _NOT_THE_SERVER
+        return outcome
 
     def send_batch(self, items: list[Item]) -> dict[str, Outcome]:
         """Proof-of-play records in one request; the server ACKs them by id."""
@@ -84,11 +93,12 @@ class UploadSender:
                    "Content-Type": "application/json"}
         outcome, body = self._post(f"{base}/proof-of-play", headers,
                                    b'{"records": [' + b", ".join(records) + b"]}")
+        if outcome.kind == OK and not (isinstance(body, dict)
+                                       and isinstance(body.get("acked"), list)):
+            outcome = _NOT_THE_SERVER
         if outcome.kind != OK:
             return {**outcomes, **{i.id: outcome for i in carried}}
-        acked = set()
-        if isinstance(body, dict) and isinstance(body.get("acked"), list):
-            acked = {a for a in body["acked"] if isinstance(a, str)}
+        acked = {a for a in body["acked"] if isinstance(a, str)}
         missing = Outcome(TRANSIENT, "not acknowledged in the batch answer")
         return {**outcomes, **{i.id: (outcome if i.id in acked else missing) for i in carried}}
 
@@ -103,7 +113,8 @@ class UploadSender:
             # DecodeError), which are not RequestExceptions
             return classify(None, error=f"{type(e).__name__}"), None
         if 300 <= r.status_code < 400:
-            return classify(400, error="redirect refused"), None
+            return Outcome(UNREACHABLE, f"HTTP {r.status_code}: a redirect answered for the "
+                                        f"server (not followed)"), None
         outcome = classify(r.status_code, r.headers.get("Retry-After"))
         try:
             parsed = json.loads(raw) if raw and len(raw) <= MAX_ANSWER_BYTES else None
