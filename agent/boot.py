@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .fsutil import atomic_write
+from .fsutil import atomic_write, read_bounded
 
 log = logging.getLogger("edge_agent")
 
@@ -28,36 +28,35 @@ def first_start_of_boot(runtime_dir: str) -> bool:
     host's). tmpfs, so no write to the SD card."""
     path = os.path.join(runtime_dir, BOOT_MARK)
     current = boot_id()
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            last = f.read(64).decode("ascii", "replace").strip()
-    except OSError:
-        last = None
-    if last == current:
+    if _read_mark(path) == current:
         return False
-    try:
-        atomic_write(path, current.encode(), 0o644, durable=False)
-    except OSError as e:
-        log.warning("cannot keep the boot id in %s: %s", path, e.strerror)
+    _keep_mark(path, current, "the boot id")
     return True
 
 
 def boot_token(runtime_dir: str) -> str:
-    """Which boot this is, for the command ledger. The kernel's boot_id is the host's inside a container, so
-    the mark is a token in the runtime directory: tmpfs, kept across restarts of the
-    service (RuntimeDirectoryPreserve=restart), gone at every boot."""
+    """Which boot this is, for the command ledger. The kernel's boot_id is the host's
+    inside a container, so the mark is a token in the runtime directory: tmpfs, kept
+    across restarts of the service (RuntimeDirectoryPreserve=restart), gone at every
+    boot."""
     path = os.path.join(runtime_dir, "boot-token")
-    try:
-        with open(path) as f:
-            token = f.read(64).strip()
-        if token:
-            return token
-    except OSError:
-        pass
+    token = _read_mark(path)
+    if token:
+        return token
     token = os.urandom(8).hex()
-    try:
-        atomic_write(path, token.encode(), 0o644, durable=False)
-    except OSError as e:
-        log.warning("cannot keep the boot token in %s: %s", path, e.strerror)
+    _keep_mark(path, token, "the boot token")
     return token
+
+
+def _read_mark(path: str) -> str | None:
+    try:
+        return read_bounded(path, 64).decode("ascii", "replace").strip()
+    except (OSError, ValueError):   # absent, a link, not a file, too long: no mark
+        return None
+
+
+def _keep_mark(path: str, value: str, what: str) -> None:
+    try:
+        atomic_write(path, value.encode(), 0o644, durable=False)
+    except OSError as e:
+        log.warning("cannot keep %s in %s: %s", what, path, e.strerror)
