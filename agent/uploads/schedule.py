@@ -56,7 +56,11 @@ def classify(status: int | None, retry_after: str | None = None, error: str = ""
         return Outcome(SLOW_DOWN, f"HTTP {status}", parse_retry_after(retry_after))
     if status in (502, 504):
         return Outcome(UNREACHABLE, f"HTTP {status}")
-    if status == 511:   # a captive portal wants a login: the site, not the server
+    # someone else answered for the server: the site, not the server, nor the item
+    if 300 <= status < 400:   # never followed: a token must not travel to another host
+        return Outcome(UNREACHABLE, f"HTTP {status}: a redirect answered for the server "
+                                    f"(not followed)")
+    if status == 511:   # a captive portal wants a login
         return Outcome(UNREACHABLE, "HTTP 511: a captive portal answered for the server")
     if status in (401, 403):
         return Outcome(AUTH, f"HTTP {status}")

@@ -112,9 +112,6 @@ class UploadSender:
             # r.raw.read() raises urllib3's own errors (ReadTimeoutError, ProtocolError,
             # DecodeError), which are not RequestExceptions
             return classify(None, error=f"{type(e).__name__}"), None
-        if 300 <= r.status_code < 400:
-            return Outcome(UNREACHABLE, f"HTTP {r.status_code}: a redirect answered for the "
-                                        f"server (not followed)"), None
         outcome = classify(r.status_code, r.headers.get("Retry-After"))
         try:
             parsed = json.loads(raw) if raw and len(raw) <= MAX_ANSWER_BYTES else None
