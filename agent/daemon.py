@@ -170,8 +170,7 @@ class Agent:
             self.events.telemetry_sampled(self._telemetry.get(), now)
         if self.notifier.enabled and now - self._status_refreshed >= STATUS_REFRESH_S:
             self._status_refreshed = now
-            self.notifier.status(status.line(self.runner.snapshot(), self._pairing(),
-                                             self.storage.snapshot()))
+            self._say_status(self.runner.snapshot())
 
     def _restart_requested(self) -> None:
         """restart-agent: stop as on SIGTERM; systemd (Restart=always) starts a fresh
@@ -251,8 +250,7 @@ class Agent:
 
     def _on_link_status(self, link: dict) -> None:
         self._last_link = link
-        self.notifier.status(status.line(link, self._pairing(), self.storage.snapshot()))
-        self._write_status(link)
+        self._refresh_status()
 
     def _network_up(self) -> None:
         """From the events thread: the device's own network is back after being down."""
@@ -260,9 +258,12 @@ class Agent:
         self.runner.network_up()
 
     def _refresh_status(self) -> None:
-        self.notifier.status(status.line(self._last_link, self._pairing(),
-                                         self.storage.snapshot()))
+        self._say_status(self._last_link)
         self._write_status(self._last_link)
+
+    def _say_status(self, link: dict) -> None:
+        """systemd's one line (`systemctl status`)."""
+        self.notifier.status(status.line(link, self._pairing(), self.storage.snapshot()))
 
     def _write_status(self, link: dict) -> None:
         doc = self._status_doc(link)

@@ -3,10 +3,11 @@ watchdog gate while it has work, and stopped.
 
 A part (the link, the uploads, the events, the enrollment) gives its Loop the body
 that runs its turns, how to wait between restarts of it, and how to tell that it
-was asked to stop. The body calls ``turn()`` at each turn, the first before anything that could
-hang: progress, which keeps the gate's pets coming. Before a wait with no deadline (nothing to do until
-the kernel, the server or another thread says so) it calls ``idle()``: off the gate,
-as a thread blocked on input has nothing to wedge on; the next turn puts it back.
+was asked to stop. The loop is on the gate from its start; its body calls ``turn()``
+at each turn: progress, which keeps the gate's pets coming. Before a wait with no
+deadline (nothing to do until the kernel, the server or another thread says so) it
+calls ``idle()``: its silence no longer counts, as a thread blocked on input has nothing
+to wedge on; the next turn counts it again.
 A body that raises is restarted (supervise.py); one that keeps dying is left
 stopped, its ticks stop, the pets stop, and systemd starts a fresh process.
 """
@@ -47,9 +48,6 @@ class Loop:
     def join(self, timeout: float | None = None) -> None:
         if self._thread.ident is not None:   # started
             self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
 
     # -- the loop's own thread ----------------------------------------------------------
     def turn(self) -> None:
