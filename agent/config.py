@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from .identity.rules import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
 from .backoff import JITTER_MODES, BackoffPolicy
 from .commands.core import COMMANDS
+from .egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
 from .link.liveness import LivenessPolicy
 from .link.profiles import PROFILES
 from .link.sockopts import KeepalivePolicy
@@ -103,10 +104,25 @@ class Key:
 SCHEMA: dict[str, dict[str, Key]] = {
     "server": {
         "url": Key(str, REQUIRED, "server_url"),     # its own rule: _check_url
-        "ca_file": Key(str, None, "ca_file", ABS_PATH),
+        # the site's CA (a TLS-inspecting box), for every TLS connection the agent makes
+        "ca_file": Key(str, None, "egress.ca_file", ABS_PATH),
         "profile": Key(str, "edge-agent", "profile", tuple(PROFILES)),
         # a cellular link needs seconds; minutes only hide a dead server
         "connect_timeout_s": Key(float, 10.0, "connect_timeout_s", Range(0.5, 300)),
+    },
+    "network": {
+        # The way out of a site that allows no other: http://[user:password@]host:port
+        # (HTTP CONNECT, Basic authentication). Unset: the environment's https_proxy
+        # (or http_proxy for an http:// server), which a systemd service only has if
+        # its unit sets it. Its own check (egress.parse_proxy): the value may hold a
+        # password, which no error message may show.
+        "proxy": Key(str, None, "egress.proxy"),
+        # hosts that go direct (egress.bypasses); unset: none if proxy is set here, else
+        # the environment's no_proxy
+        "no_proxy": Key(str, None, "egress.no_proxy"),
+        # mutual TLS: a certificate (PEM, with its key unless client_key is given)
+        "client_cert": Key(str, None, "egress.client_cert", ABS_PATH),
+        "client_key": Key(str, None, "egress.client_key", ABS_PATH),
     },
     "identity": {
         # Both optional: without a device_id one is derived and kept in state_dir;
@@ -194,14 +210,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
 }
 # The policy objects Config holds; keys land in them by the prefix of ``into``.
 POLICIES = {"liveness": LivenessPolicy, "backoff": BackoffPolicy, "keepalive": KeepalivePolicy,
-            "uploads": UploadPolicy}
+            "uploads": UploadPolicy, "egress": Egress}
 
 
 @dataclass(frozen=True)
 class Config:
     """What load() validated; SCHEMA says where each field comes from and its default."""
     server_url: str
-    ca_file: str | None
+    egress: Egress
     profile: str
     connect_timeout_s: float
     device_id: str | None
@@ -436,8 +452,10 @@ def _validate(v: dict, env: dict, path: str) -> Config:
     _check_url(v["server.url"])
     for key in ("screenshot_command", "display_on_command", "display_off_command"):
         _check_command(f"commands.{key}", v[f"commands.{key}"])
-    if v["server.ca_file"] is not None and not os.path.isfile(v["server.ca_file"]):
-        raise ConfigError(f"server.ca_file: no such file: {v['server.ca_file']}")
+    for key in ("server.ca_file", "network.client_cert", "network.client_key"):
+        if v[key] is not None and not os.path.isfile(v[key]):
+            raise ConfigError(f"{key}: no such file: {v[key]}")
+    _check_client_key(v["network.client_cert"], v["network.client_key"])
     if v["identity.device_id"] is not None and not usable_device_id(v["identity.device_id"]):
         raise ConfigError(f"identity.device_id: {DEVICE_ID_RULE}")
     token = v["identity.token"]
@@ -463,6 +481,40 @@ def _validate(v: dict, env: dict, path: str) -> Config:
     return _build(v, env, path)
 
 
+def _check_client_key(cert: str | None, key: str | None) -> None:
+    if key is None:
+        return
+    if cert is None:
+        raise ConfigError("network.client_key: needs network.client_cert")
+    mode = os.stat(key).st_mode
+    if mode & 0o007:
+        raise ConfigError(f"network.client_key: readable by every user (mode {mode & 0o777:o}); "
+                          f"a private key is 0600 or 0640")
+
+
+def _egress(fields: dict, server_url: str, env: dict) -> Egress:
+    """The way out: [network] first, the environment's proxy variables where unset."""
+    proxy, no_proxy = fields.pop("proxy"), fields.pop("no_proxy")
+    try:
+        if no_proxy is not None:
+            bypass = parse_no_proxy(no_proxy, "network.no_proxy")
+        else:   # the list goes with the proxy: a configured one is not bent by the environment
+            bypass = () if proxy is not None else no_proxy_from_env(env)
+        egress = Egress(
+            proxy=(parse_proxy(proxy, "network.proxy") if proxy is not None
+                   else proxy_from_env(env, urlparse(server_url).scheme)),
+            no_proxy=bypass, **fields)
+    except EgressError as e:
+        raise ConfigError(str(e)) from None
+    if egress.client_cert:
+        try:
+            egress.ssl_context()
+        except (OSError, ValueError) as e:    # ssl.SSLError is an OSError
+            raise ConfigError(f"network.client_cert: cannot be loaded with its key "
+                              f"({getattr(e, 'reason', None) or e})") from None
+    return egress
+
+
 def _build(v: dict, env: dict, path: str) -> Config:
     """Config from the validated values, each where SCHEMA's ``into`` says."""
     flat: dict[str, Any] = {}
@@ -475,5 +527,6 @@ def _build(v: dict, env: dict, path: str) -> Config:
     runtime_dir = flat["runtime_dir"] or env.get("RUNTIME_DIRECTORY") or "/run/edge-agent"
     flat["runtime_dir"] = runtime_dir.split(":")[0]
     flat["commands_allow"] = frozenset(flat["commands_allow"])
-    return Config(**flat, **{name: cls(**policies[name]) for name, cls in POLICIES.items()},
-                  source=path)
+    built = {name: cls(**policies[name]) for name, cls in POLICIES.items() if name != "egress"}
+    built["egress"] = _egress(policies["egress"], flat["server_url"], env)
+    return Config(**flat, **built, source=path)

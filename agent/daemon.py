@@ -59,7 +59,7 @@ class Agent:
         if not self.preprovisioned and not self.profile_pairs:
             self.enroller = Enroller(
                 config.server_url, self.device_id, config.runtime_dir,
-                config.ca_file, on_paired=self.ids.enrolled,
+                config.egress, on_paired=self.ids.enrolled,
                 on_change=self._refresh_status,
                 show_on_console=config.show_code_on_console, gate=self.gate,
                 paired_with=self.token)
@@ -188,7 +188,7 @@ class Agent:
     def _upload_sender(self):
         if self.profile.link_upload_kinds:
             return LinkUploadSender(self.runner, self.profile)
-        return UploadSender(self.config.server_url, self.identity, self.config.ca_file)
+        return UploadSender(self.config.server_url, self.identity, self.config.egress)
 
     def _outbox_put(self) -> None:
         self.runner.events_queued()

@@ -16,7 +16,7 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # TLS-inspecting box in front of the server (socat, its certificates made by openssl).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
-           build-essential python3 socat openssl)
+           build-essential python3 socat openssl tinyproxy)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)

@@ -21,6 +21,18 @@ idle_s = 10
 """
 
 
+def _client_certificate(work) -> tuple:
+    """(a PEM with a certificate and its key, the key alone, 0600), made by openssl."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=screen-9", "-keyout", "client.key", "-out", "client.crt"],
+                   check=True, capture_output=True, cwd=work, timeout=60)
+    key = work / "client.key"
+    key.chmod(0o600)
+    both = work / "client.pem"
+    both.write_bytes((work / "client.crt").read_bytes() + key.read_bytes())
+    return both, key
+
+
 def write(tmp_path, text):
     p = tmp_path / "agent.toml"
     p.write_text(text)
@@ -201,10 +213,13 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
     change the Config it is declared to change."""
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
+    cert, key = _client_certificate(tmp_path)
     special = {"server.url": "http://127.0.0.1:9999", "server.ca_file": str(ca),
                "identity.device_id": "screen-9", "identity.token": "another-token",
                "identity.state_dir": "/var/lib/other", "runtime.dir": "/run/other",
-               "commands.allow": "logs", "debug.sysfs_root": "/tmp/sys"}
+               "commands.allow": "logs", "debug.sysfs_root": "/tmp/sys",
+               "network.proxy": "http://proxy.example:3128", "network.no_proxy": ".example.com",
+               "network.client_cert": str(cert), "network.client_key": str(key)}
     for section, keys in C.SCHEMA.items():
         for key, spec in keys.items():
             name = f"{section}.{key}"
@@ -221,6 +236,8 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
             env = {C.env_name(section, key): raw}
             if name == "identity.token":
                 env[C.env_name("identity", "device_id")] = "screen-9"
+            if name == "network.client_key":
+                env[C.env_name("network", "client_cert")] = str(cert)
             cfg = C.load(write(tmp_path, GOOD.replace("heartbeat_interval_s = 15\n", "")), env=env)
             got = cfg
             for part in spec.into.split("."):
@@ -228,6 +245,10 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
             want = C._coerce(name, spec.type, raw, True)
             if name == "commands.allow":
                 want = frozenset(want)
+            if name == "network.proxy":
+                got = got.url
+            if name == "network.no_proxy":
+                want = (want,)
             assert got == want, f"{name} -> Config.{spec.into}: {got!r}, not {want!r}"
 
 
@@ -272,7 +293,8 @@ def test_hosts_and_paths_that_are_fine_stay_fine(tmp_path):
 
 def test_every_number_has_bounds_and_every_free_string_a_rule():
     """The rule that makes the cases above impossible for keys added later."""
-    own_rules = {"server.url", "identity.device_id", "identity.token"}   # rules.py, _check_url
+    own_rules = {"server.url", "identity.device_id", "identity.token",  # rules.py, _check_url
+                 "network.proxy", "network.no_proxy"}                     # egress.py
     for section, keys in C.SCHEMA.items():
         for key, spec in keys.items():
             name = f"{section}.{key}"

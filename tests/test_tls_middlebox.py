@@ -76,7 +76,7 @@ def test_with_the_sites_ca_the_link_and_the_uploads_go_through_and_without_it_ne
     # verification stays on: without the site's CA the box is not the server
     connects = server.device()["connects"]
     other = spawn_agent(agent_python, agent_config(server, tmp_path, server={"url": url}))
-    wait_for(lambda: "failed (connect-failed" in other.log_text(), 15,
+    wait_for(lambda: "failed (tls-untrusted" in other.log_text(), 15,
              what="a connect refused for the box's certificate")
     time.sleep(1.0)   # a few more tries, each refused
     assert other.link().get("state") != "online"

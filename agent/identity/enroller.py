@@ -18,6 +18,7 @@ import requests
 import urllib3
 
 from ..clock import SystemClock
+from ..egress import Egress
 from ..fsutil import atomic_write, read_json
 from ..hardware import hardware_facts
 from ..loop import Loop
@@ -46,7 +47,7 @@ class BadAnswer(Exception):
 
 class Enroller:
     def __init__(self, server_url: str, device_id: str,
-                 runtime_dir: str, ca_file: str | None = None,
+                 runtime_dir: str, egress: Egress = Egress(),
                  on_paired: Callable[[str, int], None] | None = None,
                  on_change: Callable[[], None] | None = None,
                  show_on_console: bool = False, gate: WatchdogGate | None = None,
@@ -60,7 +61,6 @@ class Enroller:
         self.core = EnrollmentCore()
         if paired_with is not None:
             self.core.on_paired(paired_with)
-        self._verify: bool | str = ca_file or True
         # (token, generation): the identity core keeps it, or not if revoked meanwhile
         self._on_paired = on_paired or (lambda token, generation: None)
         self._on_change = on_change or (lambda: None)
@@ -71,7 +71,7 @@ class Enroller:
         self._generation = 0     # the identity core's, for the enrollment under way
         self._stopping = False
         self._begun = False
-        self.session = requests.Session()
+        self.session = egress.session(server_url)
         # on the watchdog gate while it has work: a dead enroller must not leave an
         # unpaired screen that systemd never restarts
         self.loop = Loop("enroll", self._turns, max_silence_s=MAX_SILENCE_S, gate=gate,
@@ -196,7 +196,7 @@ class Enroller:
         raise BadAnswer(f"enroll status {str(status)[:40]!r}")
 
     def _call(self, method: str, path: str, **kw) -> dict:
-        r = self.session.request(method, self.base + path, timeout=TIMEOUT, verify=self._verify,
+        r = self.session.request(method, self.base + path, timeout=TIMEOUT,
                                  allow_redirects=False, stream=True, **kw)
         try:
             raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)

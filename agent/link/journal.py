@@ -9,17 +9,35 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-# Why a connection ended, or why an attempt failed.
+# Why a connection ended, or why an attempt failed: the vocabulary of status, the
+# journal and the report (README, "Why the link is down"). The library says
+# "Connection error" for every failed connect; the dialer finds which of these it was.
+# -- a connection that ended
 ACK_TIMEOUT = "ack-timeout"
 SILENCE = "silence"
 TRANSPORT_ERROR = "transport-error"
 SERVER_DISCONNECT = "server-disconnect"
 THROTTLE = "throttle"
-CONNECT_FAILED = "connect-failed"
-REFUSED = "refused"
 MESSAGE_TOO_LARGE = "message-too-large"  # the server sent more than the agent takes
 MESSAGE_REFUSED = "message-refused"  # the server sent binary: the protocols are JSON text
 SHUTDOWN = "shutdown"
+# -- an attempt that failed, in the order a connect meets them
+DNS_FAILED = "dns-failed"                    # the server's name does not resolve
+NETWORK_UNREACHABLE = "network-unreachable"  # no route: the device is not on a network
+CONNECT_TIMEOUT = "connect-timeout"          # the TCP handshake got no answer
+CONNECTION_REFUSED = "connection-refused"    # the server's host answered with a reset
+PROXY_UNREACHABLE = "proxy-unreachable"      # the configured proxy cannot be reached
+PROXY_AUTH = "proxy-auth"                    # the proxy wants (other) credentials: 407
+PROXY_REFUSED = "proxy-refused"              # the proxy would not CONNECT to the server
+TLS_UNTRUSTED = "tls-untrusted"              # a certificate the device does not trust
+CLOCK_BEHIND = "clock-behind"                # a certificate not valid yet by this clock
+TLS_EXPIRED = "tls-expired"                  # expired, or this clock is ahead
+TLS_FAILED = "tls-failed"                    # any other TLS handshake failure
+CAPTIVE_PORTAL = "captive-portal"            # something else answered: a page, a redirect
+HTTP_ERROR = "http-error"                    # an HTTP error status instead of the upgrade
+NO_ANSWER = "no-answer"                      # connected, then silence: a hung server
+REFUSED = "refused"                          # the server refused the device's credentials
+CONNECT_FAILED = "connect-failed"            # none of the above
 
 
 @dataclass

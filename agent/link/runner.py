@@ -652,7 +652,7 @@ class LinkRunner:
         return SocketIOTransport(
             url=cfg.server_url, auth=profile.auth(), namespace=profile.namespace,
             transports=profile.transports, keepalive=cfg.keepalive,
-            connect_timeout_s=cfg.connect_timeout_s, ca_file=cfg.ca_file,
+            connect_timeout_s=cfg.connect_timeout_s, egress=cfg.egress,
             generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)))
 
 

@@ -26,23 +26,31 @@ is complete, so a bound per message would not bound an event of many (25 of 4 Mi
 took the agent to 133 MB). The agent only ever uses the websocket transport (engineio
 connects with the first of ``transports``, and never falls back to or upgrades from
 polling), so the websocket is the one door to guard.
+
+The websocket's socket is dialed by the agent (``dialer.py``), not by websocket-client:
+each failed connect gets its reason, the proxy is the one ``Egress`` names, and a
+redirect or a page answering the upgrade is a captive portal, never followed.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import socket
 import threading
 import time
+from email.utils import parsedate_to_datetime
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import engineio.client
-import requests
 from engineio import packet
 import socketio
 import websocket
 
+from ..egress import Egress
 from . import journal as J
 from . import inbox, sockopts
+from .dialer import DialError, Dialed, dial
 from .sockopts import KeepalivePolicy
 
 log = logging.getLogger("edge_agent.link")
@@ -152,19 +160,116 @@ class BoundedWebSocket(websocket.WebSocket):
             raise
 
 
+class Dialing:
+    """One connect's way out, and what its dial and upgrade learnt."""
+
+    def __init__(self, egress: Egress):
+        self.egress = egress
+        self.dialed: Dialed | None = None
+        self.server_date: float | None = None   # the upgrade answer's Date, as epoch seconds
+        self.answered_at: float | None = None   # this device's wall time when it came
+
+
+# Set by SocketIOTransport.open() around the library's connect, which calls
+# create_connection on the same thread.
+_DIALING: contextvars.ContextVar[Dialing | None] = contextvars.ContextVar("dialing", default=None)
+# what engineio derives from its HTTP session for websocket-client to dial with: the
+# dialer has done all of it already, from the same Egress
+_LIBRARY_DIAL_OPTIONS = ("sslopt", "http_proxy_host", "http_proxy_port", "http_proxy_auth",
+                         "http_no_proxy", "proxy_type")
+
+
 class _BoundedWebsocketModule:
     """websocket-client as engineio's client sees it, but its connections are
-    ``BoundedWebSocket``. engineio calls ``websocket.create_connection`` itself, and
-    bookworm's 4.3.4 has no option to pass a class through, so this stands in for the
-    module in engineio.client's namespace (nothing else in the agent opens one)."""
+    ``BoundedWebSocket`` on a socket the agent dialed. engineio calls
+    ``websocket.create_connection`` itself, and bookworm's 4.3.4 has no option to pass a
+    class or a socket through, so this stands in for the module in engineio.client's
+    namespace (nothing else in the agent opens one)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(websocket, name)
 
     @staticmethod
     def create_connection(url: str, timeout: float | None = None, **options: Any):
-        options["class_"] = BoundedWebSocket
-        return websocket.create_connection(url, timeout, **options)
+        dialing = _DIALING.get()
+        if dialing is None:
+            raise DialError(J.CONNECT_FAILED, "a websocket opened outside a transport's connect")
+        dialed = dial(url, dialing.egress, timeout or 10.0)
+        for key in _LIBRARY_DIAL_OPTIONS:
+            options.pop(key, None)
+        # redirect_limit=0: a redirect is someone else answering, never followed (1.2.3
+        # even calls a 302 connected once out of redirects; 1.9 raises without the status)
+        options.update(socket=dialed.sock, redirect_limit=0, timeout=timeout)
+        ws = BoundedWebSocket(enable_multithread=options.pop("enable_multithread", True))
+        ws.settimeout(timeout)
+        start = time.monotonic()
+        try:
+            ws.connect(url, **options)
+        except websocket.WebSocketBadStatusException as e:
+            dialed.sock.close()
+            raise _not_an_upgrade(e.status_code, _location(e)) from None
+        except (socket.timeout, websocket.WebSocketTimeoutException):
+            dialed.sock.close()
+            raise DialError(J.NO_ANSWER, f"connected, then no answer to the websocket upgrade "
+                                         f"in {time.monotonic() - start:.1f}s (a hung server "
+                                         f"or balancer node?)") from None
+        except MessageRefused:
+            raise
+        except (OSError, websocket.WebSocketException) as e:
+            dialed.sock.close()
+            response = getattr(ws, "handshake_response", None)
+            if response is not None and response.status != 101:
+                raise _not_an_upgrade(response.status,
+                                      (response.headers or {}).get("location")) from None
+            raise DialError(J.CONNECT_FAILED, f"websocket upgrade: {type(e).__name__}: "
+                                              f"{e}"[:300]) from None
+        response = ws.handshake_response
+        if response is None or response.status != 101:
+            status = response.status if response is not None else 0
+            ws.shutdown()
+            raise _not_an_upgrade(status, (response.headers or {}).get("location")
+                                  if response is not None else None)
+        dialed.phases["upgrade_s"] = round(time.monotonic() - start, 4)
+        dialing.dialed = dialed
+        dialing.answered_at = time.time()
+        dialing.server_date = _http_date((response.headers or {}).get("date"))
+        return ws
+
+
+def _not_an_upgrade(status: int, location: str | None) -> DialError:
+    """An HTTP answer where the websocket upgrade (101) should be."""
+    if 300 <= status < 400:
+        where = f" to {_host_of(location)}" if location else ""
+        return DialError(J.CAPTIVE_PORTAL, f"the upgrade was answered with a redirect "
+                                           f"({status}){where}: a captive portal or a box "
+                                           f"answering for the server")
+    if 200 <= status < 300 or status == 511:
+        return DialError(J.CAPTIVE_PORTAL, f"the upgrade was answered with a page ({status}): "
+                                           f"a captive portal or a box answering for the server")
+    if status == 407:
+        return DialError(J.PROXY_AUTH, "a proxy on the way asks for credentials (407)")
+    return DialError(J.HTTP_ERROR, f"the upgrade was answered with HTTP {status}")
+
+
+def _location(e: websocket.WebSocketBadStatusException) -> str | None:
+    headers = getattr(e, "resp_headers", None) or {}
+    return headers.get("location") if isinstance(headers, dict) else None
+
+
+def _host_of(url: str) -> str:
+    try:
+        return urlsplit(url).hostname or "another page"
+    except ValueError:
+        return "another page"
+
+
+def _http_date(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
 
 
 engineio.client.websocket = _BoundedWebsocketModule()
@@ -173,7 +278,7 @@ engineio.client.websocket = _BoundedWebsocketModule()
 class SocketIOTransport:
     def __init__(self, *, url: str, auth: dict | None, namespace: str, keepalive: KeepalivePolicy,
                  transports: list[str] | None = None,
-                 connect_timeout_s: float, ca_file: str | None, generation: int,
+                 connect_timeout_s: float, egress: Egress, generation: int,
                  sink: Callable[..., None], handlers: dict[str, Callable] | None = None):
         self.url = url
         self.namespace = namespace
@@ -193,38 +298,32 @@ class SocketIOTransport:
         self.last_inbound = time.monotonic()
         self.server_pings = 0  # Engine.IO pings from the server on this connection
         self.last_server_ping: float | None = None
-        # The CA goes in a session's verify: engineio hands that to the websocket as
-        # ca_certs, and ignores a CA path given as ssl_verify there (the link never
-        # came up behind a TLS-inspecting box whose CA was configured). Verification
-        # stays on without one.
-        session = requests.Session()
-        session.verify = ca_file or True
+        self._dialing = Dialing(egress)
+        # The websocket is dialed from the Egress (dialer.py); the session carries the
+        # same settings for a polling handshake (the screentinker profile's fallback).
         self.client = socketio.Client(
             reconnection=False, logger=False, engineio_logger=False,
-            request_timeout=connect_timeout_s, http_session=session)
+            request_timeout=connect_timeout_s, http_session=egress.session(url))
         self._install_hooks()
 
     # -- lifecycle --------------------------------------------------------------
     def open(self) -> None:
         """Connects, or raises TransportError with a journal reason."""
+        token = _DIALING.set(self._dialing)
         try:
             self.client.connect(self.url, auth=self._auth, transports=self._transports,
                                 namespaces=[self.namespace],
                                 wait_timeout=self._connect_timeout_s)
-        except socketio.exceptions.ConnectionError as e:
+        except Exception as e:  # the library can raise almost anything from a bad peer
             refused = self._message_refused(e)
             self._release()
             if refused is not None:
                 raise TransportError(refused.reason, str(refused)) from None
             if self._refusal is not None:
                 raise TransportError(J.REFUSED, _describe(self._refusal)) from None
-            raise TransportError(J.CONNECT_FAILED, str(e)) from None
-        except Exception as e:  # the library can raise almost anything from a bad peer
-            refused = self._message_refused(e)
-            self._release()
-            if refused is not None:
-                raise TransportError(refused.reason, str(refused)) from None
-            raise TransportError(J.CONNECT_FAILED, f"{type(e).__name__}: {e}") from None
+            raise self._why_not_connected(e) from None
+        finally:
+            _DIALING.reset(token)
         sock = self.raw_socket()
         if sock is None:
             self.abort()
@@ -235,6 +334,36 @@ class SocketIOTransport:
             self.abort()
             raise TransportError(J.CONNECT_FAILED, f"setting keepalive: {e}") from None
         self._sock = sock
+
+    def _why_not_connected(self, error: BaseException) -> TransportError:
+        """The reason in the exception the library raised, or in what it wrapped."""
+        cause: BaseException | None = error
+        while cause is not None:
+            if isinstance(cause, DialError):
+                return TransportError(cause.reason, cause.detail)
+            if isinstance(cause, (socket.timeout, websocket.WebSocketTimeoutException)) \
+                    and self._dialing.dialed is not None:
+                return TransportError(J.NO_ANSWER, "the websocket is up, then no Engine.IO "
+                                                   "handshake (a hung server?)")
+            cause = cause.__cause__ or cause.__context__
+        if self._dialing.dialed is not None and "namespaces failed" in str(error):
+            # the namespace CONNECT unanswered within wait_timeout (a refusal is _refusal)
+            return TransportError(J.NO_ANSWER, f"the websocket is up, then no answer to the "
+                                               f"Socket.IO connect in {self._connect_timeout_s:g}s")
+        return TransportError(J.CONNECT_FAILED, f"{type(error).__name__}: {error}"[:300])
+
+    @property
+    def dialed(self) -> Dialed | None:
+        """How this connection was dialed, once it is up: phases, route."""
+        return self._dialing.dialed
+
+    def clock_skew_s(self) -> float | None:
+        """The server's clock minus this device's, from the upgrade answer's Date
+        (whole seconds: within about a second)."""
+        d = self._dialing
+        if d.server_date is None or d.answered_at is None:
+            return None
+        return round(d.server_date - d.answered_at, 1)
 
     def raw_socket(self) -> socket.socket | None:
         ws = getattr(self.client.eio, "ws", None)

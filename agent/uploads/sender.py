@@ -21,6 +21,7 @@ import re
 import requests
 import urllib3
 
+from ..egress import Egress
 from ..identity.rules import token_problem, usable_device_id
 from .schedule import AUTH, OK, PERMANENT, TRANSIENT, UNREACHABLE, Outcome, classify
 from .store import Item
@@ -34,12 +35,11 @@ _NOT_THE_SERVER = Outcome(UNREACHABLE, "a 2xx without the server's receipt: some
 
 
 class UploadSender:
-    def __init__(self, server_url: str, identity, ca_file: str | None = None):
+    def __init__(self, server_url: str, identity, egress: Egress = Egress()):
         """``identity`` is (device_id, token), or a callable returning it or None."""
         self.server_url = server_url
         self._identity = identity if callable(identity) else (lambda: identity)
-        self._verify: bool | str = ca_file or True
-        self.session = requests.Session()
+        self.session = egress.session(server_url)
 
     @property
     def ready(self) -> bool:
@@ -105,7 +105,7 @@ class UploadSender:
     def _post(self, url: str, headers: dict, body: bytes):
         try:
             r = self.session.post(url, data=body, headers=headers, timeout=TIMEOUT,
-                                  verify=self._verify, allow_redirects=False, stream=True)
+                                  allow_redirects=False, stream=True)
             raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True) if r.raw else b""
             r.close()
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:

@@ -1,0 +1,114 @@
+"""Real sites (issue #28): a proxy that is the only way out, and a link that says why it
+is down, each reason produced by its real cause: a name that does not resolve, a port
+nothing listens on, SYNs dropped by nftables, a server that accepts and never answers,
+certificates from a CA made by openssl behind socat, tinyproxy wanting credentials, a
+captive portal answering for the server."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from devtools import site
+from devtools.harness import REPO, AgentProcess, agent_config, wait_for
+
+pytestmark = pytest.mark.netns
+
+NO_IDENTITY = {"device_id": None, "token": None}
+
+
+@pytest.fixture
+def parts(tmp_path):
+    p = site.Parts(tmp_path / "site")
+    (tmp_path / "site").mkdir()
+    yield p
+    p.close()
+
+
+def _status(agent_python, cfg) -> dict:
+    r = subprocess.run([agent_python, "-m", "agent", "status", "--json", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    return json.loads(r.stdout)
+
+
+def test_behind_a_proxy_that_is_the_only_way_out_the_agent_enrolls_links_and_uploads(
+        netns, fleet, spawn_agent, agent_python, parts, tmp_path):
+    server = fleet("--host", "0.0.0.0", devices={})
+    # the agent knows the server as 127.0.0.2, and only the proxy's user may go there
+    netns.nft(f"add chain inet {netns.TABLE} output {{ type filter hook output priority 0; }}\n"
+              f"add rule inet {netns.TABLE} output ip daddr 127.0.0.2 tcp dport {server.port} "
+              f"meta skuid != {site.nobody_uid()} reject with tcp reset\n")
+    assert not site.listening(server.port, "127.0.0.2"), "the rule lets root through"
+    port, _ = parts.proxy("site-user", "pr0xy-s3cret", connect_ports=(server.port,))
+    cfg = agent_config(server, tmp_path, identity=NO_IDENTITY,
+                       server={"url": f"http://127.0.0.2:{server.port}"},
+                       network={"proxy": f"http://site-user:pr0xy-s3cret@127.0.0.1:{port}"})
+    agent = spawn_agent(agent_python, cfg, env={"https_proxy": "", "no_proxy": "*"})
+    code = wait_for(lambda: (agent.status().get("pairing") or {}).get("code"), 20,
+                    what="a pairing code, asked through the proxy")
+    assert server.pair(code).returncode == 0
+    agent.wait_live(20)
+    r = subprocess.run([agent_python, "-m", "agent", "enqueue", "--config", str(cfg),
+                        "--kind", "log", "-"], input=b"through the proxy", capture_output=True,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    device = agent.status()["device_id"]
+    wait_for(lambda: server.device(device)["uploads"] == 1, 15, what="the upload via the proxy")
+    for text in (agent.log_text(), json.dumps(_status(agent_python, cfg))):
+        assert "pr0xy-s3cret" not in text, "the proxy password leaked"
+
+
+def _cases(parts, server, tmp_path, netns):
+    """(reason, server section, network section) for each real cause."""
+    ca = site.SiteCA(tmp_path / "ca")
+    good_cert, good_key = ca.issue("box")
+    future_cert, future_key = ca.issue("future", "20300101000000Z", "20310101000000Z")
+    self_cert, self_key = site.self_signed(tmp_path / "self")
+    dropped = site.free_port()
+    netns.nft(f"add rule inet {netns.TABLE} input tcp dport {dropped} drop\n")
+    proxy_port, _ = parts.proxy("site-user", "right", connect_ports=(server.port,))
+    closed = site.free_port()
+    http = "http://127.0.0.1:{}".format
+    https = "https://127.0.0.1:{}".format
+    return [
+        ("dns-failed", {"url": "http://fleet.invalid:8470"}, {}),
+        ("connection-refused", {"url": http(closed)}, {}),
+        ("connect-timeout", {"url": http(dropped)}, {}),
+        ("no-answer", {"url": http(parts.hung_server())}, {}),
+        ("tls-untrusted", {"url": https(parts.tls_box(self_cert, self_key, server.port))}, {}),
+        ("clock-behind", {"url": https(parts.tls_box(future_cert, future_key, server.port)),
+                          "ca_file": ca.cert}, {}),
+        ("proxy-auth", {"url": http(server.port)}, {"proxy": http(proxy_port)}),
+        ("proxy-unreachable", {"url": http(server.port)}, {"proxy": http(closed)}),
+        ("captive-portal", {"url": http(parts.portal(302, {"Location": "http://portal.example/"}))}, {}),
+        ("captive-portal", {"url": http(parts.portal(200))}, {}),
+        ("http-error", {"url": http(parts.portal(503, body=b"busy"))}, {}),
+        # and the way it works, from the same CA: the cases are not failing for another reason
+        (None, {"url": https(parts.tls_box(good_cert, good_key, server.port)), "ca_file": ca.cert}, {}),
+    ]
+
+
+def test_each_reason_for_a_failed_connect_comes_from_its_real_cause(
+        netns, fleet, agent_python, parts, tmp_path):
+    server = fleet()
+    agents = []
+    try:
+        for n, (reason, server_section, network) in enumerate(_cases(parts, server, tmp_path, netns)):
+            work = tmp_path / f"case-{n}"
+            work.mkdir()
+            cfg = agent_config(server, work, server=server_section, network=network)
+            agents.append((reason, cfg, AgentProcess(agent_python, cfg, work).start()))
+        for reason, cfg, agent in agents:
+            if reason is None:
+                agent.wait_live(20)
+                continue
+            wait_for(lambda: f"failed ({reason}:" in agent.log_text(), 20,
+                     what=f"a connect failed with {reason}: {agent.log_text()[-600:]}")
+            link = _status(agent_python, cfg)["link"]
+            assert link["reason"] == reason and link["state"] != "online", link
+            assert "Connection error" not in agent.log_text()
+    finally:
+        for _, _, agent in agents:
+            agent.stop()
