@@ -13,6 +13,7 @@ import os
 import time
 
 from . import __version__
+from .clock import NOTABLE_SKEW_S
 from .fsutil import FileTooLarge, NotRegularFile, atomic_write, read_json
 
 MAX_STATUS_BYTES = 1 << 20
@@ -128,10 +129,16 @@ def render(doc: dict, running: bool) -> str:
     elapsed = _elapsed_since(doc.get("updated_at"))
     if link.get("since_s") is not None and running:
         lines.append(f"since       {_age(link['since_s'], elapsed)} in this state")
+    if link.get("detail") and state != "online":
+        lines.append(f"why         {link['detail']}")
     if link.get("rtt_ms") is not None:
         ack = (f", last ack {_age(link['last_ack_age_s'], elapsed)} ago"
                if link.get("last_ack_age_s") is not None else "")
         lines.append(f"rtt         {link['rtt_ms']} ms{ack}")
+    skew = link.get("clock_skew_s")
+    if isinstance(skew, (int, float)) and abs(skew) >= NOTABLE_SKEW_S:
+        lines.append(f"clock       {abs(skew):.0f} s {'behind' if skew > 0 else 'ahead of'} "
+                     f"the server's")
     storage = _storage(doc)
     if storage.get("state") != "ok":
         parts = storage.get("parts") if isinstance(storage.get("parts"), dict) else {}

@@ -105,6 +105,7 @@ class FakeTransport:
     last_inbound = 0.0
     server_pings = 0
     last_server_ping = None
+    dialed = None
 
     def __init__(self):
         self.emitted = []
@@ -115,6 +116,9 @@ class FakeTransport:
 
     def local_addr(self):
         return "127.0.0.1:40000"
+
+    def clock_skew_s(self):
+        return None
 
     def emit(self, event, data, callback=None):
         self.emitted.append((event, data, callback))

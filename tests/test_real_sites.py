@@ -5,10 +5,13 @@ certificates from a CA made by openssl behind socat, tinyproxy wanting credentia
 captive portal answering for the server."""
 import json
 import os
+import re
+import signal
 import subprocess
 
 import pytest
 
+from agent.link.connect_bound import FLOOR_S as CONNECT_FLOOR_S
 from devtools import site
 from devtools.harness import REPO, AgentProcess, agent_config, wait_for
 
@@ -112,3 +115,30 @@ def test_each_reason_for_a_failed_connect_comes_from_its_real_cause(
     finally:
         for _, _, agent in agents:
             agent.stop()
+
+
+def test_a_hung_server_costs_the_learnt_bound_and_the_report_says_what_the_device_went_through(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """A stopped server process still completes TCP handshakes (the kernel answers for
+    its listening socket): before, every try waited the configured 10 s and said
+    "Connection error"."""
+    server = fleet()
+    cfg = agent_config(server, tmp_path, server={"connect_timeout_s": 10.0})
+    agent = spawn_agent(agent_python, cfg)
+    link = agent.wait_live(15)
+    assert link["connect_ms"] is not None and link["connect_ms"] < 2000, link
+    assert link["clock_skew_s"] is not None and abs(link["clock_skew_s"]) <= 2.0, link
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        line = wait_for(lambda: re.search(r"failed \(no-answer: .*? in ([0-9.]+)s",
+                                          agent.log_text()), 20,
+                        what=f"a connect abandoned for no answer: {agent.log_text()[-800:]}")
+        waited = float(line.group(1))
+        assert waited <= CONNECT_FLOOR_S + 0.5, f"waited {waited}s, the learnt bound is the floor"
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    agent.wait_live(30, connection=2)
+    reports = wait_for(lambda: server.device()["reports"], 15, what="the connection report")
+    first = reports[0]
+    assert first["n"] == 1 and first["ended_reason"] == "ack-timeout", first
+    assert first["failed_after"].get("no-answer", 0) >= 1, first

@@ -122,3 +122,18 @@ def test_status_never_reads_through_a_link_or_from_a_fifo(tmp_path):
     os.mkfifo(tmp_path / "status.json")
     r = run_status(tmp_path)   # the 30 s timeout of run_status would fail a hang
     assert r.returncode == 3 and "not a regular file" in r.stderr, r.stderr
+
+
+def test_status_says_why_the_link_is_down_and_when_the_clock_is_off():
+    doc = {"pid": os.getpid(), "link": {
+        "state": "waiting", "reason": "proxy-auth", "next_attempt_in_s": 4.0,
+        "detail": "the proxy http://***@10.0.0.1:3128 refused the configured credentials (407)"}}
+    text = status.render(doc, True)
+    assert "last loss: proxy-auth" in text
+    assert "why         the proxy http://***@10.0.0.1:3128 refused" in text
+    online = {"pid": os.getpid(), "link": {"state": "online", "clock_skew_s": 3600.0,
+                                           "detail": "old news"}}
+    text = status.render(online, True)
+    assert "clock       3600 s behind the server's" in text and "old news" not in text
+    online["link"]["clock_skew_s"] = 1.0
+    assert "clock" not in status.render(online, True)

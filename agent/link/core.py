@@ -78,6 +78,7 @@ class LinkCore:
         self.backoff = Backoff(policy.backoff, rng)
         self.journal = ConnectionJournal()
         self.last_reason: str | None = None
+        self.last_detail = ""          # the shell's words for it, for a person
         self.next_attempt_at = 0.0
         self.hold_until = 0.0          # a server throttle; nothing connects before it
         self.seq = 0
@@ -164,26 +165,27 @@ class LinkCore:
 
     # -- events from the shell --------------------------------------------------
     def on_connected(self, now: float, wall: float, server_ping_interval_s: float | None = None,
-                     local_addr: str = "") -> None:
+                     local_addr: str = "", connect_s: float | None = None,
+                     clock_skew_s: float | None = None) -> None:
         if self.state != LinkState.CONNECTING:
             return
         self._enter(LinkState.ONLINE, now)
         self.connected_at = now
         self.stable = False
         self.watchdog.reset(now, server_ping_interval_s)
-        self.journal.opened(now, wall, local_addr)
+        self.journal.opened(now, wall, local_addr, connect_s, clock_skew_s)
         self._next_heartbeat_at = now
 
-    def on_connect_failed(self, now: float, reason: str) -> None:
+    def on_connect_failed(self, now: float, reason: str, detail: str = "") -> None:
         if self.state != LinkState.CONNECTING:
             return
         self.journal.attempt_failed(now, reason)
-        self._schedule_retry(now, reason)
+        self._schedule_retry(now, reason, detail)
 
-    def on_closed(self, now: float, reason: str) -> None:
+    def on_closed(self, now: float, reason: str, detail: str = "") -> None:
         """The transport ended by itself (server disconnect, socket error)."""
         if self.state == LinkState.ONLINE:
-            self._lose(now, reason)
+            self._lose(now, reason, detail)
 
     def on_inbound(self, now: float) -> None:
         if self.state == LinkState.ONLINE:
@@ -246,6 +248,7 @@ class LinkCore:
             "state": "unpaired" if self.paused and self.state == LinkState.WAITING else self.state.value,
             "since_s": round(now - self.since, 1),
             "reason": self.last_reason,
+            "detail": self.last_detail or None,
             "attempts": self.backoff.attempts,
             "next_attempt_in_s": (round(max(0.0, self.attempt_at() - now), 1)
                                   if self.state == LinkState.WAITING else None),
@@ -256,6 +259,8 @@ class LinkCore:
             "proof": wd.proof if online else None,
             "connection": cur.n if cur else None,
             "local_addr": cur.local_addr if cur else None,
+            "connect_ms": cur.connect_ms if cur else None,
+            "clock_skew_s": cur.clock_skew_s if cur else None,
             "connections_total": self.journal.total_connections,
             "losses_last_hour": self.journal.losses_since(now - 3600),
         }
@@ -266,13 +271,14 @@ class LinkCore:
             self.state = state
             self.since = now
 
-    def _lose(self, now: float, reason: str) -> None:
+    def _lose(self, now: float, reason: str, detail: str = "") -> None:
         self.journal.closed(now, reason)
         self.connected_at = None
         self._next_heartbeat_at = math.inf
-        self._schedule_retry(now, reason)
+        self._schedule_retry(now, reason, detail)
 
-    def _schedule_retry(self, now: float, reason: str) -> None:
+    def _schedule_retry(self, now: float, reason: str, detail: str = "") -> None:
         self.last_reason = reason
+        self.last_detail = detail
         self.next_attempt_at = now + self.backoff.next_delay()
         self._enter(LinkState.WAITING, now)

@@ -46,12 +46,17 @@ class ConnectionRecord:
     opened_at: float            # wall time, for the report only
     opened_mono: float
     local_addr: str = ""
+    connect_ms: float | None = None      # from dialing to the server's CONNECT answer
+    clock_skew_s: float | None = None    # the server's clock minus this device's, at open
     ended_reason: str | None = None
     lived_s: float | None = None
     heartbeats_acked: int = 0
     rtt_ms_last: float | None = None
     rtt_ms_min: float | None = None
     rtt_ms_max: float | None = None
+    # why each attempt failed between this connection's end and the next one: the
+    # report after reconnecting says what the device went through while it was away
+    failed_after: dict[str, int] = field(default_factory=dict)
     _rtt_sum: float = field(default=0.0, repr=False)
 
     def add_rtt(self, rtt_s: float) -> None:
@@ -89,10 +94,14 @@ class ConnectionJournal:
             return self.records[-1]
         return None
 
-    def opened(self, mono: float, wall: float, local_addr: str = "") -> ConnectionRecord:
+    def opened(self, mono: float, wall: float, local_addr: str = "",
+               connect_s: float | None = None,
+               clock_skew_s: float | None = None) -> ConnectionRecord:
         self.total_connections += 1
         rec = ConnectionRecord(n=self.total_connections, opened_at=round(wall, 3),
-                               opened_mono=mono, local_addr=local_addr)
+                               opened_mono=mono, local_addr=local_addr,
+                               connect_ms=None if connect_s is None else round(connect_s * 1000, 1),
+                               clock_skew_s=clock_skew_s)
         self.records.append(rec)
         return rec
 
@@ -107,6 +116,9 @@ class ConnectionJournal:
 
     def attempt_failed(self, mono: float, reason: str) -> None:
         self.failures.append((mono, reason))
+        if self.records and self.records[-1].ended_reason is not None:
+            after = self.records[-1].failed_after
+            after[reason] = after.get(reason, 0) + 1
 
     def unreported(self) -> list[ConnectionRecord]:
         """Ended connections the server has not ACKed yet, oldest first."""

@@ -13,12 +13,13 @@ import threading
 import time
 from typing import Callable
 
-from ..clock import Clock, SystemClock
+from ..clock import NOTABLE_SKEW_S, Clock, SystemClock
 from ..loop import Loop
 from ..watchdog_gate import WatchdogGate
 from . import journal as J
 from . import inbox, protocol, tcpinfo
 from .cargo import Cargo
+from .connect_bound import ConnectBound
 from .delivery import LOST
 from .core import (Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport,
                    VerifyDelivery)
@@ -65,6 +66,7 @@ class LinkRunner:
         self.transport: SocketIOTransport | None = None
         self.generation = 0
         self._factory = transport_factory or self._default_transport
+        self.connect_bound = ConnectBound(config.connect_timeout_s)
         self._on_status = on_status
         # others' work done on this thread's wake-ups: an idle agent wakes no other thread
         self._on_turn = on_turn
@@ -225,7 +227,7 @@ class LinkRunner:
             transport, self._opening = self._opening, None
             if transport is not None:
                 transport.abort()
-            self.core.on_connect_failed(now, J.CONNECT_FAILED)
+            self.core.on_connect_failed(now, J.CONNECT_FAILED, "the link loop restarted")
         elif self.core.state == LinkState.ONLINE:
             self._closed(J.TRANSPORT_ERROR, "the link loop restarted")
         self.cargo.connection_ended()
@@ -326,27 +328,40 @@ class LinkRunner:
         self.generation += 1
         transport = self._factory(self.generation, self.sink)
         self._opening = transport   # a bug in open() leaves it to _recover() to abort
+        started = time.monotonic()   # the handshake's real duration, whatever the clock
         try:
             transport.open()
         except TransportError as e:
             self._opening = None
+            if e.reason in (J.NO_ANSWER, J.CONNECT_TIMEOUT):
+                self.connect_bound.timed_out()
             now = self.clock.monotonic()
-            self.core.on_connect_failed(now, e.reason)
+            self.core.on_connect_failed(now, e.reason, e.detail)
             delay = self.core.attempt_at() - now
             log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",
                         self.config.server_display, e.reason, e.detail, delay, attempt + 1)
             if e.reason == J.REFUSED and self._on_refused is not None:
                 self._on_refused(e.detail)
             return
+        took = time.monotonic() - started
+        self.connect_bound.succeeded(took)
         self.transport, self._opening = transport, None
         self._acks_may_wait = False
         self._pings_seen = 0
         self._tcp_before.clear()
         now = self.clock.monotonic()
+        skew = transport.clock_skew_s()
         self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
-                               transport.local_addr())
-        log.info("link up: connected to %s from %s (connection %d)", self.config.server_display,
-                 transport.local_addr(), self.core.journal.total_connections)
+                               transport.local_addr(), took, skew)
+        dialed = transport.dialed
+        log.info("link up: connected to %s from %s%s in %.0f ms (connection %d)",
+                 self.config.server_display, transport.local_addr(),
+                 f" via {dialed.via}" if dialed is not None and dialed.via != "direct" else "",
+                 took * 1000, self.core.journal.total_connections)
+        if skew is not None and abs(skew) >= NOTABLE_SKEW_S:
+            log.warning("this device's clock is %.0f s %s the server's: is it synchronised "
+                        "(NTP reachable from this site)?", abs(skew),
+                        "behind" if skew > 0 else "ahead of")
         try:
             self.profile.on_connected(transport, self._poster(self.generation))
         except TransportError as e:
@@ -474,7 +489,7 @@ class LinkRunner:
     def _closed(self, reason: str, detail: str) -> None:
         if self.core.state != LinkState.ONLINE:
             return
-        self.core.on_closed(self.clock.monotonic(), reason)
+        self.core.on_closed(self.clock.monotonic(), reason, detail)
         self.cargo.connection_ended()
         transport, self.transport = self.transport, None
         log.warning("link lost: %s%s, reconnecting in %.1fs", reason,
@@ -652,7 +667,7 @@ class LinkRunner:
         return SocketIOTransport(
             url=cfg.server_url, auth=profile.auth(), namespace=profile.namespace,
             transports=profile.transports, keepalive=cfg.keepalive,
-            connect_timeout_s=cfg.connect_timeout_s, egress=cfg.egress,
+            connect_timeout_s=self.connect_bound.current(), egress=cfg.egress,
             generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)))
 
 
