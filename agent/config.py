@@ -23,6 +23,7 @@ from .identity.rules import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable
 from .backoff import JITTER_MODES, BackoffPolicy
 from .commands.core import COMMANDS
 from .egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
+from .link.idle_limit import IdlePolicy
 from .link.liveness import LivenessPolicy
 from .link.profiles import PROFILES
 from .link.sockopts import KeepalivePolicy
@@ -148,6 +149,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                  "liveness.silence_timeout_s", Range(1, 7200)),
         "stable_after_s": Key(float, 60.0, "stable_after_s", Range(1, DAY)),
         "wake_min_interval_s": Key(float, 5.0, "wake_min_interval_s", Range(0, 3600)),
+        # learn a site's idle limit from the connections it reaps, heartbeat under it
+        # (link/idle_limit.py), and step back up after this long without a reap
+        "adapt_heartbeat": Key(bool, IdlePolicy.enabled, "idle.enabled"),
+        "adapt_probe_after_s": Key(float, IdlePolicy.probe_after_s, "idle.probe_after_s",
+                                   Range(10, 7 * DAY)),
     },
     "link.backoff": {
         "base_s": Key(float, BackoffPolicy.base_s, "backoff.base_s", Range(0.1, 3600)),
@@ -210,7 +216,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
 }
 # The policy objects Config holds; keys land in them by the prefix of ``into``.
 POLICIES = {"liveness": LivenessPolicy, "backoff": BackoffPolicy, "keepalive": KeepalivePolicy,
-            "uploads": UploadPolicy, "egress": Egress}
+            "uploads": UploadPolicy, "egress": Egress, "idle": IdlePolicy}
 
 
 @dataclass(frozen=True)
@@ -228,6 +234,7 @@ class Config:
     liveness: LivenessPolicy
     backoff: BackoffPolicy
     keepalive: KeepalivePolicy
+    idle: IdlePolicy
     stable_after_s: float
     wake_min_interval_s: float
     uploads: UploadPolicy

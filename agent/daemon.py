@@ -20,6 +20,7 @@ from .identity import device, pairing_code
 from .identity.credentials import Credentials
 from .identity.enroller import Enroller
 from .identity.service import Hooks, IdentityService
+from .link.idle_memory import IdleMemory
 from .link.liveness import heal_window_s
 from .link.profiles import PROFILES, ProfileContext
 from .link.runner import LinkRunner
@@ -87,6 +88,7 @@ class Agent:
                                  on_link_up=self._link_up, on_refused=self.ids.refused,
                                  identity=self.identity,
                                  schedule_store=ScheduleStore(config.schedule_path),
+                                 idle_memory=IdleMemory(config.state_dir),
                                  commands=self.commands,
                                  paused=self.token is None and not self.profile.pairs_in_link)
         try:

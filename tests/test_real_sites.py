@@ -8,6 +8,8 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -142,3 +144,44 @@ def test_a_hung_server_costs_the_learnt_bound_and_the_report_says_what_the_devic
     first = reports[0]
     assert first["n"] == 1 and first["ended_reason"] == "ack-timeout", first
     assert first["failed_after"].get("no-answer", 0) >= 1, first
+
+
+def _reaping_box(work, target_port: int, idle_s: float):
+    pf = work / "reaper-port"
+    proc = subprocess.Popen([sys.executable, "-m", "devtools.reaping_proxy", "--target",
+                             str(target_port), "--idle-s", str(idle_s), "--port-file", str(pf)],
+                            cwd=REPO, stdout=open(work / "reaper.log", "ab"))
+    wait_for(lambda: pf.exists() and pf.read_text(), 10, what="the reaping box")
+    return proc, int(pf.read_text())
+
+
+def test_behind_a_box_that_reaps_idle_flows_the_agent_learns_its_limit_and_keeps_it(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """The box (devtools/reaping_proxy.py) stops forwarding a flow idle for 2.5 s; the
+    agent heartbeats every 4 s: before, it was reaped every cycle, forever."""
+    server = fleet()
+    box, port = _reaping_box(tmp_path, server.port, 2.5)
+    try:
+        cfg = agent_config(server, tmp_path, server={"url": f"http://127.0.0.1:{port}"},
+                           link={"heartbeat_interval_s": 4.0, "ack_timeout_s": 1.0,
+                                 "stable_after_s": 5.0})
+        agent = spawn_agent(agent_python, cfg)
+        wait_for(lambda: agent.link().get("heartbeat_interval_s") == 2.0, 40,
+                 what=f"the learnt heartbeat: {agent.log_text()[-1500:]}")
+        reaps = agent.log_text().count("link lost")
+        assert reaps <= 3 and "link lost: idle-reap" in agent.log_text()
+        agent.wait_live(10)
+        time.sleep(12)                   # three reaps' worth of the old interval
+        assert agent.log_text().count("link lost") == reaps, agent.log_text()[-1500:]
+        agent.stop()
+        kept = json.loads((tmp_path / "state" / "idle-limits.json").read_text())
+        assert [v["interval_s"] for v in kept.values()] == [2.0]
+        again = spawn_agent(agent_python, cfg)   # restarted: what was learnt holds
+        again.wait_live(15)
+        assert again.link()["heartbeat_interval_s"] == 2.0
+        before = again.log_text().count("link lost")
+        time.sleep(10)
+        assert again.log_text().count("link lost") == before
+    finally:
+        box.kill()
+        box.wait(5)

@@ -18,8 +18,9 @@ from enum import Enum
 
 from . import journal as J
 from ..backoff import Backoff, BackoffPolicy
+from .idle_limit import IdleLimit, IdlePolicy
 from .journal import ConnectionJournal
-from .liveness import LivenessPolicy, LivenessWatchdog
+from .liveness import ACK_TIMEOUT, LivenessPolicy, LivenessWatchdog
 
 THROTTLE_MIN_S = 1.0
 THROTTLE_MAX_S = 15 * 60.0
@@ -67,6 +68,7 @@ class LinkPolicy:
     backoff: BackoffPolicy = BackoffPolicy()
     stable_after_s: float = 60.0
     wake_min_interval_s: float = 5.0
+    idle: IdlePolicy = IdlePolicy()
 
 
 class LinkCore:
@@ -88,6 +90,10 @@ class LinkCore:
         self._last_wake = -math.inf
         self._report_sent_on: int | None = None  # connection number a report went out on
         self.paused = False            # no credentials: nothing to connect with
+        # the heartbeat interval this site allows, learnt from the connections it reaps
+        self.idle = IdleLimit(policy.liveness.heartbeat_interval_s, policy.idle,
+                              floor_s=policy.liveness.ack_timeout_s)
+        self._gaps: dict[int, float] = {}  # seq -> quiet seconds before it was sent
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, now: float, resume_at: float | None = None, attempts: int = 0) -> None:
@@ -139,8 +145,9 @@ class LinkCore:
             return []
         reason = self.watchdog.check(now)
         if reason is not None:
-            self._lose(now, reason)
+            reason = self._lose(now, reason)
             return [Abort(reason)]
+        self.idle.tick(now)
         actions: list = [VerifyDelivery(seq) for seq in self.watchdog.deliveries_due(now)]
         if not self.stable and now - self.connected_at >= self.policy.stable_after_s:
             # Only a link that stayed alive this long resets the schedule: a connect
@@ -149,8 +156,11 @@ class LinkCore:
             self.backoff.reset()
         if now >= self._next_heartbeat_at:
             self.seq += 1
+            self._gaps[self.seq] = now - self.watchdog.last_inbound
+            while len(self._gaps) > 64:
+                del self._gaps[min(self._gaps)]
             self.watchdog.on_heartbeat_sent(self.seq, now)
-            interval = self.policy.liveness.heartbeat_interval_s
+            interval = self.idle.interval_s
             self._next_heartbeat_at += interval
             if self._next_heartbeat_at <= now:  # we were late; don't burst to catch up
                 self._next_heartbeat_at = now + interval
@@ -174,6 +184,7 @@ class LinkCore:
         self.stable = False
         self.watchdog.reset(now, server_ping_interval_s)
         self.journal.opened(now, wall, local_addr, connect_s, clock_skew_s)
+        self._gaps.clear()
         self._next_heartbeat_at = now
 
     def on_connect_failed(self, now: float, reason: str, detail: str = "") -> None:
@@ -199,6 +210,8 @@ class LinkCore:
         if self.state != LinkState.ONLINE:
             return None
         rtt = self.watchdog.on_ack(seq, now)
+        for answered in [s for s in self._gaps if s <= seq]:
+            del self._gaps[answered]
         if rtt is not None and self.journal.current is not None:
             self.journal.current.add_rtt(rtt)
         return rtt
@@ -213,7 +226,7 @@ class LinkCore:
         reason = self.watchdog.check(now)
         if reason is None:
             return []
-        self._lose(now, reason)
+        reason = self._lose(now, reason)
         return [Abort(reason)]
 
     def on_report_acked(self, upto_n: int) -> None:
@@ -263,6 +276,8 @@ class LinkCore:
             "clock_skew_s": cur.clock_skew_s if cur else None,
             "connections_total": self.journal.total_connections,
             "losses_last_hour": self.journal.losses_since(now - 3600),
+            # below the configured interval while the site reaps idle flows
+            "heartbeat_interval_s": self.idle.interval_s,
         }
 
     # -- internals --------------------------------------------------------------
@@ -271,11 +286,19 @@ class LinkCore:
             self.state = state
             self.since = now
 
-    def _lose(self, now: float, reason: str, detail: str = "") -> None:
+    def _lose(self, now: float, reason: str, detail: str = "") -> str:
+        """Ends the connection; returns the reason it is journaled with."""
+        if reason == ACK_TIMEOUT and self._gaps:
+            gap = self._gaps[min(self._gaps)]   # the oldest heartbeat left unanswered
+            if self.idle.died(gap, now):
+                reason = J.IDLE_REAP
+                detail = (f"lost after {gap:.1f}s idle, again: the site reaps idle flows; "
+                          f"heartbeat now every {self.idle.interval_s:g}s")
         self.journal.closed(now, reason)
         self.connected_at = None
         self._next_heartbeat_at = math.inf
         self._schedule_retry(now, reason, detail)
+        return reason
 
     def _schedule_retry(self, now: float, reason: str, detail: str = "") -> None:
         self.last_reason = reason

@@ -6,6 +6,7 @@ library's callbacks (which arrive on its own threads) back through one queue.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import random
@@ -20,6 +21,7 @@ from . import journal as J
 from . import inbox, protocol, tcpinfo
 from .cargo import Cargo
 from .connect_bound import ConnectBound
+from .idle_memory import IdleMemory, network_key
 from .delivery import LOST
 from .core import (Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport,
                    VerifyDelivery)
@@ -52,13 +54,15 @@ class LinkRunner:
                  outbox=None, profile=None,
                  schedule_store: ScheduleStore | None = None,
                  commands=None, paused: bool = False,
+                 idle_memory: IdleMemory | None = None,
                  rng: random.Random | None = None):
         """``paused``: nothing to connect with yet (not paired); resume() when there is."""
         self.config = config
         self.clock = clock or SystemClock()
         self.core = LinkCore(LinkPolicy(liveness=config.liveness, backoff=config.backoff,
                                         stable_after_s=config.stable_after_s,
-                                        wake_min_interval_s=config.wake_min_interval_s), rng)
+                                        wake_min_interval_s=config.wake_min_interval_s,
+                                        idle=config.idle), rng)
         self.core.paused = paused
         # the ACK deadline's kernel timer runs on real time only
         self.wakeup = Wakeup(cancellable_deadlines=isinstance(self.clock, SystemClock))
@@ -67,6 +71,8 @@ class LinkRunner:
         self.generation = 0
         self._factory = transport_factory or self._default_transport
         self.connect_bound = ConnectBound(config.connect_timeout_s)
+        self._idle_memory = idle_memory
+        self._network: str | None = None   # where the idle limit in use was learnt
         self._on_status = on_status
         # others' work done on this thread's wake-ups: an idle agent wakes no other thread
         self._on_turn = on_turn
@@ -345,6 +351,7 @@ class LinkRunner:
             return
         took = time.monotonic() - started
         self.connect_bound.succeeded(took)
+        self._recall_idle_limit()
         self.transport, self._opening = transport, None
         self._acks_may_wait = False
         self._pings_seen = 0
@@ -484,7 +491,39 @@ class LinkRunner:
                     f"(seq {self.core.seq}, {wd.consecutive_misses} missed)")
         if reason == J.SILENCE:
             return f"nothing received for {wd.silence_timeout():.1f}s"
+        if reason == J.IDLE_REAP:
+            return f"{reason} ({self.core.last_detail})"
         return reason
+
+    # -- the site's idle limit ---------------------------------------------------
+    def _recall_idle_limit(self) -> None:
+        """On the first connect on a network: what was learnt there before."""
+        if self._idle_memory is None or not self.config.idle.enabled:
+            return
+        network = network_key()
+        if network == self._network:
+            return
+        self._network = network
+        self.core.idle.recall(self._idle_memory.recall(network), self.clock.monotonic())
+        if self.core.idle.learning:
+            log.info("this network (%s) reaps idle flows: heartbeat every %gs, as learnt "
+                     "before", network, self.core.idle.interval_s)
+        self.core.idle.changed = False
+
+    def _keep_idle_limit(self) -> None:
+        idle = self.core.idle
+        if not idle.changed:
+            return
+        idle.changed = False
+        if idle.learning:
+            log.warning("connections die after the same idle time: heartbeat every %gs "
+                        "(configured %gs) while this site reaps idle flows",
+                        idle.interval_s, idle.configured_s)
+        else:
+            log.info("heartbeat back to every %gs: this site no longer reaps idle flows",
+                     idle.configured_s)
+        if self._idle_memory is not None:
+            self._idle_memory.keep(self._network or network_key(), idle.memory())
 
     def _closed(self, reason: str, detail: str) -> None:
         if self.core.state != LinkState.ONLINE:
@@ -646,12 +685,13 @@ class LinkRunner:
         changed: only what an operator would call a change (RTT jitter is not one), read
         off the core rather than a snapshot, as this runs on every turn of the loop."""
         core = self.core
+        self._keep_idle_limit()
         current = core.journal.current
         state = core.state
         next_attempt = core.attempt_at() if state == LinkState.WAITING else 0.0
         key = (state, core.paused, core.last_reason, current.n if current else None,
                state == LinkState.ONLINE and core.watchdog.proven_live(self.clock.monotonic()),
-               core.backoff.attempts, core.hold_until, next_attempt)
+               core.backoff.attempts, core.hold_until, next_attempt, core.idle.interval_s)
         if key == self._published:
             return
         self._published = key
@@ -664,9 +704,13 @@ class LinkRunner:
     def _default_transport(self, generation: int, sink: Callable) -> SocketIOTransport:
         cfg = self.config
         profile = self.profile
+        keepalive = cfg.keepalive
+        if self.core.idle.learning:   # a NAT or conntrack reaper is kept busy by these too
+            keepalive = dataclasses.replace(keepalive, idle_s=max(1, min(
+                keepalive.idle_s, int(self.core.idle.interval_s))))
         return SocketIOTransport(
             url=cfg.server_url, auth=profile.auth(), namespace=profile.namespace,
-            transports=profile.transports, keepalive=cfg.keepalive,
+            transports=profile.transports, keepalive=keepalive,
             connect_timeout_s=self.connect_bound.current(), egress=cfg.egress,
             generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)))
 
