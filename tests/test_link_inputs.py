@@ -188,10 +188,11 @@ def test_a_handshake_that_opens_with_a_40_mb_frame_is_refused_unread(
     server = threading.Thread(target=serve, daemon=True)
     server.start()
     script = ("import sys\n"
+              "from agent.egress import Egress\n"
               "from agent.link.sockopts import KeepalivePolicy\n"
               "from agent.link.transport import SocketIOTransport, TransportError\n"
               "t = SocketIOTransport(url=sys.argv[1], auth=None, namespace='/',\n"
-              "    keepalive=KeepalivePolicy(), connect_timeout_s=10, ca_file=None,\n"
+              "    keepalive=KeepalivePolicy(), connect_timeout_s=10, egress=Egress(),\n"
               "    generation=1, sink=lambda *a: None)\n"
               "try:\n    t.open()\nexcept TransportError as e:\n    print(e.reason, e.detail)\n"
               "else:\n    print('connected')\n")
