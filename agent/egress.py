@@ -91,8 +91,11 @@ def parse_proxy(value: str, source: str) -> Proxy:
     if user is not None and ":" in user:     # Basic sends "user:password"
         raise EgressError(f"{source}: the proxy user cannot contain ':'")
     for what, text in (("user", user), ("password", password)):
-        if text is not None and re.search(r"[\x00-\x1f\x7f]", text):
-            raise EgressError(f"{source}: the proxy {what} has a control character")
+        # requests encodes Basic credentials as latin-1, the link as UTF-8: only ASCII
+        # means the same to both
+        if text is not None and (not text.isascii() or re.search(r"[\x00-\x1f\x7f]", text)):
+            raise EgressError(f"{source}: the proxy {what} must be printable ASCII "
+                              f"(percent-encoded in the URL)")
     return Proxy(host, port or 80, user, password, source)
 
 
@@ -208,7 +211,7 @@ class Egress:
         if self.client_cert:
             s.cert = (self.client_cert, self.client_key) if self.client_key else self.client_cert
         parts = urlsplit(url)
-        proxy = self.proxy_for(parts.hostname or "", parts.port or _default_port(parts.scheme))
+        proxy = self.proxy_for(parts.hostname or "", parts.port or default_port(parts.scheme))
         s.proxies = {"http": proxy.url, "https": proxy.url} if proxy else {}
         return s
 
@@ -221,5 +224,5 @@ class Egress:
         return ctx
 
 
-def _default_port(scheme: str) -> int:
+def default_port(scheme: str) -> int:
     return 443 if scheme in ("https", "wss") else 80

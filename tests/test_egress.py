@@ -46,7 +46,8 @@ def test_a_proxy_url_is_parsed_with_its_credentials_decoded_and_never_shown():
     ("http://prox y.example:3128", "not a proxy URL"),
     ("http://proxy.example:3128/path", "no path"),
     ("http://u%3Ax:secretpw@proxy.example:1", "cannot contain ':'"),
-    ("http://u:secret%0Apw@proxy.example:1", "control character"),
+    ("http://u:secret%0Apw@proxy.example:1", "printable ASCII"),
+    ("http://u:secret%C3%A9@proxy.example:1", "printable ASCII"),   # latin-1 vs UTF-8
     ("http://" + "a" * 5000, "longer than"),
 ])
 def test_a_bad_proxy_is_one_line_naming_the_key_and_never_the_password(value, says):

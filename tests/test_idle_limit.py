@@ -96,7 +96,9 @@ def test_when_the_site_stops_reaping_the_heartbeat_drifts_back_to_the_configured
     t = site.run(0.0, 60.0)
     assert core.idle.learning
     site.limit_s = None                      # the firewall was replaced
-    site.run(t, 250.0)
+    t = site.run(t, 250.0)
+    assert core.idle.interval_s == 15.0      # on probation: kept once it held a wait
+    site.run(t, 100.0)
     assert core.idle.interval_s == 15.0 and not core.idle.learning
 
 
@@ -115,7 +117,7 @@ def test_a_loss_well_before_the_learnt_gap_is_not_blamed_on_the_reaper():
 
 
 def test_never_below_the_ack_timeout_or_the_floor():
-    idle = IdleLimit(15.0, IdlePolicy(floor_s=2.0), floor_s=5.0)
+    idle = IdleLimit(15.0, IdlePolicy(min_interval_s=2.0), ack_timeout_s=5.0)
     for t in range(6):
         idle.died(idle.interval_s, t * 20.0)
     assert idle.interval_s == 5.0
@@ -153,3 +155,42 @@ def test_the_network_is_named_by_its_default_route(tmp_path):
     assert network_key(str(tmp_path)) == "eth0/192.168.0.1/dc:a6:32:00:11:22"
     (tmp_path / "net/route").write_text("Iface\tDestination\n")
     assert network_key(str(tmp_path)) == "no-default-route"
+
+
+def test_a_planted_memory_cannot_take_the_heartbeat_below_the_floor():
+    """Found by review: a safe_s of -100 in idle-limits.json, then one loss, made the
+    interval -100 and the link thread spin sending heartbeats."""
+    idle = IdleLimit(15.0, ack_timeout_s=5.0)
+    idle.recall({"interval_s": 7.5, "safe_s": -100, "probe_wait_s": -1}, 0.0)
+    idle.tick(1e9)                             # a probe: 7.5 -> 11.25
+    assert idle.died(11.25, 1e9 + 1) is True
+    assert idle.interval_s == 7.5 and idle.interval_s >= idle.floor_s
+
+
+def test_two_losses_with_answered_heartbeats_between_them_are_not_a_pattern():
+    """Found by review: any two unrelated ACK timeouts, even a week apart, halved the
+    heartbeat of a site that does not reap."""
+    idle = IdleLimit(15.0)
+    assert idle.died(15.0, 0.0) is False
+    idle.connected()
+    idle.survived(15.0, 100.0)                 # the same quiet, answered
+    assert idle.died(15.0, 7 * 86400.0) is False and not idle.learning
+    far_apart = IdleLimit(15.0, IdlePolicy(probe_after_s=1800.0))
+    far_apart.died(15.0, 0.0)
+    assert far_apart.died(15.0, 3 * 3600.0) is False, "the first loss is too old to count"
+
+
+def test_a_reaper_just_below_the_configured_interval_is_probed_with_growing_waits():
+    """Found by review: 15 -> 7.5 -> 11.25 -> 15 forgot everything and started over every
+    hour. The configured interval is probed like any step, and kept only after a wait."""
+    core = _core(probe_after_s=100.0)
+    core.start(0.0)
+    site = ReapingSite(core, 12.0)
+    t = site.run(0.0, 60.0)
+    assert core.idle.learning
+    learning = site.reaps
+    site.run(t, 1500.0)
+    # probes at ~+100 (11.25 holds), +200 (15: reaped, back, wait 200), +400 (reaped,
+    # wait 400), +800 ...: a handful of reaps in 25 minutes, not one per cycle
+    assert site.reaps - learning <= 4, site.reasons
+    assert core.idle.learning and core.idle.interval_s < 15.0

@@ -70,6 +70,7 @@ def _cases(parts, server, tmp_path, netns):
     ca = site.SiteCA(tmp_path / "ca")
     good_cert, good_key = ca.issue("box")
     future_cert, future_key = ca.issue("future", "20300101000000Z", "20310101000000Z")
+    old_cert, old_key = ca.issue("expired", "20200101000000Z", "20200102000000Z")
     self_cert, self_key = site.self_signed(tmp_path / "self")
     dropped = site.free_port()
     netns.nft(f"add rule inet {netns.TABLE} input tcp dport {dropped} drop\n")
@@ -79,13 +80,18 @@ def _cases(parts, server, tmp_path, netns):
     https = "https://127.0.0.1:{}".format
     return [
         ("dns-failed", {"url": "http://fleet.invalid:8470"}, {}),
+        ("network-unreachable", {"url": "http://192.0.2.1:8470"}, {}),   # no route here
         ("connection-refused", {"url": http(closed)}, {}),
         ("connect-timeout", {"url": http(dropped)}, {}),
         ("no-answer", {"url": http(parts.hung_server())}, {}),
         ("tls-untrusted", {"url": https(parts.tls_box(self_cert, self_key, server.port))}, {}),
         ("clock-behind", {"url": https(parts.tls_box(future_cert, future_key, server.port)),
                           "ca_file": ca.cert}, {}),
+        ("tls-expired", {"url": https(parts.tls_box(old_cert, old_key, server.port)),
+                         "ca_file": ca.cert}, {}),
         ("proxy-auth", {"url": http(server.port)}, {"proxy": http(proxy_port)}),
+        ("proxy-refused", {"url": http(closed)},            # a port it may not CONNECT to
+         {"proxy": f"http://site-user:right@127.0.0.1:{proxy_port}"}),
         ("proxy-unreachable", {"url": http(server.port)}, {"proxy": http(closed)}),
         ("captive-portal", {"url": http(parts.portal(302, {"Location": "http://portal.example/"}))}, {}),
         ("captive-portal", {"url": http(parts.portal(200))}, {}),

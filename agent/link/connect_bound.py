@@ -34,10 +34,6 @@ class ConnectBound:
         learnt = max(self.floor_s, MULTIPLE * max(self._recent))
         return min(self.ceiling_s, learnt * 2 ** self._escalation)
 
-    @property
-    def learnt(self) -> bool:
-        return bool(self._recent) and self.current() < self.ceiling_s
-
     def succeeded(self, seconds: float) -> None:
         self._recent.append(max(0.0, seconds))
         self._escalation = 0

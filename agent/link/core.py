@@ -20,7 +20,7 @@ from . import journal as J
 from ..backoff import Backoff, BackoffPolicy
 from .idle_limit import IdleLimit, IdlePolicy
 from .journal import ConnectionJournal
-from .liveness import ACK_TIMEOUT, LivenessPolicy, LivenessWatchdog
+from .liveness import LivenessPolicy, LivenessWatchdog
 
 THROTTLE_MIN_S = 1.0
 THROTTLE_MAX_S = 15 * 60.0
@@ -92,7 +92,7 @@ class LinkCore:
         self.paused = False            # no credentials: nothing to connect with
         # the heartbeat interval this site allows, learnt from the connections it reaps
         self.idle = IdleLimit(policy.liveness.heartbeat_interval_s, policy.idle,
-                              floor_s=policy.liveness.ack_timeout_s)
+                              ack_timeout_s=policy.liveness.ack_timeout_s)
         self._gaps: dict[int, float] = {}  # seq -> quiet seconds before it was sent
 
     # -- lifecycle --------------------------------------------------------------
@@ -185,6 +185,7 @@ class LinkCore:
         self.watchdog.reset(now, server_ping_interval_s)
         self.journal.opened(now, wall, local_addr, connect_s, clock_skew_s)
         self._gaps.clear()
+        self.idle.connected()
         self._next_heartbeat_at = now
 
     def on_connect_failed(self, now: float, reason: str, detail: str = "") -> None:
@@ -210,6 +211,8 @@ class LinkCore:
         if self.state != LinkState.ONLINE:
             return None
         rtt = self.watchdog.on_ack(seq, now)
+        if seq in self._gaps:
+            self.idle.survived(self._gaps[seq], now)
         for answered in [s for s in self._gaps if s <= seq]:
             del self._gaps[answered]
         if rtt is not None and self.journal.current is not None:
@@ -288,7 +291,7 @@ class LinkCore:
 
     def _lose(self, now: float, reason: str, detail: str = "") -> str:
         """Ends the connection; returns the reason it is journaled with."""
-        if reason == ACK_TIMEOUT and self._gaps:
+        if reason == J.ACK_TIMEOUT and self._gaps:
             gap = self._gaps[min(self._gaps)]   # the oldest heartbeat left unanswered
             if self.idle.died(gap, now):
                 reason = J.IDLE_REAP

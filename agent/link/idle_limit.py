@@ -6,18 +6,22 @@ and is reaped again, forever. The heartbeat is the only traffic an idle link car
 so the gap before each heartbeat is how long the flow sat idle: a heartbeat answered
 after a gap says that gap is safe here, one lost after it says it may not be.
 
-- Two losses after about the same gap (within ``SIMILAR``) are a pattern, not bad luck:
-  the heartbeat goes to ``MARGIN`` times that gap, and so does TCP keepalive. Once
-  learning, one more loss at the learnt interval halves it again.
+- Two losses after about the same gap (within ``SIMILAR``), with no heartbeat answered
+  after such a gap in between and within ``probe_after_s`` of each other, are a
+  pattern, not bad luck: the heartbeat goes to ``MARGIN`` times that gap, and so does
+  TCP keepalive. Once learning, one more loss at the learnt interval halves it again,
+  unless a heartbeat after the same gap was answered on that connection.
 - What was learnt is kept per network (the shell stores ``memory()``), so a restart
   does not pay for it twice.
 - A site may stop reaping (a firewall replaced). After ``probe_after_s`` without a
-  reap the interval steps up by ``STEP``; a reap at the new gap goes back to the last
-  safe one and waits twice as long before the next step; reaching the configured
-  interval forgets the pattern.
+  reap the interval steps up by ``STEP``, the configured interval being one more step;
+  a reap at the new gap goes back to the last safe one and waits twice as long before
+  the next step. The pattern is forgotten only once the configured interval has
+  survived a whole wait.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 SIMILAR = 0.25      # gaps within 25 % of each other are "about the same"
@@ -30,72 +34,82 @@ MAX_PROBE_WAIT_S = 7 * 86400.0
 class IdlePolicy:
     enabled: bool = True
     probe_after_s: float = 1800.0
-    floor_s: float = 2.0          # never heartbeat faster than this
+    min_interval_s: float = 2.0     # never heartbeat faster than this
 
 
 class IdleLimit:
     def __init__(self, configured_s: float, policy: IdlePolicy = IdlePolicy(),
-                 floor_s: float = 0.0):
-        """``floor_s``: the liveness rules' own lower bound (the ACK timeout)."""
+                 ack_timeout_s: float = 0.0):
+        """Never below the ACK timeout: a heartbeat must be answered before the next."""
         self.configured_s = configured_s
         self.policy = policy
-        self.floor_s = min(configured_s, max(policy.floor_s, floor_s))
+        self.floor_s = min(configured_s, max(policy.min_interval_s, ack_timeout_s))
         self.forget()
 
     def forget(self) -> None:
         self.interval_s = self.configured_s
-        self._fatal: list[float] = []       # recent gaps that lost the connection
-        self._safe_s: float | None = None   # the last learnt interval that survived
+        self.learning = False                 # a pattern is held (maybe probing upwards)
+        self._fatal: list[tuple[float, float]] = []   # (gap, when) of recent losses
+        self._safe_s: float | None = None     # the last interval that survived a wait
         self._probe_wait_s = self.policy.probe_after_s
-        self._next_probe_at: float | None = None
+        self._next_probe_at = math.inf
+        self._answered_here = 0.0             # longest answered gap on this connection
         self.changed = False
 
-    @property
-    def learning(self) -> bool:
-        return self.interval_s < self.configured_s
-
     # -- what the heartbeats saw ------------------------------------------------------
+    def connected(self) -> None:
+        self._answered_here = 0.0
+
+    def survived(self, gap_s: float, now: float) -> None:
+        """A heartbeat sent after ``gap_s`` of quiet was answered."""
+        self._answered_here = max(self._answered_here, gap_s)
+        # a gap that lived says losses at or below it were something else
+        self._fatal = [(g, t) for g, t in self._fatal if g > gap_s * (1 + SIMILAR)]
+
     def died(self, gap_s: float, now: float) -> bool:
         """A connection lost to an ACK timeout on the heartbeat sent after ``gap_s``
         of quiet. True if that is the site's idle reaping, by the pattern learnt."""
         if not self.policy.enabled or gap_s <= 0:
             return False
+        if gap_s <= self._answered_here * (1 + SIMILAR):
+            return False     # the same quiet was answered on this connection
         if self.learning:
             if gap_s < 0.9 * self.interval_s:
                 return False     # lost before the gap we keep: something else
             if self._safe_s is not None and self.interval_s > self._safe_s:
                 # a probe that found the limit still there: back, and wait longer
-                self._set(self._safe_s, now)
+                self._set(self._safe_s)
                 self._probe_wait_s = min(MAX_PROBE_WAIT_S, 2 * self._probe_wait_s)
             else:
-                self._set(max(self.floor_s, MARGIN * gap_s), now)
+                self._set(MARGIN * gap_s)
             self._next_probe_at = now + self._probe_wait_s
             return True
-        similar = [g for g in self._fatal if abs(g - gap_s) <= SIMILAR * max(g, gap_s)]
-        self._fatal = (self._fatal + [gap_s])[-4:]
+        recent = [(g, t) for g, t in self._fatal if now - t <= self.policy.probe_after_s]
+        similar = [g for g, _ in recent if abs(g - gap_s) <= SIMILAR * max(g, gap_s)]
+        self._fatal = (recent + [(gap_s, now)])[-4:]
         if not similar:
             return False
-        self._set(max(self.floor_s, MARGIN * min(similar + [gap_s])), now)
+        self.learning = True
+        self._set(MARGIN * min(similar + [gap_s]))
         self._next_probe_at = now + self._probe_wait_s
         return True
 
     def tick(self, now: float) -> None:
         """Steps back towards the configured interval when a probe is due."""
-        if not self.learning or self._next_probe_at is None or now < self._next_probe_at:
+        if not self.learning or now < self._next_probe_at:
             return
-        self._safe_s = self.interval_s
-        stepped = STEP * self.interval_s
-        if stepped >= self.configured_s:
+        if self.interval_s >= self.configured_s:   # the configured interval held a wait
             self.forget()
             self.changed = True
             return
-        self._set(stepped, now)
+        self._safe_s = self.interval_s
+        self._set(STEP * self.interval_s)
         self._next_probe_at = now + self._probe_wait_s
 
-    def _set(self, interval_s: float, now: float) -> None:
-        interval_s = min(self.configured_s, interval_s)
+    def _set(self, interval_s: float) -> None:
+        interval_s = round(min(self.configured_s, max(self.floor_s, interval_s)), 3)
         if interval_s != self.interval_s:
-            self.interval_s = round(interval_s, 3)
+            self.interval_s = interval_s
             self.changed = True
 
     # -- kept across restarts, per network -------------------------------------------------
@@ -114,9 +128,10 @@ class IdleLimit:
         interval = _number(memory.get("interval_s"))
         if interval is None or not self.floor_s <= interval < self.configured_s:
             return
+        self.learning = True
         self.interval_s = interval
         safe = _number(memory.get("safe_s"))
-        self._safe_s = safe if safe is not None and safe <= interval else None
+        self._safe_s = safe if safe is not None and self.floor_s <= safe <= interval else None
         wait = _number(memory.get("probe_wait_s"))
         self._probe_wait_s = (min(MAX_PROBE_WAIT_S, max(self.policy.probe_after_s, wait))
                               if wait is not None else self.policy.probe_after_s)
@@ -127,4 +142,4 @@ def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     value = float(value)
-    return value if value == value and abs(value) != float("inf") else None
+    return value if math.isfinite(value) else None

@@ -332,6 +332,7 @@ class LinkRunner:
         # a connect blocks for up to connect_timeout_s: say so, not the state before it
         self._publish()
         self.generation += 1
+        self._recall_idle_limit()   # before the transport: its keepalive follows the limit
         transport = self._factory(self.generation, self.sink)
         self._opening = transport   # a bug in open() leaves it to _recover() to abort
         started = time.monotonic()   # the handshake's real duration, whatever the clock
@@ -339,7 +340,7 @@ class LinkRunner:
             transport.open()
         except TransportError as e:
             self._opening = None
-            if e.reason in (J.NO_ANSWER, J.CONNECT_TIMEOUT):
+            if e.timed_out:
                 self.connect_bound.timed_out()
             now = self.clock.monotonic()
             self.core.on_connect_failed(now, e.reason, e.detail)
@@ -351,7 +352,6 @@ class LinkRunner:
             return
         took = time.monotonic() - started
         self.connect_bound.succeeded(took)
-        self._recall_idle_limit()
         self.transport, self._opening = transport, None
         self._acks_may_wait = False
         self._pings_seen = 0
@@ -361,10 +361,10 @@ class LinkRunner:
         self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
                                transport.local_addr(), took, skew)
         dialed = transport.dialed
-        log.info("link up: connected to %s from %s%s in %.0f ms (connection %d)",
+        log.info("link up: connected to %s from %s%s in %.0f ms%s (connection %d)",
                  self.config.server_display, transport.local_addr(),
                  f" via {dialed.via}" if dialed is not None and dialed.via != "direct" else "",
-                 took * 1000, self.core.journal.total_connections)
+                 took * 1000, _phases(dialed), self.core.journal.total_connections)
         if skew is not None and abs(skew) >= NOTABLE_SKEW_S:
             log.warning("this device's clock is %.0f s %s the server's: is it synchronised "
                         "(NTP reachable from this site)?", abs(skew),
@@ -713,6 +713,14 @@ class LinkRunner:
             transports=profile.transports, keepalive=keepalive,
             connect_timeout_s=self.connect_bound.current(), egress=cfg.egress,
             generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)))
+
+
+def _phases(dialed) -> str:
+    """ (dns 2, tcp 11, tls 40, upgrade 9 ms): where a slow connect spent its time."""
+    if dialed is None or not dialed.phases:
+        return ""
+    return " (" + ", ".join(f"{name.removesuffix('_s')} {seconds * 1000:.0f}"
+                            for name, seconds in dialed.phases.items()) + " ms)"
 
 
 def _stall_forever() -> None:

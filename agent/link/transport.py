@@ -38,6 +38,7 @@ import logging
 import socket
 import threading
 import time
+from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -50,7 +51,7 @@ import websocket
 from ..egress import Egress
 from . import journal as J
 from . import inbox, sockopts
-from .dialer import DialError, Dialed, dial
+from .dialer import MAX_HEADER_BYTES, DialError, Dialed, dial
 from .sockopts import KeepalivePolicy
 
 log = logging.getLogger("edge_agent.link")
@@ -74,10 +75,11 @@ _BINARY_PACKETS = (b"45", b"46")
 
 
 class TransportError(Exception):
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", timed_out: bool = False):
         super().__init__(detail or reason)
         self.reason = reason
         self.detail = detail
+        self.timed_out = timed_out   # the connect bound ended it
 
 
 class MessageRefused(websocket.WebSocketException):
@@ -160,19 +162,21 @@ class BoundedWebSocket(websocket.WebSocket):
             raise
 
 
-class Dialing:
+class DialContext:
     """One connect's way out, and what its dial and upgrade learnt."""
 
     def __init__(self, egress: Egress):
         self.egress = egress
-        self.dialed: Dialed | None = None
+        self.dialed: Dialed | None = None       # once dialed: its socket is this connect's
+        self.upgraded = False                   # the server answered the upgrade (101)
         self.server_date: float | None = None   # the upgrade answer's Date, as epoch seconds
         self.answered_at: float | None = None   # this device's wall time when it came
 
 
 # Set by SocketIOTransport.open() around the library's connect, which calls
 # create_connection on the same thread.
-_DIALING: contextvars.ContextVar[Dialing | None] = contextvars.ContextVar("dialing", default=None)
+_DIALING: contextvars.ContextVar[DialContext | None] = contextvars.ContextVar(
+    "dialing", default=None)
 # what engineio derives from its HTTP session for websocket-client to dial with: the
 # dialer has done all of it already, from the same Egress
 _LIBRARY_DIAL_OPTIONS = ("sslopt", "http_proxy_host", "http_proxy_port", "http_proxy_auth",
@@ -184,27 +188,34 @@ class _BoundedWebsocketModule:
     ``BoundedWebSocket`` on a socket the agent dialed. engineio calls
     ``websocket.create_connection`` itself, and bookworm's 4.3.4 has no option to pass a
     class or a socket through, so this stands in for the module in engineio.client's
-    namespace (nothing else in the agent opens one)."""
+    namespace. A client outside a transport's connect (a tool, a test's own client)
+    dials as the library does."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(websocket, name)
 
     @staticmethod
     def create_connection(url: str, timeout: float | None = None, **options: Any):
-        dialing = _DIALING.get()
-        if dialing is None:
-            raise DialError(J.CONNECT_FAILED, "a websocket opened outside a transport's connect")
-        dialed = dial(url, dialing.egress, timeout or 10.0)
+        context = _DIALING.get()
+        if context is None:
+            options["class_"] = BoundedWebSocket
+            return websocket.create_connection(url, timeout, **options)
+        timeout = timeout or 10.0
+        dialed = context.dialed = dial(url, context.egress, timeout)
         for key in _LIBRARY_DIAL_OPTIONS:
             options.pop(key, None)
         # redirect_limit=0: a redirect is someone else answering, never followed (1.2.3
         # even calls a 302 connected once out of redirects; 1.9 raises without the status)
         options.update(socket=dialed.sock, redirect_limit=0, timeout=timeout)
         ws = BoundedWebSocket(enable_multithread=options.pop("enable_multithread", True))
-        ws.settimeout(timeout)
+        dialed.sock.guard(dialed.deadline, MAX_HEADER_BYTES, DialError(
+            J.HTTP_ERROR, f"the answer to the upgrade is larger than {MAX_HEADER_BYTES} bytes"))
         start = time.monotonic()
         try:
             ws.connect(url, **options)
+        except DialError:
+            dialed.sock.close()
+            raise
         except websocket.WebSocketBadStatusException as e:
             dialed.sock.close()
             raise _not_an_upgrade(e.status_code, _location(e)) from None
@@ -212,9 +223,7 @@ class _BoundedWebsocketModule:
             dialed.sock.close()
             raise DialError(J.NO_ANSWER, f"connected, then no answer to the websocket upgrade "
                                          f"in {time.monotonic() - start:.1f}s (a hung server "
-                                         f"or balancer node?)") from None
-        except MessageRefused:
-            raise
+                                         f"or balancer node?)", timed_out=True) from None
         except (OSError, websocket.WebSocketException) as e:
             dialed.sock.close()
             response = getattr(ws, "handshake_response", None)
@@ -229,10 +238,11 @@ class _BoundedWebsocketModule:
             ws.shutdown()
             raise _not_an_upgrade(status, (response.headers or {}).get("location")
                                   if response is not None else None)
+        dialed.sock.unguard(timeout)
         dialed.phases["upgrade_s"] = round(time.monotonic() - start, 4)
-        dialing.dialed = dialed
-        dialing.answered_at = time.time()
-        dialing.server_date = _http_date((response.headers or {}).get("date"))
+        context.upgraded = True
+        context.answered_at = time.time()
+        context.server_date = _http_date((response.headers or {}).get("date"))
         return ws
 
 
@@ -267,7 +277,10 @@ def _http_date(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return parsedate_to_datetime(value).timestamp()
+        when = parsedate_to_datetime(value)
+        if when.tzinfo is None:    # "-0000": RFC 5322's "no zone known"; HTTP dates are UTC
+            when = when.replace(tzinfo=timezone.utc)
+        return when.timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
 
@@ -298,7 +311,7 @@ class SocketIOTransport:
         self.last_inbound = time.monotonic()
         self.server_pings = 0  # Engine.IO pings from the server on this connection
         self.last_server_ping: float | None = None
-        self._dialing = Dialing(egress)
+        self._dialing = DialContext(egress)
         # The websocket is dialed from the Egress (dialer.py); the session carries the
         # same settings for a polling handshake (the screentinker profile's fallback).
         self.client = socketio.Client(
@@ -340,21 +353,22 @@ class SocketIOTransport:
         cause: BaseException | None = error
         while cause is not None:
             if isinstance(cause, DialError):
-                return TransportError(cause.reason, cause.detail)
+                return TransportError(cause.reason, cause.detail, cause.timed_out)
             if isinstance(cause, (socket.timeout, websocket.WebSocketTimeoutException)) \
-                    and self._dialing.dialed is not None:
+                    and self._dialing.upgraded:
                 return TransportError(J.NO_ANSWER, "the websocket is up, then no Engine.IO "
-                                                   "handshake (a hung server?)")
+                                                   "handshake (a hung server?)", timed_out=True)
             cause = cause.__cause__ or cause.__context__
-        if self._dialing.dialed is not None and "namespaces failed" in str(error):
+        if self._dialing.upgraded and "namespaces failed" in str(error):
             # the namespace CONNECT unanswered within wait_timeout (a refusal is _refusal)
             return TransportError(J.NO_ANSWER, f"the websocket is up, then no answer to the "
-                                               f"Socket.IO connect in {self._connect_timeout_s:g}s")
+                                               f"Socket.IO connect in {self._connect_timeout_s:g}s",
+                                  timed_out=True)
         return TransportError(J.CONNECT_FAILED, f"{type(error).__name__}: {error}"[:300])
 
     @property
     def dialed(self) -> Dialed | None:
-        """How this connection was dialed, once it is up: phases, route."""
+        """How this connection was dialed: phases, route."""
         return self._dialing.dialed
 
     def clock_skew_s(self) -> float | None:
@@ -420,11 +434,15 @@ class SocketIOTransport:
     # -- internals --------------------------------------------------------------
     def _release(self) -> None:
         sock, self._sock = self._sock or self.raw_socket(), None
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:
-                pass
+        # engineio keeps the websocket only after the Engine.IO OPEN: before it, the
+        # dialed socket is this connect's alone to close
+        dialed = self._dialing.dialed
+        for s in (sock, dialed.sock if dialed is not None else None):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
         # A polling handshake (the screentinker profile's fallback) leaves a kept-alive
         # HTTP connection in the library's session pool: one more socket held per link.
         http = getattr(self.client.eio, "http", None)
