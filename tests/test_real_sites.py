@@ -177,7 +177,7 @@ def test_behind_a_box_that_reaps_idle_flows_the_agent_learns_its_limit_and_keeps
         reaps = agent.log_text().count("link lost")
         assert reaps <= 3 and "link lost: idle-reap" in agent.log_text()
         agent.wait_live(10)
-        time.sleep(12)                   # three reaps' worth of the old interval
+        time.sleep(9)                    # two reaps' worth of the old interval
         assert agent.log_text().count("link lost") == reaps, agent.log_text()[-1500:]
         agent.stop()
         kept = json.loads((tmp_path / "state" / "idle-limits.json").read_text())
@@ -186,7 +186,7 @@ def test_behind_a_box_that_reaps_idle_flows_the_agent_learns_its_limit_and_keeps
         again.wait_live(15)
         assert again.link()["heartbeat_interval_s"] == 2.0
         before = again.log_text().count("link lost")
-        time.sleep(10)
+        time.sleep(9)
         assert again.log_text().count("link lost") == before
     finally:
         box.kill()
