@@ -11,6 +11,19 @@ import sys
 import time
 
 
+def reap_times(log_path) -> list[float]:
+    """Wall times of the reaps this proxy printed to ``log_path``."""
+    times = []
+    for line in open(log_path, encoding="utf-8", errors="replace"):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == "reaped":
+            times.append(float(event["t"]))
+    return times
+
+
 async def main_async(args) -> None:
     async def handle(client_r, client_w):
         try:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from devtools.harness import REPO, FleetServerProcess, wait_for
 from devtools.netns import NetNS
+from devtools.reaping_proxy import reap_times
 
 from .common import DEVICE, HB_DEFAULT, StockProcess, agent_log_times, edge_agent, held
 
@@ -137,11 +138,8 @@ def run(fault: str, client_kind: str, trial: int, work: Path, rng: random.Random
                 server.start()
             elif fault == "idle-reap":
                 # the heartbeat every 15 s leaves 10 s idle gaps: the box reaps the flow
-                def reaped():
-                    text = (work / "proxy.log").read_text()
-                    return [float(l.split('"t": ')[1].rstrip("}")) for l in text.splitlines()
-                            if "reaped" in l]
-                r.t_fault = wait_for(reaped, 60, interval=0.05, what="a reap")[0]
+                r.t_fault = wait_for(lambda: reap_times(work / "proxy.log"), 60, interval=0.05,
+                                     what="a reap")[0]
                 time.sleep(1.0); raise_event(); r.events_raised += 1
             elif fault == "slow-acks":
                 time.sleep(1.0); raise_event(); r.events_raised += 1

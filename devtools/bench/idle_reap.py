@@ -12,6 +12,7 @@ from pathlib import Path
 
 from devtools.harness import REPO, FleetServerProcess, wait_for
 from devtools.netns import NetNS
+from devtools.reaping_proxy import reap_times
 
 from .common import DEVICE, edge_agent
 
@@ -54,8 +55,7 @@ def run(adaptive: bool, seconds: float, work: Path) -> ReapRun:
                     learnt_at, r.learnt_interval_s = time.time(), interval
                 time.sleep(0.25)
             stop = time.time()
-            reaps = [float(line.split('"t": ')[1].rstrip("}"))
-                     for line in (work / "reaper.log").read_text().splitlines() if "reaped" in line]
+            reaps = reap_times(work / "reaper.log")
             r.reaps = len(reaps)
             if learnt_at is not None:
                 r.reaps_after_learning = len([t for t in reaps if t > learnt_at])
