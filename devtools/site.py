@@ -88,13 +88,16 @@ class Parts:
         self._procs: list[subprocess.Popen] = []
         self._servers: list[http.server.HTTPServer] = []
 
-    def tls_box(self, cert: str, key: str, upstream_port: int) -> int:
-        """socat terminating TLS with ``cert`` in front of ``upstream_port``: its port."""
+    def tls_box(self, cert: str, key: str, upstream_port: int,
+                client_ca: str | None = None) -> int:
+        """socat terminating TLS with ``cert`` in front of ``upstream_port``: its port.
+        With ``client_ca``, it asks for a client certificate that CA signed (mutual TLS)."""
         assert shutil.which("socat"), "socat is needed (scripts/test installs it)"
         port = free_port()
+        verify = f"verify=1,cafile={client_ca}" if client_ca else "verify=0"
         self._procs.append(subprocess.Popen(
             ["socat", f"OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,cert={cert},"
-                      f"key={key},verify=0", f"TCP:127.0.0.1:{upstream_port}"],
+                      f"key={key},{verify}", f"TCP:127.0.0.1:{upstream_port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_listening(port, "socat")
         return port

@@ -119,6 +119,10 @@ def test_keepalive_and_user_timeout_are_set_on_the_live_socket_after_reconnects_
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 3
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 4
             assert sock.getsockopt(socket.IPPROTO_TCP, N.TCP_USER_TIMEOUT) == 6500
+            # Nagle off, as websocket-client sets it on sockets it dials: with it on, a
+            # heartbeat waited for the server's delayed ACK of an upload written just
+            # before, and the kernel's proof of delivery called the link dead
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
         return local_port
 
     first = check_live_socket(1)

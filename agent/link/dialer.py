@@ -146,6 +146,9 @@ def _tcp(host: str, port: int, deadline: float, phases: dict,
         start = time.monotonic()
         try:
             sock = GuardedSocket(family, kind, proto)
+            # small messages go at once, as websocket-client's own sockets do: behind
+            # Nagle a heartbeat waits for the peer's (delayed) ACK of the last write
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # a share of what is left for each address: a black-holed IPv6 must not
             # take all of it from the IPv4 behind it
             sock.settimeout(max(0.05, (deadline - start) / (len(addresses) - n)))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import socket
+import ssl
 import threading
 import time
 from datetime import timezone
@@ -224,6 +225,18 @@ class _BoundedWebsocketModule:
             raise DialError(J.NO_ANSWER, f"connected, then no answer to the websocket upgrade "
                                          f"in {time.monotonic() - start:.1f}s (a hung server "
                                          f"or balancer node?)", timed_out=True) from None
+        except (ssl.SSLError, websocket.WebSocketConnectionClosedException) as e:
+            # TLS 1.3: a server that refuses the client's certificate says so after the
+            # handshake, at the first read (websocket-client 1.9 reports it as a close)
+            secure = isinstance(dialed.sock, ssl.SSLSocket)
+            dialed.sock.close()
+            if not secure and not isinstance(e, ssl.SSLError):
+                raise DialError(J.CONNECT_FAILED, "the connection was closed before the "
+                                                  "upgrade was answered") from None
+            raise DialError(J.TLS_FAILED, f"the server ended the TLS session before answering "
+                                          f"({getattr(e, 'reason', None) or 'closed'}): a "
+                                          f"client certificate it does not accept, or "
+                                          f"none?") from None
         except (OSError, websocket.WebSocketException) as e:
             dialed.sock.close()
             response = getattr(ws, "handshake_response", None)
