@@ -210,6 +210,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "debug": {
         # Test hook: the link thread wedges itself this long after start.
         "stall_link_after_s": Key(float, None, "debug_stall_link_after_s", Range(0, DAY)),
+        # Test hook: the link loop's longest wait (link/runner.py MAX_WAIT_S, 30 s), which
+        # a stalled loop's detection waits out.
+        "link_max_wait_s": Key(float, None, "debug_link_max_wait_s", Range(0.5, 60)),
         # Test hook: read display/power/network state from this tree instead of /sys.
         "sysfs_root": Key(str, None, "debug_sysfs_root", ABS_PATH),
     },
@@ -251,6 +254,7 @@ class Config:
     command_timeout_s: float
     log_level: str
     debug_stall_link_after_s: float | None
+    debug_link_max_wait_s: float | None
     debug_sysfs_root: str | None
     source: str = ""
 

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from agent.link.runner import MAX_WAIT_S as LINK_MAX_WAIT_S
 from agent.link.transport import ABORT_JOIN_S
 from devtools.harness import REPO, FakeSystemd, agent_config, wait_for
 
@@ -17,6 +16,7 @@ pytestmark = pytest.mark.netns
 
 HB, ACK = 2.0, 1.0
 WATCHDOG_S = 1.0  # pets every 0.5 s
+LINK_MAX_WAIT_S = 5.0   # [debug] link_max_wait_s: the stalled loop is found sooner
 
 
 @pytest.fixture
@@ -56,7 +56,8 @@ def test_a_stalled_loop_stops_the_pets_even_when_the_link_is_not_required(
         netns, fleet, spawn_agent, agent_python, tmp_path, systemd):
     server = fleet()
     cfg = agent_config(server, tmp_path, server={"connect_timeout_s": 1.0},
-                       watchdog={"require_link": False}, debug={"stall_link_after_s": 3.0})
+                       watchdog={"require_link": False},
+                       debug={"stall_link_after_s": 3.0, "link_max_wait_s": LINK_MAX_WAIT_S})
     agent = spawn_agent(agent_python, cfg, env=systemd.env())
     wait_for(lambda: systemd.times("READY=1"), 10, what="READY=1")
     t_start = systemd.times("READY=1")[0]
@@ -69,6 +70,7 @@ def test_a_stalled_loop_stops_the_pets_even_when_the_link_is_not_required(
     assert time.monotonic() - max(pets) >= WATCHDOG_S, "pets went on with a wedged loop"
     assert max(pets) - t_start <= 3.0 + allowance + WATCHDOG_S + 1.0
     assert "withholding pets (stalled: link)" in agent.log_text()
+    agent.proc.kill()   # its link thread is wedged on purpose: SIGTERM would wait it out
 
 
 def test_sigterm_says_stopping_exits_cleanly_and_loses_no_queued_upload(

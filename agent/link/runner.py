@@ -71,6 +71,7 @@ class LinkRunner:
         self.generation = 0
         self._factory = transport_factory or self._default_transport
         self.connect_bound = ConnectBound(config.connect_timeout_s)
+        self._max_wait_s = config.debug_link_max_wait_s or MAX_WAIT_S
         self._idle_memory = idle_memory
         self._network: str | None = None   # where the idle limit in use was learnt
         self._on_status = on_status
@@ -168,7 +169,7 @@ class LinkRunner:
     def max_silence_s(self) -> float:
         """The longest this loop may go without a tick while healthy: one blocking
         connect attempt plus one abort, with margin."""
-        return self.config.connect_timeout_s + 2 * ABORT_JOIN_S + MAX_WAIT_S + 2.0
+        return self.config.connect_timeout_s + 2 * ABORT_JOIN_S + self._max_wait_s + 2.0
 
     def proof_window_s(self) -> float:
         """How long delivery proof may take on this link: a heartbeat ACK's round trip,
@@ -274,7 +275,7 @@ class LinkRunner:
             self._flush_outbox()
             self._publish()
             self.wakeup.wait(min(max(self._next_wakeup() - self.clock.monotonic(), 0.0),
-                                 MAX_WAIT_S))
+                                 self._max_wait_s))
         self._publish()
 
     def _take_in_events(self) -> None:
