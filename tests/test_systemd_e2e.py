@@ -156,6 +156,9 @@ def test_backoff_schedule_survives_kill_9(netns, spawn_agent, agent_python, tmp_
     # attempts at 0, 0.5, 1.5, 3.5 s; the fifth is due 4 s after the fourth
     wait_for(lambda: len(accepts) >= 4, 10, what="four failed attempts")
     fourth = accepts[3]
+    # the server's accept comes before the agent has taken the failure in and kept its
+    # schedule: a kill in between restarts from the third failure's (seen once in CI)
+    wait_for(lambda: first.link().get("attempts", 0) >= 4, 5, what="the fourth failure kept")
     first.proc.kill()
     first.proc.wait(5)
     n_before = len(accepts)
