@@ -214,43 +214,13 @@ class _BoundedWebsocketModule:
         start = time.monotonic()
         try:
             ws.connect(url, **options)
-        except DialError:
+            if ws.handshake_response is None or ws.handshake_response.status != 101:
+                ws.shutdown()
+                raise _not_an_upgrade(ws.handshake_response)
+        except Exception as e:
             dialed.sock.close()
-            raise
-        except websocket.WebSocketBadStatusException as e:
-            dialed.sock.close()
-            raise _not_an_upgrade(e.status_code, _location(e)) from None
-        except (socket.timeout, websocket.WebSocketTimeoutException):
-            dialed.sock.close()
-            raise DialError(J.NO_ANSWER, f"connected, then no answer to the websocket upgrade "
-                                         f"in {time.monotonic() - start:.1f}s (a hung server "
-                                         f"or balancer node?)", timed_out=True) from None
-        except (ssl.SSLError, websocket.WebSocketConnectionClosedException) as e:
-            # TLS 1.3: a server that refuses the client's certificate says so after the
-            # handshake, at the first read (websocket-client 1.9 reports it as a close)
-            secure = isinstance(dialed.sock, ssl.SSLSocket)
-            dialed.sock.close()
-            if not secure and not isinstance(e, ssl.SSLError):
-                raise DialError(J.CONNECT_FAILED, "the connection was closed before the "
-                                                  "upgrade was answered") from None
-            raise DialError(J.TLS_FAILED, f"the server ended the TLS session before answering "
-                                          f"({getattr(e, 'reason', None) or 'closed'}): a "
-                                          f"client certificate it does not accept, or "
-                                          f"none?") from None
-        except (OSError, websocket.WebSocketException) as e:
-            dialed.sock.close()
-            response = getattr(ws, "handshake_response", None)
-            if response is not None and response.status != 101:
-                raise _not_an_upgrade(response.status,
-                                      (response.headers or {}).get("location")) from None
-            raise DialError(J.CONNECT_FAILED, f"websocket upgrade: {type(e).__name__}: "
-                                              f"{e}"[:300]) from None
+            raise _upgrade_failed(e, ws, dialed, time.monotonic() - start) from None
         response = ws.handshake_response
-        if response is None or response.status != 101:
-            status = response.status if response is not None else 0
-            ws.shutdown()
-            raise _not_an_upgrade(status, (response.headers or {}).get("location")
-                                  if response is not None else None)
         dialed.sock.unguard(timeout)
         dialed.phases["upgrade_s"] = round(time.monotonic() - start, 4)
         context.upgraded = True
@@ -259,8 +229,38 @@ class _BoundedWebsocketModule:
         return ws
 
 
-def _not_an_upgrade(status: int, location: str | None) -> DialError:
-    """An HTTP answer where the websocket upgrade (101) should be."""
+def _upgrade_failed(e: Exception, ws, dialed: Dialed, took_s: float) -> DialError:
+    """Why the websocket upgrade on a dialed socket failed, as a DialError."""
+    if isinstance(e, DialError):
+        return e
+    if isinstance(e, websocket.WebSocketBadStatusException):
+        return _not_an_upgrade(None, e.status_code, _location(e))
+    if isinstance(e, (socket.timeout, websocket.WebSocketTimeoutException)):
+        return DialError(J.NO_ANSWER, f"connected, then no answer to the websocket upgrade in "
+                                      f"{took_s:.1f}s (a hung server or balancer node?)",
+                         timed_out=True)
+    if isinstance(e, (ssl.SSLError, websocket.WebSocketConnectionClosedException)):
+        # TLS 1.3: a server that refuses the client's certificate says so after the
+        # handshake, at the first read (websocket-client 1.9 reports it as a close)
+        if isinstance(e, ssl.SSLError) or isinstance(dialed.sock, ssl.SSLSocket):
+            return DialError(J.TLS_FAILED, f"the server ended the TLS session before answering "
+                                           f"({getattr(e, 'reason', None) or 'closed'}): a "
+                                           f"client certificate it does not accept, or none?")
+        return DialError(J.CONNECT_FAILED, "the connection was closed before the upgrade was "
+                                           "answered")
+    response = getattr(ws, "handshake_response", None)
+    if response is not None and response.status != 101:
+        return _not_an_upgrade(response)   # 1.9 raises for a redirect it will not follow
+    return DialError(J.CONNECT_FAILED, f"websocket upgrade: {type(e).__name__}: {e}"[:300])
+
+
+def _not_an_upgrade(response, status: int | None = None,
+                    location: str | None = None) -> DialError:
+    """An HTTP answer where the websocket upgrade (101) should be: ``response`` as
+    websocket-client keeps it, or its status and Location."""
+    if response is not None:
+        status, location = response.status, (response.headers or {}).get("location")
+    status = status or 0
     if 300 <= status < 400:
         where = f" to {_host_of(location)}" if location else ""
         return DialError(J.CAPTIVE_PORTAL, f"the upgrade was answered with a redirect "
