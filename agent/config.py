@@ -204,6 +204,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "display_off_command": Key(str, None, "display_off_command", COMMAND_LINE),
         "timeout_s": Key(float, 60.0, "command_timeout_s", Range(0.1, 3600)),
     },
+    "update": {
+        # after a self-update, how long the new agent has to prove its link live before
+        # the root side reinstalls the version it replaced (agent/update/rules.py)
+        "proof_timeout_s": Key(float, 180.0, "update_proof_timeout_s", Range(10, 3600)),
+    },
     "log": {
         "level": Key(str, "info", "log_level", LOG_LEVELS),
     },
@@ -252,6 +257,7 @@ class Config:
     display_on_command: str | None
     display_off_command: str | None
     command_timeout_s: float
+    update_proof_timeout_s: float
     log_level: str
     debug_stall_link_after_s: float | None
     debug_link_max_wait_s: float | None

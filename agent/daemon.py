@@ -9,7 +9,7 @@ import time
 
 from . import __version__, status
 from .boot import first_start_of_boot
-from .commands.actions import Actions, NotQueued
+from .commands.actions import Actions, NotQueued, Outcome
 from .commands.service import CommandService
 from .config import Config
 from .events.outbox import Outbox
@@ -28,6 +28,7 @@ from .link.schedule_store import ScheduleStore
 from .mainwait import MainThreadWait
 from .storage import StorageHealth, card_failure
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
+from .update.service import Updater
 from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
 from .uploads.store import QueueRefused, QueueStore, QueueUnavailable
@@ -75,10 +76,13 @@ class Agent:
             telemetry=self._telemetry.get,
             allowed_commands=config.commands_allow,
             cold_start=first_start_of_boot(config.runtime_dir)))
+        self.updater = Updater(config.server_url, config.egress, config.state_dir,
+                               config.connect_timeout_s, settled=self._update_settled)
         self.commands = CommandService(
             config.commands_path, config.commands_allow,
             Actions(config, snapshot=self._status_now, link_socket=self._link_socket,
-                    request_restart=self._restart_requested, enqueue=self._enqueue),
+                    request_restart=self._restart_requested, enqueue=self._enqueue,
+                    updater=self.updater),
             on_finished=self._command_finished,
             runtime_dir=config.runtime_dir, ids_ours=self.profile_pairs,
             on_storage_error=self._ledger_write_failed)
@@ -204,6 +208,11 @@ class Agent:
     def _command_finished(self, command_id: str, outcome, started: float) -> None:
         self.runner.command_finished(command_id, outcome, started)
 
+    def _update_settled(self, command_id: str, ok: bool, text: str) -> None:
+        outcome = Outcome(True, text) if ok else Outcome(False, error=text)
+        self._command_finished(command_id, outcome, time.time())
+        self._refresh_status()
+
     def _link_socket(self):
         """For the diagnostics command: the path MTU of the live connection."""
         return self.runner.raw_socket()
@@ -286,7 +295,8 @@ class Agent:
             uploads=self.uploads.snapshot(),
             events={"mode": self.events.mode if self.events else "disabled",
                     **self.outbox.snapshot()},
-            journal=self.runner.journal_snapshot(), commands=self.commands.recent())
+            journal=self.runner.journal_snapshot(), commands=self.commands.recent(),
+            update=self.updater.snapshot())
 
     def may_pet(self) -> tuple[bool, str]:
         # a screen waiting for its operator to type the code is healthy, not wedged

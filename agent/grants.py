@@ -28,7 +28,7 @@ from .logs import early
 
 GRANTS_DIR = "/run/edge-agent-grants"
 # grant name -> the command in [commands] allow that needs it
-GRANTABLE = {"reboot": "reboot"}
+GRANTABLE = {"reboot": "reboot", "update": "update"}
 FLAG_TEXT = ("polkit lets the edge-agent user ask logind for {name}: [commands] allow in "
              "{source} lists it. Written by edge-agent.service's ExecStartPre, removed "
              "when it stops.\n")

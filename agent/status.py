@@ -68,13 +68,13 @@ def pid_alive(pid) -> bool:
 # -- the document ------------------------------------------------------------------
 def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              storage: dict, credentials: dict | None, uploads: dict, events: dict,
-             journal: list, commands: list) -> dict:
+             journal: list, commands: list, update: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
             # a credentials write the card still lacks
             "credentials": credentials, "uploads": uploads, "events": events,
-            "journal": journal, "commands": commands}
+            "journal": journal, "commands": commands, "update": update}
 
 
 # -- the line systemd shows ----------------------------------------------------------
@@ -115,6 +115,20 @@ def verdict(doc: dict) -> tuple[bool, bool]:
     return running, (running and link.get("state") == "online"
                      and _storage(doc).get("state") == "ok"
                      and not isinstance(doc.get("credentials"), dict))
+
+
+def _update_text(update: dict) -> str:
+    said = [f"package {update.get('installed') or 'not installed by dpkg'}"]
+    for p in update.get("pending") or []:
+        if isinstance(p, dict):
+            said.append(f"now {p.get('doing')} (command {p.get('id')})")
+    last = update.get("last")
+    if isinstance(last, dict):
+        at = last.get("at")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if isinstance(at, (int, float)) else "?"
+        said.append(f"last {last.get('outcome')} {last.get('from')} -> {last.get('to')} at {when}"
+                    + (f" ({last['reason']})" if last.get("reason") else ""))
+    return "; ".join(said)
 
 
 def render(doc: dict, running: bool) -> str:
@@ -166,6 +180,9 @@ def render(doc: dict, running: bool) -> str:
         latest = "; ".join(f"{c.get('command')} {str(c.get('result', '')).split(':')[0]}"
                            for c in commands[-3:] if isinstance(c, dict))
         lines.append(f"commands    latest from the server: {latest}")
+    update = doc.get("update") if isinstance(doc.get("update"), dict) else {}
+    if update:
+        lines.append(f"update      {_update_text(update)}")
     if link.get("next_attempt_in_s") is not None:
         lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
     losses = link.get("losses_last_hour") or []

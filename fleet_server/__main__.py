@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import gzip
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 import urllib.error
@@ -89,7 +91,8 @@ def command(argv) -> int:
     """`fleet-server command DEVICE NAME [...]`: ask a screen to act, wait, print the result."""
     p = argparse.ArgumentParser(prog="fleet-server command")
     p.add_argument("device_id")
-    p.add_argument("name", help="diagnostics | logs | screenshot | display | restart-agent | reboot")
+    p.add_argument("name", help="diagnostics | logs | screenshot | display | restart-agent | reboot "
+                                    "(update has its own: fleet-server update)")
     p.add_argument("--since", type=_duration, help="logs: how far back (30m, 1h, 2d)")
     p.add_argument("--priority", type=int, help="logs: the least important priority (0-7)")
     p.add_argument("--state", choices=["on", "off"], help="display: on or off")
@@ -142,12 +145,75 @@ def command(argv) -> int:
     return 0 if result.get("ok") else 2
 
 
+def update(argv) -> int:
+    """`fleet-server update DEVICE PACKAGE.deb --signature PACKAGE.deb.sig`: publish a
+    signed package, ask the screen to install it, wait for the outcome."""
+    p = argparse.ArgumentParser(prog="fleet-server update")
+    p.add_argument("device_id")
+    p.add_argument("package", help="the edge-agent .deb")
+    p.add_argument("--signature", required=True,
+                   help="its detached signature (gpg --detach-sign, by a key the screens trust)")
+    p.add_argument("--window", type=_duration, default=0,
+                   help="install at a random moment within this (30m, 2h): 0 is now")
+    p.add_argument("--retry", action="store_true",
+                   help="install even a version that was rolled back on this screen")
+    p.add_argument("--expires-in", type=float, default=300.0)
+    p.add_argument("--wait", type=_duration, default=900,
+                   help="how long to wait for the outcome (the window, the download, the "
+                        "install and the proof)")
+    p.add_argument("--url", default="http://127.0.0.1:8470")
+    a = p.parse_args(argv)
+    try:
+        with open(a.package, "rb") as f:
+            package = f.read()
+        with open(a.signature, "rb") as f:
+            signature = f.read()
+        version = subprocess.run(["dpkg-deb", "-f", a.package, "Version"], capture_output=True,
+                                 text=True, check=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"fleet-server update: {e}", file=sys.stderr)
+        return 1
+
+    def call(path, body=None, raw=None):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(a.url + path, data=data, headers={
+            "Content-Type": "application/octet-stream" if raw is not None else "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    try:
+        release = call("/api/v1/releases", raw=package)
+        args = {"version": version, "url": release["url"], "size": release["size"],
+                "sha256": release["sha256"], "signature": base64.b64encode(signature).decode(),
+                "window_s": a.window, "retry": a.retry}
+        record = call("/api/v1/commands", {"device_id": a.device_id, "name": "update",
+                                           "args": args, "expires_in_s": a.expires_in})
+        print(f"published {version} ({release['size']} bytes, sha256 {release['sha256'][:12]}); "
+              f"asked {a.device_id} to install it (command {record['id']})", file=sys.stderr)
+        deadline = time.monotonic() + a.wait
+        result = None
+        while time.monotonic() < deadline and result is None:
+            time.sleep(0.5)
+            result = call(f"/api/v1/devices/{a.device_id}/commands")[record["id"]]["result"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+        print(f"fleet-server update: {e}", file=sys.stderr)
+        return 1
+    if result is None:
+        print(f"fleet-server update: no outcome within {a.wait}s (command {record['id']})",
+              file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=1, sort_keys=True))
+    return 0 if result.get("ok") else 2
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "pair":
         return pair(argv[1:])
     if argv and argv[0] == "command":
         return command(argv[1:])
+    if argv and argv[0] == "update":
+        return update(argv[1:])
     args, tokens = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s fleet-server %(message)s")

@@ -21,6 +21,7 @@ from .commands import Commands
 from .devices import Registry
 from .enrollment import Enrollment
 from .operator_api import OperatorApi
+from .releases import Releases
 from .sessions import Sessions
 from .uploads import MAX_UPLOAD_BYTES, Uploads
 
@@ -48,6 +49,7 @@ class FleetServer:
         self.sessions = Sessions(self.sio, self.behaviour, self.registry, self.commands)
         self.uploads = Uploads(self.behaviour, self.registry)
         self.enrollment = Enrollment(self.behaviour, self.registry)
+        self.releases = Releases(self.behaviour)
         self.operator = OperatorApi(self)
         self._routes()
         self._events()
@@ -77,6 +79,8 @@ class FleetServer:
         r.add_post("/api/v1/pair", op.pair)
         r.add_post("/api/v1/commands", op.queue_command)
         r.add_get("/api/v1/devices/{device_id}/commands", op.device_commands)
+        r.add_post("/api/v1/releases", self.releases.publish)
+        r.add_get("/releases/{name}", self.releases.fetch)
         # the tests' (and the demo's)
         r.add_get("/admin/devices", op.devices)
         r.add_post("/admin/behaviour", op.set_behaviour)
@@ -87,5 +91,6 @@ class FleetServer:
         r.add_get("/admin/uploads/{device_id}", op.device_uploads)
         r.add_get("/admin/uploads/{device_id}/{upload_id}/content", op.log_bundle)
         r.add_get("/admin/limiter", op.limiter)
+        r.add_get("/admin/releases", self.releases.view)
         r.add_get("/admin/screentinker", op.screentinker_tables)
         r.add_post("/admin/screentinker", op.screentinker_tables)

@@ -13,10 +13,11 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # linting the .deb, booting a Debian with systemd as PID 1 to install it into
 # (systemd-nspawn, debootstrap), and the real ScreenTinker servers (Node and npm, and a
 # C++ toolchain with python3 for better-sqlite3, which npm builds from source), and a
-# TLS-inspecting box in front of the server (socat, its certificates made by openssl).
+# TLS-inspecting box in front of the server (socat, its certificates made by openssl),
+# and signed releases for the self-update (gnupg to sign, gpgv to check).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
-           build-essential python3 socat openssl tinyproxy)
+           build-essential python3 socat openssl tinyproxy gnupg gpgv)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)

@@ -139,13 +139,18 @@ def test_a_flag_that_is_a_link_is_replaced_not_written_through(ground):
 
 def test_the_polkit_rule_and_the_unit_name_the_flag_this_module_writes():
     rule = (REPO / "systemd" / "50-edge-agent.rules").read_text()
-    assert f'"{grants.GRANTS_DIR}/reboot"' in rule
-    assert "polkit.Result.NO" in rule and rule.count("polkit.Result.YES") == 1
+    assert f'"{grants.GRANTS_DIR}/" + name' in rule
+    # each grant is asked for by name, and what it is not granted is refused
+    for name in grants.GRANTABLE:
+        assert f'edgeAgentGranted("{name}") ? polkit.Result.YES : polkit.Result.NO' in rule
+    assert rule.count("polkit.Result.YES") == len(grants.GRANTABLE)
+    assert 'action.lookup("unit") == "edge-agent-update.service"' in rule
     unit = (REPO / "systemd" / "edge-agent.service").read_text()
     assert "ExecStartPre=-+/usr/bin/python3 -I -m agent.grants --config /etc/edge-agent/agent.toml" in unit
     assert "ExecStopPost=-+/usr/bin/python3 -I -m agent.grants --revoke" in unit
     assert grants.wanted(frozenset({"diagnostics", "logs"})) == frozenset()
     assert grants.wanted(frozenset({"logs", "reboot"})) == frozenset({"reboot"})
+    assert grants.wanted(frozenset({"update"})) == frozenset({"update"})
 
 
 def test_root_runs_the_installed_module_not_one_planted_in_its_working_directory(ground):

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from .. import journal_gate
 from ..logs import RECENT, under_journal
+from ..update.service import NotStaged, Updater
 from ..upload_kinds import LOG, SCREENSHOT
 
 log = logging.getLogger("edge_agent.commands")
@@ -50,13 +51,15 @@ class Actions:
     def __init__(self, config, snapshot: Callable[[], dict],
                  link_socket: Callable[[], socket.socket | None],
                  request_restart: Callable[[], None],
-                 enqueue: Callable[[str, bytes], str]):
-        """``enqueue(kind, payload)`` returns the item's id or raises NotQueued."""
+                 enqueue: Callable[[str, bytes], str], updater: Updater | None = None):
+        """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
+        ``updater`` settles an update's result itself, later (its own callback)."""
         self.config = config
         self.snapshot = snapshot
         self.link_socket = link_socket
         self.request_restart = request_restart
         self.enqueue = enqueue
+        self.updater = updater
         self.timeout_s = config.command_timeout_s
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None   # the configured command running now
@@ -64,10 +67,13 @@ class Actions:
         # every name of core.COMMANDS, and nothing else, runs here
         self.commands: dict[str, Callable[[dict], Outcome]] = {
             "diagnostics": self.diagnostics, "logs": self.logs, "screenshot": self.screenshot,
-            "display": self.display, "restart-agent": self.restart_agent, "reboot": self.reboot}
+            "display": self.display, "restart-agent": self.restart_agent, "reboot": self.reboot,
+            "update": self.update}
 
-    def run(self, name: str, args: dict) -> Outcome:
-        return self.commands[name](args)
+    def run(self, name: str, args: dict, command_id: str = "") -> Outcome:
+        action = self.commands[name]
+        # an update's result comes long after this returns: it needs its command's id
+        return action(args, command_id) if name == "update" else action(args)
 
     # -- the commands -------------------------------------------------------------
     def diagnostics(self, args: dict) -> Outcome:
@@ -160,6 +166,15 @@ class Actions:
                                         + r.stderr.decode(errors="replace").strip()[:300])
         return LATER
 
+    def update(self, args: dict, command_id: str = "") -> Outcome:
+        if self.updater is None:
+            return Outcome(False, error="self-update is not available here")
+        try:
+            self.updater.begin(command_id, args)
+        except NotStaged as e:
+            return Outcome(False, error=str(e))
+        return LATER   # the updater settles it: refused, committed or rolled back
+
     def stop(self) -> None:
         """From any thread, on the agent's way out: the running command and everything it
         started go now (its own process group), so a stop never waits on it and nothing
@@ -169,6 +184,8 @@ class Actions:
             child = self._child
         if child is not None:
             _kill_group(child)
+        if self.updater is not None:
+            self.updater.stop()
 
     # -- helpers ------------------------------------------------------------------
     def _shell(self, command: str):

@@ -38,6 +38,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..update.rules import order_args
+
 MAX_ID = 64
 MAX_ENTRIES = 128        # ids remembered one by one; older ones are behind the horizon
 MAX_PENDING = 8          # queued or running at once
@@ -81,6 +83,7 @@ def display_args(args: dict) -> dict:
 COMMANDS: dict[str, ArgCheck] = {
     "diagnostics": no_args, "logs": logs_args, "screenshot": no_args,
     "display": display_args, "restart-agent": no_args, "reboot": no_args,
+    "update": order_args,
 }
 # What a restart of the agent or of the device in the middle means for each command.
 SURVIVES = {"restart-agent": "the agent restarted", "reboot": "the device rebooted"}
@@ -172,14 +175,25 @@ class CommandCore:
         return bool(self.changes)
 
     # -- start-up ---------------------------------------------------------------
-    def recover(self, boot_id: str, pid: int, now: float) -> list:
+    def running(self, name: str) -> list[str]:
+        return [e.id for e in self.entries.values() if e.state == "running" and e.name == name]
+
+    def recover(self, boot_id: str, pid: int, now: float,
+                updates: dict | None = None) -> list:
         """Commands found running at start were interrupted: never run again; their
-        result says what became of them."""
+        result says what became of them. ``updates``: for each running ``update``, its
+        outcome as (ok, text), or None while the root side still has it (it stays
+        running, and is finished when that side is done)."""
         actions = []
+        updates = updates or {}
         for e in list(self.entries.values()):
             if e.state != "running":
                 continue
-            if e.name == "reboot" and e.boot_id and e.boot_id != boot_id:
+            if e.name == "update" and e.id in updates:
+                if updates[e.id] is None:
+                    continue
+                ok, detail = updates[e.id]
+            elif e.name == "reboot" and e.boot_id and e.boot_id != boot_id:
                 ok, detail = True, SURVIVES["reboot"]
             elif e.name == "restart-agent" and e.pid != pid:
                 ok, detail = True, SURVIVES["restart-agent"]

@@ -49,7 +49,9 @@ class CommandService:
 
     # -- on the link thread --------------------------------------------------------
     def start(self) -> list[Report]:
-        reports = self.core.recover(self._boot, self._pid, self._clock())
+        updater = self.actions.updater
+        updates = updater.recover(self.core.running("update")) if updater else None
+        reports = self.core.recover(self._boot, self._pid, self._clock(), updates)
         self._persist()
         for r in reports:
             log.info("command %s (%s) from before this start: %s", r.result["id"],
@@ -149,7 +151,7 @@ class CommandService:
                 return  # queued ones stay "running" in the ledger: reported, never run
             started = self._clock()
             try:
-                outcome = self.actions.run(job.name, job.args)
+                outcome = self.actions.run(job.name, job.args, job.id)
             except Exception as e:  # a bug in one command must not end the others
                 log.error("command %s failed: %s: %s", job.name, type(e).__name__, e,
                           exc_info=True)

@@ -1,0 +1,360 @@
+"""The root side of a self-update: ``python3 -I -m agent.installer``, the one thing
+edge-agent-update.service runs (polkit lets the edge-agent user start that unit, and
+only while [commands] allow lists ``update``: agent/grants.py).
+
+It takes the package the agent staged, trusts nothing the agent says about it (its
+own copy's SHA-256, signature and control fields are checked again here), keeps a
+package of the installed version to go back to, installs, and keeps the new version
+only if the new agent proves its link live within [update] proof_timeout_s; otherwise,
+or on a crash loop, it reinstalls the version it replaced, without the server's help.
+Each phase is written durably before it is entered, so a power cut anywhere leaves a
+record the next boot finishes (the unit is also wanted at boot): an install cut short
+is undone, a package fully installed gets its proof time again. The outcome goes into
+a history the agent reads and reports (agent/update/rules.py).
+
+The agent's state directory is the agent's: everything in it is opened one component
+at a time without following a link, and copied out before it is looked at.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+from . import config as config_mod
+from .fsutil import atomic_write, read_json
+from .logs import early
+from .update import rules
+from .update.repack import RepackError, repack
+from .update.signature import KEYS_DIR, SignatureError, verify
+
+AGENT_UNIT = "edge-agent.service"
+DPKG_TIMEOUT_S = 900
+POLL_S = 1.0
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+       "DEBIAN_FRONTEND": "noninteractive"}
+
+
+class Refused(Exception):
+    """Nothing was changed: the package is not installed, and why."""
+
+
+def say(text: str, priority: int = 6) -> None:
+    early(f"edge-agent-update: {text}", priority, sys.stdout)
+
+
+# -- what the system says ---------------------------------------------------------------
+def installed_version() -> str:
+    """The version dpkg has fully installed, or "" (none, or half-installed)."""
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Version} ${db:Status-Abbrev}", rules.PACKAGE],
+                       capture_output=True, text=True, timeout=60, env=ENV)
+    version, _, abbrev = r.stdout.partition(" ")
+    return version if r.returncode == 0 and abbrev.strip() == "ii" else ""
+
+
+def deb_fields(path: str) -> dict[str, str]:
+    r = subprocess.run(["dpkg-deb", "-f", path, "Package", "Version", "Architecture"],
+                       capture_output=True, text=True, timeout=60, env=ENV)
+    if r.returncode != 0:
+        raise Refused("not a Debian package: " + (r.stderr.strip()[-200:] or "dpkg-deb failed"))
+    return dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+
+
+def unit_props(*names: str) -> dict[str, str]:
+    r = subprocess.run(["systemctl", "show", AGENT_UNIT, *(f"--property={n}" for n in names)],
+                       capture_output=True, text=True, timeout=30, env=ENV)
+    return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+
+
+def proof(status_path: str, installed_at_us: int) -> rules.Proof:
+    props = unit_props("MainPID", "NRestarts", "ExecMainStartTimestampMonotonic")
+    pid = int(props.get("MainPID") or 0)
+    started_us = int(props.get("ExecMainStartTimestampMonotonic") or 0)
+    live = False
+    try:
+        doc = read_json(status_path, 1 << 20)
+        live = (isinstance(doc, dict) and doc.get("pid") == pid and pid > 0
+                and isinstance(doc.get("link"), dict) and doc["link"].get("proven_live") is True)
+    except (OSError, ValueError):
+        pass
+    return rules.Proof(installed_version(), pid > 0 and started_us > installed_at_us, live,
+                       int(props.get("NRestarts") or 0))
+
+
+def dpkg_install(path: str) -> str | None:
+    """dpkg -i, keeping the operator's configuration; what went wrong, or None."""
+    try:
+        r = subprocess.run(["dpkg", "--force-confold", "--force-confdef", "-i", path],
+                           capture_output=True, text=True, timeout=DPKG_TIMEOUT_S, env=ENV)
+    except subprocess.TimeoutExpired:
+        return f"dpkg took more than {DPKG_TIMEOUT_S}s"
+    if r.returncode != 0:
+        last = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [""]
+        return f"dpkg exited {r.returncode}: {last[0][:200]}"
+    return None
+
+
+# -- the agent's staging directory, read without trusting it ---------------------------------
+def _open_dir(parent: int | None, name: str) -> int:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(name, flags, dir_fd=parent) if parent is not None else os.open(name, flags)
+
+
+def staged(state_dir: str) -> tuple[int, dict] | None:
+    """The staging directory (a descriptor) and the order in it, or None."""
+    try:
+        top = _open_dir(None, state_dir)
+    except FileNotFoundError:
+        return None
+    try:
+        fd = _open_dir(top, rules.STAGING)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(top)
+    try:
+        raw = _read_file(fd, rules.ORDER_FILE, rules.MAX_RECORD_BYTES)
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+            raise ValueError("no id")
+        rules.order_args({k: v for k, v in doc.items() if k != "id"})
+        return fd, doc
+    except FileNotFoundError:
+        os.close(fd)
+        return None
+    except (OSError, ValueError) as e:
+        os.close(fd)
+        raise Refused(f"the staged order is not valid ({e})") from None
+
+
+def _read_file(dir_fd: int, name: str, limit: int) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{name} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{name} is larger than it should be")
+    return data
+
+
+def _copy_out(dir_fd: int, name: str, dest: str, size: int) -> str:
+    """Copies the staged file into root's directory; its SHA-256."""
+    digest = hashlib.sha256()
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    with os.fdopen(src, "rb") as f, open(dest, "wb") as out:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise Refused(f"the staged {name} is not a regular file")
+        copied = 0
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            copied += len(chunk)
+            if copied > size:
+                raise Refused(f"the staged package is larger than the order's {size} bytes")
+            digest.update(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if copied != size:
+        raise Refused(f"the staged package is {copied} bytes, the order says {size}")
+    return digest.hexdigest()
+
+
+# -- the transaction ---------------------------------------------------------------------------
+class Installer:
+    def __init__(self, root_dir: str, state_dir: str, status_path: str, keys_dir: str,
+                 proof_timeout_s: float):
+        self.root_dir, self.state_dir = root_dir, state_dir
+        self.status_path, self.keys_dir = status_path, keys_dir
+        self.proof_timeout_s = proof_timeout_s
+        self.t0 = time.monotonic()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root_dir, name)
+
+    def history(self) -> list:
+        try:
+            doc = read_json(self.path(rules.HISTORY_FILE), rules.MAX_RECORD_BYTES)
+        except (OSError, ValueError):
+            return []
+        return doc if isinstance(doc, list) else []
+
+    def transaction(self) -> dict | None:
+        try:
+            doc = read_json(self.path(rules.TRANSACTION_FILE), rules.MAX_RECORD_BYTES)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            # damaged by the cut itself: nothing says which version is wanted; undo
+            return {"id": "?", "from": "", "to": "", "phase": rules.INSTALLING}
+        return doc if isinstance(doc, dict) else None
+
+    def _write(self, name: str, doc) -> None:
+        atomic_write(self.path(name), json.dumps(doc, sort_keys=True).encode(), 0o644)
+
+    def _phase(self, tx: dict, phase: str, **more) -> dict:
+        tx = {**tx, "phase": phase, **more}
+        self._write(rules.TRANSACTION_FILE, tx)
+        return tx
+
+    def _finish(self, tx: dict, outcome: str, reason: str = "") -> None:
+        entry = {"id": tx["id"], "from": tx.get("from", ""), "to": tx.get("to", ""),
+                 "outcome": outcome, "reason": reason, "at": round(time.time(), 3)}
+        if tx.get("timed", True):
+            entry["took_s"] = round(time.monotonic() - self.t0, 1)
+        # the outcome first, then the transaction goes: never neither on the card
+        self._write(rules.HISTORY_FILE, rules.remember(self.history(), entry))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(rules.TRANSACTION_FILE))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path("incoming.deb"))
+        level = 6 if outcome == rules.COMMITTED else 3
+        say(f"{outcome}: {rules.describe(entry)[1]}", level)
+
+    # an order from the agent
+    def install(self, fd: int, order_doc: dict) -> None:
+        cid = order_doc["id"]
+        if rules.outcome_of(cid, self.history()) is not None:
+            say(f"order {cid} was already carried out")
+            return
+        order = rules.order({k: v for k, v in order_doc.items() if k != "id"})
+        current = installed_version()
+        tx = {"id": cid, "from": current, "to": order.version}
+        try:
+            self._check_and_keep(fd, order, current)
+        except (Refused, SignatureError, RepackError, OSError, ValueError) as e:
+            self._finish(tx, rules.REFUSED, str(e)[:300])
+            return
+        say(f"installing {rules.PACKAGE} {order.version} over {current}")
+        tx = self._phase(tx, rules.INSTALLING)
+        # the package's postinst restarts the agent: any agent started from here on
+        began_us = time.monotonic_ns() // 1000
+        failed = dpkg_install(self.path("incoming.deb"))
+        if failed is not None:
+            if installed_version() == current:
+                self._finish(tx, rules.REFUSED, f"nothing changed: {failed}")
+            else:
+                self.rollback(tx, f"the install failed: {failed}")
+            return
+        self.prove(self._phase(tx, rules.PROVING), began_us)
+
+    def _check_and_keep(self, fd: int, order: rules.Order, current: str) -> None:
+        if not current:
+            raise Refused(f"{rules.PACKAGE} is not fully installed: no version to go back to")
+        need = rules.space_needed(order.size)
+        st = os.statvfs(self.root_dir)
+        if st.f_bavail * st.f_frsize < need:
+            raise Refused(f"not enough space in {self.root_dir}: {need >> 20} MiB needed")
+        incoming = self.path("incoming.deb")
+        if _copy_out(fd, rules.PACKAGE_FILE, incoming, order.size) != order.sha256:
+            raise Refused("the staged package does not match the order's SHA-256")
+        signature = _read_file(fd, rules.SIGNATURE_FILE, rules.MAX_SIGNATURE_BYTES)
+        key = verify(incoming, signature, self.keys_dir)
+        fields = deb_fields(incoming)
+        if fields.get("Package") != rules.PACKAGE or fields.get("Version") != order.version:
+            raise Refused(f"the package is {fields.get('Package')} {fields.get('Version')}, "
+                          f"not {rules.PACKAGE} {order.version}")
+        if fields.get("Architecture") not in ("all", _dpkg_arch()):
+            raise Refused(f"the package is for {fields.get('Architecture')}")
+        say(f"{rules.PACKAGE} {order.version}: signature good (key {key}), checksum good")
+        kept = self.path(rules.KEPT_PACKAGE)
+        try:
+            have = deb_fields(kept).get("Version") if os.path.exists(kept) else None
+        except Refused:
+            have = None
+        if have != current:
+            tmp = self.path(".kept.deb")
+            version = repack(rules.PACKAGE, tmp, self.root_dir)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, kept)
+            say(f"kept {rules.PACKAGE} {version}, rebuilt from dpkg's record, to go back to")
+
+    def prove(self, tx: dict, installed_at_us: int) -> None:
+        deadline = time.monotonic() + self.proof_timeout_s
+        say(f"waiting up to {self.proof_timeout_s:.0f}s for {tx['to']} to prove its link")
+        while True:
+            seen = proof(self.status_path, installed_at_us)
+            action, why = rules.verdict(tx["to"], seen, time.monotonic(), deadline)
+            if action == "commit":
+                os.replace(self.path("incoming.deb"), self.path(rules.KEPT_PACKAGE))
+                self._finish(tx, rules.COMMITTED)
+                return
+            if action == "rollback":
+                self.rollback(tx, why)
+                return
+            time.sleep(POLL_S)
+
+    def rollback(self, tx: dict, reason: str) -> None:
+        tx = self._phase(tx, rules.ROLLING_BACK, reason=reason)
+        say(f"rolling back from {tx.get('to')} to {tx.get('from')}: {reason}", 3)
+        failed = dpkg_install(self.path(rules.KEPT_PACKAGE))
+        if failed is None:
+            self._finish(tx, rules.ROLLED_BACK, reason)
+            return
+        # the record stays: the next boot tries again
+        say(f"the rollback's reinstall failed: {failed}", 2)
+
+    # at boot, or a second start: a transaction that did not finish
+    def resume(self, tx: dict) -> None:
+        tx = {**tx, "timed": False}   # the monotonic clock did not survive the cut
+        if rules.after_power_loss(str(tx.get("phase"))) == "prove" and tx.get("to"):
+            say(f"resuming the proof of {tx['to']} after a restart")
+            self.prove(tx, 0)
+        else:
+            self.rollback(tx, tx.get("reason") or f"interrupted while {tx.get('phase')}")
+
+
+def _dpkg_arch() -> str:
+    r = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
+                       timeout=30, env=ENV)
+    return r.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m agent.installer",
+        description="Install the update edge-agent staged, or finish one a power cut left.")
+    parser.add_argument("--config", default=config_mod.DEFAULT_PATH)
+    parser.add_argument("--root-dir", default=rules.ROOT_DIR, help=argparse.SUPPRESS)
+    parser.add_argument("--keys-dir", default=KEYS_DIR, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        config = config_mod.load(args.config)
+        state_dir, status_path, timeout = (config.state_dir, config.status_path,
+                                           config.update_proof_timeout_s)
+    except config_mod.ConfigError as e:
+        # a transaction in progress is finished on the defaults rather than left
+        say(f"{e}; using the default directories and proof time", 4)
+        state_dir, status_path, timeout = "/var/lib/edge-agent", "/run/edge-agent/status.json", 180.0
+    os.makedirs(args.root_dir, 0o755, exist_ok=True)
+    installer = Installer(args.root_dir, state_dir, status_path, args.keys_dir, timeout)
+    with open(installer.path(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tx = installer.transaction()
+        if tx is not None:
+            installer.resume(tx)
+            return 0
+        try:
+            found = staged(state_dir)
+        except Refused as e:
+            say(str(e), 3)
+            return 0
+        if found is None:
+            return 0
+        fd, order_doc = found
+        try:
+            installer.install(fd, order_doc)
+        finally:
+            os.close(fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

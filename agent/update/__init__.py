@@ -1,0 +1,1 @@
+"""Self-update: signed packages from the fleet, proven or rolled back (rules.py)."""

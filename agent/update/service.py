@@ -1,0 +1,298 @@
+"""The agent's side of a self-update: wait for the order's moment in its rollout window,
+download the package from the fleet server (resuming a partial download), check its
+size, SHA-256 and signature, stage it, and ask systemd for edge-agent-update.service
+(polkit allows exactly that, while [commands] allow lists update). The outcome comes
+from the root side's history, after the restart the install causes or without one.
+
+The agent stays unprivileged: nothing here installs anything. One thread per order;
+an order is a remote command, so it runs at most once, and one interrupted before it
+was staged is reported as not installed (the server may send it again).
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import subprocess
+import threading
+import time
+from typing import Callable
+
+import requests
+
+from ..fsutil import atomic_write, read_json
+from . import rules
+from .signature import KEYS_DIR, SignatureError, verify
+
+log = logging.getLogger("edge_agent.update")
+
+UPDATE_UNIT = "edge-agent-update.service"
+DOWNLOAD_TRIES = 4
+POLL_S = 2.0
+CHUNK = 1 << 16
+
+# (ok, text) for the command's result
+Settled = Callable[[str, bool, str], None]
+
+
+class NotStaged(Exception):
+    """The order stops before anything is staged; the message is its result."""
+
+
+def installed_version() -> str:
+    try:
+        r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", rules.PACKAGE],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+class Updater:
+    def __init__(self, server_url: str, egress, state_dir: str, connect_timeout_s: float,
+                 settled: Settled, root_dir: str = rules.ROOT_DIR, keys_dir: str = KEYS_DIR,
+                 rng: random.Random | None = None, systemctl: str = "systemctl"):
+        """``settled(command_id, ok, text)`` is called once per order, from its thread."""
+        self.server_url, self.egress = server_url, egress
+        self.staging = os.path.join(state_dir, rules.STAGING)
+        self.connect_timeout_s = connect_timeout_s
+        self.settled = settled
+        self.root_dir, self.keys_dir = root_dir, keys_dir
+        self.rng = rng or random.SystemRandom()
+        self.systemctl = systemctl
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: dict[str, str] = {}   # command id -> what it is doing now
+        self.installed = ""                  # the package's version, read at start
+
+    # -- what the root side wrote ------------------------------------------------------
+    def history(self) -> list:
+        try:
+            doc = read_json(os.path.join(self.root_dir, rules.HISTORY_FILE), rules.MAX_RECORD_BYTES)
+        except (OSError, ValueError):
+            return []
+        return doc if isinstance(doc, list) else []
+
+    def _in_hand(self, cid: str) -> bool:
+        """The root side has this order, or it is staged for it."""
+        for path in (os.path.join(self.root_dir, rules.TRANSACTION_FILE),
+                     os.path.join(self.staging, rules.ORDER_FILE)):
+            try:
+                doc = read_json(path, rules.MAX_RECORD_BYTES)
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict) and doc.get("id") == cid:
+                return True
+        return False
+
+    # -- at start -----------------------------------------------------------------------
+    def recover(self, ids: list[str]) -> dict[str, tuple[bool, str] | None]:
+        """For each update command the ledger had running: its result, or None while
+        the root side still has it (followed from here, and settled later)."""
+        found: dict[str, tuple[bool, str] | None] = {}
+        self.installed = installed_version()
+        history = self.history()
+        for cid in ids:
+            entry = rules.outcome_of(cid, history)
+            if entry is not None:
+                found[cid] = rules.describe(entry)
+                self._clean(cid)
+            elif self._in_hand(cid):
+                found[cid] = None
+                self._follow(cid)
+            else:
+                found[cid] = (False, "interrupted by a restart before it was installed; "
+                                     "nothing changed (send it again)")
+        return found
+
+    # -- an order ---------------------------------------------------------------------------
+    def begin(self, cid: str, args: dict) -> None:
+        """From the command executor: checks what can be checked at once (NotStaged),
+        then the rest goes on in a thread of its own."""
+        order = rules.order(args)
+        try:
+            url = rules.package_url(order.url, self.server_url)
+        except ValueError as e:
+            raise NotStaged(str(e)) from None
+        os.makedirs(self.staging, 0o700, exist_ok=True)
+        st = os.statvfs(self.staging)
+        why = rules.refusal(order, installed=installed_version(), history=self.history(),
+                            free_bytes=st.f_bavail * st.f_frsize)
+        if why is not None:
+            raise NotStaged(why)
+        delay = rules.install_delay(order.window_s, self.rng)
+        with self._lock:
+            if self._pending:
+                raise NotStaged(f"another update is in progress ({next(iter(self._pending))})")
+            self._pending[cid] = f"waiting {delay:.0f}s in the rollout window"
+        log.info("update to %s: installing in %.0fs (a random moment in a %ds window)",
+                 order.version, delay, order.window_s)
+        threading.Thread(target=self._run, args=(cid, order, url, delay),
+                         name="update", daemon=True).start()
+
+    def _run(self, cid: str, order: rules.Order, url: str, delay: float) -> None:
+        try:
+            if self._stopping.wait(delay):
+                return   # the ledger says it was running: reported as interrupted
+            self._note(cid, f"downloading {order.version}")
+            path = self._download(order, url)
+            self._note(cid, f"checking {order.version}")
+            try:
+                key = verify(path, order.signature, self.keys_dir)
+            except SignatureError as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise NotStaged(f"refused: {e}") from None
+            log.info("update to %s: signature good (key %s), staged", order.version, key)
+            self._stage(cid, order, path)
+            self._note(cid, f"installing {order.version}")
+            self._start_installer()
+        except NotStaged as e:
+            self._settle(cid, False, str(e))
+            return
+        except Exception as e:   # a bug must not leave the command running for ever
+            log.error("update %s: %s: %s", cid, type(e).__name__, e, exc_info=True)
+            self._settle(cid, False, f"internal error: {type(e).__name__}")
+            return
+        self._wait_for_outcome(cid)
+
+    def _download(self, order: rules.Order, url: str) -> str:
+        """The package in the staging directory, whole and with the order's SHA-256. A
+        partial one (from a drop, or from before a restart) is resumed where it
+        stopped, if the server honours the range, and restarted otherwise."""
+        part = os.path.join(self.staging, f"{order.sha256}.part")
+        for name in os.listdir(self.staging):
+            if name.endswith(".part") and name != os.path.basename(part):
+                os.unlink(os.path.join(self.staging, name))
+        session = self.egress.session(url)
+        problem = ""
+        for attempt in range(DOWNLOAD_TRIES):
+            if attempt and self._stopping.wait(min(30.0, 2.0 ** attempt)):
+                raise NotStaged("the agent is stopping")
+            try:
+                have = os.path.getsize(part) if os.path.exists(part) else 0
+                if have > order.size:
+                    os.unlink(part)
+                    have = 0
+                if have == order.size:
+                    break
+                headers = {"Range": f"bytes={have}-"} if have else {}
+                with session.get(url, headers=headers, stream=True,
+                                 timeout=(self.connect_timeout_s, 30.0)) as r:
+                    if r.status_code == 200:
+                        have = 0
+                    elif r.status_code != 206 or not have:
+                        problem = f"the server answered {r.status_code}"
+                        if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+                            raise NotStaged(f"download refused: {problem}")
+                        continue
+                    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o600)
+                    with os.fdopen(fd, "wb") as f:
+                        f.seek(have)
+                        f.truncate()
+                        for chunk in r.iter_content(CHUNK):
+                            have += len(chunk)
+                            if have > order.size:
+                                raise NotStaged(f"the package is larger than the order's "
+                                                f"{order.size} bytes")
+                            f.write(chunk)
+                        f.flush()
+                        os.fsync(f.fileno())
+                if have == order.size:
+                    break
+                problem = f"the download stopped at {have} of {order.size} bytes"
+            except requests.RequestException as e:
+                problem = f"{type(e).__name__}"
+            except OSError as e:
+                raise NotStaged(f"cannot write {part}: {e.strerror}") from None
+        else:
+            raise NotStaged(f"download failed {DOWNLOAD_TRIES} times: {problem}")
+        digest = hashlib.sha256()
+        with open(part, "rb") as f:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != order.sha256:
+            os.unlink(part)
+            raise NotStaged("refused: the package's SHA-256 is not the order's")
+        return part
+
+    def _stage(self, cid: str, order: rules.Order, path: str) -> None:
+        """Package and signature first, the order last: the root side acts on an order
+        file, and one it finds is always whole and matches the files beside it."""
+        order_file = os.path.join(self.staging, rules.ORDER_FILE)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(order_file)
+        os.replace(path, os.path.join(self.staging, rules.PACKAGE_FILE))
+        atomic_write(os.path.join(self.staging, rules.SIGNATURE_FILE), order.signature)
+        doc = {"id": cid, "version": order.version, "url": order.url, "size": order.size,
+               "sha256": order.sha256, "signature": base64.b64encode(order.signature).decode(),
+               "window_s": order.window_s, "retry": order.retry}
+        atomic_write(order_file, json.dumps(doc, sort_keys=True).encode())
+
+    def _start_installer(self) -> None:
+        try:
+            r = subprocess.run([self.systemctl, "start", "--no-block", "--no-ask-password",
+                                UPDATE_UNIT], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise NotStaged(f"systemctl start {UPDATE_UNIT}: {type(e).__name__}") from None
+        if r.returncode != 0:
+            raise NotStaged(f"systemctl start {UPDATE_UNIT} refused: "
+                            + (r.stderr.strip() or r.stdout.strip())[:300])
+
+    # -- the outcome ----------------------------------------------------------------------
+    def _follow(self, cid: str) -> None:
+        with self._lock:
+            self._pending[cid] = "installing"
+        threading.Thread(target=self._wait_for_outcome, args=(cid,), name="update",
+                         daemon=True).start()
+
+    def _wait_for_outcome(self, cid: str) -> None:
+        while not self._stopping.wait(POLL_S):
+            entry = rules.outcome_of(cid, self.history())
+            if entry is not None:
+                ok, text = rules.describe(entry)
+                self._settle(cid, ok, text)
+                return
+            if not self._in_hand(cid):
+                self._settle(cid, False, "the installer lost the order; nothing changed")
+                return
+
+    def _settle(self, cid: str, ok: bool, text: str) -> None:
+        with self._lock:
+            self._pending.pop(cid, None)
+        self._clean(cid)
+        (log.info if ok else log.warning)("update %s: %s", cid, text)
+        self.settled(cid, ok, text)
+
+    def _clean(self, cid: str) -> None:
+        """The staged files of a settled order (the root side has its own copy)."""
+        order_file = os.path.join(self.staging, rules.ORDER_FILE)
+        try:
+            doc = read_json(order_file, rules.MAX_RECORD_BYTES)
+        except (OSError, ValueError):
+            doc = None
+        if isinstance(doc, dict) and doc.get("id") not in (cid, None):
+            return
+        for name in (rules.ORDER_FILE, rules.PACKAGE_FILE, rules.SIGNATURE_FILE):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.staging, name))
+
+    def _note(self, cid: str, doing: str) -> None:
+        with self._lock:
+            if cid in self._pending:
+                self._pending[cid] = doing
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            pending = dict(self._pending)
+        history = self.history()
+        return {"installed": self.installed, "pending": [{"id": k, "doing": v} for k, v in pending.items()],
+                "last": history[-1] if history else None}
+
+    def stop(self) -> None:
+        self._stopping.set()

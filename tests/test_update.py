@@ -1,0 +1,303 @@
+"""Self-update, below the booted system: the order's rules and the root side's verdicts
+on a fake clock, the signature checked by Debian's gpgv against a key made with gnupg,
+and the agent's download from the reference server (a cut resumed with a range, a
+wrong checksum refused) up to the staged order the root side reads.
+
+The install, the proof and the rollback under real dpkg, polkit and systemd are in
+tests/test_booted_systemd.py."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import stat
+from pathlib import Path
+
+import pytest
+
+from agent.commands.core import CommandCore
+from agent.egress import Egress
+from agent.update import rules
+from agent.update.service import NotStaged, Updater
+from agent.update.signature import SignatureError, verify
+from devtools.harness import FleetServerProcess, wait_for
+from devtools.releases import SigningKey
+
+SHA = "a" * 64
+SIG = base64.b64encode(b"\x89sig").decode()
+
+
+def args(**over):
+    a = {"version": "0.2.0-1", "url": "/releases/x.deb", "size": 1000, "sha256": SHA,
+         "signature": SIG}
+    a.update(over)
+    return a
+
+
+# -- the order -------------------------------------------------------------------------
+@pytest.mark.parametrize("field,value", [
+    ("version", "latest"), ("version", "1.0; rm -rf /"), ("version", "x" * 80),
+    ("url", ""), ("url", "/a\nb"), ("size", 0), ("size", rules.MAX_PACKAGE_BYTES + 1),
+    ("size", True), ("sha256", "A" * 64), ("sha256", "a" * 63), ("signature", "!!"),
+    ("signature", ""), ("signature", base64.b64encode(b"x" * 5000).decode()),
+    ("window_s", -1), ("window_s", rules.MAX_WINDOW_S + 1), ("retry", "yes"), ("extra", 1)])
+def test_a_malformed_order_is_refused_naming_the_field(field, value):
+    with pytest.raises(ValueError) as e:
+        rules.order_args(args(**{field: value}))
+    assert str(e.value).startswith(field if field != "extra" else "unknown argument extra")
+
+
+def test_an_order_is_an_update_command_the_core_checks_and_the_allow_list_gates():
+    core = CommandCore(frozenset({"diagnostics"}))
+    [report] = core.receive({"id": "u1", "name": "update", "args": args()}, 100.0)
+    assert "not allowed" in report.result["error"]
+    core = CommandCore(frozenset({"update"}))
+    [report] = core.receive({"id": "u2", "name": "update", "args": args(size=-1)}, 100.0)
+    assert report.result["error"].startswith("bad argument: size")
+    [run] = core.receive({"id": "u3", "name": "update", "args": args()}, 100.0)
+    assert run.name == "update" and run.args["version"] == "0.2.0-1"
+
+
+def test_the_package_comes_from_the_fleet_server_and_nowhere_else():
+    server = "https://fleet.example:8443/"
+    assert rules.package_url("/releases/a.deb", server) == "https://fleet.example:8443/releases/a.deb"
+    for elsewhere in ("https://evil.example/a.deb", "http://fleet.example:8443/a.deb",
+                      "https://fleet.example/a.deb", "//evil.example/a.deb", "file:///etc/shadow"):
+        with pytest.raises(ValueError):
+            rules.package_url(elsewhere, server)
+
+
+def test_what_stops_an_order_here():
+    o = rules.order(args())
+    assert rules.refusal(o, installed="0.2.0-1", history=[], free_bytes=1 << 40) \
+        == "edge-agent 0.2.0-1 is already installed"
+    back = [{"id": "old", "to": "0.2.0-1", "outcome": rules.ROLLED_BACK, "reason": "its link"}]
+    why = rules.refusal(o, installed="0.1.0-1", history=back, free_bytes=1 << 40)
+    assert "rolled back here (its link)" in why and "retry" in why
+    # asked again explicitly: it goes
+    assert rules.refusal(rules.order(args(retry=True)), installed="0.1.0-1", history=back,
+                         free_bytes=1 << 40) is None
+    # a later success of the same version clears it
+    later = back + [{"id": "new", "to": "0.2.0-1", "outcome": rules.COMMITTED}]
+    assert rules.refusal(o, installed="0.1.0-1", history=later, free_bytes=1 << 40) is None
+    why = rules.refusal(o, installed="0.1.0-1", history=[], free_bytes=rules.space_needed(1000) - 1)
+    assert why.startswith("not enough space")
+
+
+def test_a_fleet_told_at_once_installs_spread_over_the_window():
+    rng = random.Random(7)
+    delays = [rules.install_delay(3600, rng) for _ in range(1000)]
+    assert 0 <= min(delays) and max(delays) < 3600
+    per_minute = [sum(1 for d in delays if m * 60 <= d < (m + 1) * 60) for m in range(60)]
+    assert max(per_minute) < 40, "a minute with most of the fleet in it"
+    assert rules.install_delay(0, rng) == 0.0
+
+
+# -- the root side's verdicts ------------------------------------------------------------
+def proof(**over):
+    p = {"installed": "0.2.0-1", "fresh": True, "proven_live": True, "restarts": 0}
+    p.update(over)
+    return rules.Proof(**p)
+
+
+def test_kept_only_when_the_new_agent_proves_its_link():
+    assert rules.verdict("0.2.0-1", proof(), 10, 180) == ("commit", "")
+    # the agent from before the install saying so proves nothing
+    assert rules.verdict("0.2.0-1", proof(fresh=False), 10, 180)[0] == "wait"
+    assert rules.verdict("0.2.0-1", proof(proven_live=False), 179.9, 180)[0] == "wait"
+    action, why = rules.verdict("0.2.0-1", proof(proven_live=False), 180, 180)
+    assert action == "rollback" and "not proven live in time" in why
+
+
+def test_a_crash_loop_is_rolled_back_without_waiting_for_the_deadline():
+    action, why = rules.verdict("0.2.0-1", proof(proven_live=False, restarts=3), 20, 180)
+    assert action == "rollback" and "crash loop" in why
+
+
+def test_a_package_that_is_not_the_one_installed_is_rolled_back():
+    action, why = rules.verdict("0.2.0-1", proof(installed=""), 1, 180)
+    assert action == "rollback" and "not what dpkg has installed" in why
+
+
+def test_after_a_power_cut_an_install_is_undone_and_an_installed_package_proven_again():
+    assert rules.after_power_loss(rules.INSTALLING) == "rollback"
+    assert rules.after_power_loss(rules.ROLLING_BACK) == "rollback"
+    assert rules.after_power_loss("garbage") == "rollback"
+    assert rules.after_power_loss(rules.PROVING) == "prove"
+
+
+def test_outcomes_are_said_as_results_and_the_history_stays_bounded():
+    entry = {"id": "u", "from": "0.1.0-1", "to": "0.2.0-1", "outcome": rules.ROLLED_BACK,
+             "reason": "its link was not proven live in time", "took_s": 64.2}
+    assert rules.describe(entry) == (False, "rolled back from 0.2.0-1 to 0.1.0-1 in 64s: its "
+                                            "link was not proven live in time")
+    assert rules.describe({**entry, "outcome": rules.COMMITTED})[0] is True
+    history = []
+    for i in range(30):
+        history = rules.remember(history, {"id": str(i)})
+    assert len(history) == rules.HISTORY and history[-1]["id"] == "29"
+
+
+# -- the signature, by gpgv ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    base = tmp_path_factory.mktemp("keys")
+    trusted, stranger = SigningKey(base / "trusted"), SigningKey(base / "stranger", "stranger")
+    keys_dir = base / "update-keys"
+    keys_dir.mkdir(mode=0o755)
+    (keys_dir / "release.gpg").write_bytes(trusted.keyring.read_bytes())
+    return trusted, stranger, keys_dir
+
+
+def test_a_package_signed_by_an_installed_key_is_trusted_and_no_other(keys, tmp_path):
+    trusted, stranger, keys_dir = keys
+    package = tmp_path / "edge-agent.deb"
+    package.write_bytes(os.urandom(4096))
+    good = trusted.sign(package).read_bytes()
+    assert len(verify(str(package), good, str(keys_dir))) == 40   # the key's fingerprint
+    with pytest.raises(SignatureError, match="not installed"):
+        verify(str(package), stranger.sign(package).read_bytes(), str(keys_dir))
+    with pytest.raises(SignatureError, match="not an OpenPGP signature"):
+        verify(str(package), b"\x00" * 100, str(keys_dir))
+    tampered = bytearray(package.read_bytes())
+    tampered[100] ^= 1
+    package.write_bytes(bytes(tampered))
+    with pytest.raises(SignatureError, match="bad signature"):
+        verify(str(package), good, str(keys_dir))
+
+
+def test_keys_only_root_can_write_and_no_link_among_them(keys, tmp_path):
+    trusted, _, keys_dir = keys
+    package = tmp_path / "p.deb"
+    package.write_bytes(b"x")
+    sig = trusted.sign(package).read_bytes()
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "release.gpg").write_bytes(trusted.keyring.read_bytes())
+    os.chmod(loose, 0o777)
+    with pytest.raises(SignatureError, match="only root can write"):
+        verify(str(package), sig, str(loose))
+    os.chmod(loose, 0o755)
+    os.chmod(loose / "release.gpg", 0o666)
+    with pytest.raises(SignatureError, match="only root can write"):
+        verify(str(package), sig, str(loose))
+    (loose / "release.gpg").unlink()
+    (loose / "release.gpg").symlink_to(trusted.keyring)
+    with pytest.raises(SignatureError, match="not a regular file"):
+        verify(str(package), sig, str(loose))
+    with pytest.raises(SignatureError, match="does not exist"):
+        verify(str(package), sig, str(tmp_path / "none"))
+
+
+# -- the agent's side, against the reference server --------------------------------------
+@pytest.fixture
+def server(tmp_path):
+    s = FleetServerProcess(tmp_path).start()
+    yield s
+    s.stop()
+
+
+def publish(server, data: bytes) -> dict:
+    import urllib.request
+    req = urllib.request.Request(server.url + "/api/v1/releases", data=data,
+                                 headers={"Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def updater(server, tmp_path, keys_dir, settled, systemctl):
+    root = tmp_path / "root-side"
+    root.mkdir(exist_ok=True)
+    return Updater(server.url, Egress(), str(tmp_path / "state"), 2.0,
+                   settled=lambda *a: settled.append(a), root_dir=str(root),
+                   keys_dir=str(keys_dir), systemctl=str(systemctl))
+
+
+def fake_systemctl(tmp_path) -> Path:
+    """Stands in for `systemctl start` (polkit and the root unit are the booted tier's):
+    records what it was asked."""
+    path = tmp_path / "systemctl"
+    path.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/systemctl.calls\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_cut_download_resumes_and_the_verified_package_is_staged(server, tmp_path, keys):
+    trusted, _, keys_dir = keys
+    package = tmp_path / "edge-agent_0.2.0-1_all.deb"
+    package.write_bytes(os.urandom(300_000))
+    release = publish(server, package.read_bytes())
+    server.admin("/admin/behaviour", {"release_cut_bytes": 100_000})
+    settled = []
+    u = updater(server, tmp_path, keys_dir, settled, fake_systemctl(tmp_path))
+    order = args(url=release["url"], size=release["size"], sha256=release["sha256"],
+                 signature=base64.b64encode(trusted.sign(package).read_bytes()).decode())
+    u.begin("cmd-1", order)
+    wait_for(lambda: (tmp_path / "systemctl.calls").exists(), 20, what="the installer asked for")
+    assert (tmp_path / "systemctl.calls").read_text().split() == [
+        "start", "--no-block", "--no-ask-password", "edge-agent-update.service"]
+    staging = tmp_path / "state" / rules.STAGING
+    assert (staging / rules.PACKAGE_FILE).read_bytes() == package.read_bytes()
+    doc = json.loads((staging / rules.ORDER_FILE).read_text())
+    assert doc["id"] == "cmd-1" and doc["sha256"] == release["sha256"]
+    # the second request asked for the rest, not the whole package again
+    asked = server.admin("/admin/releases")["requests"]
+    assert [r["from"] for r in asked][0] == 0 and 0 < asked[1]["from"] <= 100_000, asked
+    assert len(asked) == 2, asked
+    for name in os.listdir(staging):
+        assert stat.S_IMODE(os.stat(staging / name).st_mode) == 0o600, name
+    assert settled == []   # the outcome is the root side's to give
+    # the root side's history settles it, and the staged files go
+    (tmp_path / "root-side" / rules.HISTORY_FILE).write_text(json.dumps([
+        {"id": "cmd-1", "from": "0.1.0-1", "to": "0.2.0-1", "outcome": rules.COMMITTED,
+         "took_s": 30}]))
+    wait_for(lambda: settled, 10, what="the outcome")
+    assert settled == [("cmd-1", True, "updated from 0.1.0-1 to 0.2.0-1 in 30s: its link "
+                                       "proven live")]
+    assert not (staging / rules.ORDER_FILE).exists()
+
+
+def test_a_package_that_is_not_the_signed_one_is_refused_before_staging(server, tmp_path, keys):
+    trusted, stranger, keys_dir = keys
+    package = tmp_path / "p.deb"
+    package.write_bytes(os.urandom(5000))
+    release = publish(server, package.read_bytes())
+    systemctl = fake_systemctl(tmp_path)
+    for cid, over, why in [
+            ("wrong-sum", {"sha256": hashlib.sha256(b"other").hexdigest()},
+             "refused: the package's SHA-256 is not the order's"),
+            ("stranger", {"signature": base64.b64encode(stranger.sign(package).read_bytes()).decode()},
+             "refused: signed by a key that is not installed")]:
+        settled = []
+        u = updater(server, tmp_path, keys_dir, settled, systemctl)
+        order = args(url=release["url"], size=release["size"], sha256=release["sha256"],
+                     signature=base64.b64encode(trusted.sign(package).read_bytes()).decode())
+        u.begin(cid, {**order, **over})
+        wait_for(lambda: settled, 20, what=f"{cid} refused")
+        assert settled[0][:2] == (cid, False) and settled[0][2].startswith(why), settled
+    assert not (tmp_path / "systemctl.calls").exists()
+    assert not (tmp_path / "state" / rules.STAGING / rules.ORDER_FILE).exists()
+
+
+def test_an_order_the_agent_restarted_in_the_middle_of_is_reported_not_installed(tmp_path, keys):
+    _, _, keys_dir = keys
+    root = tmp_path / "root-side"
+    root.mkdir()
+    u = Updater("http://127.0.0.1:9", Egress(), str(tmp_path / "state"), 2.0,
+                settled=lambda *a: None, root_dir=str(root), keys_dir=str(keys_dir))
+    (root / rules.HISTORY_FILE).write_text(json.dumps([
+        {"id": "done", "from": "a", "to": "b", "outcome": rules.ROLLED_BACK, "reason": "r"}]))
+    (root / rules.TRANSACTION_FILE).write_text(json.dumps({"id": "busy", "phase": "proving"}))
+    found = u.recover(["done", "busy", "lost"])
+    assert found["done"] == (False, "rolled back from b to a: r")
+    assert found["busy"] is None   # still the root side's
+    assert found["lost"][0] is False and "before it was installed" in found["lost"][1]
+    u.stop()
+    core = CommandCore(frozenset({"update"}))
+    for cid in ("done", "busy", "lost"):
+        core.receive({"id": cid, "name": "update", "args": args()}, 1.0)
+    reports = core.recover("boot", 1, 2.0, found)
+    assert {r.result["id"] for r in reports} == {"done", "lost"}
+    assert core.running("update") == ["busy"]
