@@ -200,6 +200,27 @@ class BootedDebian:
         self._spawn(timeout)
         return code
 
+    def power_cut(self, timeout: float = 60.0) -> None:
+        """Everything inside dies at once, as a power cut kills it (the disk, the
+        overlay's upper layer, keeps what reached it; /run does not survive), and the
+        system boots again on the same disk."""
+        if self.leader is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.leader, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait(10)
+        self.leader = None
+        deadline = time.monotonic() + 10
+        for top in self._cgroups:
+            for sub in ("payload", "supervisor"):
+                while (top / sub).exists() and time.monotonic() < deadline:
+                    _rmdir_tree(top / sub)   # the killed ones may still be exiting
+                    if (top / sub).exists():
+                        time.sleep(0.05)
+                (top / sub).mkdir(exist_ok=True)
+        self.boots += 1
+        self._spawn(timeout)
+
     def _prepare(self) -> None:
         self.boots = 1
         self.work = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="edge-agent-booted."))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -78,8 +77,3 @@ def _fix_md5sums(tree: Path) -> None:
     skip = set(conffiles.read_text().split()) if conffiles.exists() else set()
     (tree / "DEBIAN" / "md5sums").write_text(
         "".join(sorted(l for l in lines if "/" + l.split("  ", 1)[1].strip() not in skip)))
-
-
-def copy_into(src: Path, dest: Path) -> Path:
-    shutil.copy(src, dest)
-    return dest / src.name

@@ -13,12 +13,16 @@ takes seconds, not five minutes.
 """
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import json
 import os
 import re
 import shutil
 import stat
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +34,7 @@ from agent.commands import ledger
 from devtools.booted import SUITES, BootedDebian, ensure_rootfs, package_depends
 from devtools.harness import REPO, FleetServerProcess, wait_for
 from devtools.netns import NetNS
+from devtools.releases import SigningKey, reversioned
 
 pytestmark = pytest.mark.system
 
@@ -76,6 +81,8 @@ class Site:
     statuses: list = field(default_factory=list)  # every Status: seen while (re)starting
     start_cursor: str = ""                        # the journal where the configured start began
     device_id: str = ""
+    work: Path | None = None
+    releases: dict = field(default_factory=dict)  # signed packages for the self-update
     steps: dict = field(default_factory=dict)     # step -> None (passed) or why it failed
 
     def reach(self, step, fixtures: dict) -> None:
@@ -135,7 +142,7 @@ def site(release, rootfs, built_debs, tmp_path_factory):
             with BootedDebian(rootfs) as screen:
                 for deb in built_debs:
                     shutil.copy(deb, screen.path("/root/"))
-                yield Site(release, ns, server, screen, built_debs)
+                yield Site(release, ns, server, screen, built_debs, work=work)
         finally:
             server.stop()
 
@@ -634,6 +641,185 @@ def test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back(
     s.run("systemctl", "restart", UNIT)
     wait_online(s)
     assert not exists(s, GRANT) and can_reboot(s) == "no"
+
+
+# -- the fleet updates the screen --------------------------------------------------------
+KEYS_DIR = "/etc/edge-agent/update-keys"
+UPDATE_UNIT = "edge-agent-update.service"
+UPDATE_GRANT = "/run/edge-agent-grants/update"
+PROOF_S = 30
+
+
+def releases(site) -> dict:
+    """The releases an operator would sign: N+1, a broken N+2 (never proves its link),
+    and one whose postinst hangs (to cut the power in the middle of dpkg)."""
+    if not site.releases:
+        work = site.work / "releases"
+        work.mkdir(exist_ok=True)
+        r = {"key": SigningKey(work / "key"), "stranger": SigningKey(work / "stranger", "stranger"),
+             "good": reversioned(site.debs[1], "0.1.0-3", work),
+             "broken": reversioned(site.debs[1], "0.1.0-4", work, never_proves=True),
+             "hangs": reversioned(site.debs[1], "0.1.0-5", work,
+                                  postinst_first='[ "$1" = configure ] && sleep 600')}
+        for name in ("good", "broken", "hangs"):
+            r[f"{name}.sig"] = r["key"].sign(r[name])
+        site.releases = r
+    return site.releases
+
+
+def fleet_update(site, deb: Path, sig: Path, *extra: str, wait: int = 180):
+    """What the operator types: scripts/fleet-server update. (exit code, result, seconds)"""
+    t0 = time.monotonic()
+    r = subprocess.run([str(REPO / "scripts" / "fleet-server"), "update", site.device_id,
+                        str(deb), "--signature", str(sig), "--url", site.server.url,
+                        "--wait", str(wait), *extra], capture_output=True, text=True,
+                       timeout=wait + 60, env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
+    took = time.monotonic() - t0
+    try:
+        result = json.loads(r.stdout)
+    except ValueError:
+        result = {"stderr": r.stderr}
+    return r.returncode, result, took
+
+
+def package_version(screen) -> str:
+    return screen.run("dpkg-query", "-W", "-f=${Version} ${db:Status-Abbrev}", "edge-agent",
+                      check=False).stdout.strip()
+
+
+def update_lines(screen) -> str:
+    return text(e for e in screen.journal() if e.get("_SYSTEMD_UNIT") == UPDATE_UNIT)
+
+
+@step(test_enrolls_and_pairs_under_systemd, test_upgrade_keeps_identity_credentials_and_queue_and_restarts)
+def test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_proven(site):
+    s = site.screen
+    rel = releases(site)
+    s.path(f"{KEYS_DIR}/release.gpg").write_bytes(rel["key"].keyring.read_bytes())
+    conf = s.path(CONF)
+    conf.write_text(conf.read_text() + '[commands]\nallow = ["diagnostics", "logs", "update"]\n'
+                    f'[update]\nproof_timeout_s = {PROOF_S}\n')
+    s.run("systemctl", "restart", UNIT)
+    wait_online(s)
+    assert exists(s, UPDATE_GRANT)
+    assert package_version(s) == "0.1.0-2 ii"
+
+    rc, result, took = fleet_update(site, rel["good"], rel["good.sig"])
+    assert rc == 0 and result["ok"], result
+    assert result["output"].startswith("updated from 0.1.0-2 to 0.1.0-3"), result
+    print(f"\n[{site.release}] fleet-server update -> committed 0.1.0-3: {took:.1f}s")
+    assert package_version(s) == "0.1.0-3 ii"
+    doc = wait_online(s)
+    assert doc["update"]["installed"] == "0.1.0-3"
+    assert doc["update"]["last"]["outcome"] == "committed", doc["update"]
+    said = s.run("edge-agent", "status").stdout
+    assert "last committed 0.1.0-2 -> 0.1.0-3" in said, said
+    # apt kept no copy of 0.1.0-2: the way back was rebuilt from dpkg's record, and now
+    # the committed version's own package is kept for the next one
+    assert "rebuilt from dpkg's record" in update_lines(s)
+    kept = s.run("dpkg-deb", "-f", "/var/lib/edge-agent-update/installed.deb", "Version").stdout
+    assert kept.strip() == "0.1.0-3"
+    # the agent is still the unprivileged user in its sandbox
+    assert s.run("stat", "-c", "%U", f"/proc/{main_pid(s)}").stdout.strip() == "edge-agent"
+    assert not s.run("ls", "-A", f"{STATE}/update").stdout.strip(), "staged files left"
+
+
+@step(test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_proven)
+def test_a_release_that_never_proves_its_link_is_rolled_back_and_not_retried_unasked(site):
+    s = site.screen
+    rel = releases(site)
+    rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"])
+    assert rc == 2 and not result["ok"], result
+    assert result["error"].startswith("rolled back from 0.1.0-4 to 0.1.0-3"), result
+    print(f"\n[{site.release}] fleet-server update (a release that never proves its link) -> "
+          f"rolled back: {took:.1f}s ({result['error']})")
+    assert took < PROOF_S + 60
+    assert package_version(s) == "0.1.0-3 ii"
+    doc = wait_online(s)
+    assert doc["update"]["last"]["outcome"] == "rolled-back", doc["update"]
+    # the same version again, not asked explicitly: refused at once, nothing installed
+    rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"])
+    assert rc == 2 and "was rolled back here" in result["error"], result
+    assert package_version(s) == "0.1.0-3 ii"
+
+
+@step(test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_proven)
+def test_a_package_not_signed_by_an_installed_key_or_not_the_ordered_one_is_refused(site):
+    s, server = site.screen, site.server
+    rel = releases(site)
+    before = s.show(UNIT, "MainPID")["MainPID"]
+    # signed, but by a key the screen does not have
+    stranger_sig = rel["stranger"].sign(rel["hangs"])
+    rc, result, _ = fleet_update(site, rel["hangs"], stranger_sig)
+    assert rc == 2 and "signed by a key that is not installed" in result["error"], result
+    rel["key"].sign(rel["hangs"])   # the good signature back beside it
+    # the server's checksum is not the package's
+    published = json.loads(urllib_post(server.url + "/api/v1/releases", rel["hangs"].read_bytes()))
+    args = {"version": "0.1.0-5", "url": published["url"], "size": published["size"],
+            "sha256": "0" * 64, "signature": base64.b64encode(rel["hangs.sig"].read_bytes()).decode()}
+    result = command(site, "update", args, timeout=60)
+    assert not result["ok"] and "SHA-256 is not the order's" in result["error"], result
+    # an agent that does not check (taken over) stages a package whose bytes are not
+    # the signed ones and starts the installer, as polkit lets it: root checks again
+    tampered = bytearray(rel["hangs"].read_bytes())
+    tampered[len(tampered) // 2] ^= 0xFF
+    order = {"id": "planted", **args, "sha256": hashlib.sha256(tampered).hexdigest(),
+             "size": len(tampered), "window_s": 0, "retry": False}
+    stage = f"{STATE}/update"
+    s.path(stage).mkdir(exist_ok=True)
+    s.path(f"{stage}/package.deb").write_bytes(bytes(tampered))
+    s.path(f"{stage}/package.sig").write_bytes(rel["hangs.sig"].read_bytes())
+    s.path(f"{stage}/order.json").write_text(json.dumps(order))
+    s.run("chown", "-R", "edge-agent:edge-agent", stage)
+    r = s.run(*as_user("edge-agent", "edge-agent", "systemctl", "start", "--no-ask-password",
+                       UPDATE_UNIT), check=False)
+    assert r.returncode == 0, r.stderr
+    history = wait_for(lambda: [h for h in json.loads(s.path(
+        "/var/lib/edge-agent-update/history.json").read_text()) if h["id"] == "planted"],
+        30, interval=0.2, what="the root side's verdict on the planted package")
+    assert history[0]["outcome"] == "refused" and "bad signature" in history[0]["reason"], history
+    assert package_version(s) == "0.1.0-3 ii"
+    assert s.show(UNIT, "MainPID")["MainPID"] == before, "the agent was restarted"
+    s.run("rm", "-rf", stage)
+    # polkit gives the edge-agent user that one start and nothing else
+    for argv in (("restart", UPDATE_UNIT), ("stop", UPDATE_UNIT), ("start", "systemd-hostnamed.service"),
+                 ("restart", UNIT)):
+        r = s.run(*as_user("edge-agent", "edge-agent", "systemctl", "--no-ask-password", *argv),
+                  check=False)
+        # polkit's default for what the rule leaves alone: an administrator's password,
+        # which no one is there to type
+        assert r.returncode != 0 and ("Access denied" in r.stderr or
+                                      "Interactive authentication required" in r.stderr), (argv, r)
+
+
+def urllib_post(url: str, data: bytes) -> bytes:
+    import urllib.request
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read()
+
+
+@step(test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_proven)
+def test_a_power_cut_in_the_middle_of_dpkg_boots_into_a_working_version(site):
+    s = site.screen
+    rel = releases(site)
+    done = {}
+    cli = threading.Thread(target=lambda: done.update(r=fleet_update(site, rel["hangs"],
+                                                                    rel["hangs.sig"], wait=240)))
+    cli.start()
+    # the new package unpacked, its postinst hanging: dpkg is in the middle of it
+    wait_for(lambda: package_version(s) == "0.1.0-5 iF", 60, interval=0.2,
+             what="dpkg configuring 0.1.0-5")
+    s.power_cut()
+    # the boot finishes what was cut: the install is undone
+    wait_for(lambda: package_version(s) == "0.1.0-3 ii", 90, interval=0.5,
+             what="0.1.0-3 installed again at boot")
+    wait_online(s, 60)
+    cli.join(240)
+    rc, result, took = done["r"]
+    assert rc == 2 and result["error"].startswith("rolled back from 0.1.0-5 to 0.1.0-3"), result
+    assert "interrupted while installing" in result["error"], result
+    print(f"\n[{site.release}] power cut during dpkg -> back on 0.1.0-3, reported: {took:.1f}s")
 
 
 @step(test_fresh_install_waits_for_its_configuration_instead_of_failing)

@@ -20,7 +20,7 @@ import pytest
 from agent.commands.core import CommandCore
 from agent.egress import Egress
 from agent.update import rules
-from agent.update.service import NotStaged, Updater
+from agent.update.service import Updater
 from agent.update.signature import SignatureError, verify
 from devtools.harness import FleetServerProcess, wait_for
 from devtools.releases import SigningKey
