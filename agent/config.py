@@ -208,6 +208,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # after a self-update, how long the new agent has to prove its link live before
         # the root side reinstalls the version it replaced (agent/update/rules.py)
         "proof_timeout_s": Key(float, 180.0, "update_proof_timeout_s", Range(10, 3600)),
+        # an older version than the installed one: off, so that whoever holds the fleet
+        # server cannot bring back an old signed release with a known hole
+        "allow_downgrade": Key(bool, False, "update_allow_downgrade"),
     },
     "log": {
         "level": Key(str, "info", "log_level", LOG_LEVELS),
@@ -258,6 +261,7 @@ class Config:
     display_off_command: str | None
     command_timeout_s: float
     update_proof_timeout_s: float
+    update_allow_downgrade: bool
     log_level: str
     debug_stall_link_after_s: float | None
     debug_link_max_wait_s: float | None

@@ -1,7 +1,8 @@
 """What the OS grants the agent beyond its sandbox follows [commands] allow, no more.
 
-The agent's one privileged act is asking logind for a reboot, and polkit allows it
-(/usr/share/polkit-1/rules.d/50-edge-agent.rules) only while a flag file exists in
+The agent's privileged acts are asked of root services: logind for a reboot, systemd
+for edge-agent-update.service (a self-update). polkit allows each
+(/usr/share/polkit-1/rules.d/50-edge-agent.rules) only while its flag file exists in
 GRANTS_DIR. The unit's root-side steps keep that flag in step with the configuration:
 ``ExecStartPre=-+/usr/bin/python3 -I -m agent.grants`` before every start, ``--revoke``
 after every stop (systemd runs ExecStopPost after a skipped ExecCondition too), so the grant
@@ -29,8 +30,8 @@ from .logs import early
 GRANTS_DIR = "/run/edge-agent-grants"
 # grant name -> the command in [commands] allow that needs it
 GRANTABLE = {"reboot": "reboot", "update": "update"}
-FLAG_TEXT = ("polkit lets the edge-agent user ask logind for {name}: [commands] allow in "
-             "{source} lists it. Written by edge-agent.service's ExecStartPre, removed "
+FLAG_TEXT = ("polkit lets the edge-agent user {name} (50-edge-agent.rules): [commands] allow "
+             "in {source} lists it. Written by edge-agent.service's ExecStartPre, removed "
              "when it stops.\n")
 
 

@@ -23,12 +23,14 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import time
 
 from . import config as config_mod
+from .commands.core import MAX_ID
 from .fsutil import atomic_write, read_json
 from .logs import early
 from .update import rules
@@ -37,13 +39,19 @@ from .update.signature import KEYS_DIR, SignatureError, verify
 
 AGENT_UNIT = "edge-agent.service"
 DPKG_TIMEOUT_S = 900
+DPKG_TRIES = 6            # dpkg's lock held (apt, unattended-upgrades): 10 s, 20 s, ...
 POLL_S = 1.0
+INCOMING = "incoming.deb"
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
        "DEBIAN_FRONTEND": "noninteractive"}
 
 
 class Refused(Exception):
     """Nothing was changed: the package is not installed, and why."""
+
+
+class Stuck(Exception):
+    """A transaction that cannot finish now; it stays on record for the next run."""
 
 
 def say(text: str, priority: int = 6) -> None:
@@ -89,16 +97,31 @@ def proof(status_path: str, installed_at_us: int) -> rules.Proof:
 
 
 def dpkg_install(path: str) -> str | None:
-    """dpkg -i, keeping the operator's configuration; what went wrong, or None."""
+    """dpkg -i, keeping the operator's configuration; what went wrong, or None. In a
+    session of its own: on a timeout the maintainer scripts it started go with it."""
+    child = subprocess.Popen(["dpkg", "--force-confold", "--force-confdef", "-i", path],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
     try:
-        r = subprocess.run(["dpkg", "--force-confold", "--force-confdef", "-i", path],
-                           capture_output=True, text=True, timeout=DPKG_TIMEOUT_S, env=ENV)
+        out, err = child.communicate(timeout=DPKG_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
         return f"dpkg took more than {DPKG_TIMEOUT_S}s"
-    if r.returncode != 0:
-        last = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [""]
-        return f"dpkg exited {r.returncode}: {last[0][:200]}"
+    if child.returncode != 0:
+        last = (err.strip() or out.strip()).splitlines()[-1:] or [""]
+        return f"dpkg exited {child.returncode}: {last[0][:200]}"
     return None
+
+
+def dpkg_locked(failed: str) -> bool:
+    return "lock" in failed and ("dpkg" in failed or "frontend" in failed)
+
+
+def older(version: str, than: str) -> bool:
+    return subprocess.run(["dpkg", "--compare-versions", version, "lt", than],
+                          capture_output=True, timeout=30, env=ENV).returncode == 0
 
 
 # -- the agent's staging directory, read without trusting it ---------------------------------
@@ -117,21 +140,24 @@ def staged(state_dir: str) -> tuple[int, dict] | None:
         fd = _open_dir(top, rules.STAGING)
     except FileNotFoundError:
         return None
+    except OSError as e:   # a link (ELOOP), not a directory
+        raise Refused(f"the staging directory is not a directory ({e.strerror})") from None
     finally:
         os.close(top)
     try:
         raw = _read_file(fd, rules.ORDER_FILE, rules.MAX_RECORD_BYTES)
         doc = json.loads(raw)
-        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) \
+                or not 0 < len(doc["id"]) <= MAX_ID:
             raise ValueError("no id")
         rules.order_args({k: v for k, v in doc.items() if k != "id"})
         return fd, doc
     except FileNotFoundError:
         os.close(fd)
         return None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         os.close(fd)
-        raise Refused(f"the staged order is not valid ({e})") from None
+        raise Refused(f"the staged order is not valid ({type(e).__name__})") from None
 
 
 def _read_file(dir_fd: int, name: str, limit: int) -> bytes:
@@ -169,10 +195,11 @@ def _copy_out(dir_fd: int, name: str, dest: str, size: int) -> str:
 # -- the transaction ---------------------------------------------------------------------------
 class Installer:
     def __init__(self, root_dir: str, state_dir: str, status_path: str, keys_dir: str,
-                 proof_timeout_s: float):
+                 proof_timeout_s: float, allow_downgrade: bool = False):
         self.root_dir, self.state_dir = root_dir, state_dir
         self.status_path, self.keys_dir = status_path, keys_dir
         self.proof_timeout_s = proof_timeout_s
+        self.allow_downgrade = allow_downgrade
         self.t0 = time.monotonic()
 
     def path(self, name: str) -> str:
@@ -208,14 +235,28 @@ class Installer:
                  "outcome": outcome, "reason": reason, "at": round(time.time(), 3)}
         if tx.get("timed", True):
             entry["took_s"] = round(time.monotonic() - self.t0, 1)
-        # the outcome first, then the transaction goes: never neither on the card
+        # the outcome first, durably: a cut after it is tidied up by resume(), and the
+        # package to go back to is never replaced before the outcome says committed
         self._write(rules.HISTORY_FILE, rules.remember(self.history(), entry))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path(rules.TRANSACTION_FILE))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path("incoming.deb"))
+        self._tidy(outcome)
         level = 6 if outcome == rules.COMMITTED else 3
         say(f"{outcome}: {rules.describe(entry)[1]}", level)
+
+    def _tidy(self, outcome: str) -> None:
+        """After the outcome is kept: the committed package becomes the one to go back
+        to, and the transaction goes."""
+        incoming = self.path(INCOMING)
+        if outcome == rules.COMMITTED and os.path.exists(incoming):
+            os.replace(incoming, self.path(rules.KEPT_PACKAGE))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(incoming)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(rules.TRANSACTION_FILE))
+        dfd = os.open(self.root_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     # an order from the agent
     def install(self, fd: int, order_doc: dict) -> None:
@@ -228,14 +269,15 @@ class Installer:
         tx = {"id": cid, "from": current, "to": order.version}
         try:
             self._check_and_keep(fd, order, current)
-        except (Refused, SignatureError, RepackError, OSError, ValueError) as e:
-            self._finish(tx, rules.REFUSED, str(e)[:300])
+        except (Refused, SignatureError, RepackError, OSError, ValueError,
+                subprocess.SubprocessError) as e:
+            self._finish(tx, rules.REFUSED, str(e)[:300] or type(e).__name__)
             return
         say(f"installing {rules.PACKAGE} {order.version} over {current}")
         tx = self._phase(tx, rules.INSTALLING)
         # the package's postinst restarts the agent: any agent started from here on
         began_us = time.monotonic_ns() // 1000
-        failed = dpkg_install(self.path("incoming.deb"))
+        failed = dpkg_install(self.path(INCOMING))
         if failed is not None:
             if installed_version() == current:
                 self._finish(tx, rules.REFUSED, f"nothing changed: {failed}")
@@ -247,15 +289,19 @@ class Installer:
     def _check_and_keep(self, fd: int, order: rules.Order, current: str) -> None:
         if not current:
             raise Refused(f"{rules.PACKAGE} is not fully installed: no version to go back to")
+        if not self.allow_downgrade and older(order.version, current):
+            raise Refused(f"{order.version} is older than the installed {current} "
+                          "([update] allow_downgrade is off)")
         need = rules.space_needed(order.size)
         st = os.statvfs(self.root_dir)
         if st.f_bavail * st.f_frsize < need:
             raise Refused(f"not enough space in {self.root_dir}: {need >> 20} MiB needed")
-        incoming = self.path("incoming.deb")
+        incoming = self.path(INCOMING)
         if _copy_out(fd, rules.PACKAGE_FILE, incoming, order.size) != order.sha256:
             raise Refused("the staged package does not match the order's SHA-256")
         signature = _read_file(fd, rules.SIGNATURE_FILE, rules.MAX_SIGNATURE_BYTES)
-        key = verify(incoming, signature, self.keys_dir)
+        os.chmod(incoming, 0o644)   # for gpgv, which parses it as nobody, not as root
+        key = verify(incoming, signature, self.keys_dir, as_user="nobody")
         fields = deb_fields(incoming)
         if fields.get("Package") != rules.PACKAGE or fields.get("Version") != order.version:
             raise Refused(f"the package is {fields.get('Package')} {fields.get('Version')}, "
@@ -283,7 +329,6 @@ class Installer:
             seen = proof(self.status_path, installed_at_us)
             action, why = rules.verdict(tx["to"], seen, time.monotonic(), deadline)
             if action == "commit":
-                os.replace(self.path("incoming.deb"), self.path(rules.KEPT_PACKAGE))
                 self._finish(tx, rules.COMMITTED)
                 return
             if action == "rollback":
@@ -294,15 +339,24 @@ class Installer:
     def rollback(self, tx: dict, reason: str) -> None:
         tx = self._phase(tx, rules.ROLLING_BACK, reason=reason)
         say(f"rolling back from {tx.get('to')} to {tx.get('from')}: {reason}", 3)
-        failed = dpkg_install(self.path(rules.KEPT_PACKAGE))
-        if failed is None:
-            self._finish(tx, rules.ROLLED_BACK, reason)
-            return
-        # the record stays: the next boot tries again
-        say(f"the rollback's reinstall failed: {failed}", 2)
+        for attempt in range(DPKG_TRIES):
+            failed = dpkg_install(self.path(rules.KEPT_PACKAGE))
+            if failed is None:
+                self._finish(tx, rules.ROLLED_BACK, reason)
+                return
+            if not dpkg_locked(failed):
+                break
+            time.sleep(10 * (attempt + 1))
+        # the record stays: the unit fails, systemd starts it again (Restart=on-failure),
+        # and so does the next boot
+        raise Stuck(f"the rollback's reinstall failed: {failed}")
 
     # at boot, or a second start: a transaction that did not finish
     def resume(self, tx: dict) -> None:
+        done = rules.outcome_of(str(tx.get("id")), self.history())
+        if done is not None:   # cut after the outcome was kept: only the tidying is left
+            self._tidy(str(done.get("outcome")))
+            return
         tx = {**tx, "timed": False}   # the monotonic clock did not survive the cut
         if rules.after_power_loss(str(tx.get("phase"))) == "prove" and tx.get("to"):
             say(f"resuming the proof of {tx['to']} after a restart")
@@ -329,31 +383,56 @@ def main(argv: list[str] | None = None) -> int:
         config = config_mod.load(args.config)
         state_dir, status_path, timeout = (config.state_dir, config.status_path,
                                            config.update_proof_timeout_s)
+        downgrade = config.update_allow_downgrade
     except config_mod.ConfigError as e:
         # a transaction in progress is finished on the defaults rather than left
         say(f"{e}; using the default directories and proof time", 4)
         state_dir, status_path, timeout = "/var/lib/edge-agent", "/run/edge-agent/status.json", 180.0
+        downgrade = False
     os.makedirs(args.root_dir, 0o755, exist_ok=True)
-    installer = Installer(args.root_dir, state_dir, status_path, args.keys_dir, timeout)
+    installer = Installer(args.root_dir, state_dir, status_path, args.keys_dir, timeout,
+                          downgrade)
     with open(installer.path(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        tx = installer.transaction()
-        if tx is not None:
-            installer.resume(tx)
-            return 0
         try:
-            found = staged(state_dir)
-        except Refused as e:
-            say(str(e), 3)
-            return 0
-        if found is None:
-            return 0
-        fd, order_doc = found
-        try:
-            installer.install(fd, order_doc)
-        finally:
-            os.close(fd)
+            run(installer)
+        except Stuck as e:
+            say(str(e), 2)
+            return 1
+        except Exception as e:
+            # a bug, or a system that will not answer (dpkg-query hanging): said, and the
+            # unit fails; a transaction on record is taken up again by the next run
+            say(f"{type(e).__name__}: {e}", 2)
+            return 1
     return 0
+
+
+def run(installer: "Installer") -> None:
+    """What a power cut left first, then what the agent staged (an order staged while
+    this ran is taken now, not at the next boot)."""
+    tx = installer.transaction()
+    if tx is not None:
+        installer.resume(tx)
+    try:
+        found = staged(installer.state_dir)
+    except Refused as e:
+        say(str(e), 3)
+        return
+    if found is None:
+        return
+    fd, order_doc = found
+    try:
+        installer.install(fd, order_doc)
+    except Stuck:
+        raise
+    except Exception as e:
+        if installer.transaction() is not None:
+            raise   # taken up again by the next run
+        # nothing was changed: the order gets an outcome, so the agent stops waiting
+        installer._finish({"id": order_doc["id"], "from": "", "to": str(order_doc.get("version"))},
+                          rules.REFUSED, f"internal error: {type(e).__name__}: {e}"[:300])
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":

@@ -647,7 +647,7 @@ def test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back(
 KEYS_DIR = "/etc/edge-agent/update-keys"
 UPDATE_UNIT = "edge-agent-update.service"
 UPDATE_GRANT = "/run/edge-agent-grants/update"
-PROOF_S = 30
+PROOF_S = 15
 
 
 def releases(site) -> dict:
@@ -660,8 +660,9 @@ def releases(site) -> dict:
              "good": reversioned(site.debs[1], "0.1.0-3", work),
              "broken": reversioned(site.debs[1], "0.1.0-4", work, never_proves=True),
              "hangs": reversioned(site.debs[1], "0.1.0-5", work,
-                                  postinst_first='[ "$1" = configure ] && sleep 600')}
-        for name in ("good", "broken", "hangs"):
+                                  postinst_first='[ "$1" = configure ] && sleep 600'),
+             "later": reversioned(site.debs[1], "0.1.0-6", work)}
+        for name in ("good", "broken", "hangs", "later"):
             r[f"{name}.sig"] = r["key"].sign(r[name])
         site.releases = r
     return site.releases
@@ -692,31 +693,55 @@ def update_lines(screen) -> str:
 
 
 @step(test_enrolls_and_pairs_under_systemd, test_upgrade_keeps_identity_credentials_and_queue_and_restarts)
-def test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_proven(site):
+def test_a_first_update_that_never_proves_its_link_goes_back_to_the_version_apt_installed(site):
     s = site.screen
     rel = releases(site)
     s.path(f"{KEYS_DIR}/release.gpg").write_bytes(rel["key"].keyring.read_bytes())
+    write_config(s, site.server)
     conf = s.path(CONF)
     conf.write_text(conf.read_text() + '[commands]\nallow = ["diagnostics", "logs", "update"]\n'
                     f'[update]\nproof_timeout_s = {PROOF_S}\n')
+    configured = conf.read_text()
     s.run("systemctl", "restart", UNIT)
     wait_online(s)
     assert exists(s, UPDATE_GRANT)
     assert package_version(s) == "0.1.0-2 ii"
 
+    rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"])
+    assert rc == 2 and result["error"].startswith("rolled back from 0.1.0-4 to 0.1.0-2"), result
+    print(f"\n[{site.release}] fleet-server update (a release that never proves its link) -> "
+          f"rolled back to the version apt installed: {took:.1f}s ({result['error']})")
+    # apt kept no copy of 0.1.0-2: the way back was rebuilt from dpkg's record, with the
+    # configuration file as the package shipped it, so the operator's file is still theirs
+    assert "rebuilt from dpkg's record" in update_lines(s)
+    assert package_version(s) == "0.1.0-2 ii"
+    assert conf.read_text() == configured
+    doc = wait_online(s)
+    assert doc["update"]["last"]["outcome"] == "rolled-back", doc["update"]
+    # the same version again, not asked explicitly: refused at once, nothing installed
+    rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"])
+    assert rc == 2 and "was rolled back here" in result["error"], result
+    assert package_version(s) == "0.1.0-2 ii"
+
+
+@step(test_a_first_update_that_never_proves_its_link_goes_back_to_the_version_apt_installed)
+def test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_proven(site):
+    s = site.screen
+    rel = releases(site)
+    configured = s.path(CONF).read_text()
     rc, result, took = fleet_update(site, rel["good"], rel["good.sig"])
     assert rc == 0 and result["ok"], result
     assert result["output"].startswith("updated from 0.1.0-2 to 0.1.0-3"), result
     print(f"\n[{site.release}] fleet-server update -> committed 0.1.0-3: {took:.1f}s")
     assert package_version(s) == "0.1.0-3 ii"
+    # a rollback to a rebuilt package and an update after it kept the operator's file
+    assert s.path(CONF).read_text() == configured
     doc = wait_online(s)
     assert doc["update"]["installed"] == "0.1.0-3"
     assert doc["update"]["last"]["outcome"] == "committed", doc["update"]
     said = s.run("edge-agent", "status").stdout
     assert "last committed 0.1.0-2 -> 0.1.0-3" in said, said
-    # apt kept no copy of 0.1.0-2: the way back was rebuilt from dpkg's record, and now
-    # the committed version's own package is kept for the next one
-    assert "rebuilt from dpkg's record" in update_lines(s)
+    # the committed version's own package is what the next rollback reinstalls
     kept = s.run("dpkg-deb", "-f", "/var/lib/edge-agent-update/installed.deb", "Version").stdout
     assert kept.strip() == "0.1.0-3"
     # the agent is still the unprivileged user in its sandbox
@@ -725,22 +750,16 @@ def test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_p
 
 
 @step(test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_proven)
-def test_a_release_that_never_proves_its_link_is_rolled_back_and_not_retried_unasked(site):
+def test_a_broken_release_asked_for_again_is_rolled_back_to_the_committed_one(site):
     s = site.screen
     rel = releases(site)
-    rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"])
-    assert rc == 2 and not result["ok"], result
-    assert result["error"].startswith("rolled back from 0.1.0-4 to 0.1.0-3"), result
-    print(f"\n[{site.release}] fleet-server update (a release that never proves its link) -> "
-          f"rolled back: {took:.1f}s ({result['error']})")
-    assert took < PROOF_S + 60
+    rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"], "--retry")
+    assert rc == 2 and result["error"].startswith("rolled back from 0.1.0-4 to 0.1.0-3"), result
+    print(f"\n[{site.release}] fleet-server update --retry (never proves its link) -> rolled "
+          f"back to 0.1.0-3: {took:.1f}s ({result['error']})")
+    assert took < PROOF_S + 30
     assert package_version(s) == "0.1.0-3 ii"
-    doc = wait_online(s)
-    assert doc["update"]["last"]["outcome"] == "rolled-back", doc["update"]
-    # the same version again, not asked explicitly: refused at once, nothing installed
-    rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"])
-    assert rc == 2 and "was rolled back here" in result["error"], result
-    assert package_version(s) == "0.1.0-3 ii"
+    wait_online(s)
 
 
 @step(test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_proven)
@@ -748,6 +767,11 @@ def test_a_package_not_signed_by_an_installed_key_or_not_the_ordered_one_is_refu
     s, server = site.screen, site.server
     rel = releases(site)
     before = s.show(UNIT, "MainPID")["MainPID"]
+    # signed, but older than what is installed: whoever holds the server cannot bring
+    # back an old release
+    older_deb = Path(shutil.copy(site.debs[1], site.work / "releases"))
+    rc, result, _ = fleet_update(site, older_deb, rel["key"].sign(older_deb))
+    assert rc == 2 and "older than the installed 0.1.0-3" in result["error"], result
     # signed, but by a key the screen does not have
     stranger_sig = rel["stranger"].sign(rel["hangs"])
     rc, result, _ = fleet_update(site, rel["hangs"], stranger_sig)
@@ -820,6 +844,38 @@ def test_a_power_cut_in_the_middle_of_dpkg_boots_into_a_working_version(site):
     assert rc == 2 and result["error"].startswith("rolled back from 0.1.0-5 to 0.1.0-3"), result
     assert "interrupted while installing" in result["error"], result
     print(f"\n[{site.release}] power cut during dpkg -> back on 0.1.0-3, reported: {took:.1f}s")
+
+
+@step(test_a_power_cut_in_the_middle_of_dpkg_boots_into_a_working_version)
+def test_a_power_cut_before_the_proof_gives_the_new_version_its_proof_time_again(site):
+    s, server = site.screen, site.server
+    rel = releases(site)
+    # the connected agent stays; a new connection is held: 0.1.0-6 cannot prove its link
+    server.admin("/admin/behaviour", {"connect_delay_s": 600})
+    done = {}
+    cli = threading.Thread(target=lambda: done.update(r=fleet_update(site, rel["later"],
+                                                                    rel["later.sig"], wait=240)))
+    cli.start()
+    transaction = s.path("/var/lib/edge-agent-update/transaction.json")
+
+    def proving():
+        try:
+            return json.loads(transaction.read_text()).get("phase") == "proving"
+        except (OSError, ValueError):
+            return False
+    wait_for(proving, 60, interval=0.1, what="0.1.0-6 installed, waiting for its proof")
+    assert package_version(s) == "0.1.0-6 ii"
+    s.power_cut()
+    # the boot resumes the proof; the server lets the new connection in
+    server.admin("/admin/behaviour", {"connect_delay_s": 0})
+    cli.join(240)
+    rc, result, took = done["r"]
+    assert rc == 0 and result["output"].startswith("updated from 0.1.0-3 to 0.1.0-6"), result
+    assert package_version(s) == "0.1.0-6 ii"
+    doc = wait_online(s)
+    assert doc["update"]["last"]["outcome"] == "committed", doc["update"]
+    print(f"\n[{site.release}] power cut before the proof -> 0.1.0-6 proven after the boot, "
+          f"committed: {took:.1f}s from the command")
 
 
 @step(test_fresh_install_waits_for_its_configuration_instead_of_failing)

@@ -20,7 +20,7 @@ import pytest
 from agent.commands.core import CommandCore
 from agent.egress import Egress
 from agent.update import rules
-from agent.update.service import Updater
+from agent.update.service import NotStaged, Updater
 from agent.update.signature import SignatureError, verify
 from devtools.harness import FleetServerProcess, wait_for
 from devtools.releases import SigningKey
@@ -301,3 +301,87 @@ def test_an_order_the_agent_restarted_in_the_middle_of_is_reported_not_installed
     reports = core.recover("boot", 1, 2.0, found)
     assert {r.result["id"] for r in reports} == {"done", "lost"}
     assert core.running("update") == ["busy"]
+
+
+def test_a_redirect_is_never_followed_to_fetch_a_package(tmp_path, keys):
+    """The origin check holds for the bytes too: a server (or a box in its place) that
+    answers with a redirect gets a refusal, not a download from elsewhere."""
+    import http.server
+    import threading
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.2:9/evil.deb")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        _, _, keys_dir = keys
+        settled = []
+        root = tmp_path / "root-side"
+        root.mkdir()
+        u = Updater(f"http://127.0.0.1:{httpd.server_port}", Egress(), str(tmp_path / "state"),
+                    2.0, settled=lambda *a: settled.append(a), root_dir=str(root),
+                    keys_dir=str(keys_dir), systemctl="/bin/false")
+        u.begin("r1", args())
+        wait_for(lambda: settled, 10, what="the redirect refused")
+        assert settled[0][1] is False and "redirected it (302)" in settled[0][2], settled
+    finally:
+        httpd.shutdown()
+
+
+def test_a_second_order_is_refused_while_the_root_side_has_one(tmp_path, keys):
+    _, _, keys_dir = keys
+    root = tmp_path / "root-side"
+    root.mkdir()
+    (root / rules.TRANSACTION_FILE).write_text(json.dumps({"id": "first", "phase": "proving"}))
+    u = Updater("http://127.0.0.1:9", Egress(), str(tmp_path / "state"), 2.0,
+                settled=lambda *a: None, root_dir=str(root), keys_dir=str(keys_dir))
+    with pytest.raises(NotStaged, match=r"another update is in progress \(first\)"):
+        u.begin("second", args())
+
+
+# -- the root side's bookkeeping, without dpkg ------------------------------------------------
+def test_a_cut_after_the_commit_was_kept_only_tidies_up(tmp_path):
+    """Power lost between the outcome and the tidying: the next run neither proves nor
+    rolls back again; the committed package becomes the one to go back to."""
+    from agent.installer import INCOMING, Installer
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / INCOMING).write_bytes(b"the new package")
+    (root / rules.KEPT_PACKAGE).write_bytes(b"the old package")
+    (root / rules.TRANSACTION_FILE).write_text(json.dumps(
+        {"id": "c1", "from": "1", "to": "2", "phase": rules.PROVING}))
+    (root / rules.HISTORY_FILE).write_text(json.dumps(
+        [{"id": "c1", "from": "1", "to": "2", "outcome": rules.COMMITTED}]))
+    installer = Installer(str(root), str(tmp_path / "state"), str(tmp_path / "status.json"),
+                          str(tmp_path / "keys"), 10.0)
+    installer.resume(installer.transaction())
+    assert (root / rules.KEPT_PACKAGE).read_bytes() == b"the new package"
+    assert not (root / INCOMING).exists() and installer.transaction() is None
+    assert len(installer.history()) == 1
+
+
+def test_a_rebuilt_package_ships_its_conffiles_as_shipped_never_as_edited(tmp_path):
+    """The operator's edits (and the token in them) never go into the package kept to
+    go back to: dpkg would take them for the default at the next update."""
+    from agent.update.repack import RepackError, _copy_conffile
+    conf, pristine = tmp_path / "agent.toml", tmp_path / "pristine"
+    pristine.mkdir()
+    shipped = b"# the default\n"
+    (pristine / "agent.toml").write_bytes(shipped)
+    conf.write_bytes(b'[identity]\ntoken = "s3cret"\n')
+    md5 = hashlib.md5(shipped).hexdigest()
+    _copy_conffile(str(conf), md5, str(tmp_path / "out" / "agent.toml"), str(pristine))
+    assert (tmp_path / "out" / "agent.toml").read_bytes() == shipped
+    (pristine / "agent.toml").write_bytes(b"# another version's default\n")
+    with pytest.raises(RepackError, match="edited and the package keeps no copy"):
+        _copy_conffile(str(conf), md5, str(tmp_path / "out2" / "agent.toml"), str(pristine))
+    conf.write_bytes(shipped)   # unedited: the file itself
+    _copy_conffile(str(conf), md5, str(tmp_path / "out3" / "agent.toml"), str(pristine))
+    assert (tmp_path / "out3" / "agent.toml").read_bytes() == shipped

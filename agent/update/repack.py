@@ -4,9 +4,14 @@ of a package it installed from a file, and cleans its cache of the others).
 
 What dpkg-repack does, for the one package: its files as the .list names them, each
 checked against the package's md5sums (a file changed since the install means there
-is no faithful way back: refused), its control fields, maintainer scripts and
-conffiles (these as they are on disk: the operator's edits are the screen's
-configuration, and the reinstall keeps them with --force-confold anyway).
+is no faithful way back: refused), its control fields and maintainer scripts.
+
+Its conffiles go in as the package shipped them, never as the operator edited them:
+dpkg records a conffile's shipped hash, and a rebuilt package shipping the edited file
+would make the next update take the edit for the default and replace it (and would
+carry the device token in a package). The package keeps a pristine copy of each
+conffile under /usr/share/edge-agent/ (``PRISTINE``); a conffile that was edited and
+has no pristine copy of the recorded hash is refused.
 """
 from __future__ import annotations
 
@@ -15,8 +20,10 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 
 INFO_DIR = "/var/lib/dpkg/info"
+PRISTINE = "/usr/share/edge-agent"
 SCRIPTS = ("preinst", "postinst", "prerm", "postrm", "config", "templates", "triggers")
 # dpkg's, not the package's: they describe this installation
 DROPPED_FIELDS = {"Status", "Config-Version", "Conffiles"}
@@ -42,26 +49,43 @@ def status_fields(package: str) -> dict[str, str]:
     return fields
 
 
-def repack(package: str, out: str, work: str, info_dir: str = INFO_DIR) -> str:
+def repack(package: str, out: str, work: str, info_dir: str = INFO_DIR,
+           pristine_dir: str = PRISTINE) -> str:
     """Builds ``out`` from the installed ``package``; returns its version."""
     fields = status_fields(package)
     if fields.get("Status") != "install ok installed":
         raise RepackError(f"{package} is not fully installed ({fields.get('Status')})")
-    conffiles = {line.split()[0] for line in fields.get("Conffiles", "").splitlines()
-                 if line.strip()}
+    # " /etc/x <md5>", and a flag after it for obsolete or remove-on-upgrade ones,
+    # which the package no longer ships
+    conffiles = {parts[0]: parts[1] for parts in
+                 (line.split() for line in fields.get("Conffiles", "").splitlines())
+                 if len(parts) == 2}
     sums = {}
     with open(os.path.join(info_dir, f"{package}.md5sums")) as f:
         for line in f:
             digest, _, path = line.rstrip("\n").partition("  ")
             sums["/" + path] = digest
-    tree = os.path.join(work, "tree")
-    shutil.rmtree(tree, ignore_errors=True)
+    tree = tempfile.mkdtemp(prefix=".repack.", dir=work)   # 0700: root's alone
+    try:
+        return _build(package, fields, conffiles, sums, info_dir, pristine_dir, tree, out)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+def _build(package: str, fields: dict, conffiles: dict, sums: dict, info_dir: str,
+           pristine_dir: str, tree: str, out: str) -> str:
     os.makedirs(os.path.join(tree, "DEBIAN"), 0o755)
     with open(os.path.join(info_dir, f"{package}.list")) as f:
         paths = [line.rstrip("\n") for line in f if line.strip() not in ("", "/.")]
     for path in paths:
         st = os.lstat(path)
         dest = tree + path
+        if stat.S_ISLNK(st.st_mode) and os.path.isdir(path) and any(
+                p.startswith(path + "/") for p in paths):
+            st = os.stat(path)   # a directory the system made a link (merged /usr)
+        if path in conffiles:
+            _copy_conffile(path, conffiles[path], dest, pristine_dir)
+            continue
         if stat.S_ISDIR(st.st_mode):
             os.makedirs(dest, exist_ok=True)
             os.chmod(dest, stat.S_IMODE(st.st_mode))
@@ -75,7 +99,7 @@ def repack(package: str, out: str, work: str, info_dir: str = INFO_DIR) -> str:
                 for chunk in iter(lambda: src.read(1 << 16), b""):
                     digest.update(chunk)
                     dst.write(chunk)
-            if path not in conffiles and sums.get(path) != digest.hexdigest():
+            if sums.get(path) != digest.hexdigest():
                 raise RepackError(f"{path} has changed since {package} was installed")
             os.chmod(dest, stat.S_IMODE(st.st_mode))
         else:
@@ -93,12 +117,34 @@ def repack(package: str, out: str, work: str, info_dir: str = INFO_DIR) -> str:
             shutil.copyfile(source, os.path.join(tree, "DEBIAN", script))
             os.chmod(os.path.join(tree, "DEBIAN", script),
                      0o644 if script in ("templates", "triggers") else 0o755)
+    os.chmod(tree, 0o755)   # dpkg-deb wants the tree's root as a package's root
     r = subprocess.run(["dpkg-deb", "--root-owner-group", "--build", tree, out],
                        capture_output=True, text=True, timeout=300)
-    shutil.rmtree(tree, ignore_errors=True)
     if r.returncode != 0:
         raise RepackError(f"dpkg-deb: {(r.stderr or r.stdout).strip()[-200:]}")
     return fields["Version"]
+
+
+def _md5(path: str) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copy_conffile(path: str, shipped: str, dest: str, pristine_dir: str) -> None:
+    """The conffile as the package shipped it (its recorded hash): the file itself if
+    unedited, else the package's pristine copy."""
+    candidates = [path, os.path.join(pristine_dir, os.path.basename(path))]
+    for source in candidates:
+        st = os.lstat(source) if os.path.lexists(source) else None
+        if st is not None and stat.S_ISREG(st.st_mode) and _md5(source) == shipped:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(source, dest)
+            os.chmod(dest, 0o644)
+            return
+    raise RepackError(f"{path} was edited and the package keeps no copy of it as shipped")
 
 
 def _write(path: str, text: str, mode: int) -> None:

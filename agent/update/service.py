@@ -32,7 +32,11 @@ log = logging.getLogger("edge_agent.update")
 
 UPDATE_UNIT = "edge-agent-update.service"
 DOWNLOAD_TRIES = 4
+DOWNLOAD_LIMIT_S = 1800.0   # the whole download, a slow trickle included
 POLL_S = 2.0
+# how long a staged order may go without an outcome: dpkg's bound, its retries and
+# the proof, many times over; then the command says so rather than run for ever
+OUTCOME_LIMIT_S = 2 * 3600.0
 CHUNK = 1 << 16
 
 # (ok, text) for the command's result
@@ -76,6 +80,18 @@ class Updater:
         except (OSError, ValueError):
             return []
         return doc if isinstance(doc, list) else []
+
+    def _root_busy(self) -> str | None:
+        """The id of an order the root side or the staging directory still has."""
+        for path in (os.path.join(self.root_dir, rules.TRANSACTION_FILE),
+                     os.path.join(self.staging, rules.ORDER_FILE)):
+            try:
+                doc = read_json(path, rules.MAX_RECORD_BYTES)
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict) and rules.outcome_of(str(doc.get("id")), self.history()) is None:
+                return str(doc.get("id"))[:64]
+        return None
 
     def _in_hand(self, cid: str) -> bool:
         """The root side has this order, or it is staged for it."""
@@ -126,8 +142,9 @@ class Updater:
             raise NotStaged(why)
         delay = rules.install_delay(order.window_s, self.rng)
         with self._lock:
-            if self._pending:
-                raise NotStaged(f"another update is in progress ({next(iter(self._pending))})")
+            busy = next(iter(self._pending), None) or self._root_busy()
+            if busy:
+                raise NotStaged(f"another update is in progress ({busy})")
             self._pending[cid] = f"waiting {delay:.0f}s in the rollout window"
         log.info("update to %s: installing in %.0fs (a random moment in a %ds window)",
                  order.version, delay, order.window_s)
@@ -170,6 +187,7 @@ class Updater:
                 os.unlink(os.path.join(self.staging, name))
         session = self.egress.session(url)
         problem = ""
+        give_up = time.monotonic() + DOWNLOAD_LIMIT_S
         for attempt in range(DOWNLOAD_TRIES):
             if attempt and self._stopping.wait(min(30.0, 2.0 ** attempt)):
                 raise NotStaged("the agent is stopping")
@@ -181,8 +199,13 @@ class Updater:
                 if have == order.size:
                     break
                 headers = {"Range": f"bytes={have}-"} if have else {}
-                with session.get(url, headers=headers, stream=True,
+                # never redirected: the package comes from the fleet server or not at all
+                with session.get(url, headers=headers, stream=True, allow_redirects=False,
                                  timeout=(self.connect_timeout_s, 30.0)) as r:
+                    if 300 <= r.status_code < 400:
+                        raise NotStaged(f"download refused: the server redirected it "
+                                        f"({r.status_code}); a package is fetched from the "
+                                        "fleet server only")
                     if r.status_code == 200:
                         have = 0
                     elif r.status_code != 206 or not have:
@@ -201,6 +224,9 @@ class Updater:
                                 raise NotStaged(f"the package is larger than the order's "
                                                 f"{order.size} bytes")
                             f.write(chunk)
+                            if time.monotonic() > give_up:
+                                raise NotStaged(f"download too slow: {have} of {order.size} "
+                                                f"bytes in {DOWNLOAD_LIMIT_S:.0f}s")
                         f.flush()
                         os.fsync(f.fileno())
                 if have == order.size:
@@ -248,10 +274,21 @@ class Updater:
     def _follow(self, cid: str) -> None:
         with self._lock:
             self._pending[cid] = "installing"
-        threading.Thread(target=self._wait_for_outcome, args=(cid,), name="update",
-                         daemon=True).start()
+        threading.Thread(target=self._resume, args=(cid,), name="update", daemon=True).start()
+
+    def _resume(self, cid: str) -> None:
+        """An order staged before a restart: the root side may never have been asked
+        (the agent stopped in between); asking again is harmless."""
+        if not os.path.exists(os.path.join(self.root_dir, rules.TRANSACTION_FILE)):
+            try:
+                self._start_installer()
+            except NotStaged as e:
+                self._settle(cid, False, str(e))
+                return
+        self._wait_for_outcome(cid)
 
     def _wait_for_outcome(self, cid: str) -> None:
+        limit = time.monotonic() + OUTCOME_LIMIT_S
         while not self._stopping.wait(POLL_S):
             entry = rules.outcome_of(cid, self.history())
             if entry is not None:
@@ -260,6 +297,11 @@ class Updater:
                 return
             if not self._in_hand(cid):
                 self._settle(cid, False, "the installer lost the order; nothing changed")
+                return
+            if time.monotonic() > limit:
+                self._settle(cid, False, f"no outcome from {UPDATE_UNIT} in "
+                                         f"{OUTCOME_LIMIT_S / 3600:.0f} h (journalctl -u "
+                                         f"{UPDATE_UNIT})")
                 return
 
     def _settle(self, cid: str, ok: bool, text: str) -> None:

@@ -46,14 +46,19 @@ def keyrings(keys_dir: str = KEYS_DIR) -> list[str]:
 
 
 def verify(package: str, signature: bytes, keys_dir: str = KEYS_DIR,
-           timeout_s: float = 60.0) -> str:
+           timeout_s: float = 60.0, as_user: str | None = None) -> str:
     """The signing key's fingerprint if ``signature`` is a good signature of the file
-    ``package`` by one of the keys; SignatureError otherwise."""
+    ``package`` by one of the keys; SignatureError otherwise. ``as_user``: gpgv runs as
+    that user (root's side: the bytes it parses are the network's), so ``package``
+    and the keys must be readable by it."""
     rings = keyrings(keys_dir)
     with tempfile.TemporaryDirectory(prefix="edge-agent-gpgv.") as home:
         sig = os.path.join(home, "package.sig")
         with open(sig, "wb") as f:
             f.write(signature)
+        if as_user is not None:
+            os.chmod(home, 0o755)
+            os.chmod(sig, 0o644)
         argv = [GPGV, "--homedir", home, "--status-fd", "1",
                 # a Pi has no real-time clock: before NTP a good signature is "made in the
                 # future"; when it was made proves nothing either way
@@ -62,7 +67,9 @@ def verify(package: str, signature: bytes, keys_dir: str = KEYS_DIR,
             argv += ["--keyring", ring]
         try:
             r = subprocess.run([*argv, sig, package], capture_output=True, timeout=timeout_s,
-                               stdin=subprocess.DEVNULL, env={"LANG": "C", "PATH": "/usr/bin:/bin"})
+                               stdin=subprocess.DEVNULL, env={"LANG": "C", "PATH": "/usr/bin:/bin"},
+                               user=as_user, group=as_user and "nogroup",
+                               extra_groups=[] if as_user else None)
         except FileNotFoundError:
             raise SignatureError(f"{GPGV} is not installed (package gpgv)") from None
         except subprocess.TimeoutExpired:
