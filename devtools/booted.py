@@ -204,12 +204,7 @@ class BootedDebian:
         """Everything inside dies at once, as a power cut kills it (the disk, the
         overlay's upper layer, keeps what reached it; /run does not survive), and the
         system boots again on the same disk."""
-        if self.leader is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.leader, signal.SIGKILL)
-        self.proc.kill()
-        self.proc.wait(10)
-        self.leader = None
+        self._kill()
         deadline = time.monotonic() + 10
         for top in self._cgroups:
             for sub in ("payload", "supervisor"):
@@ -220,6 +215,16 @@ class BootedDebian:
                 (top / sub).mkdir(exist_ok=True)
         self.boots += 1
         self._spawn(timeout)
+
+    def _kill(self) -> None:
+        # killing nspawn alone would orphan the container's processes: the init of
+        # their pid namespace takes all of them with it
+        if self.leader is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.leader, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait(10)
+        self.leader = None
 
     def _prepare(self) -> None:
         self.boots = 1
@@ -289,13 +294,7 @@ class BootedDebian:
             except subprocess.TimeoutExpired:
                 print(f"{self.name}: no orderly poweroff in {timeout:.0f}s, killed: "
                       + self.console_text()[-500:])
-                # killing nspawn alone would orphan the container's processes: the init of
-                # their pid namespace takes all of them with it
-                if self.leader is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.leader, signal.SIGKILL)
-                self.proc.kill()
-                self.proc.wait(10)
+                self._kill()
         self.leader = None
         deadline = time.monotonic() + 10
         for top in self._cgroups:

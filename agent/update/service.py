@@ -81,29 +81,29 @@ class Updater:
             return []
         return doc if isinstance(doc, list) else []
 
-    def _root_busy(self) -> str | None:
-        """The id of an order the root side or the staging directory still has."""
+    def _held(self) -> list[dict]:
+        """The orders the root side (its transaction) and the staging directory hold."""
+        held = []
         for path in (os.path.join(self.root_dir, rules.TRANSACTION_FILE),
                      os.path.join(self.staging, rules.ORDER_FILE)):
             try:
                 doc = read_json(path, rules.MAX_RECORD_BYTES)
             except (OSError, ValueError):
                 continue
-            if isinstance(doc, dict) and rules.outcome_of(str(doc.get("id")), self.history()) is None:
+            if isinstance(doc, dict):
+                held.append(doc)
+        return held
+
+    def _root_busy(self) -> str | None:
+        """The id of an order held and not finished."""
+        history = self.history()
+        for doc in self._held():
+            if rules.outcome_of(str(doc.get("id")), history) is None:
                 return str(doc.get("id"))[:64]
         return None
 
     def _in_hand(self, cid: str) -> bool:
-        """The root side has this order, or it is staged for it."""
-        for path in (os.path.join(self.root_dir, rules.TRANSACTION_FILE),
-                     os.path.join(self.staging, rules.ORDER_FILE)):
-            try:
-                doc = read_json(path, rules.MAX_RECORD_BYTES)
-            except (OSError, ValueError):
-                continue
-            if isinstance(doc, dict) and doc.get("id") == cid:
-                return True
-        return False
+        return any(doc.get("id") == cid for doc in self._held())
 
     # -- at start -----------------------------------------------------------------------
     def recover(self, ids: list[str]) -> dict[str, tuple[bool, str] | None]:
