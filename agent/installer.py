@@ -49,6 +49,10 @@ ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
 class Refused(Exception):
     """Nothing was changed: the package is not installed, and why."""
 
+    def __init__(self, why: str, order_id: str | None = None):
+        super().__init__(why)
+        self.order_id = order_id
+
 
 class Stuck(Exception):
     """A transaction that cannot finish now; it stays on record for the next run."""
@@ -110,13 +114,27 @@ def dpkg_install(path: str) -> str | None:
         child.wait()
         return f"dpkg took more than {DPKG_TIMEOUT_S}s"
     if child.returncode != 0:
-        last = (err.strip() or out.strip()).splitlines()[-1:] or [""]
-        return f"dpkg exited {child.returncode}: {last[0][:200]}"
+        lines = (err.strip() or out.strip()).splitlines()
+        errors = [line for line in lines if line.startswith("dpkg: error")]
+        said = (errors or lines[-1:] or [""])[-1]
+        return f"dpkg exited {child.returncode}: {said[:200]}"
     return None
 
 
 def dpkg_locked(failed: str) -> bool:
-    return "lock" in failed and ("dpkg" in failed or "frontend" in failed)
+    """dpkg refused because another one holds its lock (apt, unattended-upgrades)."""
+    return "lock" in failed.split(": ", 1)[-1]
+
+
+def dpkg_install_patiently(path: str) -> str | None:
+    """dpkg_install, waiting out another dpkg's lock (10 s, 20 s, ... 60 s)."""
+    for attempt in range(DPKG_TRIES):
+        if attempt:
+            time.sleep(10 * attempt)
+        failed = dpkg_install(path)
+        if failed is None or not dpkg_locked(failed):
+            return failed
+    return failed
 
 
 def older(version: str, than: str) -> bool:
@@ -150,7 +168,11 @@ def staged(state_dir: str) -> tuple[int, dict] | None:
         if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) \
                 or not 0 < len(doc["id"]) <= MAX_ID:
             raise ValueError("no id")
-        rules.order_args({k: v for k, v in doc.items() if k != "id"})
+        try:
+            rules.order_args({k: v for k, v in doc.items() if k != "id"})
+        except ValueError as e:
+            os.close(fd)
+            raise Refused(f"the staged order is not valid ({e})", doc["id"]) from None
         return fd, doc
     except FileNotFoundError:
         os.close(fd)
@@ -219,7 +241,8 @@ class Installer:
             return None
         except (OSError, ValueError):
             # damaged by the cut itself: nothing says which version is wanted; undo
-            return {"id": "?", "from": "", "to": "", "phase": rules.INSTALLING}
+            return {"id": f"damaged-{time.time_ns()}", "from": "", "to": "",
+                    "phase": rules.INSTALLING}
         return doc if isinstance(doc, dict) else None
 
     def _write(self, name: str, doc) -> None:
@@ -277,7 +300,7 @@ class Installer:
         tx = self._phase(tx, rules.INSTALLING)
         # the package's postinst restarts the agent: any agent started from here on
         began_us = time.monotonic_ns() // 1000
-        failed = dpkg_install(self.path(INCOMING))
+        failed = dpkg_install_patiently(self.path(INCOMING))
         if failed is not None:
             if installed_version() == current:
                 self._finish(tx, rules.REFUSED, f"nothing changed: {failed}")
@@ -339,14 +362,10 @@ class Installer:
     def rollback(self, tx: dict, reason: str) -> None:
         tx = self._phase(tx, rules.ROLLING_BACK, reason=reason)
         say(f"rolling back from {tx.get('to')} to {tx.get('from')}: {reason}", 3)
-        for attempt in range(DPKG_TRIES):
-            failed = dpkg_install(self.path(rules.KEPT_PACKAGE))
-            if failed is None:
-                self._finish(tx, rules.ROLLED_BACK, reason)
-                return
-            if not dpkg_locked(failed):
-                break
-            time.sleep(10 * (attempt + 1))
+        failed = dpkg_install_patiently(self.path(rules.KEPT_PACKAGE))
+        if failed is None:
+            self._finish(tx, rules.ROLLED_BACK, reason)
+            return
         # the record stays: the unit fails, systemd starts it again (Restart=on-failure),
         # and so does the next boot
         raise Stuck(f"the rollback's reinstall failed: {failed}")
@@ -357,7 +376,14 @@ class Installer:
         if done is not None:   # cut after the outcome was kept: only the tidying is left
             self._tidy(str(done.get("outcome")))
             return
-        tx = {**tx, "timed": False}   # the monotonic clock did not survive the cut
+        tx = {**tx, "timed": False,   # the monotonic clock did not survive the cut
+              "resumes": int(tx.get("resumes", 0) or 0) + 1}
+        if tx["resumes"] > rules.MAX_RESUMES:
+            # each run failed to finish it: said once, and no more dpkg every 30 s
+            self._finish(tx, rules.FAILED, f"{tx.get('reason') or tx.get('phase')}; given up "
+                                           f"after {rules.MAX_RESUMES} tries")
+            return
+        self._write(rules.TRANSACTION_FILE, tx)
         if rules.after_power_loss(str(tx.get("phase"))) == "prove" and tx.get("to"):
             say(f"resuming the proof of {tx['to']} after a restart")
             self.prove(tx, 0)
@@ -408,32 +434,40 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(installer: "Installer") -> None:
-    """What a power cut left first, then what the agent staged (an order staged while
-    this ran is taken now, not at the next boot)."""
+    """What a power cut left first, then what the agent staged, until nothing is left
+    (an order staged while this ran is taken now, not at the next boot)."""
     tx = installer.transaction()
     if tx is not None:
         installer.resume(tx)
-    try:
-        found = staged(installer.state_dir)
-    except Refused as e:
-        say(str(e), 3)
-        return
-    if found is None:
-        return
-    fd, order_doc = found
-    try:
-        installer.install(fd, order_doc)
-    except Stuck:
-        raise
-    except Exception as e:
-        if installer.transaction() is not None:
-            raise   # taken up again by the next run
-        # nothing was changed: the order gets an outcome, so the agent stops waiting
-        installer._finish({"id": order_doc["id"], "from": "", "to": str(order_doc.get("version"))},
-                          rules.REFUSED, f"internal error: {type(e).__name__}: {e}"[:300])
-    finally:
-        os.close(fd)
-
+    done: set = set()
+    while True:
+        try:
+            found = staged(installer.state_dir)
+        except Refused as e:
+            say(str(e), 3)
+            if e.order_id and rules.outcome_of(e.order_id, installer.history()) is None:
+                installer._finish({"id": e.order_id, "from": "", "to": ""}, rules.REFUSED, str(e))
+            return
+        if found is None:
+            return
+        fd, order_doc = found
+        try:
+            if order_doc["id"] in done:
+                return
+            done.add(order_doc["id"])
+            installer.install(fd, order_doc)
+        except Stuck:
+            raise
+        except Exception as e:
+            if installer.transaction() is not None \
+                    or rules.outcome_of(order_doc["id"], installer.history()) is not None:
+                raise   # taken up again by the next run, or already decided
+            # nothing was changed: the order gets an outcome, so the agent stops waiting
+            installer._finish({"id": order_doc["id"], "from": "",
+                               "to": str(order_doc.get("version"))},
+                              rules.REFUSED, f"internal error: {type(e).__name__}: {e}"[:300])
+        finally:
+            os.close(fd)
 
 if __name__ == "__main__":
     sys.exit(main())

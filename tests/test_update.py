@@ -385,3 +385,112 @@ def test_a_rebuilt_package_ships_its_conffiles_as_shipped_never_as_edited(tmp_pa
     conf.write_bytes(shipped)   # unedited: the file itself
     _copy_conffile(str(conf), md5, str(tmp_path / "out3" / "agent.toml"), str(pristine))
     assert (tmp_path / "out3" / "agent.toml").read_bytes() == shipped
+
+
+def test_a_trickle_that_keeps_every_read_alive_is_cut_at_the_download_bound(tmp_path, keys,
+                                                                           monkeypatch):
+    import http.server
+    import threading
+    import time as time_mod
+
+    import agent.update.service as service_mod
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            try:
+                for _ in range(1000):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time_mod.sleep(0.1)   # well within any read timeout
+            except OSError:
+                pass
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    monkeypatch.setattr(service_mod, "DOWNLOAD_LIMIT_S", 1.5)
+    try:
+        _, _, keys_dir = keys
+        settled = []
+        root = tmp_path / "root-side"
+        root.mkdir()
+        u = Updater(f"http://127.0.0.1:{httpd.server_port}", Egress(), str(tmp_path / "state"),
+                    2.0, settled=lambda *a: settled.append(a), root_dir=str(root),
+                    keys_dir=str(keys_dir), systemctl="/bin/false")
+        t0 = time_mod.monotonic()
+        u.begin("slow", args(size=1000))
+        wait_for(lambda: settled, 20, what="the trickle cut")
+        assert settled[0][1] is False and "download too slow" in settled[0][2], settled
+        assert time_mod.monotonic() - t0 < 6
+    finally:
+        httpd.shutdown()
+
+
+def test_root_runs_gpgv_as_nobody_and_still_reads_keys_only_root_may(keys, tmp_path):
+    """The bytes gpgv parses are the network's: root runs it as nobody, on its own
+    copies of the keys (a keyring root keeps 0640 is still read)."""
+    import shutil
+    import tempfile
+    trusted, stranger, _ = keys
+    public = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="edge-agent-test-"))
+    try:
+        public.chmod(0o755)
+        keys_dir = public / "keys"
+        keys_dir.mkdir(mode=0o755)
+        (keys_dir / "release.gpg").write_bytes(trusted.keyring.read_bytes())
+        (keys_dir / "release.gpg").chmod(0o640)
+        package = public / "p.deb"
+        package.write_bytes(os.urandom(2048))
+        package.chmod(0o644)
+        good = trusted.sign(package).read_bytes()
+        assert len(verify(str(package), good, str(keys_dir), as_user="nobody")) == 40
+        with pytest.raises(SignatureError, match="not installed"):
+            verify(str(package), stranger.sign(package).read_bytes(), str(keys_dir),
+                   as_user="nobody")
+        package.chmod(0o600)   # nobody cannot read it: refused, not trusted
+        with pytest.raises(SignatureError):
+            verify(str(package), good, str(keys_dir), as_user="nobody")
+    finally:
+        shutil.rmtree(public)
+
+
+def test_a_transaction_no_run_can_finish_is_given_up_and_said(tmp_path):
+    from agent.installer import Installer
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / rules.TRANSACTION_FILE).write_text(json.dumps(
+        {"id": "c2", "from": "1", "to": "2", "phase": rules.ROLLING_BACK,
+         "reason": "its link was not proven live in time", "resumes": rules.MAX_RESUMES}))
+    installer = Installer(str(root), str(tmp_path / "state"), str(tmp_path / "status.json"),
+                          str(tmp_path / "keys"), 10.0)
+    installer.resume(installer.transaction())   # no dpkg is run: it is given up
+    assert installer.transaction() is None
+    [entry] = installer.history()
+    assert entry["outcome"] == rules.FAILED
+    ok, text = rules.describe(entry)
+    assert not ok and "given up after 8 tries" in text and "needs a hand" in text
+
+
+def test_an_error_after_an_outcome_never_records_a_second_one(tmp_path, monkeypatch):
+    """A failure in the tidying after a commit must not be reported as a refusal."""
+    import agent.installer as inst
+    root, state = tmp_path / "root", tmp_path / "state"
+    root.mkdir()
+    (state / rules.STAGING).mkdir(parents=True)
+    order = {"id": "c3", **args()}
+    (state / rules.STAGING / rules.ORDER_FILE).write_text(json.dumps(order))
+    installer = inst.Installer(str(root), str(state), str(tmp_path / "status.json"),
+                               str(tmp_path / "keys"), 10.0)
+
+    def commits_then_fails(fd, doc):
+        installer._write(rules.HISTORY_FILE, [{"id": "c3", "outcome": rules.COMMITTED}])
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(installer, "install", commits_then_fails)
+    with pytest.raises(OSError):
+        inst.run(installer)
+    assert [e["outcome"] for e in installer.history()] == [rules.COMMITTED]

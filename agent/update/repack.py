@@ -57,35 +57,38 @@ def repack(package: str, out: str, work: str, info_dir: str = INFO_DIR,
         raise RepackError(f"{package} is not fully installed ({fields.get('Status')})")
     # " /etc/x <md5>", and a flag after it for obsolete or remove-on-upgrade ones,
     # which the package no longer ships
-    conffiles = {parts[0]: parts[1] for parts in
-                 (line.split() for line in fields.get("Conffiles", "").splitlines())
-                 if len(parts) == 2}
+    entries = [line.split() for line in fields.get("Conffiles", "").splitlines()]
+    conffiles = {parts[0]: parts[1] for parts in entries if len(parts) == 2}
+    flagged = {parts[0] for parts in entries if len(parts) > 2}
     sums = {}
     with open(os.path.join(info_dir, f"{package}.md5sums")) as f:
         for line in f:
             digest, _, path = line.rstrip("\n").partition("  ")
             sums["/" + path] = digest
-    tree = tempfile.mkdtemp(prefix=".repack.", dir=work)   # 0700: root's alone
+    tree = tempfile.mkdtemp(prefix=".repack.", dir=work)   # 0700 while it is filled
     try:
-        return _build(package, fields, conffiles, sums, info_dir, pristine_dir, tree, out)
+        return _build(package, fields, conffiles, flagged, sums, info_dir, pristine_dir,
+                      tree, out)
     finally:
         shutil.rmtree(tree, ignore_errors=True)
 
 
-def _build(package: str, fields: dict, conffiles: dict, sums: dict, info_dir: str,
-           pristine_dir: str, tree: str, out: str) -> str:
+def _build(package: str, fields: dict, conffiles: dict, flagged: set, sums: dict,
+           info_dir: str, pristine_dir: str, tree: str, out: str) -> str:
     os.makedirs(os.path.join(tree, "DEBIAN"), 0o755)
     with open(os.path.join(info_dir, f"{package}.list")) as f:
         paths = [line.rstrip("\n") for line in f if line.strip() not in ("", "/.")]
     for path in paths:
-        st = os.lstat(path)
         dest = tree + path
+        if path in flagged:
+            continue   # an obsolete conffile: dpkg lists it, the package no longer ships it
+        if path in conffiles:   # as shipped, even if the operator deleted it
+            _copy_conffile(path, conffiles[path], dest, pristine_dir)
+            continue
+        st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode) and os.path.isdir(path) and any(
                 p.startswith(path + "/") for p in paths):
             st = os.stat(path)   # a directory the system made a link (merged /usr)
-        if path in conffiles:
-            _copy_conffile(path, conffiles[path], dest, pristine_dir)
-            continue
         if stat.S_ISDIR(st.st_mode):
             os.makedirs(dest, exist_ok=True)
             os.chmod(dest, stat.S_IMODE(st.st_mode))

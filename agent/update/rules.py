@@ -40,7 +40,8 @@ KEPT_PACKAGE = "installed.deb"           # the version to roll back to
 MAX_RECORD_BYTES = 64 << 10
 
 # the outcomes the root side records
-COMMITTED, ROLLED_BACK, REFUSED = "committed", "rolled-back", "refused"
+COMMITTED, ROLLED_BACK, REFUSED, FAILED = "committed", "rolled-back", "refused", "failed"
+MAX_RESUMES = 8                   # runs that take up an unfinished transaction
 # the transaction's phases, written durably before each is entered
 INSTALLING, PROVING, ROLLING_BACK = "installing", "proving", "rolling-back"
 
@@ -159,6 +160,9 @@ def describe(entry: dict) -> tuple[bool, str]:
         return True, f"updated from {frm} to {to}{took_text}: its link proven live"
     if outcome == ROLLED_BACK:
         return False, f"rolled back from {to} to {frm}{took_text}: {reason}"
+    if outcome == FAILED:
+        return False, (f"update to {to} failed and could not be undone from here: {reason}; "
+                       "the screen needs a hand")
     return False, f"update to {to} refused: {reason}"
 
 

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import socket
 import subprocess
 import threading
 import time
@@ -34,9 +35,10 @@ UPDATE_UNIT = "edge-agent-update.service"
 DOWNLOAD_TRIES = 4
 DOWNLOAD_LIMIT_S = 1800.0   # the whole download, a slow trickle included
 POLL_S = 2.0
-# how long a staged order may go without an outcome: dpkg's bound, its retries and
-# the proof, many times over; then the command says so rather than run for ever
-OUTCOME_LIMIT_S = 2 * 3600.0
+# how long an order may go without an outcome while the root side's transaction stays
+# in one phase (each is bounded: dpkg and its retries, the proof time of at most an
+# hour); then the command says so rather than run for ever
+OUTCOME_LIMIT_S = 2 * 3600.0   # per phase of the root side's transaction
 CHUNK = 1 << 16
 
 # (ok, text) for the command's result
@@ -104,6 +106,12 @@ class Updater:
 
     def _in_hand(self, cid: str) -> bool:
         return any(doc.get("id") == cid for doc in self._held())
+
+    def _phase_of(self, cid: str) -> str | None:
+        for doc in self._held():
+            if doc.get("id") == cid:
+                return str(doc.get("phase", "staged"))
+        return None
 
     # -- at start -----------------------------------------------------------------------
     def recover(self, ids: list[str]) -> dict[str, tuple[bool, str] | None]:
@@ -201,7 +209,8 @@ class Updater:
                 headers = {"Range": f"bytes={have}-"} if have else {}
                 # never redirected: the package comes from the fleet server or not at all
                 with session.get(url, headers=headers, stream=True, allow_redirects=False,
-                                 timeout=(self.connect_timeout_s, 30.0)) as r:
+                                 timeout=(self.connect_timeout_s, 30.0)) as r, \
+                        _closed_at(give_up, r):
                     if 300 <= r.status_code < 400:
                         raise NotStaged(f"download refused: the server redirected it "
                                         f"({r.status_code}); a package is fetched from the "
@@ -224,9 +233,6 @@ class Updater:
                                 raise NotStaged(f"the package is larger than the order's "
                                                 f"{order.size} bytes")
                             f.write(chunk)
-                            if time.monotonic() > give_up:
-                                raise NotStaged(f"download too slow: {have} of {order.size} "
-                                                f"bytes in {DOWNLOAD_LIMIT_S:.0f}s")
                         f.flush()
                         os.fsync(f.fileno())
                 if have == order.size:
@@ -236,6 +242,10 @@ class Updater:
                 problem = f"{type(e).__name__}"
             except OSError as e:
                 raise NotStaged(f"cannot write {part}: {e.strerror}") from None
+            if time.monotonic() >= give_up:
+                # a trickle: each read within its timeout, the whole never done
+                raise NotStaged(f"download too slow: not done in {DOWNLOAD_LIMIT_S:.0f}s "
+                                f"({problem})")
         else:
             raise NotStaged(f"download failed {DOWNLOAD_TRIES} times: {problem}")
         digest = hashlib.sha256()
@@ -288,8 +298,11 @@ class Updater:
         self._wait_for_outcome(cid)
 
     def _wait_for_outcome(self, cid: str) -> None:
-        limit = time.monotonic() + OUTCOME_LIMIT_S
+        limit, phase = time.monotonic() + OUTCOME_LIMIT_S, None
         while not self._stopping.wait(POLL_S):
+            now_phase = self._phase_of(cid)
+            if now_phase != phase:
+                limit, phase = time.monotonic() + OUTCOME_LIMIT_S, now_phase
             entry = rules.outcome_of(cid, self.history())
             if entry is not None:
                 ok, text = rules.describe(entry)
@@ -338,3 +351,27 @@ class Updater:
 
     def stop(self) -> None:
         self._stopping.set()
+
+
+@contextlib.contextmanager
+def _closed_at(deadline: float, response):
+    """Shuts the response's socket at ``deadline`` from a timer: a read that a trickle
+    keeps alive (a few bytes within every read timeout) ends then, with an error.
+    (Closing it would not wake a read blocked in another thread; a shutdown does.)"""
+    # http.client's response reads from a SocketIO over the socket (urllib3 1.26, 2.x)
+    fp = getattr(getattr(response.raw, "_fp", None), "fp", None)
+    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+
+    def cut():
+        try:
+            sock.shutdown(socket.SHUT_RDWR) if sock is not None else response.close()
+        except OSError:
+            pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -9,6 +9,7 @@ talks to, and is not trusted to have checked.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -57,6 +58,14 @@ def verify(package: str, signature: bytes, keys_dir: str = KEYS_DIR,
         with open(sig, "wb") as f:
             f.write(signature)
         if as_user is not None:
+            # root's copies, readable by that user whatever the keys' own modes
+            copies = []
+            for i, ring in enumerate(rings):
+                copy = os.path.join(home, f"key{i}.gpg")
+                shutil.copyfile(ring, copy)
+                os.chmod(copy, 0o644)
+                copies.append(copy)
+            rings = copies
             os.chmod(home, 0o755)
             os.chmod(sig, 0o644)
         argv = [GPGV, "--homedir", home, "--status-fd", "1",
