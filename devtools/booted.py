@@ -267,9 +267,13 @@ class BootedDebian:
                 raise BootError("the container's init never appeared: " + self.console_text())
             for pid in _descendants(self.proc.pid):
                 try:
+                    # the init of the container's pid namespace: pid 1 there (a child
+                    # it has just forked is "systemd" in that namespace too, for a moment)
                     if (Path(f"/proc/{pid}/comm").read_text().strip() == "systemd"
-                            and os.readlink(f"/proc/{pid}/ns/pid") != own_pidns):
+                            and os.readlink(f"/proc/{pid}/ns/pid") != own_pidns
+                            and _nspid(pid)[-1:] == ["1"]):
                         self.leader = pid
+                        break
                 except OSError:
                     continue
             time.sleep(0.05)
@@ -363,6 +367,14 @@ class BootedDebian:
             return (self.work / "console.log").read_text(errors="replace")[-3000:]
         except (OSError, TypeError):
             return ""
+
+
+def _nspid(pid: int) -> list[str]:
+    """The pid in each pid namespace it is in, outermost first (/proc's NSpid)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return line.split()[1:]
+    return []
 
 
 def _descendants(pid: int) -> list[int]:
