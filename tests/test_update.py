@@ -207,10 +207,10 @@ def publish(server, data: bytes) -> dict:
         return json.loads(r.read())
 
 
-def updater(server, tmp_path, keys_dir, settled, systemctl):
+def updater(url, tmp_path, keys_dir, settled, systemctl):
     root = tmp_path / "root-side"
     root.mkdir(exist_ok=True)
-    return Updater(server.url, Egress(), str(tmp_path / "state"), 2.0,
+    return Updater(url, Egress(), str(tmp_path / "state"), 2.0,
                    settled=lambda *a: settled.append(a), root_dir=str(root),
                    keys_dir=str(keys_dir), systemctl=str(systemctl))
 
@@ -231,7 +231,7 @@ def test_a_cut_download_resumes_and_the_verified_package_is_staged(server, tmp_p
     release = publish(server, package.read_bytes())
     server.admin("/admin/behaviour", {"release_cut_bytes": 100_000})
     settled = []
-    u = updater(server, tmp_path, keys_dir, settled, fake_systemctl(tmp_path))
+    u = updater(server.url, tmp_path, keys_dir, settled, fake_systemctl(tmp_path))
     order = args(url=release["url"], size=release["size"], sha256=release["sha256"],
                  signature=base64.b64encode(trusted.sign(package).read_bytes()).decode())
     u.begin("cmd-1", order)
@@ -271,7 +271,7 @@ def test_a_package_that_is_not_the_signed_one_is_refused_before_staging(server, 
             ("stranger", {"signature": base64.b64encode(stranger.sign(package).read_bytes()).decode()},
              "refused: signed by a key that is not installed")]:
         settled = []
-        u = updater(server, tmp_path, keys_dir, settled, systemctl)
+        u = updater(server.url, tmp_path, keys_dir, settled, systemctl)
         order = args(url=release["url"], size=release["size"], sha256=release["sha256"],
                      signature=base64.b64encode(trusted.sign(package).read_bytes()).decode())
         u.begin(cid, {**order, **over})
@@ -321,13 +321,9 @@ def test_a_redirect_is_never_followed_to_fetch_a_package(tmp_path, keys):
     httpd = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        _, _, keys_dir = keys
         settled = []
-        root = tmp_path / "root-side"
-        root.mkdir()
-        u = Updater(f"http://127.0.0.1:{httpd.server_port}", Egress(), str(tmp_path / "state"),
-                    2.0, settled=lambda *a: settled.append(a), root_dir=str(root),
-                    keys_dir=str(keys_dir), systemctl="/bin/false")
+        u = updater(f"http://127.0.0.1:{httpd.server_port}", tmp_path, keys[2], settled,
+                    "/bin/false")
         u.begin("r1", args())
         wait_for(lambda: settled, 10, what="the redirect refused")
         assert settled[0][1] is False and "redirected it (302)" in settled[0][2], settled
@@ -415,13 +411,9 @@ def test_a_trickle_that_keeps_every_read_alive_is_cut_at_the_download_bound(tmp_
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     monkeypatch.setattr(service_mod, "DOWNLOAD_LIMIT_S", 1.5)
     try:
-        _, _, keys_dir = keys
         settled = []
-        root = tmp_path / "root-side"
-        root.mkdir()
-        u = Updater(f"http://127.0.0.1:{httpd.server_port}", Egress(), str(tmp_path / "state"),
-                    2.0, settled=lambda *a: settled.append(a), root_dir=str(root),
-                    keys_dir=str(keys_dir), systemctl="/bin/false")
+        u = updater(f"http://127.0.0.1:{httpd.server_port}", tmp_path, keys[2], settled,
+                    "/bin/false")
         t0 = time_mod.monotonic()
         u.begin("slow", args(size=1000))
         wait_for(lambda: settled, 20, what="the trickle cut")
