@@ -96,13 +96,14 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True
         os.close(dfd)
 
 
-def read_bounded(path: str, max_bytes: int, follow_links: bool = False) -> bytes:
-    """The regular file at ``path``, at most ``max_bytes`` of it, else FileTooLarge. Not
-    through a link unless ``follow_links`` (OSError ELOOP); NotRegularFile for anything
-    but a regular file, which is never waited on (O_NONBLOCK). FileNotFoundError and any
-    other OSError pass as they are."""
+def read_bounded(path: str, max_bytes: int, follow_links: bool = False,
+                 dir_fd: int | None = None) -> bytes:
+    """The regular file at ``path`` (relative to ``dir_fd`` if given), at most
+    ``max_bytes`` of it, else FileTooLarge. Not through a link unless ``follow_links``
+    (OSError ELOOP); NotRegularFile for anything but a regular file, which is never
+    waited on (O_NONBLOCK). FileNotFoundError and any other OSError pass as they are."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
+    fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotRegularFile(errno.EINVAL, "not a regular file", path)
@@ -115,11 +116,12 @@ def read_bounded(path: str, max_bytes: int, follow_links: bool = False) -> bytes
     return raw
 
 
-def read_json(path: str, max_bytes: int, follow_links: bool = False):
+def read_json(path: str, max_bytes: int, follow_links: bool = False,
+              dir_fd: int | None = None):
     """The JSON document in ``path``, read as ``read_bounded`` does; ValueError (of
     which FileTooLarge is one) for a file too large or not JSON, nested past the parser's
     depth included."""
-    raw = read_bounded(path, max_bytes, follow_links)
+    raw = read_bounded(path, max_bytes, follow_links, dir_fd)
     try:
         return json.loads(raw)
     except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError

@@ -29,11 +29,11 @@ import subprocess
 import sys
 import time
 
-from . import config as config_mod
+from . import config as config_mod, status
 from .commands.core import MAX_ID
-from .fsutil import atomic_write, read_json
+from .fsutil import atomic_write, read_bounded, read_json
 from .logs import early
-from .update import rules
+from .update import records, rules
 from .update.repack import RepackError, repack
 from .update.signature import KEYS_DIR, SignatureError, verify
 
@@ -65,10 +65,7 @@ def say(text: str, priority: int = 6) -> None:
 # -- what the system says ---------------------------------------------------------------
 def installed_version() -> str:
     """The version dpkg has fully installed, or "" (none, or half-installed)."""
-    r = subprocess.run(["dpkg-query", "-W", "-f=${Version} ${db:Status-Abbrev}", rules.PACKAGE],
-                       capture_output=True, text=True, timeout=60, env=ENV)
-    version, _, abbrev = r.stdout.partition(" ")
-    return version if r.returncode == 0 and abbrev.strip() == "ii" else ""
+    return records.installed_version(fully=True)
 
 
 def deb_fields(path: str) -> dict[str, str]:
@@ -91,10 +88,10 @@ def proof(status_path: str, installed_at_us: int) -> rules.Proof:
     started_us = int(props.get("ExecMainStartTimestampMonotonic") or 0)
     live = False
     try:
-        doc = read_json(status_path, 1 << 20)
-        live = (isinstance(doc, dict) and doc.get("pid") == pid and pid > 0
-                and isinstance(doc.get("link"), dict) and doc["link"].get("proven_live") is True)
-    except (OSError, ValueError):
+        doc = status.read(status_path)
+        live = (doc.get("pid") == pid and pid > 0 and isinstance(doc.get("link"), dict)
+                and doc["link"].get("proven_live") is True)
+    except status.StatusFileError:
         pass
     return rules.Proof(installed_version(), pid > 0 and started_us > installed_at_us, live,
                        int(props.get("NRestarts") or 0))
@@ -163,8 +160,7 @@ def staged(state_dir: str) -> tuple[int, dict] | None:
     finally:
         os.close(top)
     try:
-        raw = _read_file(fd, rules.ORDER_FILE, rules.MAX_RECORD_BYTES)
-        doc = json.loads(raw)
+        doc = read_json(rules.ORDER_FILE, rules.MAX_RECORD_BYTES, dir_fd=fd)
         if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) \
                 or not 0 < len(doc["id"]) <= MAX_ID:
             raise ValueError("no id")
@@ -177,20 +173,9 @@ def staged(state_dir: str) -> tuple[int, dict] | None:
     except FileNotFoundError:
         os.close(fd)
         return None
-    except (OSError, ValueError, RecursionError) as e:
+    except (OSError, ValueError) as e:
         os.close(fd)
         raise Refused(f"the staged order is not valid ({type(e).__name__})") from None
-
-
-def _read_file(dir_fd: int, name: str, limit: int) -> bytes:
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ValueError(f"{name} is not a regular file")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{name} is larger than it should be")
-    return data
 
 
 def _copy_out(dir_fd: int, name: str, dest: str, size: int) -> str:
@@ -228,11 +213,7 @@ class Installer:
         return os.path.join(self.root_dir, name)
 
     def history(self) -> list:
-        try:
-            doc = read_json(self.path(rules.HISTORY_FILE), rules.MAX_RECORD_BYTES)
-        except (OSError, ValueError):
-            return []
-        return doc if isinstance(doc, list) else []
+        return records.read_history(self.root_dir)
 
     def transaction(self) -> dict | None:
         try:
@@ -322,7 +303,7 @@ class Installer:
         incoming = self.path(INCOMING)
         if _copy_out(fd, rules.PACKAGE_FILE, incoming, order.size) != order.sha256:
             raise Refused("the staged package does not match the order's SHA-256")
-        signature = _read_file(fd, rules.SIGNATURE_FILE, rules.MAX_SIGNATURE_BYTES)
+        signature = read_bounded(rules.SIGNATURE_FILE, rules.MAX_SIGNATURE_BYTES, dir_fd=fd)
         os.chmod(incoming, 0o644)   # for gpgv, which parses it as nobody, not as root
         key = verify(incoming, signature, self.keys_dir, as_user="nobody")
         fields = deb_fields(incoming)

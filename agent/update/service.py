@@ -26,7 +26,7 @@ from typing import Callable
 import requests
 
 from ..fsutil import atomic_write, read_json
-from . import rules
+from . import records, rules
 from .signature import KEYS_DIR, SignatureError, verify
 
 log = logging.getLogger("edge_agent.update")
@@ -50,12 +50,12 @@ class NotStaged(Exception):
 
 
 def installed_version() -> str:
+    """The package's version for the status and the order's check; "" if dpkg-query
+    cannot say (not installed with dpkg: a developer's checkout)."""
     try:
-        r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", rules.PACKAGE],
-                           capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+        return records.installed_version()
+    except (OSError, subprocess.SubprocessError):
         return ""
-    return r.stdout.strip() if r.returncode == 0 else ""
 
 
 class Updater:
@@ -77,11 +77,7 @@ class Updater:
 
     # -- what the root side wrote ------------------------------------------------------
     def history(self) -> list:
-        try:
-            doc = read_json(os.path.join(self.root_dir, rules.HISTORY_FILE), rules.MAX_RECORD_BYTES)
-        except (OSError, ValueError):
-            return []
-        return doc if isinstance(doc, list) else []
+        return records.read_history(self.root_dir)
 
     def _held(self) -> list[dict]:
         """The orders the root side (its transaction) and the staging directory hold."""
