@@ -41,10 +41,15 @@ class Backoff:
         n = self.attempts if attempts is None else attempts
         return ceiling(self.policy.base_s, self.policy.cap_s, n)
 
-    def next_delay(self) -> float:
-        """Delay before the next attempt; counts one more failure."""
+    def next_delay(self, spread_s: float = 0.0) -> float:
+        """Delay before the next attempt; counts one more failure. ``spread_s`` is a
+        span the delay is drawn from evenly while it is wider than the schedule's own
+        (the server's reconnect window: a node's whole population must not arrive at
+        its neighbour in the same second, whatever the jitter mode)."""
         ceiling = self.ceiling()
         self.attempts += 1
+        if spread_s > ceiling:
+            return self._rng.uniform(0, spread_s)
         mode = self.policy.jitter
         if mode == "none":
             return ceiling

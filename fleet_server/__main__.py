@@ -34,6 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--connect-delay", type=float, default=0.0)
     p.add_argument("--profile", default="edge-agent", choices=["edge-agent", "screentinker"],
                    help="screentinker emulates ScreenTinker's device protocol on /device")
+    p.add_argument("--reconnect-window", type=float, default=0.0, metavar="SECONDS",
+                   help="tell devices to spread their reconnects over this long after "
+                        "losing this server (server:reconnect-window)")
     p.add_argument("--ack-mode", default="ok", choices=["ok", "none", "wrong-seq", "garbage"],
                    help="how heartbeats are answered; none is an old server")
     args = p.parse_args(argv)
@@ -51,7 +54,8 @@ async def serve(args, tokens) -> None:
                          ping_timeout=args.ping_timeout, profile=args.profile,
                          behaviour=Behaviour(ack_mode=args.ack_mode, ack_delay_s=args.ack_delay,
                                              connect_delay_s=args.connect_delay,
-                                             heartbeat_timeout_s=args.heartbeat_timeout))
+                                             heartbeat_timeout_s=args.heartbeat_timeout,
+                                             reconnect_window_s=args.reconnect_window))
     await serve_until_stopped(
         server.app, args.host, args.port, args.port_file,
         lambda port: logging.getLogger("fleet_server").info(

@@ -11,7 +11,7 @@ import time
 
 import socketio
 
-from agent.link.protocol import THROTTLE
+from agent.link.protocol import RECONNECT_WINDOW, THROTTLE
 
 from .behaviour import Behaviour
 from .commands import Commands
@@ -70,6 +70,9 @@ class Sessions:
         self._keep_alive(sid, environ)
         dev = self.registry.attach(sid, device_id)
         self.commands.resend_unreceived(sid, dev)
+        if self.behaviour.reconnect_window_s:
+            asyncio.get_running_loop().create_task(self.sio.emit(
+                RECONNECT_WINDOW, {"window_s": self.behaviour.reconnect_window_s}, to=sid))
         if flapping:
             self.limiter.throttled[device_id] = self.limiter.throttled.get(device_id, 0) + 1
             asyncio.get_running_loop().create_task(self.sio.emit(

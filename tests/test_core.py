@@ -136,6 +136,60 @@ def test_throttle_holds_off_the_next_connect_and_is_clamped():
     assert core.on_throttle(10 ** 9, clock.now) == 900.0
 
 
+def first_retries(window, reason, n=2000):
+    """Where n devices, on one server that set ``window``, put their first retry after
+    losing the link for ``reason``."""
+    delays = []
+    for seed in range(n):
+        core, clock = make(jitter="full", base=1.0, cap=60.0, seed=seed)
+        connect(core, clock)
+        core.on_reconnect_window(window)
+        core.on_closed(clock.now, reason)
+        delays.append(core.attempt_at() - clock.now)
+    return delays
+
+
+def test_a_server_loss_spreads_first_reconnects_over_the_servers_window():
+    without = first_retries(0, J.SERVER_DISCONNECT)
+    assert max(without) <= 1.0   # today: the whole node within a second
+    spread = first_retries(60, J.SERVER_DISCONNECT)
+    assert max(spread) <= 60 and min(spread) >= 0
+    per_second = [0] * 60
+    for d in spread:
+        per_second[int(d)] += 1
+    # 2000 devices over 60 s: about 33 a second, never a lock-step second
+    assert max(per_second) < 2000 / 60 * 2
+    assert sum(1 for d in spread if d < 30) == pytest.approx(1000, rel=0.1)
+
+
+def test_a_silent_drop_on_the_site_still_heals_at_once_whatever_the_window():
+    assert max(first_retries(60, J.ACK_TIMEOUT, n=200)) <= 1.0
+
+
+def test_the_window_covers_the_retries_until_a_connection_then_the_schedule_is_its_own():
+    core, clock = make(jitter="full", base=1.0, cap=60.0)
+    connect(core, clock)
+    assert core.on_reconnect_window(10 ** 9) == 900.0   # clamped like a throttle
+    assert core.on_reconnect_window(-5) == 0.0
+    core.on_reconnect_window(100)
+    core.on_closed(clock.now, J.TRANSPORT_ERROR)
+    delays = []
+    for _ in range(3):   # the node is still down: each retry is spread again
+        clock.advance(core.attempt_at() - clock.now)
+        assert core.poll(clock.now) == [Connect(attempt=core.backoff.attempts)]
+        core.on_connect_failed(clock.now, J.CONNECTION_REFUSED)
+        delays.append(core.attempt_at() - clock.now)
+    assert max(delays) > 8   # ceilings 2, 4, 8 without the window
+    clock.advance(core.attempt_at() - clock.now)
+    core.poll(clock.now)
+    core.on_connected(clock.now, clock.wall(), 25.0)
+    core.on_connect_failed(clock.now, J.CONNECT_FAILED)   # ignored: online
+    core.poll(clock.now)
+    core.on_closed(clock.now, J.SILENCE)
+    assert core.attempt_at() - clock.now <= 16   # its own schedule again
+    assert core.snapshot(clock.now)["reconnect_window_s"] == 100
+
+
 def test_network_up_jumps_the_queue_but_is_rate_limited_and_respects_throttle():
     core, clock = make(jitter="none", base=30, cap=60, wake=5)
     core.poll(clock.now)

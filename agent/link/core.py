@@ -24,6 +24,11 @@ from .liveness import LivenessPolicy, LivenessWatchdog
 
 THROTTLE_MIN_S = 1.0
 THROTTLE_MAX_S = 15 * 60.0
+RECONNECT_WINDOW_MAX_S = 15 * 60.0
+# Losses the site's side causes and nobody else sees: the server is fine, so the device
+# goes back at once whatever window the server set (a window is for a server's loss,
+# which every device on it sees at the same instant).
+SILENT_LOSSES = frozenset({J.ACK_TIMEOUT, J.SILENCE, J.IDLE_REAP})
 
 
 class LinkState(str, Enum):
@@ -83,6 +88,10 @@ class LinkCore:
         self.last_detail = ""          # the shell's words for it, for a person
         self.next_attempt_at = 0.0
         self.hold_until = 0.0          # a server throttle; nothing connects before it
+        # the server's reconnect window (on_reconnect_window) and whether the retries
+        # now follow a loss it applies to: until the next connection
+        self.reconnect_window_s = 0.0
+        self._spreading = False
         self.seq = 0
         self.connected_at: float | None = None
         self.stable = False
@@ -184,6 +193,7 @@ class LinkCore:
         self.stable = False
         self.watchdog.reset(now, server_ping_interval_s)
         self.journal.opened(now, wall, local_addr, connect_s, clock_skew_s)
+        self._spreading = False
         self._gaps.clear()
         self.idle.connected()
         self._next_heartbeat_at = now
@@ -241,6 +251,12 @@ class LinkCore:
         self.hold_until = max(self.hold_until, now + hold)
         return hold
 
+    def on_reconnect_window(self, window_s: float) -> float:
+        """The server's window to spread reconnects over after it is lost (0: none);
+        returns the window applied, clamped. Kept until another connection says otherwise."""
+        self.reconnect_window_s = min(RECONNECT_WINDOW_MAX_S, max(0.0, window_s))
+        return self.reconnect_window_s
+
     def on_network_up(self, now: float) -> bool:
         """The network came back: try now instead of waiting out the backoff.
 
@@ -281,6 +297,7 @@ class LinkCore:
             "losses_last_hour": self.journal.losses_since(now - 3600),
             # below the configured interval while the site reaps idle flows
             "heartbeat_interval_s": self.idle.interval_s,
+            "reconnect_window_s": self.reconnect_window_s or None,
         }
 
     # -- internals --------------------------------------------------------------
@@ -300,11 +317,13 @@ class LinkCore:
         self.journal.closed(now, reason)
         self.connected_at = None
         self._next_heartbeat_at = math.inf
+        self._spreading = reason not in SILENT_LOSSES
         self._schedule_retry(now, reason, detail)
         return reason
 
     def _schedule_retry(self, now: float, reason: str, detail: str = "") -> None:
         self.last_reason = reason
         self.last_detail = detail
-        self.next_attempt_at = now + self.backoff.next_delay()
+        spread = self.reconnect_window_s if self._spreading else 0.0
+        self.next_attempt_at = now + self.backoff.next_delay(spread)
         self._enter(LinkState.WAITING, now)

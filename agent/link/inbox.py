@@ -84,6 +84,11 @@ class Throttled(NamedTuple):
     seconds: float
 
 
+class ReconnectWindow(NamedTuple):
+    """The server's span to spread reconnects over after it is lost."""
+    seconds: float
+
+
 class Registered(NamedTuple):
     """The server confirmed this device on this connection: uploads may go."""
 
@@ -124,5 +129,6 @@ class Closed(NamedTuple):
 
 # about the connection whose generation they are put with; stale once that one ends
 CONNECTION_NEWS = frozenset({HeartbeatAcked, BadAck, Malformed, UnknownEvent, Throttled,
+                             ReconnectWindow,
                              Registered, Unpaired, Emit, CommandReceived, CommandResultAcked,
                              ReportAcked, Closed})

@@ -13,6 +13,7 @@ HEARTBEAT = "device:heartbeat"
 EVENT = "device:event"
 REPORT = "device:report"
 THROTTLE = "server:throttle"
+RECONNECT_WINDOW = "server:reconnect-window"
 COMMAND = "server:command"
 COMMAND_RESULT = "device:command-result"
 
@@ -59,6 +60,14 @@ def parse_throttle(args: tuple) -> float | None:
     if len(args) != 1 or not isinstance(args[0], dict):
         return None
     return _number(args[0].get("retry_after_s"))
+
+
+def parse_reconnect_window(args: tuple) -> float | None:
+    """window_s from a server:reconnect-window message, or None if malformed."""
+    if len(args) != 1 or not isinstance(args[0], dict):
+        return None
+    window = _number(args[0].get("window_s"))
+    return window if window is not None and window >= 0 else None
 
 
 def parse_ok(args: tuple) -> bool:

@@ -562,6 +562,7 @@ class LinkRunner:
             inbox.ReportAcked: self._report_acked,
             inbox.Closed: self._connection_closed,
             inbox.Throttled: self._throttled,
+            inbox.ReconnectWindow: self._reconnect_window,
         }
 
     def _on_stop(self, news: inbox.Stop) -> None:
@@ -638,6 +639,11 @@ class LinkRunner:
     def _throttled(self, news: inbox.Throttled) -> None:
         hold = self.core.on_throttle(news.seconds, self.clock.monotonic())
         log.warning("server asked to hold off: no new connection for %.0fs", hold)
+
+    def _reconnect_window(self, news: inbox.ReconnectWindow) -> None:
+        window = self.core.on_reconnect_window(news.seconds)
+        log.info("server's reconnect window: %.0fs (after losing the server, the first "
+                 "try comes at a random moment within it)", window)
 
     def _heartbeat_acked(self, news: inbox.HeartbeatAcked) -> None:
         self.core.on_ack(news.seq, news.at)

@@ -122,15 +122,17 @@ def storm_section(storms) -> list[str]:
              "| reconnect policy | agents | downtime s | peak new connections/s | 99 % back s | 100 % back s | back | refused | quarantined |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in storms:
-        label = ("edge-agent (1 s doubling to 60 s, full jitter)" if s.mode == "edge-agent"
-                 else "fixed 30 s, no jitter")
-        lines.append(f"| {label} | {s.agents} | {s.downtime_s:g} | {s.peak_per_s} | {s.to_99_s} | "
+        lines.append(f"| {ST.LABELS[s.mode]} | {s.agents} | {s.downtime_s:g} | {s.peak_per_s} | {s.to_99_s} | "
                      f"{s.to_100_s} | {s.back}/{s.agents} | {s.refused} | {s.quarantined} |")
-    ours = next((s for s in storms if s.mode == "edge-agent"), None)
-    base = next((s for s in storms if s.mode != "edge-agent"), None)
+    by_mode = {s.mode: s for s in storms}
+    ours, base = by_mode.get("edge-agent"), by_mode.get("fixed-30s")
+    window = by_mode.get("edge-agent-window")
     if ours and base:
         lines += ["", f"Peak connection rate, fixed 30 s over edge-agent: "
                   f"{_ratio(base.peak_per_s, ours.peak_per_s)}."]
+    if ours and window:
+        lines += ["", f"Peak connection rate, edge-agent over edge-agent with the server's "
+                  f"window: {_ratio(ours.peak_per_s, window.peak_per_s)}."]
     for s in storms:
         if s.error:
             lines.append(f"\nError ({s.mode}): {s.error}")

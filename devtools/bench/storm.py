@@ -1,6 +1,7 @@
 """Fleet reconnect storm: N agents (the real link, many per process) behind one
 loopback address, the server killed and restarted after a short outage. Compared with
-the same N on a fixed 30 s reconnect delay without jitter, as many players ship."""
+the same N on a fixed 30 s reconnect delay without jitter, as many players ship, and
+with the server telling its devices a reconnect window (server:reconnect-window)."""
 from __future__ import annotations
 
 import subprocess
@@ -13,10 +14,17 @@ from pathlib import Path
 from devtools.harness import REPO, FleetServerProcess, agent_config, wait_for
 from devtools.netns import NetNS
 
+EDGE_AGENT = {"backoff": {"base_s": 1.0, "cap_s": 60.0, "jitter": "full"}}
+WINDOW_S = 30.0
+# mode -> (the agents' [link] settings, the server's arguments)
 MODES = {
-    "edge-agent": {"backoff": {"base_s": 1.0, "cap_s": 60.0, "jitter": "full"}},
-    "fixed-30s": {"backoff": {"base_s": 30.0, "cap_s": 30.0, "jitter": "none"}},
+    "edge-agent": (EDGE_AGENT, ()),
+    "edge-agent-window": (EDGE_AGENT, ("--reconnect-window", str(WINDOW_S))),
+    "fixed-30s": ({"backoff": {"base_s": 30.0, "cap_s": 30.0, "jitter": "none"}}, ()),
 }
+LABELS = {"edge-agent": "edge-agent (1 s doubling to 60 s, full jitter)",
+          "edge-agent-window": f"edge-agent, the server's reconnect window {WINDOW_S:g} s",
+          "fixed-30s": "fixed 30 s, no jitter"}
 PER_PROCESS = 50
 
 
@@ -43,12 +51,13 @@ def run(mode: str, n: int, downtime_s: float, work: Path) -> Storm:
     work.mkdir(parents=True)
     r = Storm(mode, n, downtime_s)
     with NetNS():
-        server = FleetServerProcess(work, "--accept-any").start()
+        link, server_args = MODES[mode]
+        server = FleetServerProcess(work, "--accept-any", *server_args).start()
         procs = []
         try:
             cfg = agent_config(server, work, server={"connect_timeout_s": 10.0},
                                link={"heartbeat_interval_s": 15.0, "ack_timeout_s": 5.0,
-                                     "stable_after_s": 60.0, **MODES[mode]},
+                                     "stable_after_s": 60.0, **link},
                                log={"level": "error"})
             log = open(work / "clients.log", "ab")
             for first in range(0, n, PER_PROCESS):

@@ -33,10 +33,16 @@ class EdgeAgentProfile:
             seconds = protocol.parse_throttle(args)
             post(inbox.Throttled(seconds) if seconds is not None else inbox.Malformed(protocol.THROTTLE))
 
+        def reconnect_window(_transport, *args):
+            seconds = protocol.parse_reconnect_window(args)
+            post(inbox.ReconnectWindow(seconds) if seconds is not None
+                 else inbox.Malformed(protocol.RECONNECT_WINDOW))
+
         def command(_transport, data=None, *_):
             post(inbox.CommandReceived(data, protocol.COMMAND))
             return {"ok": True}  # the receipt; the result follows as its own message
-        return {protocol.THROTTLE: throttle, protocol.COMMAND: command}
+        return {protocol.THROTTLE: throttle, protocol.COMMAND: command,
+                protocol.RECONNECT_WINDOW: reconnect_window}
 
     @staticmethod
     def command_result(result: dict) -> tuple[str, dict, bool]:
