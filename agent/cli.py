@@ -12,6 +12,7 @@ from . import __version__, config as cfgmod, crashes, logs, status
 from .fsutil import UnsafePath, drop_to_owner
 from .identity.credentials import Credentials
 from .link.profiles import PROFILES
+from .settings.service import FleetSettings
 from .upload_kinds import KINDS
 
 EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
@@ -77,10 +78,18 @@ def cmd_run(args) -> int:
     config = _load(args.config)
     logs.setup(config.log_level)
     crashes.prepare()
+    settings = FleetSettings(config.state_dir, config.fleet_proof_timeout_s)
+    try:
+        if settings.begin() is not None:   # a revision the agent keeps dying on
+            config = _load(args.config)
+            logs.setup(config.log_level)
+    except OSError as e:   # the count is lost, the deadline still holds
+        logging.getLogger("edge_agent").error("cannot count this start on fleet settings "
+                                              "on trial: %s", e.strerror)
     from .daemon import Agent  # imports socketio; keep `status` light
     from .uploads.store import QueueUnavailable  # likewise
     try:
-        agent = Agent(config)
+        agent = Agent(config, settings=settings)
     except QueueUnavailable as e:
         # not a configuration error: systemd restarts the agent, the queue is untouched
         logging.getLogger("edge_agent").error("upload queue unavailable: %s", e)

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shlex
+import time
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,12 +22,14 @@ from urllib.parse import urlparse
 
 from .identity.rules import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
 from .backoff import JITTER_MODES, BackoffPolicy
+from .boot import boot_id
 from .commands.core import COMMANDS
 from .egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
 from .link.idle_limit import IdlePolicy
 from .link.liveness import LivenessPolicy
 from .link.profiles import PROFILES
 from .link.sockopts import KeepalivePolicy
+from .settings import rules as fleet_rules, store as fleet_store
 from .uploads.schedule import UploadPolicy
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
@@ -100,16 +103,17 @@ class Key:
     default: Any
     into: str
     rule: Range | Text | tuple | None = None   # bounds, a string rule, or the allowed values
+    fleet: bool = False    # the fleet server may set it (agent/settings/, docs/PROTOCOL.md)
 
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "server": {
-        "url": Key(str, REQUIRED, "server_url"),     # its own rule: _check_url
+        "url": Key(str, REQUIRED, "server_url", fleet=True),     # its own rule: _check_url
         # the site's CA (a TLS-inspecting box), for every TLS connection the agent makes
         "ca_file": Key(str, None, "egress.ca_file", ABS_PATH),
         "profile": Key(str, "edge-agent", "profile", tuple(PROFILES)),
         # a cellular link needs seconds; minutes only hide a dead server
-        "connect_timeout_s": Key(float, 10.0, "connect_timeout_s", Range(0.5, 300)),
+        "connect_timeout_s": Key(float, 10.0, "connect_timeout_s", Range(0.5, 300), fleet=True),
     },
     "network": {
         # The way out of a site that allows no other: http://[user:password@]host:port
@@ -141,42 +145,42 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # below a second the heartbeats are the load (and the ACK cannot come back in
         # time over a slow link); above an hour no middlebox keeps the flow open
         "heartbeat_interval_s": Key(float, LivenessPolicy.heartbeat_interval_s,
-                                    "liveness.heartbeat_interval_s", Range(1, 3600)),
+                                    "liveness.heartbeat_interval_s", Range(1, 3600), fleet=True),
         "ack_timeout_s": Key(float, LivenessPolicy.ack_timeout_s, "liveness.ack_timeout_s",
-                             Range(0.1, 600)),
-        "missed_acks": Key(int, LivenessPolicy.missed_acks, "liveness.missed_acks", Range(1, 10)),
+                             Range(0.1, 600), fleet=True),
+        "missed_acks": Key(int, LivenessPolicy.missed_acks, "liveness.missed_acks", Range(1, 10), fleet=True),
         "silence_timeout_s": Key(float, LivenessPolicy.silence_timeout_s,
-                                 "liveness.silence_timeout_s", Range(1, 7200)),
-        "stable_after_s": Key(float, 60.0, "stable_after_s", Range(1, DAY)),
+                                 "liveness.silence_timeout_s", Range(1, 7200), fleet=True),
+        "stable_after_s": Key(float, 60.0, "stable_after_s", Range(1, DAY), fleet=True),
         "wake_min_interval_s": Key(float, 5.0, "wake_min_interval_s", Range(0, 3600)),
         # learn a site's idle limit from the connections it reaps, heartbeat under it
         # (link/idle_limit.py), and step back up after this long without a reap
-        "adapt_heartbeat": Key(bool, IdlePolicy.enabled, "idle.enabled"),
+        "adapt_heartbeat": Key(bool, IdlePolicy.enabled, "idle.enabled", fleet=True),
         "adapt_probe_after_s": Key(float, IdlePolicy.probe_after_s, "idle.probe_after_s",
                                    Range(10, 7 * DAY)),
     },
     "link.backoff": {
-        "base_s": Key(float, BackoffPolicy.base_s, "backoff.base_s", Range(0.1, 3600)),
+        "base_s": Key(float, BackoffPolicy.base_s, "backoff.base_s", Range(0.1, 3600), fleet=True),
         # a screen that waits more than an hour between tries is a screen nobody can reach
-        "cap_s": Key(float, BackoffPolicy.cap_s, "backoff.cap_s", Range(0.1, 3600)),
-        "jitter": Key(str, BackoffPolicy.jitter, "backoff.jitter", JITTER_MODES),
+        "cap_s": Key(float, BackoffPolicy.cap_s, "backoff.cap_s", Range(0.1, 3600), fleet=True),
+        "jitter": Key(str, BackoffPolicy.jitter, "backoff.jitter", JITTER_MODES, fleet=True),
     },
     "link.keepalive": {
         # Linux's own limits: TCP_KEEPIDLE and TCP_KEEPINTVL <= 32767 s, TCP_KEEPCNT <= 127
-        "idle_s": Key(int, KeepalivePolicy.idle_s, "keepalive.idle_s", Range(1, 32767)),
+        "idle_s": Key(int, KeepalivePolicy.idle_s, "keepalive.idle_s", Range(1, 32767), fleet=True),
         "interval_s": Key(int, KeepalivePolicy.interval_s, "keepalive.interval_s",
-                          Range(1, 32767)),
-        "count": Key(int, KeepalivePolicy.count, "keepalive.count", Range(1, 127)),
+                          Range(1, 32767), fleet=True),
+        "count": Key(int, KeepalivePolicy.count, "keepalive.count", Range(1, 127), fleet=True),
         "user_timeout_s": Key(float, KeepalivePolicy.user_timeout_s, "keepalive.user_timeout_s",
-                              Range(1, 3600)),
+                              Range(1, 3600), fleet=True),
     },
     "uploads": {
-        "base_s": Key(float, UploadPolicy.base_s, "uploads.base_s", Range(0.1, DAY)),
-        "cap_s": Key(float, UploadPolicy.cap_s, "uploads.cap_s", Range(0.1, 7 * DAY)),
+        "base_s": Key(float, UploadPolicy.base_s, "uploads.base_s", Range(0.1, DAY), fleet=True),
+        "cap_s": Key(float, UploadPolicy.cap_s, "uploads.cap_s", Range(0.1, 7 * DAY), fleet=True),
         "max_items": Key(int, UploadPolicy.max_items, "uploads.max_items", Range(1, 1_000_000)),
         "max_bytes": Key(int, UploadPolicy.max_bytes, "uploads.max_bytes", Range(1, 1 << 40)),
         "max_age_days": Key(float, UploadPolicy.max_age_days, "uploads.max_age_days",
-                            Range(0.001, 3650)),
+                            Range(0.001, 3650)),   # not the fleet's: it would drop what is queued
         "dedupe_window_s": Key(float, UploadPolicy.dedupe_window_s, "uploads.dedupe_window_s",
                                Range(0, 30 * DAY)),
     },
@@ -187,7 +191,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # sysfs reads when netlink is unavailable
         "fallback_interval_s": Key(float, 60.0, "events_fallback_interval_s", Range(0.1, DAY)),
         "udev_source": Key(str, "auto", "events_udev_source", ("auto", "udev", "kernel")),
-        "telemetry_every_s": Key(float, 300.0, "telemetry_every_s", Range(1, DAY)),
+        "telemetry_every_s": Key(float, 300.0, "telemetry_every_s", Range(1, DAY), fleet=True),
     },
     "watchdog": {
         # Pet systemd's watchdog only while the link is proven live (see README).
@@ -196,7 +200,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "commands": {
         # What the fleet server may ask of this screen (docs/PROTOCOL.md, remote
         # operations). reboot, restart-agent, display and screenshot are opt-in.
-        "allow": Key(list, ["diagnostics", "logs"], "commands_allow"),
+        "allow": Key(list, ["diagnostics", "logs"], "commands_allow", fleet=True),
         # prints a JPEG or PNG, e.g. "grim -t jpeg -"
         "screenshot_command": Key(str, None, "screenshot_command", COMMAND_LINE),
         # e.g. "wlr-randr --output HDMI-A-1 --on"
@@ -212,8 +216,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # server cannot bring back an old signed release with a known hole
         "allow_downgrade": Key(bool, False, "update_allow_downgrade"),
     },
+    "fleet": {
+        # after settings from the fleet are applied, how long the link has to prove
+        # itself live with them before the last good revision comes back
+        "proof_timeout_s": Key(float, 120.0, "fleet_proof_timeout_s", Range(10, 3600)),
+        # [commands] allow is the operator's: the fleet may set it only when this says so
+        "manage_commands_allow": Key(bool, False, "fleet_manage_commands_allow"),
+    },
     "log": {
-        "level": Key(str, "info", "log_level", LOG_LEVELS),
+        "level": Key(str, "info", "log_level", LOG_LEVELS, fleet=True),
     },
     "debug": {
         # Test hook: the link thread wedges itself this long after start.
@@ -266,7 +277,13 @@ class Config:
     debug_stall_link_after_s: float | None
     debug_link_max_wait_s: float | None
     debug_sysfs_root: str | None
+    fleet_proof_timeout_s: float = 120.0
+    fleet_manage_commands_allow: bool = False
     source: str = ""
+    # where each key's value came from: default, file, fleet or env
+    origins: dict = field(default_factory=dict, compare=False, repr=False)
+    fleet_revision: int | None = None      # the fleet's revision in force, if any
+    fleet_problem: str | None = None       # why the overlay in the state directory was not used
 
     @property
     def server_display(self) -> str:
@@ -354,7 +371,12 @@ def _coerce(name: str, typ: type, value: Any, from_env: bool) -> Any:
     return value
 
 
-def load(path: str | None = None, env: dict[str, str] | None = None) -> Config:
+def load(path: str | None = None, env: dict[str, str] | None = None,
+         fleet: dict | None = None) -> Config:
+    """The file, the environment over it, and the fleet's settings between them: the
+    overlay in the state directory, or ``fleet`` (a revision's values) to try one,
+    when a bad value is this function's ConfigError. A bad overlay on disk is not:
+    the file alone runs, and ``fleet_problem`` says why."""
     env = os.environ if env is None else env
     path = path or DEFAULT_PATH
     doc: dict = {}
@@ -375,6 +397,7 @@ def load(path: str | None = None, env: dict[str, str] | None = None) -> Config:
     sections = _flatten(doc, "", {})
 
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     for section, keys in SCHEMA.items():
         given = sections.get(section, {})
         for key in given:
@@ -386,14 +409,49 @@ def load(path: str | None = None, env: dict[str, str] | None = None) -> Config:
             default = spec.default
             if ename in env:
                 values[name] = _coerce(f"{name} (from {ename})", spec.type, env[ename], True)
+                origins[name] = "env"
             elif key in given:
                 values[name] = _coerce(name, spec.type, given[key], False)
+                origins[name] = "file"
             elif default is REQUIRED:
                 raise ConfigMissing(name, f"{name}: required (set it in {path} or {ename})")
             else:
                 values[name] = default
+                origins[name] = "default"
     _check_overrides(env)
-    return _validate(values, env, path)
+    if fleet is not None:
+        return _validate(*_with_fleet(values, origins, fleet), env, path)
+    overlay, problem = fleet_store.read(values["identity.state_dir"])
+    if overlay.current is not None:
+        live, _ = fleet_rules.live(overlay.current.values, overlay.current.until, boot_id(),
+                                   time.monotonic())
+        try:
+            return _validate(*_with_fleet(values, origins, live), env, path,
+                             overlay.current.revision)
+        except ConfigError as e:   # the file changed under it, or the file was tampered with
+            problem = f"fleet revision {overlay.current.revision} not applied: {e}"
+    return _validate(values, origins, env, path, problem=problem)
+
+
+def _with_fleet(values: dict, origins: dict, fleet: dict) -> tuple[dict, dict]:
+    """The values with the fleet's over the file's; the environment's stay (an operator
+    on the device overrides the fleet). Each key by its own rule, as from the file."""
+    values, origins = dict(values), dict(origins)
+    for name, value in sorted(fleet.items()):
+        section, _, key = name.rpartition(".")
+        spec = SCHEMA.get(section, {}).get(key)
+        if spec is None:
+            raise ConfigError(f"{name}: unknown key")
+        if not spec.fleet or (name == "commands.allow"
+                              and not values["fleet.manage_commands_allow"]):
+            raise ConfigError(f"{name}: not set from the fleet on this device"
+                              + (" ([fleet] manage_commands_allow is off)"
+                                 if name == "commands.allow" else ""))
+        if origins[name] == "env":
+            continue
+        values[name] = _coerce(f"{name} (from the fleet)", spec.type, value, False)
+        origins[name] = "fleet"
+    return values, origins
 
 
 def _check_overrides(env) -> None:
@@ -466,7 +524,8 @@ def _check_command(name: str, command: str | None) -> None:
         raise ConfigError(f"{name}: is empty")
 
 
-def _validate(v: dict, env: dict, path: str) -> Config:
+def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None = None,
+              problem: str | None = None) -> Config:
     for section, keys in SCHEMA.items():
         for key, spec in keys.items():
             _check_rule(f"{section}.{key}", spec, v[f"{section}.{key}"])
@@ -499,7 +558,7 @@ def _validate(v: dict, env: dict, path: str) -> Config:
     if unknown:
         raise ConfigError(f"commands.allow: unknown command {unknown[0]!r} (one of "
                           f"{', '.join(sorted(COMMANDS))})")
-    return _build(v, env, path)
+    return _build(v, env, path, origins=origins, fleet_revision=revision, fleet_problem=problem)
 
 
 def _check_client_key(cert: str | None, key: str | None) -> None:
@@ -536,7 +595,7 @@ def _egress(fields: dict, server_url: str, env: dict) -> Egress:
     return egress
 
 
-def _build(v: dict, env: dict, path: str) -> Config:
+def _build(v: dict, env: dict, path: str, **about) -> Config:
     """Config from the validated values, each where SCHEMA's ``into`` says."""
     flat: dict[str, Any] = {}
     policies: dict[str, dict[str, Any]] = {name: {} for name in POLICIES}
@@ -550,4 +609,4 @@ def _build(v: dict, env: dict, path: str) -> Config:
     flat["commands_allow"] = frozenset(flat["commands_allow"])
     built = {name: cls(**policies[name]) for name, cls in POLICIES.items() if name != "egress"}
     built["egress"] = _egress(policies["egress"], flat["server_url"], env)
-    return Config(**flat, **built, source=path)
+    return Config(**flat, **built, source=path, **about)

@@ -7,11 +7,12 @@ import signal
 import threading
 import time
 
-from . import __version__, status
+from . import __version__, config as config_mod, status
 from .boot import first_start_of_boot
 from .commands.actions import Actions, NotQueued, Outcome
 from .commands.service import CommandService
-from .config import Config
+from .config import Config, ConfigError
+from .events.model import Event
 from .events.outbox import Outbox
 from .events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, TelemetrySource
 from .events.watcher import EventWatcher, SysfsState
@@ -26,6 +27,8 @@ from .link.profiles import PROFILES, ProfileContext
 from .link.runner import LinkRunner
 from .link.schedule_store import ScheduleStore
 from .mainwait import MainThreadWait
+from .settings import rules as settings_rules
+from .settings.service import Ended, FleetSettings
 from .storage import StorageHealth, card_failure
 from .systemd import Notifier, WatchdogPetter, watchdog_period_s
 from .update.service import Updater
@@ -41,10 +44,16 @@ log = logging.getLogger("edge_agent")
 STATUS_REFRESH_S = 30.0
 
 
+# the fleet's revision has been applied; this long for its result to go out first
+APPLY_AFTER_S = 1.0
+
+
 class Agent:
-    def __init__(self, config: Config, environ=None):
+    def __init__(self, config: Config, environ=None, settings: FleetSettings | None = None):
         self.config = config
         self.environ = os.environ if environ is None else environ
+        self.settings = settings or FleetSettings(config.state_dir, config.fleet_proof_timeout_s)
+        self._timers: list[threading.Timer] = []
         self.notifier = Notifier(self.environ)
         self.gate = WatchdogGate(require_link=config.watchdog_require_link)
         # Every part that needs the state directory reports here when it cannot use it,
@@ -82,7 +91,7 @@ class Agent:
             config.commands_path, config.commands_allow,
             Actions(config, snapshot=self._status_now, link_socket=self._link_socket,
                     request_restart=self._restart_requested, enqueue=self._enqueue,
-                    updater=self.updater),
+                    updater=self.updater, configure=self._configure),
             on_finished=self._command_finished,
             runtime_dir=config.runtime_dir, ids_ours=self.profile_pairs,
             on_storage_error=self._ledger_write_failed)
@@ -184,6 +193,76 @@ class Agent:
         log.warning("restarting on the server's request")
         self._stop("restart requested by the server")
 
+    # -- settings from the fleet -------------------------------------------------------
+    def _configure(self, args: dict) -> Outcome:
+        """From the command thread: a revision is checked as the file would be, staged,
+        and applied by a restart (agent/settings/service.py)."""
+        def check(values: dict) -> None:
+            try:
+                config_mod.load(self.config.source, self.environ, fleet=values)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        try:
+            text = self.settings.propose(args, check)
+        except ValueError as e:
+            return Outcome(False, error=str(e)[:300])
+        except OSError as e:
+            return Outcome(False, error=f"the revision was not stored: {e.strerror}")
+        log.warning("fleet settings revision %d: %s", args["revision"], text)
+        self._after(APPLY_AFTER_S, lambda: self._stop(
+            f"applying fleet settings revision {args['revision']}"))
+        return Outcome(True, text)
+
+    def _settings_watch(self) -> None:
+        """At start: say how the last trial or expiry ended, and set the alarms."""
+        last = self.settings.overlay.outcome
+        if isinstance(last, dict) and not last.get("announced"):
+            self._settings_ended(Ended(last.get("result", "?"), last.get("revision", 0),
+                                       last.get("why", ""), tuple(last.get("keys") or ())))
+        now = time.monotonic()
+        if self.settings.on_trial and self.settings.deadline is not None:
+            self._after(self.settings.deadline - now, self._trial_due)
+        expiry = self.settings.next_expiry()
+        if expiry is not None:
+            self._after(expiry - now, self._settings_expired)
+        if self.config.fleet_problem:
+            log.error("%s; running on the local file alone", self.config.fleet_problem)
+
+    def _trial_due(self) -> None:
+        ended = self._settings_step(self.settings.due)
+        if ended is not None:
+            self._stop(f"fleet settings revision {ended.revision} rolled back: {ended.why}")
+
+    def _settings_expired(self) -> None:
+        ended = self._settings_step(self.settings.expired)
+        if ended is not None:
+            self._stop(f"fleet settings {', '.join(ended.keys)} expired")
+
+    def _settings_step(self, step) -> Ended | None:
+        try:
+            return step()
+        except OSError as e:
+            log.error("cannot write the fleet settings in %s: %s", self.config.state_dir,
+                      e.strerror)
+            return None
+
+    def _settings_ended(self, ended: Ended) -> None:
+        """The journal and the server hear how a revision ended, once."""
+        level = logging.INFO if ended.result == settings_rules.KEPT else logging.WARNING
+        log.log(level, "fleet settings revision %d %s%s%s", ended.revision, ended.result,
+                f" ({', '.join(ended.keys)})" if ended.keys else "",
+                f": {ended.why}" if ended.why else "")
+        self.outbox.put(Event(f"config.{ended.result}", time.time(),
+                              {"revision": ended.revision, "why": ended.why,
+                               "keys": list(ended.keys)}))
+        self._settings_step(self.settings.announced)
+
+    def _after(self, delay_s: float, then) -> None:
+        timer = threading.Timer(max(0.0, delay_s), then)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
     def _enqueue(self, kind: str, payload: bytes) -> str:
         """From the command thread: what a command queues (a log bundle, a screenshot)."""
         try:
@@ -261,6 +340,10 @@ class Agent:
 
     def _on_link_status(self, link: dict) -> None:
         self._last_link = link
+        if link.get("proven_live") and self.settings.on_trial:
+            ended = self._settings_step(self.settings.proven)
+            if ended is not None:
+                self._settings_ended(ended)
         self._refresh_status()
 
     def _network_up(self) -> None:
@@ -296,7 +379,9 @@ class Agent:
             events={"mode": self.events.mode if self.events else "disabled",
                     **self.outbox.snapshot()},
             journal=self.runner.journal_snapshot(), commands=self.commands.recent(),
-            update=self.updater.snapshot())
+            update=self.updater.snapshot(),
+            settings={**self.settings.snapshot(self.config.origins),
+                      "problem": self.config.fleet_problem or self.settings.problem})
 
     def may_pet(self) -> tuple[bool, str]:
         # a screen waiting for its operator to type the code is healthy, not wedged
@@ -330,6 +415,7 @@ class Agent:
         early, self._storage_events = self._storage_events, None
         for event in early:   # what start-up found: to the server once the link is live
             self.outbox.put(event)
+        self._settings_watch()
         main_wait = MainThreadWait()
         link_ended = threading.Event()   # set before the thread is no longer alive
 
@@ -369,6 +455,8 @@ class Agent:
         if self.runner.loop.gave_up:   # a bug, not bad input: a fresh process
             self._failed = True
             self.notifier.stopping()
+        for timer in self._timers:
+            timer.cancel()
         if petter is not None:
             petter.stop()
         if self.enroller is not None:

@@ -68,13 +68,14 @@ def pid_alive(pid) -> bool:
 # -- the document ------------------------------------------------------------------
 def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              storage: dict, credentials: dict | None, uploads: dict, events: dict,
-             journal: list, commands: list, update: dict | None = None) -> dict:
+             journal: list, commands: list, update: dict | None = None,
+             settings: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
             # a credentials write the card still lacks
             "credentials": credentials, "uploads": uploads, "events": events,
-            "journal": journal, "commands": commands, "update": update}
+            "journal": journal, "commands": commands, "update": update, "settings": settings}
 
 
 # -- the line systemd shows ----------------------------------------------------------
@@ -131,6 +132,32 @@ def _update_text(update: dict) -> str:
     return "; ".join(said)
 
 
+def _settings_text(settings: dict) -> str:
+    said = []
+    if settings.get("revision") is not None:
+        fleet = settings.get("fleet") if isinstance(settings.get("fleet"), dict) else {}
+        values = ", ".join(
+            f"{k}={v.get('value')}" + (f" for {v['expires_in_s']:.0f} s more"
+                                       if isinstance(v.get("expires_in_s"), (int, float)) else "")
+            for k, v in fleet.items() if isinstance(v, dict))
+        said.append(f"fleet revision {settings['revision']} {settings.get('state')}"
+                    + (f" (proof due in {settings['proof_due_in_s']:.0f} s)"
+                       if settings.get("proof_due_in_s") is not None else "")
+                    + (f": {values}" if values else ""))
+    else:
+        said.append("the local file alone")
+    if settings.get("overridden_here"):
+        said.append(f"the environment overrides the fleet's {', '.join(settings['overridden_here'])}")
+    last = settings.get("last")
+    if isinstance(last, dict) and last.get("result") != "kept":
+        keys = f" {', '.join(map(str, last.get('keys') or []))}" if last.get("keys") else ""
+        said.append(f"last: revision {last.get('revision')}{keys} {last.get('result')}"
+                    + (f" ({last['why']})" if last.get("why") else ""))
+    if settings.get("problem"):
+        said.append(str(settings["problem"]))
+    return "; ".join(said)
+
+
 def render(doc: dict, running: bool) -> str:
     link = _link(doc)
     state = link.get("state", "unknown") if running else "not running"
@@ -183,6 +210,9 @@ def render(doc: dict, running: bool) -> str:
     update = doc.get("update") if isinstance(doc.get("update"), dict) else {}
     if update:
         lines.append(f"update      {_update_text(update)}")
+    settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    if settings:
+        lines.append(f"settings    {_settings_text(settings)}")
     if link.get("next_attempt_in_s") is not None:
         lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
     losses = link.get("losses_last_hour") or []

@@ -51,15 +51,18 @@ class Actions:
     def __init__(self, config, snapshot: Callable[[], dict],
                  link_socket: Callable[[], socket.socket | None],
                  request_restart: Callable[[], None],
-                 enqueue: Callable[[str, bytes], str], updater: Updater | None = None):
+                 enqueue: Callable[[str, bytes], str], updater: Updater | None = None,
+                 configure: Callable[[dict], Outcome] | None = None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
-        ``updater`` settles an update's result itself, later (its own callback)."""
+        ``updater`` settles an update's result itself, later (its own callback).
+        ``configure`` applies a revision of settings (agent/settings/)."""
         self.config = config
         self.snapshot = snapshot
         self.link_socket = link_socket
         self.request_restart = request_restart
         self.enqueue = enqueue
         self.updater = updater
+        self._configure = configure
         self.timeout_s = config.command_timeout_s
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None   # the configured command running now
@@ -68,7 +71,7 @@ class Actions:
         self.commands: dict[str, Callable[[dict], Outcome]] = {
             "diagnostics": self.diagnostics, "logs": self.logs, "screenshot": self.screenshot,
             "display": self.display, "restart-agent": self.restart_agent, "reboot": self.reboot,
-            "update": self.update}
+            "update": self.update, "configure": self.configure}
 
     def run(self, name: str, args: dict, command_id: str = "") -> Outcome:
         action = self.commands[name]
@@ -148,6 +151,11 @@ class Actions:
                                         "([commands] in agent.toml)")
         r = self._shell(command)
         return r if isinstance(r, Outcome) else Outcome(True, f"display {args['state']}")
+
+    def configure(self, args: dict) -> Outcome:
+        if self._configure is None:
+            return Outcome(False, error="this agent takes no settings from the fleet")
+        return self._configure(args)
 
     def restart_agent(self, args: dict) -> Outcome:
         self.request_restart()

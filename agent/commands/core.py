@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..settings.rules import revision_args
 from ..update.rules import order_args
 
 MAX_ID = 64
@@ -83,7 +84,7 @@ def display_args(args: dict) -> dict:
 COMMANDS: dict[str, ArgCheck] = {
     "diagnostics": no_args, "logs": logs_args, "screenshot": no_args,
     "display": display_args, "restart-agent": no_args, "reboot": no_args,
-    "update": order_args,
+    "update": order_args, "configure": revision_args,
 }
 # What a restart of the agent or of the device in the middle means for each command.
 SURVIVES = {"restart-agent": "the agent restarted", "reboot": "the device rebooted"}

@@ -1,0 +1,107 @@
+"""Settings from the fleet, sans I/O: what a revision may look like, when a setting
+expires, and the verdict on a revision on trial.
+
+A setting may carry an expiry (debug logging for an hour). Its deadline is on the
+monotonic clock of the boot it was set in: a Pi has no RTC, so wall time may be wrong
+by years until NTP answers, while CLOCK_MONOTONIC counts the same across the agent's
+restarts within one boot. A reboot ends every setting with an expiry: how long the
+device was off is unknowable without a synchronised clock, and a temporary setting
+that outlives its hour is the worse mistake.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+MAX_REVISION = 2 ** 53          # what a JSON number holds exactly
+MAX_SETTINGS = 64
+MAX_EXPIRY_S = 30 * 86400.0
+MAX_LIST = 32                   # items of a list value (commands.allow)
+MAX_TEXT = 2048
+MAX_TRIAL_STARTS = 3            # starts on a revision without proof: a crash loop
+KEY = re.compile(r"[a-z][a-z0-9_]{0,31}(?:\.[a-z][a-z0-9_]{0,31}){1,3}")
+
+# how a trial ends
+KEPT, ROLLED_BACK, EXPIRED = "kept", "rolled-back", "expired"
+
+
+def revision_args(args: dict) -> dict:
+    """The configure command's arguments: ``{"revision": n, "settings": {"log.level":
+    "debug", "link.heartbeat_interval_s": {"value": 10, "expires_in_s": 3600}}}``.
+    Shape only; what a key may hold is config's rule, checked when it is applied."""
+    unknown = set(args) - {"revision", "settings"}
+    if unknown:
+        raise ValueError(f"unknown argument {sorted(unknown)[0][:40]!r}")
+    revision = args.get("revision")
+    if isinstance(revision, bool) or not isinstance(revision, int) \
+            or not 1 <= revision <= MAX_REVISION:
+        raise ValueError(f"revision: an integer from 1 to {MAX_REVISION}")
+    settings = args.get("settings")
+    if not isinstance(settings, dict) or len(settings) > MAX_SETTINGS:
+        raise ValueError(f"settings: an object of at most {MAX_SETTINGS} keys")
+    values, expires = {}, {}
+    for key, given in settings.items():
+        if not isinstance(key, str) or not KEY.fullmatch(key):
+            raise ValueError(f"settings: {str(key)[:40]!r} is not a key such as log.level")
+        if isinstance(given, dict):
+            if set(given) - {"value", "expires_in_s"} or "value" not in given:
+                raise ValueError(f"settings.{key}: a value, or {{value, expires_in_s}}")
+            expiry = given.get("expires_in_s")
+            if expiry is not None:
+                if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) \
+                        or not math.isfinite(expiry) or not 0 < expiry <= MAX_EXPIRY_S:
+                    raise ValueError(f"settings.{key}.expires_in_s: seconds, at most "
+                                     f"{MAX_EXPIRY_S:g}")
+                expires[key] = float(expiry)
+            given = given["value"]
+        values[key] = _plain(key, given)
+    return {"revision": revision, "values": values, "expires_in_s": expires}
+
+
+def _plain(key: str, value):
+    if isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    if isinstance(value, str) and len(value) <= MAX_TEXT:
+        return value
+    if isinstance(value, list) and len(value) <= MAX_LIST \
+            and all(isinstance(x, str) and len(x) <= 64 for x in value):
+        return list(value)
+    raise ValueError(f"settings.{key}: a number, true/false, a string or a list of strings")
+
+
+@dataclass(frozen=True)
+class Expiry:
+    boot: str       # the kernel's boot_id when it was set
+    at: float       # CLOCK_MONOTONIC deadline within that boot
+
+    def passed(self, boot: str, now: float) -> bool:
+        return boot != self.boot or now >= self.at
+
+
+def expiries(expires_in_s: dict, boot: str, now: float) -> dict[str, Expiry]:
+    return {key: Expiry(boot, now + seconds) for key, seconds in expires_in_s.items()}
+
+
+def live(values: dict, until: dict[str, Expiry], boot: str, now: float) -> tuple[dict, list]:
+    """(the values still in force, the keys whose time is over)."""
+    over = sorted(k for k, e in until.items() if k in values and e.passed(boot, now))
+    return {k: v for k, v in values.items() if k not in over}, over
+
+
+def next_expiry(values: dict, until: dict[str, Expiry], boot: str, now: float) -> float | None:
+    """The monotonic time the next setting in force expires, None if none will."""
+    ahead = [e.at for k, e in until.items() if k in values and not e.passed(boot, now)]
+    return min(ahead, default=None)
+
+
+def trial_verdict(starts: int, proven: bool, now: float, deadline: float) -> str | None:
+    """On a revision on trial: KEPT once the link is proven live with it; a reason to
+    roll back once the deadline passed or the agent keeps dying on it; None: wait."""
+    if proven:
+        return KEPT
+    if starts > MAX_TRIAL_STARTS:
+        return f"the agent restarted {starts - 1} times on it without proving its link"
+    if now >= deadline:
+        return "the link was not proven live with it in time"
+    return None

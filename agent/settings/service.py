@@ -1,0 +1,177 @@
+"""The agent's side of settings from the fleet: stage a revision, count the starts on
+it, keep it once the link proves itself, roll it back when it does not.
+
+Applying is a restart: every part reads its settings when it is built, and a fresh
+process applies a revision whole or not at all (a heartbeat interval from one revision
+never meets an ACK timeout from another). The restart is systemd's (Restart=always),
+which also runs root's ExecStartPre again, so the grants follow the commands the
+revision allows. The file is written when a revision arrives, at each start on trial,
+and when the trial ends: never per heartbeat.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..boot import boot_id
+from . import rules, store
+
+log = logging.getLogger("edge_agent.settings")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A trial's end or a setting's expiry, for the journal and the server."""
+    result: str          # rules.KEPT | ROLLED_BACK | EXPIRED
+    revision: int
+    why: str = ""
+    keys: tuple = ()
+
+
+class FleetSettings:
+    def __init__(self, state_dir: str, proof_timeout_s: float,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, boot: Callable[[], str] = boot_id):
+        self.state_dir = state_dir
+        self.proof_timeout_s = proof_timeout_s
+        self.monotonic, self.wall, self.boot = monotonic, wall, boot
+        self.overlay, self.problem = store.read(state_dir)
+        self.deadline: float | None = None
+
+    @property
+    def on_trial(self) -> bool:
+        """This process runs a revision on trial: begin() found it and set its deadline.
+        (A revision this process staged is the next process's trial, not its own.)"""
+        return self.deadline is not None and self._pending()
+
+    def _pending(self) -> bool:
+        return self.overlay.current is not None and self.overlay.trial_starts is not None
+
+    # -- a revision arrives ------------------------------------------------------
+    def propose(self, args: dict, check: Callable[[dict], None]) -> str:
+        """Stages a revision (the configure command's checked arguments) for the next
+        start; returns what to report. ``check(values)`` raises with a one-line reason
+        (config's rules); ValueError here says why it is refused."""
+        revision, values = args["revision"], args["values"]
+        current = self.overlay.current
+        outcome = self.overlay.outcome or {}
+        if outcome.get("revision") == revision and outcome.get("result") == rules.ROLLED_BACK:
+            raise ValueError(f"revision {revision} was rolled back here "
+                             f"({outcome.get('why', '')}); send it as a new revision")
+        if current is not None and revision <= current.revision:
+            raise ValueError(f"revision {revision} is not newer than revision "
+                             f"{current.revision} in force")
+        check(values)
+        now = self.monotonic()
+        overlay = self.overlay
+        good = overlay.good if self._pending() else current
+        staged = store.Revision(revision, values,
+                                rules.expiries(args["expires_in_s"], self.boot(), now),
+                                round(self.wall(), 3))
+        self._save(store.Overlay(staged, good, 0, overlay.outcome))
+        return (f"revision {revision} applied ({len(values)} settings): the agent restarts "
+                f"with it and keeps it if its link is proven live within "
+                f"{self.proof_timeout_s:g} s, else goes back to "
+                + (f"revision {good.revision}" if good else "the local file alone"))
+
+    # -- the trial ---------------------------------------------------------------
+    def begin(self) -> Ended | None:
+        """At start: one more start on a revision on trial, and its deadline. Ended
+        (rolled back: load the configuration again) when it already used its starts."""
+        if not self._pending():
+            return None
+        self.overlay.trial_starts += 1
+        self.deadline = self.monotonic() + self.proof_timeout_s
+        verdict = rules.trial_verdict(self.overlay.trial_starts, False, self.monotonic(),
+                                      self.deadline)
+        if verdict is not None:
+            return self._roll_back(verdict)
+        self._save(self.overlay)
+        return None
+
+    def proven(self) -> Ended | None:
+        """The link is proven live: a revision on trial is kept."""
+        if not self.on_trial:
+            return None
+        current = self.overlay.current
+        return self._end(store.Overlay(current, None, None),
+                         Ended(rules.KEPT, current.revision))
+
+    def due(self) -> Ended | None:
+        """Past the deadline without proof: rolled back (the caller restarts)."""
+        if not self.on_trial:
+            return None
+        verdict = rules.trial_verdict(self.overlay.trial_starts, False, self.monotonic(),
+                                      self.deadline)
+        return self._roll_back(verdict) if verdict is not None else None
+
+    def next_expiry(self) -> float | None:
+        current = self.overlay.current
+        if current is None:
+            return None
+        return rules.next_expiry(current.values, current.until, self.boot(), self.monotonic())
+
+    def expired(self) -> Ended | None:
+        """Settings whose time is over leave the revision (the caller restarts); the
+        rest of it stays in force, on trial or not as it was."""
+        current = self.overlay.current
+        if current is None:
+            return None
+        values, over = rules.live(current.values, current.until, self.boot(), self.monotonic())
+        if not over:
+            return None
+        left = store.Revision(current.revision, values,
+                              {k: e for k, e in current.until.items() if k in values},
+                              current.received_at)
+        ended = Ended(rules.EXPIRED, current.revision, "its time is over", tuple(over))
+        self._save(store.Overlay(left, self.overlay.good, self.overlay.trial_starts,
+                                 self._outcome(ended)))
+        return ended
+
+    def announced(self) -> None:
+        """The last end was told (to the journal and the outbox): not again at a start."""
+        if self.overlay.outcome is not None and not self.overlay.outcome.get("announced"):
+            self.overlay.outcome["announced"] = True
+            self._save(self.overlay)
+
+    # -- status --------------------------------------------------------------------
+    def snapshot(self, origins: dict) -> dict:
+        current, now = self.overlay.current, self.monotonic()
+        until = current.until if current else {}
+        fleet = {k: v for k, v in (current.values.items() if current else ())
+                 if origins.get(k) == "fleet"}
+        return {"revision": current.revision if current else None,
+                "state": (None if current is None else "trial" if self.on_trial
+                          else "staged" if self._pending() else "kept"),
+                "proof_due_in_s": (round(max(0.0, self.deadline - now), 1)
+                                   if self.on_trial and self.deadline is not None else None),
+                "fleet": {k: {"value": v,
+                              "expires_in_s": (round(until[k].at - now, 1) if k in until
+                                               else None)} for k, v in sorted(fleet.items())},
+                "overridden_here": sorted(k for k in (current.values if current else ())
+                                          if origins.get(k) == "env"),
+                "last": self.overlay.outcome, "problem": self.problem,
+                "origins": dict(sorted(origins.items()))}
+
+    # -- internals -----------------------------------------------------------------
+    def _roll_back(self, why: str) -> Ended:
+        failed = self.overlay.current
+        good = self.overlay.good
+        return self._end(store.Overlay(good, None, None),
+                         Ended(rules.ROLLED_BACK, failed.revision, why))
+
+    def _end(self, overlay: store.Overlay, ended: Ended) -> Ended:
+        overlay.outcome = self._outcome(ended)
+        self._save(overlay)
+        self.deadline = None
+        return ended
+
+    def _outcome(self, ended: Ended) -> dict:
+        return {"revision": ended.revision, "result": ended.result, "why": ended.why,
+                "keys": list(ended.keys), "at": round(self.wall(), 3)}
+
+    def _save(self, overlay: store.Overlay) -> None:
+        store.write(self.state_dir, overlay)   # OSError: the caller reports it
+        self.overlay, self.problem = overlay, None

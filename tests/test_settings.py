@@ -1,0 +1,261 @@
+"""Settings from the fleet: a revision's shape, the same rules as the file, the overlay
+on disk, the trial on a fake clock; then the real agent and the reference server."""
+import json
+
+import pytest
+
+from agent import config as cfgmod
+from agent.clock import FakeClock
+from agent.settings import rules, store
+from agent.settings.service import FleetSettings
+from agent.status import render
+from devtools.harness import agent_config, wait_for
+
+
+def base_file(tmp_path, extra=""):
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[server]\nurl = "http://127.0.0.1:9"\n[identity]\nstate_dir = '
+                    f'"{tmp_path / "state"}"\n[link]\nheartbeat_interval_s = 20\n{extra}')
+    (tmp_path / "state").mkdir(exist_ok=True)
+    return str(path)
+
+
+def test_a_revision_malformed_in_any_field_is_refused_naming_it():
+    ok = rules.revision_args({"revision": 3, "settings": {
+        "log.level": "debug", "link.heartbeat_interval_s": {"value": 10, "expires_in_s": 60}}})
+    assert ok == {"revision": 3, "values": {"log.level": "debug", "link.heartbeat_interval_s": 10},
+                  "expires_in_s": {"link.heartbeat_interval_s": 60.0}}
+    for args, why in (({"revision": 0, "settings": {}}, "revision"),
+                      ({"revision": True, "settings": {}}, "revision"),
+                      ({"revision": 1, "settings": []}, "settings"),
+                      ({"revision": 1, "settings": {"Log Level": 1}}, "not a key"),
+                      ({"revision": 1, "settings": {"log.level": {"v": 1}}}, "settings.log.level"),
+                      ({"revision": 1, "settings": {"log.level": {"value": "debug",
+                                                                   "expires_in_s": -1}}},
+                       "expires_in_s"),
+                      ({"revision": 1, "settings": {"log.level": {"a": [1]}}}, "log.level"),
+                      ({"revision": 1, "settings": {"log.level": None}}, "log.level"),
+                      ({"revision": 1, "settings": {f"a.k{i}": 1 for i in range(65)}}, "at most"),
+                      ({"revision": 1, "settings": {}, "sudo": 1}, "unknown argument")):
+        with pytest.raises(ValueError, match=why):
+            rules.revision_args(args)
+
+
+def test_the_fleets_values_obey_the_files_rules_and_the_environment_still_wins(tmp_path):
+    path = base_file(tmp_path)
+    c = cfgmod.load(path, {}, fleet={"log.level": "debug", "link.backoff.cap_s": 30})
+    assert c.log_level == "debug" and c.backoff.cap_s == 30
+    assert c.origins["log.level"] == "fleet" and c.origins["link.heartbeat_interval_s"] == "file"
+    assert c.origins["link.ack_timeout_s"] == "default"
+    for values, why in (({"log.level": "loud"}, "log.level: must be one of"),
+                        ({"link.heartbeat_interval_s": 0.01}, "link.heartbeat_interval_s: must be between"),
+                        ({"link.ack_timeout_s": 30}, "must be less than link.heartbeat_interval_s"),
+                        ({"identity.token": "x" * 40}, "identity.token: not set from the fleet"),
+                        ({"uploads.max_items": 1}, "uploads.max_items: not set from the fleet"),
+                        ({"commands.allow": ["reboot"]}, "manage_commands_allow is off"),
+                        ({"link.bogus": 1}, "link.bogus: unknown key"),
+                        ({"server.url": "file:///etc/shadow"}, "server.url")):
+        with pytest.raises(cfgmod.ConfigError, match=why):
+            cfgmod.load(path, {}, fleet=values)
+    managed = base_file(tmp_path, "[fleet]\nmanage_commands_allow = true\n")
+    assert "reboot" in cfgmod.load(managed, {}, fleet={"commands.allow": ["reboot"]}).commands_allow
+    env = cfgmod.load(path, {"EDGE_AGENT_LOG_LEVEL": "warning"}, fleet={"log.level": "debug"})
+    assert env.log_level == "warning" and env.origins["log.level"] == "env"
+
+
+def stage(tmp_path, values, until=None, revision=4):
+    store.write(str(tmp_path / "state"), store.Overlay(
+        store.Revision(revision, values, until or {}), None, None))
+
+
+def test_the_overlay_on_disk_applies_and_a_damaged_one_leaves_the_file_alone(tmp_path):
+    from agent.boot import boot_id
+    import time
+    path = base_file(tmp_path)
+    stage(tmp_path, {"log.level": "debug", "link.stable_after_s": 5},
+          {"log.level": rules.Expiry(boot_id(), time.monotonic() + 600),
+           "link.stable_after_s": rules.Expiry(boot_id(), time.monotonic() - 1)})
+    c = cfgmod.load(path, {})
+    assert c.fleet_revision == 4 and c.log_level == "debug" and c.origins["log.level"] == "fleet"
+    assert c.stable_after_s == 60.0   # its time is over
+    stage(tmp_path, {"log.level": "debug"}, {"log.level": rules.Expiry("another-boot", 1e12)})
+    assert cfgmod.load(path, {}).log_level == "info"   # a reboot ends what expires
+    stage(tmp_path, {"link.ack_timeout_s": 50})   # the file changed under it, or tampering
+    c = cfgmod.load(path, {})
+    assert c.fleet_revision is None and "revision 4 not applied: link.ack_timeout_s" in c.fleet_problem
+    overlay = tmp_path / "state" / store.FILE
+    for damage in (b"{", b"[]", json.dumps({"current": {"revision": "x", "values": {}}}).encode(),
+                   b"x" * (store.MAX_BYTES + 1)):
+        overlay.write_bytes(damage)
+        c = cfgmod.load(path, {})
+        assert c.fleet_revision is None and c.fleet_problem and c.log_level == "info"
+    overlay.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(store.Overlay(
+        store.Revision(9, {"log.level": "debug"}), None, None).to_dict()))
+    overlay.symlink_to(tmp_path / "elsewhere.json")   # never followed, root reads this too
+    c = cfgmod.load(path, {})
+    assert c.log_level == "info" and "Too many levels of symbolic links" in c.fleet_problem
+
+
+class Clocked:
+    def __init__(self):
+        self.clock = FakeClock()
+        self.boot = "boot-1"
+
+    def settings(self, state_dir, proof=30.0):
+        return FleetSettings(state_dir, proof, monotonic=lambda: self.clock.now,
+                             wall=self.clock.wall, boot=lambda: self.boot)
+
+
+def args(revision, **values):
+    return rules.revision_args({"revision": revision, "settings": values})
+
+
+def test_a_revision_is_on_trial_until_proven_and_rolled_back_to_the_last_good_one(tmp_path):
+    t = Clocked()
+    state = str(tmp_path)
+    s = t.settings(state)
+    checked = []
+    assert "revision 1 applied" in s.propose(args(1, **{"log.level": "debug"}), checked.append)
+    assert checked == [{"log.level": "debug"}]
+    assert s.proven() is None and s.snapshot({})["state"] == "staged"   # the next process's trial
+    s = t.settings(state)          # the restart that applies it
+    assert s.begin() is None and s.on_trial
+    assert s.due() is None
+    ended = s.proven()
+    assert ended.result == rules.KEPT and not s.on_trial
+    s = t.settings(state)
+    assert s.begin() is None and not s.on_trial and s.overlay.current.revision == 1
+    with pytest.raises(ValueError, match="not newer"):
+        s.propose(args(1, **{"log.level": "info"}), lambda v: None)
+    with pytest.raises(ValueError, match="must be between"):
+        def refuse(values):
+            raise ValueError("link.heartbeat_interval_s: must be between 1 and 3600")
+        s.propose(args(2, **{"link.heartbeat_interval_s": 0}), refuse)
+    assert s.overlay.current.revision == 1   # a refused revision changes nothing
+    s.propose(args(2, **{"server.url": "http://192.0.2.1"}), lambda v: None)
+    s = t.settings(state)
+    s.begin()
+    t.clock.advance(29.9)
+    assert s.due() is None
+    t.clock.advance(0.1)
+    ended = s.due()
+    assert ended.result == rules.ROLLED_BACK and ended.revision == 2 and "not proven" in ended.why
+    s = t.settings(state)
+    assert s.overlay.current.revision == 1 and s.overlay.outcome["result"] == rules.ROLLED_BACK
+    with pytest.raises(ValueError, match="was rolled back here"):
+        s.propose(args(2, **{"server.url": "http://192.0.2.1"}), lambda v: None)
+    s.propose(args(3, **{"server.url": "http://192.0.2.1"}), lambda v: None)
+
+
+def test_an_agent_that_keeps_dying_on_a_revision_goes_back_after_three_starts(tmp_path):
+    t = Clocked()
+    s = t.settings(str(tmp_path))
+    s.propose(args(5, **{"log.level": "debug"}), lambda v: None)
+    for _ in range(rules.MAX_TRIAL_STARTS):
+        assert t.settings(str(tmp_path)).begin() is None   # each start killed before proof
+    ended = t.settings(str(tmp_path)).begin()
+    assert ended.result == rules.ROLLED_BACK and "restarted 3 times" in ended.why
+    assert t.settings(str(tmp_path)).overlay.current is None   # back to the file alone
+
+
+def test_an_expiring_setting_leaves_on_time_and_a_reboot_ends_it(tmp_path):
+    t = Clocked()
+    s = t.settings(str(tmp_path))
+    s.propose(rules.revision_args({"revision": 1, "settings": {
+        "log.level": {"value": "debug", "expires_in_s": 3600}, "link.missed_acks": 3}}),
+        lambda v: None)
+    s = t.settings(str(tmp_path))
+    s.begin()
+    s.proven()
+    assert s.next_expiry() == t.clock.now + 3600
+    t.clock.advance(3599)
+    assert s.expired() is None
+    t.clock.advance(1)
+    ended = t.settings(str(tmp_path)).expired()   # across a restart: the same boot's clock
+    assert ended.result == rules.EXPIRED and ended.keys == ("log.level",)
+    after = t.settings(str(tmp_path))
+    assert after.overlay.current.values == {"link.missed_acks": 3} and after.next_expiry() is None
+    s = t.settings(str(tmp_path))
+    s.propose(rules.revision_args({"revision": 2, "settings": {
+        "log.level": {"value": "debug", "expires_in_s": 3600}}}), lambda v: None)
+    t.boot = "boot-2"
+    assert t.settings(str(tmp_path)).expired().keys == ("log.level",)
+
+
+def test_status_says_the_revision_where_values_come_from_and_the_last_rollback(tmp_path):
+    t = Clocked()
+    s = t.settings(str(tmp_path))
+    s.propose(rules.revision_args({"revision": 7, "settings": {
+        "log.level": {"value": "debug", "expires_in_s": 600}, "link.missed_acks": 3}}),
+        lambda v: None)
+    s = t.settings(str(tmp_path))
+    s.begin()
+    snap = s.snapshot({"log.level": "fleet", "link.missed_acks": "env"})
+    assert snap["state"] == "trial" and snap["proof_due_in_s"] == 30.0
+    assert snap["fleet"] == {"log.level": {"value": "debug", "expires_in_s": 600.0}}
+    assert snap["origins"] == {"link.missed_acks": "env", "log.level": "fleet"}
+    doc = {"settings": snap, "link": {"state": "online"}}
+    text = render(doc, True)
+    assert ("settings    fleet revision 7 trial (proof due in 30 s): log.level=debug for 600 s "
+            "more; the environment overrides the fleet's link.missed_acks") in text
+
+
+def _events(server, kind):
+    devices = server.admin("/admin/devices")
+    return [e for e in devices.get("screen-1", {}).get("events", []) if e.get("type") == kind]
+
+
+def _respawn(spawn_agent, agent_python, config, old, timeout):
+    """What systemd's Restart=always does when the agent stops to apply settings."""
+    assert old.proc.wait(timeout) == 0
+    return spawn_agent(agent_python, config)
+
+
+@pytest.mark.netns
+def test_the_fleet_applies_a_revision_it_expires_and_one_that_breaks_the_link_goes_back(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    import time
+    from tests.test_commands_e2e import ask, result_of
+    server = fleet()
+    config = agent_config(server, tmp_path, commands={"allow": ["diagnostics", "configure"]},
+                          fleet={"proof_timeout_s": 10.0})
+    agent = spawn_agent(agent_python, config)
+    agent.wait_live(15)
+    pushed = time.monotonic()
+    cid = ask(server, "configure", {"revision": 1, "settings": {
+        "link.missed_acks": 3, "log.level": {"value": "debug", "expires_in_s": 12}}})["id"]
+    agent = _respawn(spawn_agent, agent_python, config, agent, 15)
+    agent.wait_live(15)
+    assert "revision 1 applied" in result_of(server, cid, 20)["output"]
+    kept = wait_for(lambda: _events(server, "config.kept"), 15, what="config.kept at the server")
+    assert kept[0]["revision"] == 1
+    settings = agent.status()["settings"]
+    assert settings["revision"] == 1 and settings["state"] == "kept"
+    assert settings["fleet"]["log.level"]["value"] == "debug"
+    # the debug level leaves on time, across the restart that applied it
+    agent = _respawn(spawn_agent, agent_python, config, agent, 20)
+    expired_after = time.monotonic() - pushed
+    assert 12 <= expired_after < 16, expired_after
+    agent.wait_live(15)
+    wait_for(lambda: _events(server, "config.expired"), 15, what="config.expired at the server")
+    settings = agent.status()["settings"]
+    assert "log.level" not in settings["fleet"] and settings["fleet"]["link.missed_acks"]["value"] == 3
+    # a revision that takes the screen off its server comes back within the bound
+    cid = ask(server, "configure", {"revision": 2, "settings": {
+        "server.url": "http://127.0.0.1:1"}})["id"]
+    agent = _respawn(spawn_agent, agent_python, config, agent, 15)
+    started = time.monotonic()
+    agent = _respawn(spawn_agent, agent_python, config, agent, 30)
+    rolled_back_in = time.monotonic() - started
+    assert 10 <= rolled_back_in < 14, rolled_back_in
+    agent.wait_live(15)
+    back = wait_for(lambda: _events(server, "config.rolled-back"), 15,
+                    what="config.rolled-back at the server")
+    assert back[0]["revision"] == 2 and "not proven" in back[0]["why"]
+    assert result_of(server, cid, 10)["ok"]
+    settings = agent.status()["settings"]
+    assert settings["revision"] == 1 and settings["last"]["result"] == "rolled-back"
+    again = result_of(server, ask(server, "configure", {"revision": 2, "settings": {
+        "server.url": "http://127.0.0.1:1"}})["id"], 10)
+    assert not again["ok"] and "was rolled back here" in again["error"]
