@@ -19,12 +19,14 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .identity.rules import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
 from .backoff import JITTER_MODES, BackoffPolicy
 from .boot import boot_id
 from .commands.core import COMMANDS
 from .egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
+from .hours.rules import Schedule, ScheduleError
 from .link.idle_limit import IdlePolicy
 from .link.liveness import LivenessPolicy
 from .link.profiles import PROFILES
@@ -91,6 +93,8 @@ class Text:
 ABS_PATH = Text("an absolute path (/...)", re.compile(r"(?:/[^\x00-\x1f\x7f/]+)+/?|/"), 1024)
 # Run through shlex.split, never a shell: one line of printable characters.
 COMMAND_LINE = Text("one line of printable characters", re.compile(r"[^\x00-\x1f\x7f]+"))
+TIME_ZONE = Text("an IANA time zone such as Europe/Berlin",
+                 re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9][A-Za-z0-9_+-]*){0,2}"), 64)
 
 
 def _shown(v: str) -> str:
@@ -208,6 +212,18 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "display_off_command": Key(str, None, "display_off_command", COMMAND_LINE),
         "timeout_s": Key(float, 60.0, "command_timeout_s", Range(0.1, 3600)),
     },
+    "hours": {
+        # Working hours (agent/hours/rules.py): ["mon-fri 08:00-18:00", "sat 10:00-14:00"];
+        # days not listed are off; empty: no schedule. Run through [commands]
+        # display_on_command / display_off_command, which they need.
+        "week": Key(list, [], "hours_week", fleet=True),
+        "exceptions": Key(list, [], "hours_exceptions", fleet=True),   # ["2026-12-25 off"]
+        # an IANA zone (Europe/Berlin); unset: the system's local time
+        "timezone": Key(str, None, "hours_timezone", TIME_ZONE, fleet=True),
+        # synchronised: act only once NTP set the clock; trusted: a board with an RTC
+        "clock": Key(str, "synchronised", "hours_clock", ("synchronised", "trusted"),
+                     fleet=True),
+    },
     "update": {
         # after a self-update, how long the new agent has to prove its link live before
         # the root side reinstalls the version it replaced (agent/update/rules.py)
@@ -220,8 +236,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # after settings from the fleet are applied, how long the link has to prove
         # itself live with them before the last good revision comes back
         "proof_timeout_s": Key(float, 120.0, "fleet_proof_timeout_s", Range(10, 3600)),
-        # [commands] allow is the operator's: the fleet may set it only when this says so
+        # [commands] allow and the server's URL are the operator's: the fleet may set
+        # them only when these say so (a URL from the fleet takes the token elsewhere)
         "manage_commands_allow": Key(bool, False, "fleet_manage_commands_allow"),
+        "manage_server_url": Key(bool, False, "fleet_manage_server_url"),
     },
     "log": {
         "level": Key(str, "info", "log_level", LOG_LEVELS, fleet=True),
@@ -277,8 +295,13 @@ class Config:
     debug_stall_link_after_s: float | None
     debug_link_max_wait_s: float | None
     debug_sysfs_root: str | None
+    hours_week: tuple = ()
+    hours_exceptions: tuple = ()
+    hours_timezone: str | None = None
+    hours_clock: str = "synchronised"
     fleet_proof_timeout_s: float = 120.0
     fleet_manage_commands_allow: bool = False
+    fleet_manage_server_url: bool = False
     source: str = ""
     # where each key's value came from: default, file, fleet or env
     origins: dict = field(default_factory=dict, compare=False, repr=False)
@@ -433,6 +456,11 @@ def load(path: str | None = None, env: dict[str, str] | None = None,
     return _validate(values, origins, env, path, problem=problem)
 
 
+# keys the fleet may set only where the file (or the environment) turns this on
+FLEET_GATES = {"commands.allow": "fleet.manage_commands_allow",
+               "server.url": "fleet.manage_server_url"}
+
+
 def _with_fleet(values: dict, origins: dict, fleet: dict) -> tuple[dict, dict]:
     """The values with the fleet's over the file's; the environment's stay (an operator
     on the device overrides the fleet). Each key by its own rule, as from the file."""
@@ -442,15 +470,14 @@ def _with_fleet(values: dict, origins: dict, fleet: dict) -> tuple[dict, dict]:
         spec = SCHEMA.get(section, {}).get(key)
         if spec is None:
             raise ConfigError(f"{name}: unknown key")
-        if not spec.fleet or (name == "commands.allow"
-                              and not values["fleet.manage_commands_allow"]):
+        gate = FLEET_GATES.get(name)
+        if not spec.fleet or (gate is not None and not values[gate]):
             raise ConfigError(f"{name}: not set from the fleet on this device"
-                              + (" ([fleet] manage_commands_allow is off)"
-                                 if name == "commands.allow" else ""))
-        if origins[name] == "env":
-            continue
-        values[name] = _coerce(f"{name} (from the fleet)", spec.type, value, False)
-        origins[name] = "fleet"
+                              + (f" ([fleet] {gate.split('.')[1]} is off)" if gate else ""))
+        coerced = _coerce(f"{name} (from the fleet)", spec.type, value, False)
+        _check_rule(f"{name} (from the fleet)", spec, coerced)
+        if origins[name] != "env":
+            values[name], origins[name] = coerced, "fleet"
     return values, origins
 
 
@@ -554,11 +581,29 @@ def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None
             f"link.silence_timeout_s: must be greater than link.heartbeat_interval_s ({hb})")
     if v["link.backoff.cap_s"] < v["link.backoff.base_s"]:
         raise ConfigError("link.backoff.cap_s: must be >= link.backoff.base_s")
+    _check_hours(v)
     unknown = [c for c in v["commands.allow"] if c not in COMMANDS]
     if unknown:
         raise ConfigError(f"commands.allow: unknown command {unknown[0]!r} (one of "
                           f"{', '.join(sorted(COMMANDS))})")
     return _build(v, env, path, origins=origins, fleet_revision=revision, fleet_problem=problem)
+
+
+def _check_hours(v: dict) -> None:
+    try:
+        Schedule.parse(v["hours.week"], v["hours.exceptions"])
+    except ScheduleError as e:
+        raise ConfigError(str(e)) from None
+    zone = v["hours.timezone"]
+    if zone is not None:
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ConfigError(f"hours.timezone: no such time zone here: {zone!r}") from None
+    if v["hours.week"] and not (v["commands.display_on_command"]
+                                and v["commands.display_off_command"]):
+        raise ConfigError("hours.week: needs [commands] display_on_command and "
+                          "display_off_command (the README has recipes)")
 
 
 def _check_client_key(cert: str | None, key: str | None) -> None:
@@ -607,6 +652,8 @@ def _build(v: dict, env: dict, path: str, **about) -> Config:
     runtime_dir = flat["runtime_dir"] or env.get("RUNTIME_DIRECTORY") or "/run/edge-agent"
     flat["runtime_dir"] = runtime_dir.split(":")[0]
     flat["commands_allow"] = frozenset(flat["commands_allow"])
+    flat["hours_week"] = tuple(flat["hours_week"])
+    flat["hours_exceptions"] = tuple(flat["hours_exceptions"])
     built = {name: cls(**policies[name]) for name, cls in POLICIES.items() if name != "egress"}
     built["egress"] = _egress(policies["egress"], flat["server_url"], env)
     return Config(**flat, **built, source=path, **about)

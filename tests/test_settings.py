@@ -47,20 +47,24 @@ def test_the_fleets_values_obey_the_files_rules_and_the_environment_still_wins(t
     assert c.log_level == "debug" and c.backoff.cap_s == 30
     assert c.origins["log.level"] == "fleet" and c.origins["link.heartbeat_interval_s"] == "file"
     assert c.origins["link.ack_timeout_s"] == "default"
-    for values, why in (({"log.level": "loud"}, "log.level: must be one of"),
-                        ({"link.heartbeat_interval_s": 0.01}, "link.heartbeat_interval_s: must be between"),
+    for values, why in (({"log.level": "loud"}, r"log.level \(from the fleet\): must be one of"),
+                        ({"link.heartbeat_interval_s": 0.01}, "heartbeat_interval_s .from the fleet.: must be"),
                         ({"link.ack_timeout_s": 30}, "must be less than link.heartbeat_interval_s"),
                         ({"identity.token": "x" * 40}, "identity.token: not set from the fleet"),
                         ({"uploads.max_items": 1}, "uploads.max_items: not set from the fleet"),
                         ({"commands.allow": ["reboot"]}, "manage_commands_allow is off"),
                         ({"link.bogus": 1}, "link.bogus: unknown key"),
-                        ({"server.url": "file:///etc/shadow"}, "server.url")):
+                        ({"server.url": "http://10.0.0.1:8080"}, "manage_server_url is off")):
         with pytest.raises(cfgmod.ConfigError, match=why):
             cfgmod.load(path, {}, fleet=values)
-    managed = base_file(tmp_path, "[fleet]\nmanage_commands_allow = true\n")
+    managed = base_file(tmp_path, "[fleet]\nmanage_commands_allow = true\nmanage_server_url = true\n")
     assert "reboot" in cfgmod.load(managed, {}, fleet={"commands.allow": ["reboot"]}).commands_allow
+    with pytest.raises(cfgmod.ConfigError, match="server.url: must be an http"):
+        cfgmod.load(managed, {}, fleet={"server.url": "file:///etc/shadow"})
     env = cfgmod.load(path, {"EDGE_AGENT_LOG_LEVEL": "warning"}, fleet={"log.level": "debug"})
     assert env.log_level == "warning" and env.origins["log.level"] == "env"
+    with pytest.raises(cfgmod.ConfigError, match="log.level \\(from the fleet\\): must be one of"):
+        cfgmod.load(path, {"EDGE_AGENT_LOG_LEVEL": "warning"}, fleet={"log.level": "☃" * 9})
 
 
 def stage(tmp_path, values, until=None, revision=4):
@@ -119,6 +123,7 @@ def test_a_revision_is_on_trial_until_proven_and_rolled_back_to_the_last_good_on
     assert "revision 1 applied" in s.propose(args(1, **{"log.level": "debug"}), checked.append)
     assert checked == [{"log.level": "debug"}]
     assert s.proven() is None and s.snapshot({})["state"] == "staged"   # the next process's trial
+    s.begin()   # a start that is not this one's: nothing counted for revision 1 by it
     s = t.settings(state)          # the restart that applies it
     assert s.begin() is None and s.on_trial
     assert s.due() is None
@@ -136,16 +141,21 @@ def test_a_revision_is_on_trial_until_proven_and_rolled_back_to_the_last_good_on
     s.propose(args(2, **{"server.url": "http://192.0.2.1"}), lambda v: None)
     s = t.settings(state)
     s.begin()
+    s.propose(args(3, **{"log.level": "debug"}), lambda v: None)   # arrives during the trial
+    assert s.proven() is None and s.due() is None   # revision 3 is the next start's trial
+    assert s.overlay.good.revision == 1             # and 2 was never good
+    s = t.settings(state)
+    s.begin()
     t.clock.advance(29.9)
     assert s.due() is None
     t.clock.advance(0.1)
     ended = s.due()
-    assert ended.result == rules.ROLLED_BACK and ended.revision == 2 and "not proven" in ended.why
+    assert ended.result == rules.ROLLED_BACK and ended.revision == 3 and "not proven" in ended.why
     s = t.settings(state)
     assert s.overlay.current.revision == 1 and s.overlay.outcome["result"] == rules.ROLLED_BACK
     with pytest.raises(ValueError, match="was rolled back here"):
-        s.propose(args(2, **{"server.url": "http://192.0.2.1"}), lambda v: None)
-    s.propose(args(3, **{"server.url": "http://192.0.2.1"}), lambda v: None)
+        s.propose(args(3, **{"log.level": "debug"}), lambda v: None)
+    s.propose(args(4, **{"log.level": "debug"}), lambda v: None)
 
 
 def test_an_agent_that_keeps_dying_on_a_revision_goes_back_after_three_starts(tmp_path):
@@ -219,7 +229,7 @@ def test_the_fleet_applies_a_revision_it_expires_and_one_that_breaks_the_link_go
     from tests.test_commands_e2e import ask, result_of
     server = fleet()
     config = agent_config(server, tmp_path, commands={"allow": ["diagnostics", "configure"]},
-                          fleet={"proof_timeout_s": 10.0})
+                          fleet={"proof_timeout_s": 10.0, "manage_server_url": True})
     agent = spawn_agent(agent_python, config)
     agent.wait_live(15)
     pushed = time.monotonic()

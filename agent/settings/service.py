@@ -11,6 +11,7 @@ and when the trial ends: never per heartbeat.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -19,6 +20,14 @@ from ..boot import boot_id
 from . import rules, store
 
 log = logging.getLogger("edge_agent.settings")
+
+
+def _locked(method):
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    run.__doc__, run.__name__ = method.__doc__, method.__name__
+    return run
 
 
 @dataclass(frozen=True)
@@ -39,17 +48,23 @@ class FleetSettings:
         self.monotonic, self.wall, self.boot = monotonic, wall, boot
         self.overlay, self.problem = store.read(state_dir)
         self.deadline: float | None = None
+        self._trying: int | None = None    # the revision this process runs on trial
+        # the command thread stages, the link thread keeps, timers roll back and expire
+        self._lock = threading.RLock()
 
     @property
     def on_trial(self) -> bool:
         """This process runs a revision on trial: begin() found it and set its deadline.
         (A revision this process staged is the next process's trial, not its own.)"""
-        return self.deadline is not None and self._pending()
+        current = self.overlay.current
+        return (self.deadline is not None and self._pending()
+                and current.revision == self._trying)
 
     def _pending(self) -> bool:
         return self.overlay.current is not None and self.overlay.trial_starts is not None
 
     # -- a revision arrives ------------------------------------------------------
+    @_locked
     def propose(self, args: dict, check: Callable[[dict], None]) -> str:
         """Stages a revision (the configure command's checked arguments) for the next
         start; returns what to report. ``check(values)`` raises with a one-line reason
@@ -77,12 +92,14 @@ class FleetSettings:
                 + (f"revision {good.revision}" if good else "the local file alone"))
 
     # -- the trial ---------------------------------------------------------------
+    @_locked
     def begin(self) -> Ended | None:
         """At start: one more start on a revision on trial, and its deadline. Ended
         (rolled back: load the configuration again) when it already used its starts."""
         if not self._pending():
             return None
         self.overlay.trial_starts += 1
+        self._trying = self.overlay.current.revision
         self.deadline = self.monotonic() + self.proof_timeout_s
         verdict = rules.trial_verdict(self.overlay.trial_starts, False, self.monotonic(),
                                       self.deadline)
@@ -91,6 +108,7 @@ class FleetSettings:
         self._save(self.overlay)
         return None
 
+    @_locked
     def proven(self) -> Ended | None:
         """The link is proven live: a revision on trial is kept."""
         if not self.on_trial:
@@ -99,6 +117,7 @@ class FleetSettings:
         return self._end(store.Overlay(current, None, None),
                          Ended(rules.KEPT, current.revision))
 
+    @_locked
     def due(self) -> Ended | None:
         """Past the deadline without proof: rolled back (the caller restarts)."""
         if not self.on_trial:
@@ -113,6 +132,7 @@ class FleetSettings:
             return None
         return rules.next_expiry(current.values, current.until, self.boot(), self.monotonic())
 
+    @_locked
     def expired(self) -> Ended | None:
         """Settings whose time is over leave the revision (the caller restarts); the
         rest of it stays in force, on trial or not as it was."""
@@ -130,6 +150,7 @@ class FleetSettings:
                                  self._outcome(ended)))
         return ended
 
+    @_locked
     def announced(self) -> None:
         """The last end was told (to the journal and the outbox): not again at a start."""
         if self.overlay.outcome is not None and not self.overlay.outcome.get("announced"):
