@@ -26,6 +26,8 @@ from .link.liveness import heal_window_s
 from .link.profiles import PROFILES, ProfileContext
 from .link.runner import LinkRunner
 from .link.schedule_store import ScheduleStore
+from .hours.rules import Schedule
+from .hours.service import WorkingHours
 from .mainwait import MainThreadWait
 from .settings import rules as settings_rules
 from .settings.service import Ended, FleetSettings
@@ -113,6 +115,15 @@ class Agent:
             self.store, self._upload_sender(), config.uploads, gate=self.gate,
             on_change=self._refresh_status, on_storage_failed=self._queue_failed)
         self.ids.hooks = self._identity_hooks()
+        self.hours = None
+        if config.hours_week:
+            self.hours = WorkingHours(
+                Schedule.parse(list(config.hours_week), list(config.hours_exceptions)),
+                config.hours_timezone, config.display_on_command, config.display_off_command,
+                config.command_timeout_s, trust_clock=config.hours_clock == "trusted",
+                on_fault=lambda d: self.outbox.put(Event("display.fault", time.time(), d)),
+                on_change=lambda d: self.outbox.put(Event("display.scheduled", time.time(), d)),
+                sysfs_root=config.debug_sysfs_root or "/sys")
         self.events = None
         if config.events_enabled:
             self.events = EventWatcher(
@@ -121,7 +132,8 @@ class Agent:
                 settle_s=config.events_settle_s,
                 fallback_interval_s=config.events_fallback_interval_s,
                 udev_source=config.events_udev_source,
-                telemetry_every_s=config.telemetry_every_s)
+                telemetry_every_s=config.telemetry_every_s,
+                scheduled_off=self.hours.expected_off if self.hours else lambda: False)
         self._last_link: dict = {}
         self._status_refreshed = time.monotonic()
         self._status_lock = threading.Lock()
@@ -380,6 +392,7 @@ class Agent:
                     **self.outbox.snapshot()},
             journal=self.runner.journal_snapshot(), commands=self.commands.recent(),
             update=self.updater.snapshot(),
+            hours=self.hours.snapshot() if self.hours else None,
             settings={**self.settings.snapshot(self.config.origins),
                       "problem": self.config.fleet_problem or self.settings.problem})
 
@@ -429,6 +442,8 @@ class Agent:
             self.enroller.start()
         if self.events is not None:
             self.events.start()
+        if self.hours is not None:
+            self.hours.start()
         # Ready means configured and looping, not connected: a player that boots
         # offline is still a healthy service.
         self.notifier.ready("starting link")
@@ -463,6 +478,8 @@ class Agent:
             self.enroller.stop()
         if self.events is not None:
             self.events.stop()
+        if self.hours is not None:
+            self.hours.stop()
         self.commands.stop()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.stop()

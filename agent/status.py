@@ -69,13 +69,14 @@ def pid_alive(pid) -> bool:
 def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              storage: dict, credentials: dict | None, uploads: dict, events: dict,
              journal: list, commands: list, update: dict | None = None,
-             settings: dict | None = None) -> dict:
+             settings: dict | None = None, hours: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
             # a credentials write the card still lacks
             "credentials": credentials, "uploads": uploads, "events": events,
-            "journal": journal, "commands": commands, "update": update, "settings": settings}
+            "journal": journal, "commands": commands, "update": update, "settings": settings,
+            "hours": hours}
 
 
 # -- the line systemd shows ----------------------------------------------------------
@@ -210,6 +211,14 @@ def render(doc: dict, running: bool) -> str:
     update = doc.get("update") if isinstance(doc.get("update"), dict) else {}
     if update:
         lines.append(f"update      {_update_text(update)}")
+    hours = doc.get("hours") if isinstance(doc.get("hours"), dict) else {}
+    if hours:
+        lines.append("hours       " + (
+            "waiting for a synchronised clock; the display is left as it is"
+            if hours.get("waiting_for_clock") else
+            f"display {hours.get('applied') or '?'} (wanted {hours.get('wanted')})"
+            + (f", next change {hours['next_change']}" if hours.get("next_change") else "")
+            + (f"; fault: {hours['fault']}" if hours.get("fault") else "")))
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if settings:
         lines.append(f"settings    {_settings_text(settings)}")

@@ -14,10 +14,11 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # (systemd-nspawn, debootstrap), and the real ScreenTinker servers (Node and npm, and a
 # C++ toolchain with python3 for better-sqlite3, which npm builds from source), and a
 # TLS-inspecting box in front of the server (socat, its certificates made by openssl),
-# and signed releases for the self-update (gnupg to sign, gpgv to check).
+# and signed releases for the self-update (gnupg to sign, gpgv to check); working
+# hours' X11 recipe on a real X server (Xvfb, xset).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
-           build-essential python3 socat openssl tinyproxy gnupg gpgv)
+           build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)

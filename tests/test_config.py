@@ -219,7 +219,9 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
                "identity.state_dir": "/var/lib/other", "runtime.dir": "/run/other",
                "commands.allow": "logs", "debug.sysfs_root": "/tmp/sys",
                "network.proxy": "http://proxy.example:3128", "network.no_proxy": ".example.com",
-               "network.client_cert": str(cert), "network.client_key": str(key)}
+               "network.client_cert": str(cert), "network.client_key": str(key),
+               "hours.week": "mon-fri 08:00-18:00", "hours.exceptions": "2026-12-25 off",
+               "hours.timezone": "Europe/Berlin"}
     for section, keys in C.SCHEMA.items():
         for key, spec in keys.items():
             name = f"{section}.{key}"
@@ -238,6 +240,9 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
                 env[C.env_name("identity", "device_id")] = "screen-9"
             if name == "network.client_key":
                 env[C.env_name("network", "client_cert")] = str(cert)
+            if name == "hours.week":
+                env[C.env_name("commands", "display_on_command")] = "true"
+                env[C.env_name("commands", "display_off_command")] = "true"
             cfg = C.load(write(tmp_path, GOOD.replace("heartbeat_interval_s = 15\n", "")), env=env)
             got = cfg
             for part in spec.into.split("."):
@@ -245,6 +250,8 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
             want = C._coerce(name, spec.type, raw, True)
             if name == "commands.allow":
                 want = frozenset(want)
+            if name in ("hours.week", "hours.exceptions"):
+                want = tuple(want)
             if name == "network.proxy":
                 got = got.url
             if name == "network.no_proxy":

@@ -126,8 +126,12 @@ class EventWatcher:
     def __init__(self, outbox: Outbox, on_network_up: Callable[[], None] | None = None,
                  gate: WatchdogGate | None = None, sysfs: SysfsState | None = None,
                  settle_s: float = 2.0, fallback_interval_s: float = 60.0,
-                 udev_source: str = "auto", telemetry_every_s: float = 300.0):
+                 udev_source: str = "auto", telemetry_every_s: float = 300.0,
+                 scheduled_off: Callable[[], bool] = lambda: False):
+        """``scheduled_off()``: working hours have the display off now, so a display
+        that goes away is not a fault (agent/hours/)."""
         self.outbox = outbox
+        self.scheduled_off = scheduled_off
         self.sysfs = sysfs or SysfsState()
         self.debouncer = Debouncer(settle_s)
         self.network = NetworkState()
@@ -248,8 +252,10 @@ class EventWatcher:
                 self._displays[connector] = status
                 kind = display_event(status)
                 if kind and not baseline:
-                    self.debouncer.feed(f"display:{connector}",
-                                        Event(kind, wall, {"connector": connector}), now)
+                    details = {"connector": connector}
+                    if kind == "display.disconnected" and self.scheduled_off():
+                        details["scheduled_off"] = True
+                    self.debouncer.feed(f"display:{connector}", Event(kind, wall, details), now)
         alarm = self.sysfs.undervoltage_alarm()
         if alarm is not None:
             kind = self.latch.feed(alarm)

@@ -1,0 +1,150 @@
+"""The working-hours thread: asks the schedule what the display should be, and runs the
+configured display command when the answer changes. No network needed.
+
+Only on a clock it can trust: a Pi boots without an RTC at the last time it saved, so
+before NTP answers (or with ``[hours] clock = "trusted"``, for a board with an RTC) the
+display is left as it is: a screen lit out of hours costs less than one dark in them.
+A command that fails (CEC not answered, no output) is a fault, tried again each minute;
+an "off" the schedule asked for is not.
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shlex
+import subprocess
+import threading
+import time
+from datetime import datetime
+from typing import Callable
+from zoneinfo import ZoneInfo
+
+from ..clock import wall_synced
+from .rules import Schedule
+
+log = logging.getLogger("edge_agent.hours")
+
+TICK_S = 30.0          # how often the clock is asked again, besides the next change
+RETRY_S = 60.0         # a failed command, again
+
+
+class WorkingHours:
+    def __init__(self, schedule: Schedule, zone: str | None, on_command: str, off_command: str,
+                 timeout_s: float, trust_clock: bool, on_fault: Callable[[dict], None],
+                 on_change: Callable[[dict], None], sysfs_root: str = "/sys",
+                 now: Callable[[], float] = time.time, synced: Callable[[], bool] = wall_synced,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.schedule = schedule
+        self.zone = ZoneInfo(zone) if zone else None   # None: the system's local time
+        self.commands = {True: shlex.split(on_command), False: shlex.split(off_command)}
+        self.timeout_s = timeout_s
+        self.trust_clock = trust_clock
+        self.on_fault, self.on_change = on_fault, on_change
+        self.sysfs_root = sysfs_root
+        self.now, self.synced, self.monotonic = now, synced, monotonic
+        self.applied: bool | None = None    # what the last command that worked set
+        self.waiting_for_clock = False
+        self.fault: str | None = None
+        self._retry_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hours", daemon=True)
+
+    def local_now(self) -> datetime:
+        return datetime.fromtimestamp(self.now(), self.zone).replace(tzinfo=None)
+
+    def wanted(self) -> bool | None:
+        """On or off by the schedule now; None while the clock cannot be trusted."""
+        if not (self.trust_clock or self.synced()):
+            return None
+        return self.schedule.wanted(self.local_now())
+
+    def expected_off(self) -> bool:
+        """The display is off because the schedule says so (a disconnect is no fault)."""
+        return self.wanted() is False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def step(self) -> float:
+        """One look at the clock; returns how long to wait before the next."""
+        wanted = self.wanted()
+        if wanted is None:
+            if not self.waiting_for_clock:
+                log.warning("working hours: the clock is not synchronised yet; the display "
+                            "is left as it is until it is")
+            self.waiting_for_clock = True
+            return TICK_S
+        self.waiting_for_clock = False
+        if wanted == self.applied:
+            self.fault = None
+        elif self.fault is None or self.monotonic() >= self._retry_at:
+            self._apply(wanted)
+        change = self.schedule.next_change(self.local_now())
+        if change is None:
+            return TICK_S
+        return max(1.0, min(TICK_S, (change - self.local_now()).total_seconds()))
+
+    def snapshot(self) -> dict:
+        wanted = self.wanted()
+        change = self.schedule.next_change(self.local_now()) if wanted is not None else None
+        return {"wanted": None if wanted is None else ("on" if wanted else "off"),
+                "applied": None if self.applied is None else ("on" if self.applied else "off"),
+                "next_change": change.isoformat(timespec="minutes") if change else None,
+                "waiting_for_clock": self.waiting_for_clock, "fault": self.fault}
+
+    # -- internals -----------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self.step()
+            except Exception:   # a bug here must not end working hours for good
+                log.exception("working hours: unexpected error")
+                wait = RETRY_S
+            self._stop.wait(wait)
+
+    def _apply(self, on: bool) -> None:
+        state = "on" if on else "off"
+        error = self._run_command(self.commands[on])
+        if error is None and on and not self._display_connected():
+            error = "no display is connected (HDMI unplugged?)"
+        if error is None:
+            if self.applied != on:
+                log.info("working hours: display %s", state)
+                self.on_change({"state": state, "by": "working hours"})
+            self.applied, self.fault = on, None
+            return
+        self._retry_at = self.monotonic() + RETRY_S
+        if self.fault != error:
+            log.warning("working hours: the display should be %s and is not: %s", state, error)
+            self.on_fault({"wanted": state, "error": error})
+        self.fault = error
+
+    def _run_command(self, argv: list[str]) -> str | None:
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{argv[0]}: {type(e).__name__}: {e}"[:300]
+        if r.returncode != 0:
+            said = r.stderr.decode(errors="replace").strip().splitlines()
+            return f"{argv[0]} exited {r.returncode}" + (f": {said[-1][:200]}" if said else "")
+        return None
+
+    def _display_connected(self) -> bool:
+        """A DRM connector says connected; a device with no DRM at all (a test, a board
+        whose display is not DRM's) is not second-guessed."""
+        connectors = glob.glob(os.path.join(self.sysfs_root, "class/drm/card*-*/status"))
+        if not connectors:
+            return True
+        for path in connectors:
+            try:
+                with open(path) as f:
+                    if f.read(64).strip() == "connected":
+                        return True
+            except OSError:
+                continue
+        return False

@@ -1,0 +1,201 @@
+"""Working hours: the schedule on a fake clock, the thread with real commands, and the
+real agent with a real X server (Xvfb) and xset."""
+import shutil
+import subprocess
+import time
+from datetime import datetime
+
+import pytest
+
+from agent import config as cfgmod
+from agent.hours.rules import Schedule, ScheduleError
+from agent.hours.service import RETRY_S, WorkingHours
+from devtools.harness import agent_config, wait_for
+
+WEEK = ["mon-fri 08:00-18:00", "sat 10:00-12:30,13:00-16:00"]
+EXCEPTIONS = ["2026-12-25 off", "2026-12-24 08:00-12:00"]
+
+
+def test_the_schedule_wants_the_display_on_in_hours_and_says_when_that_changes():
+    s = Schedule.parse(WEEK, EXCEPTIONS)
+    at = datetime.fromisoformat
+    assert not s.wanted(at("2026-12-07 07:59"))        # a Monday
+    assert s.wanted(at("2026-12-07 08:00")) and s.wanted(at("2026-12-07 17:59"))
+    assert not s.wanted(at("2026-12-07 18:00"))
+    assert s.wanted(at("2026-12-12 12:00")) and not s.wanted(at("2026-12-12 12:45"))  # Saturday
+    assert not s.wanted(at("2026-12-13 12:00"))        # Sunday: not listed
+    assert not s.wanted(at("2026-12-25 09:00"))        # Friday, but Christmas
+    assert s.wanted(at("2026-12-24 11:00")) and not s.wanted(at("2026-12-24 13:00"))
+    assert s.next_change(at("2026-12-07 07:00")) == at("2026-12-07 08:00")
+    assert s.next_change(at("2026-12-07 08:00")) == at("2026-12-07 18:00")
+    assert s.next_change(at("2026-12-12 12:40")) == at("2026-12-12 13:00")
+    assert s.next_change(at("2026-12-12 16:30")) == at("2026-12-14 08:00")  # over Sunday
+    assert s.next_change(at("2026-12-24 12:00")) == at("2026-12-26 10:00")  # over Christmas
+    assert Schedule.parse(["mon-sun 00:00-24:00"], []).next_change(at("2026-12-07 09:00")) is None
+    night = Schedule.parse(["fri 20:00-24:00", "sat 00:00-02:00"], [])
+    assert night.wanted(at("2026-12-11 23:59")) and night.wanted(at("2026-12-12 01:59"))
+    assert night.next_change(at("2026-12-11 21:00")) == at("2026-12-12 02:00")
+
+
+@pytest.mark.parametrize("week, exceptions, why", [
+    (["mon-fri 8-18"], [], r"hours.week\[0\]: '8-18' is not HH:MM-HH:MM"),
+    (["mon-fri 18:00-08:00"], [], "ends before it starts"),
+    (["fri-mon 08:00-18:00"], [], "runs backwards"),
+    (["monday 08:00-18:00"], [], "is not a day"),
+    (["mon 08:00-18:00", "mon-tue off"], [], r"hours.week\[1\]: mon is given twice"),
+    ([], ["25.12.2026 off"], r"hours.exceptions\[0\]: '25.12.2026' is not a date"),
+    ([], ["2026-02-30 off"], "is not a date"),
+    ([], ["2026-12-25 off", "2026-12-25 off"], "given twice"),
+    (["mon 25:00-26:00"], [], "is not HH:MM-HH:MM"),
+])
+def test_a_bad_entry_is_refused_naming_it(week, exceptions, why):
+    with pytest.raises(ScheduleError, match=why):
+        Schedule.parse(week, exceptions)
+
+
+def test_the_configuration_checks_the_zone_and_the_commands_the_hours_need(tmp_path):
+    path = tmp_path / "agent.toml"
+    base = '[server]\nurl = "http://127.0.0.1:9"\n'
+    for hours, commands, why in (
+            ('week = ["mon-fri 08:00-18:00"]', "", "hours.week: needs \\[commands\\] display_on_command"),
+            ('week = ["mon-fri 08:00-18:00"]\ntimezone = "Mars/Olympus"', "", "no such time zone"),
+            ('timezone = "../../etc/passwd"', "", "hours.timezone: must be an IANA time zone"),
+            ('week = ["mon 09:00"]', "", r"hours.week\[0\]")):
+        path.write_text(f"{base}[hours]\n{hours}\n{commands}")
+        with pytest.raises(cfgmod.ConfigError, match=why):
+            cfgmod.load(str(path), {})
+    path.write_text(f'{base}[hours]\nweek = ["mon-fri 08:00-18:00"]\ntimezone = "Europe/Berlin"\n'
+                    f'[commands]\ndisplay_on_command = "true"\ndisplay_off_command = "true"\n')
+    assert cfgmod.load(str(path), {}).hours_week == ("mon-fri 08:00-18:00",)
+
+
+class Bench:
+    """WorkingHours on a fake clock, with real commands writing to a file."""
+
+    def __init__(self, tmp_path, start, zone="Europe/Berlin", on_ok=True, synced=True):
+        self.log = tmp_path / "display"
+        self.wall = datetime.fromisoformat(start).timestamp()  # this host's zone: UTC
+        self.mono = 0.0
+        self.synced = synced
+        self.faults, self.changes = [], []
+        on = f"sh -c 'echo on >> {self.log}'" if on_ok else "sh -c 'echo CEC: no answer >&2; exit 3'"
+        self.hours = WorkingHours(Schedule.parse(WEEK, EXCEPTIONS), zone, on,
+                                  f"sh -c 'echo off >> {self.log}'", 5.0, trust_clock=False,
+                                  on_fault=self.faults.append, on_change=self.changes.append,
+                                  sysfs_root=str(tmp_path / "nosys"), now=lambda: self.wall,
+                                  synced=lambda: self.synced, monotonic=lambda: self.mono)
+
+    def advance(self, seconds):
+        self.wall += seconds
+        self.mono += seconds
+
+    def seen(self):
+        return self.log.read_text().split() if self.log.exists() else []
+
+
+def test_the_display_goes_off_and_on_at_local_times_and_not_before_the_clock_is_set(tmp_path):
+    # 06:59 UTC on a Monday is 07:59 in Berlin
+    b = Bench(tmp_path, "2026-12-07 06:59:00+00:00", synced=False)
+    assert b.hours.step() == 30.0 and b.seen() == [] and b.hours.snapshot()["waiting_for_clock"]
+    b.synced = True
+    wait = b.hours.step()
+    assert b.seen() == ["off"] and wait == 30.0   # the change is 60 s away; look again at 30
+    b.advance(60)
+    b.hours.step()
+    assert b.seen() == ["off", "on"] and b.changes[-1] == {"state": "on", "by": "working hours"}
+    b.hours.step()
+    assert b.seen() == ["off", "on"]   # once per change, not per look
+    b.advance(10 * 3600)               # 18:00 in Berlin
+    b.hours.step()
+    assert b.seen() == ["off", "on", "off"] and b.hours.expected_off()
+    assert b.hours.snapshot()["next_change"] == "2026-12-08T08:00"
+
+
+def test_a_display_that_will_not_come_on_is_a_fault_once_and_is_tried_again(tmp_path):
+    b = Bench(tmp_path, "2026-12-07 08:00:00+00:00", on_ok=False)
+    b.hours.step()
+    assert b.faults == [{"wanted": "on", "error": "sh exited 3: CEC: no answer"}]
+    assert not b.hours.expected_off()   # meant to be on: a disconnect now is a fault
+    b.advance(RETRY_S - 1)
+    b.hours.step()
+    b.advance(1)
+    b.hours.step()
+    assert len(b.faults) == 1 and b.hours.snapshot()["fault"].startswith("sh exited 3")
+    b.hours.commands[True] = ["true"]
+    b.advance(RETRY_S)
+    b.hours.step()
+    assert b.hours.snapshot()["fault"] is None and b.hours.applied is True
+
+
+def test_on_with_no_display_connected_is_a_fault(tmp_path):
+    card = tmp_path / "sys" / "class" / "drm" / "card0-HDMI-A-1"
+    card.mkdir(parents=True)
+    (card / "status").write_text("disconnected\n")
+    b = Bench(tmp_path, "2026-12-07 08:00:00+00:00")
+    b.hours.sysfs_root = str(tmp_path / "sys")
+    b.hours.step()
+    assert b.faults[0]["error"] == "no display is connected (HDMI unplugged?)"
+    (card / "status").write_text("connected\n")
+    b.advance(RETRY_S)
+    b.hours.step()
+    assert b.hours.applied is True and b.hours.fault is None
+
+
+@pytest.fixture
+def xvfb(tmp_path):
+    if shutil.which("Xvfb") is None or shutil.which("xset") is None:
+        pytest.fail("the working-hours e2e test needs Xvfb and xset (.ci/run installs them)")
+    display = ":93"
+    proc = subprocess.Popen(["Xvfb", display, "-screen", "0", "640x480x24", "-nolisten", "tcp"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: subprocess.run(["xset", "-display", display, "q"],
+                                        capture_output=True).returncode == 0, 10,
+                 what="Xvfb answering")
+        yield display, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _events(server, kind):
+    return [e for e in server.admin("/admin/devices").get("screen-1", {}).get("events", [])
+            if e.get("type") == kind]
+
+
+@pytest.mark.netns
+def test_the_agent_turns_a_real_x_display_off_and_on_and_reports_one_that_is_gone(
+        netns, fleet, spawn_agent, agent_python, xvfb, tmp_path):
+    """X11's recipe (xset) on a real X server: off by today's exception, on without
+    it; then the X server gone while the hours want the display on: the fault the
+    server hears."""
+    display, x_server = xvfb
+    server = fleet()
+    today = time.strftime("%Y-%m-%d")
+    commands = {"display_on_command": f"xset -display {display} s reset dpms force on",
+                "display_off_command": f"xset -display {display} dpms force off"}
+
+    def run(exceptions):
+        hours = {"week": ["mon-sun 00:00-24:00"], "exceptions": exceptions, "clock": "trusted"}
+        return spawn_agent(agent_python, agent_config(server, tmp_path, hours=hours,
+                                                      commands=commands))
+
+    def stop(agent):
+        agent.proc.terminate()
+        assert agent.proc.wait(10) == 0
+
+    agent = run([f"{today} off"])
+    agent.wait_live(15)
+    states = lambda: [e["state"] for e in _events(server, "display.scheduled")]  # noqa: E731
+    wait_for(lambda: states() == ["off"], 15, what="display.scheduled off")
+    assert agent.status()["hours"]["applied"] == "off"
+    stop(agent)
+    agent = run([])
+    wait_for(lambda: states() == ["off", "on"], 15, what="display.scheduled on")
+    stop(agent)
+    x_server.kill()
+    x_server.wait()
+    agent = run([])
+    fault = wait_for(lambda: _events(server, "display.fault"), 15, what="display.fault")
+    assert fault[0]["wanted"] == "on" and "unable to open display" in fault[0]["error"]
+    assert agent.status()["hours"]["fault"] == fault[0]["error"]
