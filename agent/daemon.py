@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 
-from . import __version__, config as config_mod, status
+from . import __version__, config as config_mod, inventory, status
 from .boot import first_start_of_boot
 from .commands.actions import Actions, NotQueued, Outcome
 from .commands.service import CommandService
@@ -48,6 +48,9 @@ STATUS_REFRESH_S = 30.0
 
 # the fleet's revision has been applied; this long for its result to go out first
 APPLY_AFTER_S = 1.0
+# how often the inventory is read again (and sent if it changed); the network's return
+# reads it at once
+INVENTORY_EVERY_S = 600.0
 
 
 class Agent:
@@ -84,7 +87,7 @@ class Agent:
             on_token=self.ids.registered, on_unpaired=self.ids.unpaired_by_server,
             facts=hardware_facts, pairing_code=self.ids.pairing_code,
             claimed=self.ids.claimed, on_claimed=self.ids.claimed_as,
-            telemetry=self._telemetry.get,
+            telemetry=self._profile_telemetry,
             allowed_commands=config.commands_allow,
             cold_start=first_start_of_boot(config.runtime_dir)))
         self.updater = Updater(config.server_url, config.egress, config.state_dir,
@@ -134,6 +137,10 @@ class Agent:
                 udev_source=config.events_udev_source,
                 telemetry_every_s=config.telemetry_every_s,
                 scheduled_off=self.hours.expected_off if self.hours else lambda: False)
+        self._inventory_digest: str | None = None
+        self._inventory_summary: dict = {}
+        self._inventory_due = 0.0
+        self._inventory_busy = threading.Lock()
         self._last_link: dict = {}
         self._status_refreshed = time.monotonic()
         self._status_lock = threading.Lock()
@@ -195,9 +202,38 @@ class Agent:
         if self.events is not None and self._last_link and now >= self._telemetry_due:
             self._telemetry_due = now + TELEMETRY_SAMPLE_EVERY_S
             self.events.telemetry_sampled(self._telemetry.get(), now)
+        if self._last_link and now >= self._inventory_due:
+            self._inventory_due = now + INVENTORY_EVERY_S
+            self._take_inventory()
         if self.notifier.enabled and now - self._status_refreshed >= STATUS_REFRESH_S:
             self._status_refreshed = now
             self._say_status(self.runner.snapshot())
+
+    # -- inventory --------------------------------------------------------------------
+    def _take_inventory(self) -> None:
+        """On a thread of its own (iw may take its 3 s): read the inventory, and send it
+        when it is not what this process sent last (the first read always is)."""
+        if not self._inventory_busy.acquire(blocking=False):
+            return
+
+        def read() -> None:
+            try:
+                inv = inventory.collect(sysfs_root=self.config.debug_sysfs_root or "/sys")
+                self._inventory_summary = inventory.summary(inv)
+                digest = inventory.digest(inv)
+                if digest != self._inventory_digest:
+                    self._inventory_digest = digest
+                    self.outbox.put(Event("device.inventory", time.time(),
+                                          {"inventory": inv, "digest": digest}))
+            except Exception:   # an inventory must never cost the agent
+                log.exception("reading the inventory failed")
+            finally:
+                self._inventory_busy.release()
+        threading.Thread(target=read, name="inventory", daemon=True).start()
+
+    def _profile_telemetry(self) -> dict:
+        """The telemetry sample, and the inventory's summary (a dashboard's list columns)."""
+        return {**self._telemetry.get(), **self._inventory_summary}
 
     def _restart_requested(self) -> None:
         """restart-agent: stop as on SIGTERM; systemd (Restart=always) starts a fresh
@@ -362,6 +398,7 @@ class Agent:
         """From the events thread: the device's own network is back after being down."""
         self.profile.network_returned()
         self.runner.network_up()
+        self._inventory_due = 0.0   # a new lease, maybe a new network: read it again
 
     def _refresh_status(self) -> None:
         self._say_status(self._last_link)

@@ -396,3 +396,31 @@ def digest(inv: dict) -> str:
         return value
     encoded = json.dumps(steady(inv), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+
+
+def summary(inv: dict) -> dict:
+    """The few facts a dashboard shows on its device list: the address and Wi-Fi on the
+    default route's interface, the first connected display and its preferred mode."""
+    out: dict = {}
+    network = inv.get("network") or {}
+    via = (network.get("gateway") or {}).get("ipv4", {}).get("interface")
+    for iface in network.get("interfaces") or []:
+        if via and iface.get("name") != via:
+            continue
+        for address in iface.get("addresses") or []:
+            key = "ipv6" if ":" in address else "ipv4"
+            if key not in out and not address.startswith("fe80:"):
+                out[key] = address.split("/")[0]
+        wifi = iface.get("wifi") or {}
+        if wifi.get("ssid") and "wifi_ssid" not in out:
+            out["wifi_ssid"] = wifi["ssid"]
+            if wifi.get("signal_dbm") is not None:
+                out["wifi_signal_dbm"] = wifi["signal_dbm"]
+    for display in inv.get("displays") or []:
+        if display.get("status") == "connected":
+            if display.get("name"):
+                out["display_name"] = display["name"]
+            if display.get("modes"):
+                out["display_mode"] = display["modes"][0]
+            break
+    return out

@@ -27,7 +27,7 @@ def _write(path: Path, content: bytes | str) -> None:
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
 
 
-def _edid(name: bytes = b"DELL U2415", manufacturer: str = "DEL", product: int = 0xA0B1) -> bytes:
+def edid(name: bytes = b"DELL U2415", manufacturer: str = "DEL", product: int = 0xA0B1) -> bytes:
     """A 128-byte EDID 1.4 base block as a Dell U2415 sends it: preferred timing first,
     then serial number, range limits and the monitor name descriptors."""
     block = bytearray(128)
@@ -77,7 +77,7 @@ def _pi_tree(tmp_path: Path) -> tuple[str, str, str]:
     _write(hdmi / "enabled", "enabled\n")
     _write(hdmi / "modes", "1920x1200\n1920x1080\n1920x1080\n1600x1200\n1680x1050\n1280x1024\n"
                            "1280x1024\n1280x800\n1152x864\n1024x768\n800x600\n720x480\n640x480\n")
-    _write(hdmi / "edid", _edid() + bytes(128))   # and an extension block, not read
+    _write(hdmi / "edid", edid() + bytes(128))   # and an extension block, not read
     hdmi2 = sysfs / "class/drm/card1-HDMI-A-2"
     _write(hdmi2 / "status", "disconnected\n")
     _write(hdmi2 / "enabled", "disabled\n")
@@ -232,16 +232,16 @@ def test_a_raspberry_pi_4_inventory_has_every_fact(tmp_path, monkeypatch):
 def test_an_edid_with_a_bad_checksum_or_header_gives_no_name(tmp_path, monkeypatch):
     _fake_netlink(monkeypatch, PI_DUMPS)
     sysfs, proc, etc = _pi_tree(tmp_path)
-    edid = bytearray(_edid())
-    edid[120] ^= 0x01
-    _write(Path(sysfs) / "class/drm/card1-HDMI-A-1/edid", bytes(edid))
-    _write(Path(sysfs) / "class/drm/card1-HDMI-A-2/edid", b"\x01" + _edid()[1:])
+    block = bytearray(edid())
+    block[120] ^= 0x01
+    _write(Path(sysfs) / "class/drm/card1-HDMI-A-1/edid", bytes(block))
+    _write(Path(sysfs) / "class/drm/card1-HDMI-A-2/edid", b"\x01" + edid()[1:])
     displays = inventory.collect(sysfs, proc, etc, run=FakeRunner(None))["displays"]
     for display in displays:
         assert not {"name", "manufacturer", "product_code"} & display.keys()
-    assert inventory._edid(_edid(b"LG ULTRAFINE")) == {
+    assert inventory._edid(edid(b"LG ULTRAFINE")) == {
         "name": "LG ULTRAFINE", "manufacturer": "DEL", "product_code": 0xA0B1}
-    assert inventory._edid(_edid()[:100]) == {}
+    assert inventory._edid(edid()[:100]) == {}
 
 
 def test_a_missing_tree_gives_an_empty_but_valid_inventory(tmp_path, monkeypatch):
@@ -403,3 +403,33 @@ def test_collect_in_a_network_namespace_of_its_own_reads_mac_address_and_gateway
     assert "wifi" not in eth0
     assert network["gateway"] == {"ipv4": {"address": "192.0.2.1", "interface": "eth0"},
                                   "ipv6": {"address": "2001:db8::1", "interface": "eth0"}}
+
+
+def test_the_summary_is_the_default_routes_address_and_wifi_and_the_first_display(
+        tmp_path, monkeypatch):
+    _fake_netlink(monkeypatch, PI_DUMPS)
+    inv = inventory.collect(*_pi_tree(tmp_path), run=FakeRunner(IW_LINK))
+    assert inventory.summary(inv) == {"ipv4": "192.0.2.5", "ipv6": "2001:db8::dea6:32ff:fe01:203",
+                                      "display_name": "DELL U2415", "display_mode": "1920x1200"}
+    inv["network"]["gateway"]["ipv4"]["interface"] = "wlan0"   # the cable pulled
+    assert inventory.summary(inv) == {"ipv4": "198.51.100.7", "wifi_ssid": "Café Lobby",
+                                      "wifi_signal_dbm": -52, "display_name": "DELL U2415",
+                                      "display_mode": "1920x1200"}
+    assert inventory.summary({}) == {}
+
+
+@pytest.mark.netns
+def test_the_agent_sends_its_inventory_to_the_server(netns, fleet, spawn_agent, agent_python,
+                                                      tmp_path):
+    from devtools.harness import agent_config, wait_for
+    sysfs, _, _ = _pi_tree(tmp_path)
+    server = fleet()
+    agent = spawn_agent(agent_python, agent_config(server, tmp_path, debug={"sysfs_root": sysfs}))
+    agent.wait_live(15)
+
+    def sent():
+        events = server.admin("/admin/devices").get("screen-1", {}).get("events", [])
+        return [e for e in events if e.get("type") == "device.inventory"]
+    [event] = wait_for(sent, 15, what="device.inventory at the server")
+    assert event["inventory"]["displays"][0]["name"] == "DELL U2415"
+    assert event["inventory"]["kernel"]["release"] and len(event["digest"]) == 64

@@ -101,8 +101,15 @@ def register_and_pair(st, agent, tmp_path) -> str:
 
 
 def test_register_by_code_pair_over_the_api_heartbeats_and_telemetry_land(
-        st, spawn_agent, agent_python, tmp_path):
-    agent = spawn_agent(agent_python, st_config(st, tmp_path))
+        st, generation, spawn_agent, agent_python, tmp_path):
+    from tests.test_inventory import edid
+    hdmi = tmp_path / "sys" / "class" / "drm" / "card1-HDMI-A-1"
+    hdmi.mkdir(parents=True)
+    (hdmi / "status").write_text("connected\n")
+    (hdmi / "modes").write_text("1920x1200\n1920x1080\n")
+    (hdmi / "edid").write_bytes(edid(b"DELL U2415"))
+    agent = spawn_agent(agent_python, st_config(st, tmp_path,
+                                                debug={"sysfs_root": str(tmp_path / "sys")}))
     device_id = register_and_pair(st, agent, tmp_path)
     assert os.stat(tmp_path / "state" / "credentials.json").st_mode & 0o777 == 0o600
     creds = credentials(tmp_path)
@@ -115,6 +122,10 @@ def test_register_by_code_pair_over_the_api_heartbeats_and_telemetry_land(
     telemetry = st.wait_row("SELECT * FROM device_telemetry WHERE device_id = ? AND "
                             "ram_total_mb IS NOT NULL", device_id)[-1]
     assert telemetry["uptime_seconds"] > 0 and telemetry["storage_total_mb"] > 0
+    if generation == "1.9":   # its columns for the inventory's display (1.2 has none)
+        shown = st.wait_row("SELECT * FROM device_telemetry WHERE device_id = ? AND "
+                            "attached_display IS NOT NULL", device_id)[-1]
+        assert shown["attached_display"] == "DELL U2415" and shown["video_mode"] == "1920x1200"
     beat = st.device(device_id)["last_heartbeat"]
     wait_for(lambda: st.device(device_id)["last_heartbeat"] > beat, 3 * HB, interval=0.2,
              what="heartbeats moving last_heartbeat")

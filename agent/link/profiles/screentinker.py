@@ -323,9 +323,13 @@ def play_record(payload: bytes) -> tuple[dict, str | None]:
 
 
 # ScreenTinker's device_telemetry columns, from the agent's own sample
+# (1.9 added the address, the display's name and its mode; 1.2 ignores those)
 TELEMETRY_NAMES = {"uptime_s": "uptime_seconds", "cpu_percent": "cpu_usage",
                    "mem_available_mb": "ram_free_mb", "mem_total_mb": "ram_total_mb",
-                   "disk_free_mb": "storage_free_mb", "disk_total_mb": "storage_total_mb"}
+                   "disk_free_mb": "storage_free_mb", "disk_total_mb": "storage_total_mb",
+                   "ipv4": "local_ip", "ipv6": "local_ip6", "display_name": "attached_display",
+                   "display_mode": "video_mode", "wifi_ssid": "wifi_ssid",
+                   "wifi_signal_dbm": "wifi_rssi"}
 
 
 def heartbeat_telemetry(sample: dict) -> dict:
