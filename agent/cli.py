@@ -80,9 +80,13 @@ def cmd_run(args) -> int:
     crashes.prepare()
     settings = FleetSettings(config.state_dir, config.fleet_proof_timeout_s)
     try:
-        if settings.begin() is not None:   # a revision the agent keeps dying on
-            config = _load(args.config)
-            logs.setup(config.log_level)
+        ended = settings.begin()
+        if ended is not None:   # a revision the agent keeps dying on
+            # a fresh start, so that root's ExecStartPre grants what the good one allows
+            logging.getLogger("edge_agent").warning(
+                "fleet settings revision %d rolled back: %s; restarting", ended.revision,
+                ended.why)
+            return EXIT_DEGRADED
     except OSError as e:   # the count is lost, the deadline still holds
         logging.getLogger("edge_agent").error("cannot count this start on fleet settings "
                                               "on trial: %s", e.strerror)

@@ -263,6 +263,7 @@ class Agent:
 
     def _settings_watch(self) -> None:
         """At start: say how the last trial or expiry ended, and set the alarms."""
+        self._settings_step(self.settings.expired)   # by a reboot: told below, no restart
         last = self.settings.overlay.outcome
         if isinstance(last, dict) and not last.get("announced"):
             self._settings_ended(Ended(last.get("result", "?"), last.get("revision", 0),

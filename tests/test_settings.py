@@ -269,3 +269,21 @@ def test_the_fleet_applies_a_revision_it_expires_and_one_that_breaks_the_link_go
     again = result_of(server, ask(server, "configure", {"revision": 2, "settings": {
         "server.url": "http://127.0.0.1:1"}})["id"], 10)
     assert not again["ok"] and "was rolled back here" in again["error"]
+
+
+def test_a_rollback_the_card_cannot_write_removes_the_overlay_instead(tmp_path, monkeypatch):
+    import errno
+    t = Clocked()
+    s = t.settings(str(tmp_path))
+    s.propose(args(1, **{"log.level": "debug"}), lambda v: None)
+    s = t.settings(str(tmp_path))
+    s.begin()
+    t.clock.advance(30)
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(store, "write", full)
+    ended = s.due()
+    assert ended.result == rules.ROLLED_BACK and "could not be written (No space left" in ended.why
+    assert not (tmp_path / store.FILE).exists()
+    assert store.read(str(tmp_path))[0].current is None   # the next start: the file alone

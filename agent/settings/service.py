@@ -180,8 +180,17 @@ class FleetSettings:
     def _roll_back(self, why: str) -> Ended:
         failed = self.overlay.current
         good = self.overlay.good
-        return self._end(store.Overlay(good, None, None),
-                         Ended(rules.ROLLED_BACK, failed.revision, why))
+        ended = Ended(rules.ROLLED_BACK, failed.revision, why)
+        try:
+            return self._end(store.Overlay(good, None, None), ended)
+        except OSError as e:
+            # a full or failing card must not keep a revision that failed: without the
+            # file the next start runs on the local file alone (an unlink needs no space)
+            store.remove(self.state_dir)
+            self.overlay, self.deadline = store.Overlay(), None
+            return Ended(rules.ROLLED_BACK, failed.revision,
+                         f"{why}; the overlay could not be written ({e.strerror}) and was "
+                         f"removed: the local file alone")
 
     def _end(self, overlay: store.Overlay, ended: Ended) -> Ended:
         overlay.outcome = self._outcome(ended)

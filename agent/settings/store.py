@@ -87,3 +87,11 @@ def read(state_dir: str) -> tuple[Overlay, str | None]:
 def write(state_dir: str, overlay: Overlay) -> None:
     atomic_write(os.path.join(state_dir, FILE),
                  json.dumps(overlay.to_dict(), sort_keys=True).encode(), 0o600, durable=True)
+
+
+def remove(state_dir: str) -> None:
+    """The overlay gone (the last resort when it cannot be rewritten); OSError if not."""
+    try:
+        os.unlink(os.path.join(state_dir, FILE))
+    except FileNotFoundError:
+        pass
