@@ -10,7 +10,7 @@ import time
 import pytest
 
 from devtools import netns as N
-from devtools.harness import SocketSampler, agent_config, wait_for
+from devtools.harness import AgentProcess, SocketSampler, agent_config, wait_for
 
 pytestmark = pytest.mark.netns
 
@@ -79,6 +79,48 @@ def test_drop_everything_then_restore_reconnects_within_a_backoff_step(
                    what="reconnect after restore")
     assert new[0] - t_restore <= cap + connect_timeout + 0.5
     agent.wait_live(5)
+
+
+def test_the_servers_reconnect_window_spreads_a_lost_server_but_not_a_silent_drop(
+        netns, fleet, agent_python, tmp_path):
+    """Six screens on a node that sets a 12 s window: a silent drop on one site heals
+    at once; the node's death brings them back over the window, not in one second."""
+    window = 12.0
+    server = fleet("--accept-any", "--reconnect-window", str(window))
+    agents = []
+    try:
+        for i in range(1, 7):
+            work = tmp_path / f"screen-{i}"
+            work.mkdir()
+            agents.append(AgentProcess(agent_python, agent_config(
+                server, work, identity={"device_id": f"screen-{i}", "token": "t" * 24}),
+                work).start())
+        for a in agents:
+            a.wait_live(15)
+        assert all(a.link().get("reconnect_window_s") == window for a in agents)
+        link = agents[0].link()
+        netns.drop_flow(int(link["local_addr"].rsplit(":", 1)[1]), server.port)
+        t_drop = time.time()
+        new = wait_for(lambda: connect_times_after(server, t_drop), HB + ACK + 5,
+                       what="screen-1 back after a silent drop")
+        assert new[0] - t_drop < HB + ACK + 1.0   # the window is not for the site's losses
+        agents[0].wait_live(5)
+        server.kill()
+        t_up = server.start().listening_at
+
+        def back():
+            firsts = [min((t for t in server.device(f"screen-{i}").get("connect_times", [])
+                           if t > t_up), default=None) for i in range(1, 7)]
+            return firsts if None not in firsts else None
+        firsts = wait_for(back, 2 * window + 8, interval=0.2, what="all six back")
+        delays = sorted(t - t_up for t in firsts)
+        # without the window all six are back within the first backoff step (1 s);
+        # six even draws over 12 s all under 2 s: 1 in 46656
+        assert delays[-1] > 2.0, delays
+    finally:
+        for a in agents:
+            a.proc.kill()
+            a.proc.wait()
 
 
 def test_server_sigkill_and_ten_restarts_never_stop_the_retries(
