@@ -643,6 +643,47 @@ def test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back(
     assert not exists(s, GRANT) and can_reboot(s) == "no"
 
 
+@step(test_enrolls_and_pairs_under_systemd,
+      test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back)
+def test_settings_from_the_fleet_restart_the_agent_and_the_grants_follow_them(site):
+    """A revision applied by systemd's restart; root's ExecStartPre grants what it
+    allows (the file lets the fleet manage [commands] allow) and takes it back with the
+    next revision; the operator's way back is to remove the overlay."""
+    s = site.screen
+    conf = s.path(CONF)
+    before = conf.read_text()
+    conf.write_text(before.replace('allow = ["diagnostics", "logs"]',
+                                   'allow = ["diagnostics", "logs", "configure"]')
+                    + '[fleet]\nmanage_commands_allow = true\nproof_timeout_s = 15\n')
+    s.run("systemctl", "restart", UNIT)
+    wait_online(s)
+    assert not exists(s, GRANT)
+    managed = ["diagnostics", "logs", "configure", "reboot"]
+    pid = main_pid(s)
+    r = command(site, "configure", {"revision": 1, "settings": {
+        "commands.allow": managed, "log.level": "debug"}})
+    assert r["ok"] and "revision 1 applied" in r["output"], r
+    wait_for(lambda: main_pid(s) not in (0, pid), 30, what="systemd starting the agent again")
+    doc = wait_online(s, 30)
+    kept = wait_for(lambda: status(s)[1]["settings"] if status(s)[1].get("settings", {})
+                    .get("state") == "kept" else None, 30, what="revision 1 kept")
+    assert kept["origins"]["commands.allow"] == "fleet" and kept["origins"]["log.level"] == "fleet"
+    assert doc["settings"]["revision"] == 1
+    assert exists(s, GRANT) and can_reboot(s) == "yes"
+    assert "fleet settings revision 1 kept" in text(agent_lines(s))
+    pid = main_pid(s)
+    assert command(site, "configure", {"revision": 2, "settings": {
+        "commands.allow": managed[:3]}})["ok"]
+    wait_for(lambda: main_pid(s) not in (0, pid), 30, what="systemd starting the agent again")
+    wait_online(s, 30)
+    assert not exists(s, GRANT) and can_reboot(s) == "no"
+    # the operator's way back: the file alone
+    s.run("rm", f"{STATE}/fleet-settings.json")
+    conf.write_text(before)
+    s.run("systemctl", "restart", UNIT)
+    assert wait_online(s).get("settings", {}).get("revision") is None
+
+
 # -- the fleet updates the screen --------------------------------------------------------
 KEYS_DIR = "/etc/edge-agent/update-keys"
 UPDATE_UNIT = "edge-agent-update.service"

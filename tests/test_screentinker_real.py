@@ -393,6 +393,43 @@ def test_dashboard_commands_that_allow_permits_reach_the_screen_and_the_server_r
     assert "reboot" not in agent.log_text()
 
 
+@only_19
+def test_the_dashboards_debug_switch_is_an_hour_of_debug_logging_then_the_file_again(
+        st, spawn_agent, agent_python, tmp_path):
+    """1.9's set_debug, as settings from the fleet: applied by a restart (systemd's;
+    here the test's), proven by the link, and switched off the same way."""
+    config = st_config(st, tmp_path, commands={"allow": ["diagnostics", "logs", "configure"]})
+    agent = spawn_agent(agent_python, config)
+    device_id = register_and_pair(st, agent, tmp_path)
+    agent.wait_live(15)
+    dashboard = dashboard_of(st)
+
+    def debug(enabled):
+        return dashboard.call("dashboard:device-command", {
+            "device_id": device_id, "type": "set_debug", "payload": {"enabled": enabled}},
+            namespace="/dashboard", timeout=10)
+    try:
+        assert debug(True) == {"delivered": True}
+        assert agent.proc.wait(15) == 0
+        agent = spawn_agent(agent_python, config)
+        agent.wait_live(15)
+        settings = wait_for(lambda: agent.status().get("settings", {}).get("state") == "kept"
+                            and agent.status()["settings"], 15, what="the revision kept")
+        level = settings["fleet"]["log.level"]
+        assert level["value"] == "debug" and 3500 < level["expires_in_s"] <= 3600
+        assert " DEBUG " in agent.log_text()
+        assert credentials(tmp_path)["token"] not in agent.log_text(), "debug leaked the token"
+        assert debug(False) == {"delivered": True}
+        assert agent.proc.wait(15) == 0
+        agent = spawn_agent(agent_python, config)
+        agent.wait_live(15)
+        settings = agent.status()["settings"]
+        assert settings["revision"] == 2 and settings["fleet"] == {}
+        assert settings["origins"]["log.level"] == "file"
+    finally:
+        dashboard.disconnect()
+
+
 def device_events(st, device_id) -> list[dict]:
     return st.rows("SELECT type, reason, detail FROM device_events WHERE device_id = ? ORDER BY id",
                    device_id)

@@ -284,7 +284,11 @@ class LinkRunner:
             generation, news = item
             if type(news) in inbox.CONNECTION_NEWS and (
                     generation != self.generation or self.transport is None):
+                log.debug("dropped %s: its connection is gone", type(news).__name__)
                 continue   # about a connection already torn down
+            # the kind only: news may carry what must never be logged (a register with
+            # the token)
+            log.debug("link news: %s", type(news).__name__)
             self._handlers[type(news)](news)
 
     def _next_wakeup(self) -> float:
@@ -646,7 +650,9 @@ class LinkRunner:
                  "try comes at a random moment within it)", window)
 
     def _heartbeat_acked(self, news: inbox.HeartbeatAcked) -> None:
-        self.core.on_ack(news.seq, news.at)
+        rtt = self.core.on_ack(news.seq, news.at)
+        if rtt is not None:
+            log.debug("heartbeat %d acked, rtt %.1f ms", news.seq, rtt * 1000)
         self._acks_may_wait = self.core.watchdog.proven_live(self.clock.monotonic())
         if self.cargo.uploads_waiting:
             self.cargo.heartbeat_acked(self.generation, news.seq)

@@ -29,13 +29,14 @@ KEPT, ROLLED_BACK, EXPIRED = "kept", "rolled-back", "expired"
 def revision_args(args: dict) -> dict:
     """The configure command's arguments: ``{"revision": n, "settings": {"log.level":
     "debug", "link.heartbeat_interval_s": {"value": 10, "expires_in_s": 3600}}}``.
-    Shape only; what a key may hold is config's rule, checked when it is applied."""
+    Shape only; what a key may hold is config's rule, checked when it is applied. No
+    revision: the next after the last this screen saw (a protocol without revisions)."""
     unknown = set(args) - {"revision", "settings"}
     if unknown:
         raise ValueError(f"unknown argument {sorted(unknown)[0][:40]!r}")
     revision = args.get("revision")
-    if isinstance(revision, bool) or not isinstance(revision, int) \
-            or not 1 <= revision <= MAX_REVISION:
+    if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)
+                                 or not 1 <= revision <= MAX_REVISION):
         raise ValueError(f"revision: an integer from 1 to {MAX_REVISION}")
     settings = args.get("settings")
     if not isinstance(settings, dict) or len(settings) > MAX_SETTINGS:

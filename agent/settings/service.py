@@ -69,9 +69,11 @@ class FleetSettings:
         """Stages a revision (the configure command's checked arguments) for the next
         start; returns what to report. ``check(values)`` raises with a one-line reason
         (config's rules); ValueError here says why it is refused."""
-        revision, values = args["revision"], args["values"]
+        values = args["values"]
         current = self.overlay.current
         outcome = self.overlay.outcome or {}
+        revision = args["revision"] or 1 + max(current.revision if current else 0,
+                                               outcome.get("revision") or 0)
         if outcome.get("revision") == revision and outcome.get("result") == rules.ROLLED_BACK:
             raise ValueError(f"revision {revision} was rolled back here "
                              f"({outcome.get('why', '')}); send it as a new revision")

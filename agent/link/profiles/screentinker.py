@@ -51,6 +51,18 @@ class ScreenTinkerProfile:
     # device:command types that mean one of the agent's commands
     COMMANDS = {"reboot": ("reboot", {}), "screen_on": ("display", {"state": "on"}),
                 "screen_off": ("display", {"state": "off"})}
+    # 1.9's debug switch (never gated by a capability): debug logging for an hour, as a
+    # revision of settings from the fleet (no revision numbers: the next one); off: the
+    # screen's own file again
+    DEBUG_FOR_S = 3600
+
+    @classmethod
+    def _command(cls, kind, payload) -> tuple[str, dict]:
+        if kind == "set_debug":
+            on = isinstance(payload, dict) and payload.get("enabled") is True
+            return "configure", {"settings": {"log.level": {
+                "value": "debug", "expires_in_s": cls.DEBUG_FOR_S}} if on else {}}
+        return cls.COMMANDS.get(kind, (str(kind)[:40] if kind else "(no type)", {}))
     # The server (1.9 on) sends a dashboard command or screenshot request only to a device
     # that declared the capability it needs, in its own vocabulary
     # (server/lib/player-capabilities.js); names it does not know are dropped unread.
@@ -174,7 +186,7 @@ class ScreenTinkerProfile:
 
         def command(_t, data=None, *_):
             kind = data.get("type") if isinstance(data, dict) else None
-            name, args = self.COMMANDS.get(kind, (str(kind)[:40] if kind else "(no type)", {}))
+            name, args = self._command(kind, data.get("payload") if kind else None)
             # no command ids on this protocol: each message is one request
             post(inbox.CommandReceived(
                 {"id": "st-" + secrets.token_hex(6), "name": name, "args": args}, "device:command"))
