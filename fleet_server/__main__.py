@@ -91,21 +91,49 @@ def _duration(text: str) -> int:
     return int(text)
 
 
+def _revision(sets: list[str], expiries: list[str], revision: int | None) -> dict:
+    settings: dict = {}
+    for item in sets:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set: expected KEY=VALUE, got {item!r}")
+        try:
+            settings[key] = json.loads(text)
+        except ValueError:
+            settings[key] = text
+    for item in expiries:
+        key, sep, text = item.partition("=")
+        if key not in settings:
+            raise ValueError(f"--expire: {key!r} is not a --set key")
+        settings[key] = {"value": settings[key], "expires_in_s": _duration(text)}
+    return {"settings": settings, **({"revision": revision} if revision else {})}
+
+
 def command(argv) -> int:
     """`fleet-server command DEVICE NAME [...]`: ask a screen to act, wait, print the result."""
     p = argparse.ArgumentParser(prog="fleet-server command")
     p.add_argument("device_id")
     p.add_argument("name", help="diagnostics | logs | screenshot | display | restart-agent | reboot "
-                                    "(update has its own: fleet-server update)")
+                                    "| configure (update has its own: fleet-server update)")
     p.add_argument("--since", type=_duration, help="logs: how far back (30m, 1h, 2d)")
     p.add_argument("--priority", type=int, help="logs: the least important priority (0-7)")
     p.add_argument("--state", choices=["on", "off"], help="display: on or off")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="configure: a setting (the value as JSON, else a string), repeatable")
+    p.add_argument("--expire", action="append", default=[], metavar="KEY=DURATION",
+                   help="configure: that setting leaves after this long (1h, 30m)")
+    p.add_argument("--revision", type=int, help="configure: the revision (default: the next)")
     p.add_argument("--expires-in", type=float, default=300.0)
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the result")
     p.add_argument("--url", default="http://127.0.0.1:8470")
     a = p.parse_args(argv)
     args = {k: v for k, v in (("since_s", a.since), ("priority", a.priority),
                               ("state", a.state)) if v is not None}
+    if a.name == "configure":
+        try:
+            args = _revision(a.set, a.expire, a.revision)
+        except ValueError as e:
+            p.error(str(e))
 
     def call(path, body=None):
         data = json.dumps(body).encode() if body is not None else None

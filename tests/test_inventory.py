@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent import inventory
+from devtools.harness import agent_config, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOTLOADER_BUILT = 1673458852   # 2023-01-11T17:40:52Z, as a Pi 4's boot log prints it
@@ -421,7 +422,6 @@ def test_the_summary_is_the_default_routes_address_and_wifi_and_the_first_displa
 @pytest.mark.netns
 def test_the_agent_sends_its_inventory_to_the_server(netns, fleet, spawn_agent, agent_python,
                                                       tmp_path):
-    from devtools.harness import agent_config, wait_for
     sysfs, _, _ = _pi_tree(tmp_path)
     server = fleet()
     agent = spawn_agent(agent_python, agent_config(server, tmp_path, debug={"sysfs_root": sysfs}))

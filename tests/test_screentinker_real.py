@@ -24,6 +24,7 @@ import socketio
 
 from devtools import screentinker_peer as peer
 from devtools.harness import REPO, FakeSystemd, agent_config, wait_for
+from tests.test_inventory import edid
 
 pytestmark = pytest.mark.netns
 
@@ -102,7 +103,6 @@ def register_and_pair(st, agent, tmp_path) -> str:
 
 def test_register_by_code_pair_over_the_api_heartbeats_and_telemetry_land(
         st, generation, spawn_agent, agent_python, tmp_path):
-    from tests.test_inventory import edid
     hdmi = tmp_path / "sys" / "class" / "drm" / "card1-HDMI-A-1"
     hdmi.mkdir(parents=True)
     (hdmi / "status").write_text("connected\n")

@@ -1,15 +1,22 @@
 """Settings from the fleet: a revision's shape, the same rules as the file, the overlay
 on disk, the trial on a fake clock; then the real agent and the reference server."""
+import errno
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from agent import config as cfgmod
+from agent.boot import boot_id
 from agent.clock import FakeClock
 from agent.settings import rules, store
 from agent.settings.service import FleetSettings
 from agent.status import render
-from devtools.harness import agent_config, wait_for
+from devtools.harness import REPO, agent_config, wait_for
+from tests.test_commands_e2e import ask, result_of
 
 
 def base_file(tmp_path, extra=""):
@@ -73,8 +80,6 @@ def stage(tmp_path, values, until=None, revision=4):
 
 
 def test_the_overlay_on_disk_applies_and_a_damaged_one_leaves_the_file_alone(tmp_path):
-    from agent.boot import boot_id
-    import time
     path = base_file(tmp_path)
     stage(tmp_path, {"log.level": "debug", "link.stable_after_s": 5},
           {"log.level": rules.Expiry(boot_id(), time.monotonic() + 600),
@@ -225,19 +230,24 @@ def _respawn(spawn_agent, agent_python, config, old, timeout):
 @pytest.mark.netns
 def test_the_fleet_applies_a_revision_it_expires_and_one_that_breaks_the_link_goes_back(
         netns, fleet, spawn_agent, agent_python, tmp_path):
-    import time
-    from tests.test_commands_e2e import ask, result_of
     server = fleet()
     config = agent_config(server, tmp_path, commands={"allow": ["diagnostics", "configure"]},
                           fleet={"proof_timeout_s": 10.0, "manage_server_url": True})
     agent = spawn_agent(agent_python, config)
     agent.wait_live(15)
     pushed = time.monotonic()
-    cid = ask(server, "configure", {"revision": 1, "settings": {
-        "link.missed_acks": 3, "log.level": {"value": "debug", "expires_in_s": 12}}})["id"]
+    # the operator's command line, as a fleet operator types it
+    operator = subprocess.Popen(
+        [str(REPO / "scripts" / "fleet-server"), "command", "screen-1", "configure",
+         "--set", "link.missed_acks=3", "--set", "log.level=debug", "--expire", "log.level=12s",
+         "--url", server.url, "--wait", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
     agent = _respawn(spawn_agent, agent_python, config, agent, 15)
     agent.wait_live(15)
-    assert "revision 1 applied" in result_of(server, cid, 20)["output"]
+    out, err = operator.communicate(timeout=30)
+    assert operator.returncode == 0, err
+    assert "revision 1 applied (2 settings)" in json.loads(out)["output"]
     kept = wait_for(lambda: _events(server, "config.kept"), 15, what="config.kept at the server")
     assert kept[0]["revision"] == 1
     settings = agent.status()["settings"]
@@ -272,7 +282,6 @@ def test_the_fleet_applies_a_revision_it_expires_and_one_that_breaks_the_link_go
 
 
 def test_a_rollback_the_card_cannot_write_removes_the_overlay_instead(tmp_path, monkeypatch):
-    import errno
     t = Clocked()
     s = t.settings(str(tmp_path))
     s.propose(args(1, **{"log.level": "debug"}), lambda v: None)
