@@ -115,6 +115,14 @@ class Clocked:
         return FleetSettings(state_dir, proof, monotonic=lambda: self.clock.now,
                              wall=self.clock.wall, boot=lambda: self.boot)
 
+    def on_trial(self, state_dir, revision, settings):
+        """A revision staged by one process, on trial in the next."""
+        self.settings(state_dir).propose(
+            rules.revision_args({"revision": revision, "settings": settings}), lambda v: None)
+        started = self.settings(state_dir)
+        started.begin()
+        return started
+
 
 def args(revision, **values):
     return rules.revision_args({"revision": revision, "settings": values})
@@ -176,12 +184,8 @@ def test_an_agent_that_keeps_dying_on_a_revision_goes_back_after_three_starts(tm
 
 def test_an_expiring_setting_leaves_on_time_and_a_reboot_ends_it(tmp_path):
     t = Clocked()
-    s = t.settings(str(tmp_path))
-    s.propose(rules.revision_args({"revision": 1, "settings": {
-        "log.level": {"value": "debug", "expires_in_s": 3600}, "link.missed_acks": 3}}),
-        lambda v: None)
-    s = t.settings(str(tmp_path))
-    s.begin()
+    s = t.on_trial(str(tmp_path), 1, {"log.level": {"value": "debug", "expires_in_s": 3600},
+                                      "link.missed_acks": 3})
     s.proven()
     assert s.next_expiry() == t.clock.now + 3600
     t.clock.advance(3599)
@@ -200,12 +204,8 @@ def test_an_expiring_setting_leaves_on_time_and_a_reboot_ends_it(tmp_path):
 
 def test_status_says_the_revision_where_values_come_from_and_the_last_rollback(tmp_path):
     t = Clocked()
-    s = t.settings(str(tmp_path))
-    s.propose(rules.revision_args({"revision": 7, "settings": {
-        "log.level": {"value": "debug", "expires_in_s": 600}, "link.missed_acks": 3}}),
-        lambda v: None)
-    s = t.settings(str(tmp_path))
-    s.begin()
+    s = t.on_trial(str(tmp_path), 7, {"log.level": {"value": "debug", "expires_in_s": 600},
+                                      "link.missed_acks": 3})
     snap = s.snapshot({"log.level": "fleet", "link.missed_acks": "env"})
     assert snap["state"] == "trial" and snap["proof_due_in_s"] == 30.0
     assert snap["fleet"] == {"log.level": {"value": "debug", "expires_in_s": 600.0}}
