@@ -32,6 +32,8 @@ def test_the_schedule_wants_the_display_on_in_hours_and_says_when_that_changes()
     assert s.next_change(at("2026-12-12 16:30")) == at("2026-12-14 08:00")  # over Sunday
     assert s.next_change(at("2026-12-24 12:00")) == at("2026-12-26 10:00")  # over Christmas
     assert Schedule.parse(["mon-sun 00:00-24:00"], []).next_change(at("2026-12-07 09:00")) is None
+    spaced = Schedule.parse(["sat 10:00-12:30 13:00-16:00"], [])   # spaces, as commas
+    assert spaced.week == Schedule.parse(["sat 10:00-12:30,13:00-16:00"], []).week
     night = Schedule.parse(["fri 20:00-24:00", "sat 00:00-02:00"], [])
     assert night.wanted(at("2026-12-11 23:59")) and night.wanted(at("2026-12-12 01:59"))
     assert night.next_change(at("2026-12-11 21:00")) == at("2026-12-12 02:00")

@@ -4,6 +4,9 @@ at a given local time.
     week = ["mon-fri 08:00-18:00", "sat 10:00-12:30,13:00-16:00"]   # days not listed: off
     exceptions = ["2026-12-25 off", "2026-12-24 08:00-12:00"]
 
+Spans are separated by commas or spaces (an environment override splits its list at
+commas: EDGE_AGENT_HOURS_WEEK="mon-fri 08:00-12:00 13:00-18:00,sat 10:00-14:00").
+
 A span ends at most at 24:00 and never before it starts; a night across midnight is two
 spans ("fri 20:00-24:00", "sat 00:00-02:00"). Local time is the caller's business (a
 naive datetime in the schedule's zone), so a DST change or a clock set by NTP is only a
@@ -31,7 +34,7 @@ def _spans(text: str, where: str) -> Spans:
     if text == "off":
         return ()
     spans = []
-    for part in text.split(","):
+    for part in re.split(r"[,\s]+", text):
         m = _SPAN.fullmatch(part.strip())
         if not m:
             raise ScheduleError(f"{where}: {part.strip()[:20]!r} is not HH:MM-HH:MM or off")
