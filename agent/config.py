@@ -600,6 +600,9 @@ def _check_hours(v: dict) -> None:
             ZoneInfo(zone)
         except (ZoneInfoNotFoundError, ValueError):
             raise ConfigError(f"hours.timezone: no such time zone here: {zone!r}") from None
+    if v["hours.exceptions"] and not v["hours.week"]:
+        raise ConfigError("hours.exceptions: needs hours.week (without a week there are no "
+                          "working hours to make exceptions to)")
     if v["hours.week"] and not (v["commands.display_on_command"]
                                 and v["commands.display_off_command"]):
         raise ConfigError("hours.week: needs [commands] display_on_command and "

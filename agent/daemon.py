@@ -49,8 +49,9 @@ STATUS_REFRESH_S = 30.0
 # the fleet's revision has been applied; this long for its result to go out first
 APPLY_AFTER_S = 1.0
 # how often the inventory is read again (and sent if it changed); the network's return
-# reads it at once
+# has it read again soon
 INVENTORY_EVERY_S = 600.0
+INVENTORY_AFTER_NETWORK_S = 15.0
 
 
 class Agent:
@@ -251,15 +252,16 @@ class Agent:
             except ConfigError as e:
                 raise ValueError(str(e)) from None
         try:
-            text = self.settings.propose(args, check)
+            staged = self.settings.propose(args, check)
         except ValueError as e:
             return Outcome(False, error=str(e)[:300])
         except OSError as e:
             return Outcome(False, error=f"the revision was not stored: {e.strerror}")
-        log.warning("fleet settings revision %d: %s", args["revision"], text)
-        self._after(APPLY_AFTER_S, lambda: self._stop(
-            f"applying fleet settings revision {args['revision']}"))
-        return Outcome(True, text)
+        log.warning("fleet settings: %s", staged.text)
+        if staged.restart:
+            self._after(APPLY_AFTER_S, lambda: self._stop(
+                f"applying fleet settings revision {staged.revision}"))
+        return Outcome(True, staged.text)
 
     def _settings_watch(self) -> None:
         """At start: say how the last trial or expiry ended, and set the alarms."""
@@ -397,9 +399,10 @@ class Agent:
 
     def _network_up(self) -> None:
         """From the events thread: the device's own network is back after being down."""
+        # a new lease, maybe a new network: read it again once DHCP had its moment
+        self._inventory_due = time.monotonic() + INVENTORY_AFTER_NETWORK_S
         self.profile.network_returned()
         self.runner.network_up()
-        self._inventory_due = 0.0   # a new lease, maybe a new network: read it again
 
     def _refresh_status(self) -> None:
         self._say_status(self._last_link)

@@ -662,7 +662,7 @@ def test_settings_from_the_fleet_restart_the_agent_and_the_grants_follow_them(si
     pid = main_pid(s)
     r = command(site, "configure", {"revision": 1, "settings": {
         "commands.allow": managed, "log.level": "debug"}})
-    assert r["ok"] and "revision 1 applied" in r["output"], r
+    assert r["ok"] and "revision 1 staged" in r["output"], r
     wait_for(lambda: main_pid(s) not in (0, pid), 30, what="systemd starting the agent again")
     doc = wait_online(s, 30)
     kept = wait_for(lambda: status(s)[1]["settings"] if status(s)[1].get("settings", {})

@@ -240,7 +240,9 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
                 env[C.env_name("identity", "device_id")] = "screen-9"
             if name == "network.client_key":
                 env[C.env_name("network", "client_cert")] = str(cert)
-            if name == "hours.week":
+            if name == "hours.exceptions":
+                env[C.env_name("hours", "week")] = "mon 08:00-09:00"
+            if name in ("hours.week", "hours.exceptions"):
                 env[C.env_name("commands", "display_on_command")] = "true"
                 env[C.env_name("commands", "display_off_command")] = "true"
             cfg = C.load(write(tmp_path, GOOD.replace("heartbeat_interval_s = 15\n", "")), env=env)

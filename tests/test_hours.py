@@ -2,6 +2,7 @@
 real agent with a real X server (Xvfb) and xset."""
 import shutil
 import subprocess
+import threading
 import time
 from datetime import datetime
 
@@ -85,7 +86,8 @@ class Bench:
                                   f"sh -c 'echo off >> {self.log}'", 5.0, trust_clock=False,
                                   on_fault=self.faults.append, on_change=self.changes.append,
                                   sysfs_root=str(tmp_path / "nosys"), now=lambda: self.wall,
-                                  synced=lambda: self.synced, monotonic=lambda: self.mono)
+                                  synced=lambda: self.synced, monotonic=lambda: self.mono,
+                                  connect_grace_s=0)
 
     def advance(self, seconds):
         self.wall += seconds
@@ -127,6 +129,38 @@ def test_a_display_that_will_not_come_on_is_a_fault_once_and_is_tried_again(tmp_
     b.advance(RETRY_S)
     b.hours.step()
     assert b.hours.snapshot()["fault"] is None and b.hours.applied is True
+
+
+def test_a_tv_that_raises_hot_plug_a_moment_after_waking_is_no_fault(tmp_path):
+    card = tmp_path / "sys" / "class" / "drm" / "card0-HDMI-A-1"
+    card.mkdir(parents=True)
+    (card / "status").write_text("disconnected\n")
+    b = Bench(tmp_path, "2026-12-07 08:00:00+00:00")
+    b.hours.sysfs_root = str(tmp_path / "sys")
+    b.hours.monotonic, b.hours.connect_grace_s = time.monotonic, 5.0
+    threading.Timer(1.0, lambda: (card / "status").write_text("connected\n")).start()
+    b.hours.step()
+    assert b.faults == [] and b.hours.applied is True
+
+
+def test_a_clock_once_set_stays_trusted_and_a_new_state_is_not_held_by_a_retry(tmp_path):
+    b = Bench(tmp_path, "2026-12-07 16:59:00+00:00", on_ok=False)   # 17:59 in Berlin
+    b.hours.step()
+    assert len(b.faults) == 1
+    b.synced = False   # hours offline: the kernel says unsynchronised again
+    b.advance(60)      # 18:00: off is due now, not after the failed on's minute
+    b.hours.step()
+    assert b.seen() == ["off"] and b.hours.applied is False
+
+
+def test_a_hanging_command_is_killed_with_its_children_and_its_line_never_reported(tmp_path):
+    b = Bench(tmp_path, "2026-12-07 08:00:00+00:00")
+    b.hours.timeout_s = 0.5
+    b.hours.commands[True] = ["sh", "-c", "sleep 30 & sleep 30", "password=hunter2"]
+    started = time.monotonic()
+    b.hours.step()
+    assert time.monotonic() - started < 5
+    assert b.faults == [{"wanted": "on", "error": "sh timed out after 0.5 s"}]
 
 
 def test_on_with_no_display_connected_is_a_fault(tmp_path):

@@ -133,7 +133,7 @@ def test_a_revision_is_on_trial_until_proven_and_rolled_back_to_the_last_good_on
     state = str(tmp_path)
     s = t.settings(state)
     checked = []
-    assert "revision 1 applied" in s.propose(args(1, **{"log.level": "debug"}), checked.append)
+    assert "revision 1 staged" in s.propose(args(1, **{"log.level": "debug"}), checked.append).text
     assert checked == [{"log.level": "debug"}]
     assert s.proven() is None and s.snapshot({})["state"] == "staged"   # the next process's trial
     s.begin()   # a start that is not this one's: nothing counted for revision 1 by it
@@ -168,7 +168,21 @@ def test_a_revision_is_on_trial_until_proven_and_rolled_back_to_the_last_good_on
     assert s.overlay.current.revision == 1 and s.overlay.outcome["result"] == rules.ROLLED_BACK
     with pytest.raises(ValueError, match="was rolled back here"):
         s.propose(args(3, **{"log.level": "debug"}), lambda v: None)
-    s.propose(args(4, **{"log.level": "debug"}), lambda v: None)
+    staged = s.propose(args(4, **{"log.level": "warning"}), lambda v: None)
+    assert staged.restart and staged.revision == 4
+
+
+def test_a_switch_flipped_to_where_it_is_changes_nothing_and_restarts_nothing(tmp_path):
+    t = Clocked()
+    s = t.settings(str(tmp_path))
+    off = s.propose(rules.revision_args({"settings": {}}), lambda v: None)
+    assert not off.restart and "already in force" in off.text
+    assert not (tmp_path / store.FILE).exists()
+    s = t.on_trial(str(tmp_path), None, {"log.level": "debug"})
+    s.proven()
+    assert s.overlay.current.revision == 1   # no revision given: the next one
+    again = s.propose(rules.revision_args({"settings": {"log.level": "debug"}}), lambda v: None)
+    assert not again.restart and s.overlay.current.revision == 1
 
 
 def test_an_agent_that_keeps_dying_on_a_revision_goes_back_after_three_starts(tmp_path):
@@ -247,7 +261,7 @@ def test_the_fleet_applies_a_revision_it_expires_and_one_that_breaks_the_link_go
     agent.wait_live(15)
     out, err = operator.communicate(timeout=30)
     assert operator.returncode == 0, err
-    assert "revision 1 applied (2 settings)" in json.loads(out)["output"]
+    assert "revision 1 staged (2 settings)" in json.loads(out)["output"]
     kept = wait_for(lambda: _events(server, "config.kept"), 15, what="config.kept at the server")
     assert kept[0]["revision"] == 1
     settings = agent.status()["settings"]

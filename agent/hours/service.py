@@ -13,6 +13,7 @@ import glob
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -27,6 +28,8 @@ log = logging.getLogger("edge_agent.hours")
 
 TICK_S = 30.0          # how often the clock is asked again, besides the next change
 RETRY_S = 60.0         # a failed command, again
+# a TV woken by CEC raises hot-plug detect a few seconds after it answers
+CONNECT_GRACE_S = 15.0
 
 
 class WorkingHours:
@@ -34,17 +37,23 @@ class WorkingHours:
                  timeout_s: float, trust_clock: bool, on_fault: Callable[[dict], None],
                  on_change: Callable[[dict], None], sysfs_root: str = "/sys",
                  now: Callable[[], float] = time.time, synced: Callable[[], bool] = wall_synced,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 connect_grace_s: float = CONNECT_GRACE_S):
         self.schedule = schedule
         self.zone = ZoneInfo(zone) if zone else None   # None: the system's local time
         self.commands = {True: shlex.split(on_command), False: shlex.split(off_command)}
         self.timeout_s = timeout_s
-        self.trust_clock = trust_clock
+        self.connect_grace_s = connect_grace_s
         self.on_fault, self.on_change = on_fault, on_change
         self.sysfs_root = sysfs_root
         self.now, self.synced, self.monotonic = now, synced, monotonic
         self.applied: bool | None = None    # what the last command that worked set
         self.waiting_for_clock = False
+        # once NTP set the clock it is trusted until the next boot: the kernel calls it
+        # unsynchronised again after some hours without NTP (an offline site), while its
+        # drift is seconds a day
+        self._clock_trusted = trust_clock
+        self._wanted_before: bool | None = None
         self.fault: str | None = None
         self._retry_at = 0.0
         self._stop = threading.Event()
@@ -55,8 +64,10 @@ class WorkingHours:
 
     def wanted(self) -> bool | None:
         """On or off by the schedule now; None while the clock cannot be trusted."""
-        if not (self.trust_clock or self.synced()):
-            return None
+        if not self._clock_trusted:
+            self._clock_trusted = self.synced()
+            if not self._clock_trusted:
+                return None
         return self.schedule.wanted(self.local_now())
 
     def expected_off(self) -> bool:
@@ -79,6 +90,8 @@ class WorkingHours:
             self.waiting_for_clock = True
             return TICK_S
         self.waiting_for_clock = False
+        if wanted != self._wanted_before:   # a new state is not held back by the last one's retry
+            self._wanted_before, self._retry_at = wanted, 0.0
         if wanted == self.applied:
             self.fault = None
         elif self.fault is None or self.monotonic() >= self._retry_at:
@@ -109,7 +122,7 @@ class WorkingHours:
     def _apply(self, on: bool) -> None:
         state = "on" if on else "off"
         error = self._run_command(self.commands[on])
-        if error is None and on and not self._display_connected():
+        if error is None and on and not self._connected_within(self.connect_grace_s):
             error = "no display is connected (HDMI unplugged?)"
         if error is None:
             if self.applied != on:
@@ -124,15 +137,33 @@ class WorkingHours:
         self.fault = error
 
     def _run_command(self, argv: list[str]) -> str | None:
+        """None, or why it failed in words that never hold the whole command line (it
+        may carry a networked display's password): the program's name, its exit status
+        and the last line it wrote to stderr."""
+        name = os.path.basename(argv[0])
         try:
-            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                               timeout=self.timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"{argv[0]}: {type(e).__name__}: {e}"[:300]
-        if r.returncode != 0:
-            said = r.stderr.decode(errors="replace").strip().splitlines()
-            return f"{argv[0]} exited {r.returncode}" + (f": {said[-1][:200]}" if said else "")
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            return f"{name}: {e.strerror}"
+        try:
+            _, err = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            # the whole group: a child it left behind would hold stderr open for ever
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return f"{name} timed out after {self.timeout_s:g} s"
+        if proc.returncode != 0:
+            said = err.decode(errors="replace").strip().splitlines()
+            return f"{name} exited {proc.returncode}" + (f": {said[-1][:200]}" if said else "")
         return None
+
+    def _connected_within(self, seconds: float) -> bool:
+        deadline = self.monotonic() + seconds
+        while not self._display_connected():
+            if self.monotonic() >= deadline or self._stop.wait(0.5):
+                return False
+        return True
 
     def _display_connected(self) -> bool:
         """A DRM connector says connected; a device with no DRM at all (a test, a board

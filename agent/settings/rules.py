@@ -17,7 +17,7 @@ from dataclasses import dataclass
 MAX_REVISION = 2 ** 53          # what a JSON number holds exactly
 MAX_SETTINGS = 64
 MAX_EXPIRY_S = 30 * 86400.0
-MAX_LIST = 32                   # items of a list value (commands.allow)
+MAX_LIST = 64                   # items of a list value (commands.allow, hours.week)
 MAX_TEXT = 2048
 MAX_TRIAL_STARTS = 3            # starts on a revision without proof: a crash loop
 KEY = re.compile(r"[a-z][a-z0-9_]{0,31}(?:\.[a-z][a-z0-9_]{0,31}){1,3}")

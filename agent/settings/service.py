@@ -31,6 +31,15 @@ def _locked(method):
 
 
 @dataclass(frozen=True)
+class Staged:
+    """What propose() did: the revision, the words for the server, and whether the
+    agent must restart to apply it (not when it changes nothing)."""
+    revision: int
+    text: str
+    restart: bool
+
+
+@dataclass(frozen=True)
 class Ended:
     """A trial's end or a setting's expiry, for the journal and the server."""
     result: str          # rules.KEPT | ROLLED_BACK | EXPIRED
@@ -65,10 +74,10 @@ class FleetSettings:
 
     # -- a revision arrives ------------------------------------------------------
     @_locked
-    def propose(self, args: dict, check: Callable[[dict], None]) -> str:
+    def propose(self, args: dict, check: Callable[[dict], None]) -> Staged:
         """Stages a revision (the configure command's checked arguments) for the next
-        start; returns what to report. ``check(values)`` raises with a one-line reason
-        (config's rules); ValueError here says why it is refused."""
+        start. ``check(values)`` raises with a one-line reason (config's rules);
+        ValueError here says why it is refused."""
         values = args["values"]
         current = self.overlay.current
         outcome = self.overlay.outcome or {}
@@ -80,6 +89,11 @@ class FleetSettings:
         if current is not None and revision <= current.revision:
             raise ValueError(f"revision {revision} is not newer than revision "
                              f"{current.revision} in force")
+        if values == (current.values if current else {}) and not args["expires_in_s"] \
+                and not self._pending():
+            # a switch flipped to where it is (a dashboard's debug box): no restart
+            return Staged(current.revision if current else 0,
+                          "these settings are already in force: nothing to apply", False)
         check(values)
         now = self.monotonic()
         overlay = self.overlay
@@ -88,10 +102,11 @@ class FleetSettings:
                                 rules.expiries(args["expires_in_s"], self.boot(), now),
                                 round(self.wall(), 3))
         self._save(store.Overlay(staged, good, 0, overlay.outcome))
-        return (f"revision {revision} applied ({len(values)} settings): the agent restarts "
-                f"with it and keeps it if its link is proven live within "
-                f"{self.proof_timeout_s:g} s, else goes back to "
-                + (f"revision {good.revision}" if good else "the local file alone"))
+        return Staged(revision, f"revision {revision} staged ({len(values)} settings): the "
+                      f"agent restarts with it and keeps it if its link is proven live within "
+                      f"{self.proof_timeout_s:g} s, else goes back to "
+                      + (f"revision {good.revision}" if good else "the local file alone"),
+                      True)
 
     # -- the trial ---------------------------------------------------------------
     @_locked
