@@ -115,6 +115,20 @@ def test_the_display_goes_off_and_on_at_local_times_and_not_before_the_clock_is_
     assert b.hours.snapshot()["next_change"] == "2026-12-08T08:00"
 
 
+def test_the_hour_the_clocks_go_back_does_not_turn_the_display_on_again(tmp_path):
+    b = Bench(tmp_path, "2026-10-24 23:00:00+00:00")   # Sunday 01:00 CEST in Berlin
+    b.hours.schedule = Schedule.parse(["sun 00:00-02:30"], [])
+    b.hours.step()
+    assert b.seen() == ["on"]
+    b.advance(90 * 60)     # 02:30 CEST: off
+    b.hours.step()
+    b.advance(30 * 60)     # 03:00 CEST is 02:00 CET: the same half hour again
+    for _ in range(4):
+        b.hours.step()
+        b.advance(15 * 60)
+    assert b.seen() == ["on", "off"], "on and off again in the repeated hour"
+
+
 def test_a_display_that_will_not_come_on_is_a_fault_once_and_is_tried_again(tmp_path):
     b = Bench(tmp_path, "2026-12-07 08:00:00+00:00", on_ok=False)
     b.hours.step()

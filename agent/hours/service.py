@@ -90,6 +90,10 @@ class WorkingHours:
             self.waiting_for_clock = True
             return TICK_S
         self.waiting_for_clock = False
+        if self.local_now().fold and self.applied is not None:
+            # the hour the clocks went back, lived a second time: its changes happened
+            # the first time (off at 02:30 must not come on again at 02:00)
+            return TICK_S
         if wanted != self._wanted_before:   # a new state is not held back by the last one's retry
             self._wanted_before, self._retry_at = wanted, 0.0
         if wanted == self.applied:
