@@ -119,9 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     source = args.config
     if not args.revoke:
         try:
-            grants = wanted(config_mod.load(args.config).commands_allow)
+            config = config_mod.load(args.config)
         except config_mod.ConfigError:
             pass  # nothing is granted; the agent's own start says what is wrong, once
+        else:
+            grants = wanted(config.commands_allow)
+            if config.origins.get("commands.allow") == "fleet":
+                source = (f"the fleet's settings revision {config.fleet_revision} (which "
+                          f"{args.config} lets it manage)")
     try:
         changed = sync(grants, args.dir, source)
     except (GrantError, OSError) as e:
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     given = [c[1:] for c in changed if c.startswith("+")]
     if given:
         early(f"edge-agent: polkit grants this service {', '.join(given)}: [commands] allow "
-              f"in {args.config} lists it", 6, sys.stdout)
+              f"in {source} lists it", 6, sys.stdout)
     return 0
 
 

@@ -3,6 +3,7 @@ root-side ExecStartPre/ExecStopPost run it (a real process, as root, under the u
 UMask=0077), on real directories, with links planted by a real unprivileged user.
 What polkit makes of the flag is proven under real systemd and polkitd
 (tests/test_booted_systemd.py)."""
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent import grants
+from agent.settings import store
 
 REPO = Path(__file__).resolve().parent.parent
 USER, GROUP = "nobody", "nogroup"
@@ -178,3 +180,21 @@ def _unit_command(directive: str) -> list[str]:
     unit = (REPO / "systemd" / "edge-agent.service").read_text()
     line = re.search(rf"^{directive}=[-+]*(.*)$", unit, re.M).group(1)
     return line.split()
+
+
+def test_a_fleet_managed_allow_list_grants_only_where_the_file_lets_the_fleet_manage_it(ground):
+    """The overlay the agent's user writes in its state directory is read by this root
+    step: it grants reboot only where the operator's file says the fleet manages the
+    list, and it says whose list it was."""
+    base, theirs = ground
+    overlay = store.Overlay(store.Revision(7, {"commands.allow": ["diagnostics", "reboot"]}))
+    (theirs / store.FILE).write_text(json.dumps(overlay.to_dict()))
+    shutil.chown(theirs / store.FILE, USER, GROUP)
+    state = f'[identity]\nstate_dir = "{theirs}"\n'
+    r = step(base, config_text=CONFIG.format(allow='["diagnostics"]') + state)
+    assert r.returncode == 0 and not (base / "grants").exists(), r   # not the fleet's to set
+    r = step(base, config_text=CONFIG.format(allow='["diagnostics"]') + state
+             + "[fleet]\nmanage_commands_allow = true\n")
+    assert listing(base / "grants") == {"reboot": (0o644, 0)}
+    assert "the fleet's settings revision 7" in r.stdout, r.stdout
+    assert "revision 7" in (base / "grants" / "reboot").read_text()
