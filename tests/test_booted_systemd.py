@@ -66,6 +66,9 @@ STACKS = {
                "python3-websocket": r"1\.8\.", "polkitd": r"126-"},
 }
 PYTHON = {"bookworm": "python3.11", "trixie": "python3.13"}
+# a display for working hours to turn off and on: an X server and xset, in the rootfs
+# beside what the package needs
+DISPLAY_STAND_IN = ["xvfb", "x11-xserver-utils"]
 # the alarms apt's output must not raise on install, upgrade or purge
 ALARMING = re.compile(r"could not|fail|error|warning", re.I)
 
@@ -129,8 +132,8 @@ def rootfs(release):
         pytest.fail(f"the booted-system tests need root and {', '.join(missing) or 'nothing'} "
                     "(.ci/run installs systemd-container and debootstrap)")
     control = REPO / "debian" / "control"
-    return ensure_rootfs(package_depends(control), package_depends(control, "Recommends"),
-                         suite=release)
+    return ensure_rootfs(package_depends(control) + DISPLAY_STAND_IN,
+                         package_depends(control, "Recommends"), suite=release)
 
 
 @pytest.fixture(scope="module")
@@ -682,6 +685,57 @@ def test_settings_from_the_fleet_restart_the_agent_and_the_grants_follow_them(si
     conf.write_text(before)
     s.run("systemctl", "restart", UNIT)
     assert wait_online(s).get("settings", {}).get("revision") is None
+
+
+X11_DROP_IN = "/etc/systemd/system/edge-agent.service.d/display.conf"
+
+
+@step(test_enrolls_and_pairs_under_systemd,
+      test_settings_from_the_fleet_restart_the_agent_and_the_grants_follow_them)
+def test_working_hours_reach_an_x_display_through_the_sandbox_only_with_the_readmes_drop_in(
+        site):
+    """The unit's PrivateTmp= hides the X server's socket (/tmp/.X11-unix) from the
+    agent: the hours report the fault; README's drop-in opens that one directory and
+    the display goes dark out of hours. The X server listens on its socket file only
+    (an abstract socket would pass any sandbox that keeps the network)."""
+    s, server = site.screen, site.server
+    s.run("systemd-run", "--unit=x-display", "--uid=nobody", "Xvfb", ":0", "-nolisten", "tcp",
+          "-nolisten", "local", "-screen", "0", "640x480x24")
+    wait_for(lambda: s.run("xset", "-display", ":0", "q", check=False).returncode == 0, 15,
+             what="the X server in the container")
+    conf = s.path(CONF)
+    before = conf.read_text()
+    today = s.run("date", "+%Y-%m-%d").stdout.strip()
+    commands = ('display_on_command = "xset -display :0 s reset dpms force on"\n'
+                'display_off_command = "xset -display :0 dpms force off"\n')
+    with_commands = (before.replace("[commands]\n", "[commands]\n" + commands, 1)
+                     if "[commands]\n" in before else before + "[commands]\n" + commands)
+    # hours in force all week but today: the display is to be off now
+    conf.write_text(with_commands + '[hours]\nweek = ["mon-sun 00:00-24:00"]\n'
+                    f'exceptions = ["{today} off"]\nclock = "trusted"\n')
+
+    def events(kind):
+        return [e for e in server.device(site.device_id).get("events", [])
+                if e.get("type") == kind]
+    try:
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        fault = wait_for(lambda: events("display.fault"), 20, what="display.fault")
+        assert fault[-1]["wanted"] == "off" and "unable to open display" in fault[-1]["error"]
+        s.path(X11_DROP_IN).write_text("[Service]\nBindPaths=/tmp/.X11-unix\n")
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        done = wait_for(lambda: events("display.scheduled"), 20, what="display.scheduled")
+        assert done[-1]["state"] == "off"
+        assert status(s)[1]["hours"]["applied"] == "off"
+    finally:
+        s.run("rm", "-f", X11_DROP_IN)
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "stop", "x-display", check=False)
+        conf.write_text(before)
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
 
 
 # -- the fleet updates the screen --------------------------------------------------------
