@@ -145,14 +145,21 @@ def test_a_display_that_will_not_come_on_is_a_fault_once_and_is_tried_again(tmp_
     assert b.hours.snapshot()["fault"] is None and b.hours.applied is True
 
 
-def test_a_tv_that_raises_hot_plug_a_moment_after_waking_is_no_fault(tmp_path):
+def unplugged(tmp_path):
+    """A Bench at 09:00 Berlin on a Monday whose one HDMI connector is disconnected;
+    and that connector's status file."""
     card = tmp_path / "sys" / "class" / "drm" / "card0-HDMI-A-1"
     card.mkdir(parents=True)
     (card / "status").write_text("disconnected\n")
     b = Bench(tmp_path, "2026-12-07 08:00:00+00:00")
     b.hours.sysfs_root = str(tmp_path / "sys")
+    return b, card / "status"
+
+
+def test_a_tv_that_raises_hot_plug_a_moment_after_waking_is_no_fault(tmp_path):
+    b, status = unplugged(tmp_path)
     b.hours.monotonic, b.hours.connect_grace_s = time.monotonic, 5.0
-    threading.Timer(1.0, lambda: (card / "status").write_text("connected\n")).start()
+    threading.Timer(1.0, lambda: status.write_text("connected\n")).start()
     b.hours.step()
     assert b.faults == [] and b.hours.applied is True
 
@@ -178,14 +185,10 @@ def test_a_hanging_command_is_killed_with_its_children_and_its_line_never_report
 
 
 def test_on_with_no_display_connected_is_a_fault(tmp_path):
-    card = tmp_path / "sys" / "class" / "drm" / "card0-HDMI-A-1"
-    card.mkdir(parents=True)
-    (card / "status").write_text("disconnected\n")
-    b = Bench(tmp_path, "2026-12-07 08:00:00+00:00")
-    b.hours.sysfs_root = str(tmp_path / "sys")
+    b, status = unplugged(tmp_path)
     b.hours.step()
     assert b.faults[0]["error"] == "no display is connected (HDMI unplugged?)"
-    (card / "status").write_text("connected\n")
+    status.write_text("connected\n")
     b.advance(RETRY_S)
     b.hours.step()
     assert b.hours.applied is True and b.hours.fault is None
