@@ -266,12 +266,11 @@ class Agent:
     def _settings_watch(self) -> None:
         """At start: say how the last trial or expiry ended, and set the alarms."""
         self._settings_step(self.settings.expired)   # by a reboot: told below, no restart
-        last = self.settings.overlay.outcome
-        if isinstance(last, dict) and not last.get("announced"):
-            self._settings_ended(Ended(last.get("result", "?"), last.get("revision", 0),
-                                       last.get("why", ""), tuple(last.get("keys") or ())))
+        untold = self.settings.unannounced()
+        if untold is not None:
+            self._settings_ended(untold)
         now = time.monotonic()
-        if self.settings.on_trial and self.settings.deadline is not None:
+        if self.settings.on_trial:
             self._after(self.settings.deadline - now, self._trial_due)
         expiry = self.settings.next_expiry()
         if expiry is not None:

@@ -51,10 +51,17 @@ def os_name() -> str:
     return "linux"
 
 
+def connectors(sysfs_root: str = "/sys") -> dict[str, str]:
+    """Each DRM connector's directory and its status (connected, disconnected, unknown),
+    in name order; empty where there is no DRM (a container, a display DRM does not drive)."""
+    return {p: _read((os.path.join(p, "status"),))
+            for p in sorted(glob.glob(os.path.join(sysfs_root, "class/drm/card*-*")))}
+
+
 def screen_size(sysfs_root: str = "/sys") -> tuple[int, int] | None:
     """The preferred mode of the first connected display (the first line of modes)."""
-    for p in sorted(glob.glob(os.path.join(sysfs_root, "class/drm/card*-*"))):
-        if _read((os.path.join(p, "status"),)) != "connected":
+    for p, status in connectors(sysfs_root).items():
+        if status != "connected":
             continue
         try:
             with open(os.path.join(p, "modes")) as f:

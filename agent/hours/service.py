@@ -9,7 +9,6 @@ an "off" the schedule asked for is not.
 """
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import shlex
@@ -22,6 +21,7 @@ from typing import Callable
 from zoneinfo import ZoneInfo
 
 from ..clock import wall_synced
+from ..hardware import connectors
 from .rules import Schedule
 
 log = logging.getLogger("edge_agent.hours")
@@ -62,13 +62,14 @@ class WorkingHours:
     def local_now(self) -> datetime:
         return datetime.fromtimestamp(self.now(), self.zone).replace(tzinfo=None)
 
-    def wanted(self) -> bool | None:
-        """On or off by the schedule now; None while the clock cannot be trusted."""
+    def wanted(self, local: datetime | None = None) -> bool | None:
+        """On or off by the schedule at ``local`` (default: now); None while the clock
+        cannot be trusted."""
         if not self._clock_trusted:
             self._clock_trusted = self.synced()
             if not self._clock_trusted:
                 return None
-        return self.schedule.wanted(self.local_now())
+        return self.schedule.wanted(local or self.local_now())
 
     def expected_off(self) -> bool:
         """The display is off because the schedule says so (a disconnect is no fault)."""
@@ -82,7 +83,8 @@ class WorkingHours:
 
     def step(self) -> float:
         """One look at the clock; returns how long to wait before the next."""
-        wanted = self.wanted()
+        local = self.local_now()
+        wanted = self.wanted(local)
         if wanted is None:
             if not self.waiting_for_clock:
                 log.warning("working hours: the clock is not synchronised yet; the display "
@@ -90,7 +92,7 @@ class WorkingHours:
             self.waiting_for_clock = True
             return TICK_S
         self.waiting_for_clock = False
-        if self.local_now().fold and self.applied is not None:
+        if local.fold and self.applied is not None:
             # the hour the clocks went back, lived a second time: its changes happened
             # the first time (off at 02:30 must not come on again at 02:00)
             return TICK_S
@@ -100,14 +102,16 @@ class WorkingHours:
             self.fault = None
         elif self.fault is None or self.monotonic() >= self._retry_at:
             self._apply(wanted)
-        change = self.schedule.next_change(self.local_now())
+        local = self.local_now()   # again: a command may have taken its seconds
+        change = self.schedule.next_change(local)
         if change is None:
             return TICK_S
-        return max(1.0, min(TICK_S, (change - self.local_now()).total_seconds()))
+        return max(1.0, min(TICK_S, (change - local).total_seconds()))
 
     def snapshot(self) -> dict:
-        wanted = self.wanted()
-        change = self.schedule.next_change(self.local_now()) if wanted is not None else None
+        local = self.local_now()
+        wanted = self.wanted(local)
+        change = self.schedule.next_change(local) if wanted is not None else None
         return {"wanted": None if wanted is None else ("on" if wanted else "off"),
                 "applied": None if self.applied is None else ("on" if self.applied else "off"),
                 "next_change": change.isoformat(timespec="minutes") if change else None,
@@ -172,14 +176,5 @@ class WorkingHours:
     def _display_connected(self) -> bool:
         """A DRM connector says connected; a device with no DRM at all (a test, a board
         whose display is not DRM's) is not second-guessed."""
-        connectors = glob.glob(os.path.join(self.sysfs_root, "class/drm/card*-*/status"))
-        if not connectors:
-            return True
-        for path in connectors:
-            try:
-                with open(path) as f:
-                    if f.read(64).strip() == "connected":
-                        return True
-            except OSError:
-                continue
-        return False
+        statuses = connectors(self.sysfs_root).values()
+        return not statuses or "connected" in statuses

@@ -22,7 +22,7 @@ MAX_TEXT = 2048
 MAX_TRIAL_STARTS = 3            # starts on a revision without proof: a crash loop
 KEY = re.compile(r"[a-z][a-z0-9_]{0,31}(?:\.[a-z][a-z0-9_]{0,31}){1,3}")
 
-# how a trial ends
+# how a trial ends, or a setting
 KEPT, ROLLED_BACK, EXPIRED = "kept", "rolled-back", "expired"
 
 
@@ -96,11 +96,9 @@ def next_expiry(values: dict, until: dict[str, Expiry], boot: str, now: float) -
     return min(ahead, default=None)
 
 
-def trial_verdict(starts: int, proven: bool, now: float, deadline: float) -> str | None:
-    """On a revision on trial: KEPT once the link is proven live with it; a reason to
-    roll back once the deadline passed or the agent keeps dying on it; None: wait."""
-    if proven:
-        return KEPT
+def rollback_reason(starts: int, now: float, deadline: float) -> str | None:
+    """Why a revision still on trial goes back (the agent keeps dying on it, or its
+    deadline passed without proof); None: wait. Proof ends a trial before this is asked."""
     if starts > MAX_TRIAL_STARTS:
         return f"the agent restarted {starts - 1} times on it without proving its link"
     if now >= deadline:

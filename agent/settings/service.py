@@ -118,10 +118,9 @@ class FleetSettings:
         self.overlay.trial_starts += 1
         self._trying = self.overlay.current.revision
         self.deadline = self.monotonic() + self.proof_timeout_s
-        verdict = rules.trial_verdict(self.overlay.trial_starts, False, self.monotonic(),
-                                      self.deadline)
-        if verdict is not None:
-            return self._roll_back(verdict)
+        why = rules.rollback_reason(self.overlay.trial_starts, self.monotonic(), self.deadline)
+        if why is not None:
+            return self._roll_back(why)
         self._save(self.overlay)
         return None
 
@@ -139,9 +138,8 @@ class FleetSettings:
         """Past the deadline without proof: rolled back (the caller restarts)."""
         if not self.on_trial:
             return None
-        verdict = rules.trial_verdict(self.overlay.trial_starts, False, self.monotonic(),
-                                      self.deadline)
-        return self._roll_back(verdict) if verdict is not None else None
+        why = rules.rollback_reason(self.overlay.trial_starts, self.monotonic(), self.deadline)
+        return self._roll_back(why) if why is not None else None
 
     def next_expiry(self) -> float | None:
         current = self.overlay.current
@@ -166,6 +164,15 @@ class FleetSettings:
         self._save(store.Overlay(left, self.overlay.good, self.overlay.trial_starts,
                                  self._outcome(ended)))
         return ended
+
+    def unannounced(self) -> Ended | None:
+        """The last end, if it was not told yet (a rollback or an expiry that restarted
+        the agent before the link could carry it)."""
+        last = self.overlay.outcome
+        if not isinstance(last, dict) or last.get("announced"):
+            return None
+        return Ended(last.get("result", "?"), last.get("revision", 0), last.get("why", ""),
+                     tuple(last.get("keys") or ()))
 
     @_locked
     def announced(self) -> None:
