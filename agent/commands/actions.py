@@ -11,9 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import os
 import shlex
-import signal
 import socket
 import subprocess
 import threading
@@ -22,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import urlparse
 
-from .. import journal_gate
+from .. import children, journal_gate
 from ..logs import RECENT, under_journal
 from ..update.service import NotStaged, Updater
 from ..upload_kinds import LOG, SCREENSHOT
@@ -191,7 +189,7 @@ class Actions:
             self._stopping = True
             child = self._child
         if child is not None:
-            _kill_group(child)
+            children.kill_group(child)
         if self.updater is not None:
             self.updater.stop()
 
@@ -203,19 +201,14 @@ class Actions:
             with self._lock:
                 if self._stopping:
                     return Outcome(False, error="not run: the agent is stopping")
-                # a session of its own: its process group is killed on timeout and on stop
-                child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+                # its process group is killed on timeout and on stop
+                child = children.spawn(argv)
                 self._child = child
         except (OSError, ValueError) as e:
             return Outcome(False, error=f"{program}: {type(e).__name__}: {e}"[:300])
         try:
-            stdout, stderr = child.communicate(timeout=self.timeout_s)
+            stdout, stderr = children.finish(child, self.timeout_s)
         except subprocess.TimeoutExpired as e:
-            _kill_group(child)
-            # never read on after the kill: a grandchild in a session of its own may hold
-            # the pipes open for ever, and this thread serves every later command
-            _reap(child)
             return Outcome(False, error=f"{program}: {type(e).__name__}: {e}"[:300])
         finally:
             with self._lock:
@@ -233,23 +226,6 @@ class Actions:
             return sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
         except OSError:
             return None
-
-
-def _kill_group(child: subprocess.Popen) -> None:
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # gone already (its pid, the group's id, is ours until it is reaped)
-
-
-def _reap(child: subprocess.Popen) -> None:
-    for pipe in (child.stdout, child.stderr):
-        if pipe is not None:
-            pipe.close()
-    try:
-        child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass  # SIGKILLed: only an uninterruptible sleep keeps it; not ours to wait out
 
 
 def _resolve(host: str, timeout: float) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ from datetime import datetime
 from typing import Callable
 from zoneinfo import ZoneInfo
 
+from .. import children
 from ..clock import wall_synced
 from ..hardware import connectors
 from .rules import Schedule
@@ -150,16 +150,12 @@ class WorkingHours:
         and the last line it wrote to stderr."""
         name = os.path.basename(argv[0])
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+            proc = children.spawn(argv)
         except OSError as e:
             return f"{name}: {e.strerror}"
         try:
-            _, err = proc.communicate(timeout=self.timeout_s)
+            _, err = children.finish(proc, self.timeout_s)
         except subprocess.TimeoutExpired:
-            # the whole group: a child it left behind would hold stderr open for ever
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
             return f"{name} timed out after {self.timeout_s:g} s"
         if proc.returncode != 0:
             said = err.decode(errors="replace").strip().splitlines()

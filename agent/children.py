@@ -1,0 +1,44 @@
+"""The commands the operator configured (display, screenshot): each in a session of its
+own, so that at its bound, or when the agent stops, its whole process group goes, and
+nothing it spawned outlives it or holds its pipes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+
+def spawn(argv: list[str]) -> subprocess.Popen:
+    """Started with no stdin and both outputs piped; OSError (not found, not allowed)
+    passes as it is."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def finish(child: subprocess.Popen, timeout_s: float) -> tuple[bytes, bytes]:
+    """Its stdout and stderr once it exits; subprocess.TimeoutExpired at the bound, by
+    when its group is killed and it is reaped, its pipes never read on (a grandchild in
+    a session of its own may hold them open for ever)."""
+    try:
+        return child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(child)
+        _reap(child)
+        raise
+
+
+def kill_group(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone already (its pid, the group's id, is ours until it is reaped)
+
+
+def _reap(child: subprocess.Popen) -> None:
+    for pipe in (child.stdout, child.stderr):
+        if pipe is not None:
+            pipe.close()
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass  # SIGKILLed: only an uninterruptible sleep keeps it; not ours to wait out
