@@ -13,6 +13,7 @@ and where it was raised, so a server that sends garbage cannot fill the SD card.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
@@ -33,6 +34,31 @@ LIBRARY_LEVELS = {"socketio": logging.ERROR, "engineio": logging.ERROR,
 # unless a level is already set on it.
 _LIBRARY_CLIENT_LOGGERS = ("socketio.client", "engineio.client")
 LIBRARY_LINE_CHARS = 400
+# Any line, the agent's own included: what a server names (a command id, a device's
+# name, a refusal's text) reaches the journal inside the agent's lines, so no line may
+# be longer than a journal entry anyone reads whole.
+LINE_CHARS = 1000
+# Control characters that must not reach journald or a terminal as they are: journald
+# starts a new entry at NUL as well as at LF (the next one's "<N>" taken as its
+# priority, emergency included), CR rewrites a terminal's line, ESC starts a terminal
+# escape (a clipboard write, a title), C1 controls do the same on some terminals.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def clean(text: str, limit: int = LINE_CHARS) -> str:
+    """``text`` as one safe line: every control character escaped (``\\n``, ``\\x1b``),
+    cut to ``limit`` characters. The one sanitizer for text from outside on its way to
+    the journal or a terminal."""
+    text = _CONTROL.sub(_escape, text[:limit + 1])   # escaping only lengthens it
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _escape(match: "re.Match") -> str:
+    char = match.group()
+    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char)
+    if named:
+        return named
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
 
 
 def _library(name: str) -> bool:
@@ -48,27 +74,59 @@ def _message(record: logging.LogRecord) -> str:
         return str(record.msg)
 
 
+# A traceback of the agent's own (its message already cleaned) is kept whole, joined
+# into one entry, within this bound.
+TRACEBACK_CHARS = 16000
+
+
 class JournalFormatter(logging.Formatter):
+    """One journal entry per record: its priority prefix, and nothing in it that
+    journald would take for the start of another entry."""
+
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record).replace("\n", " | ")
+        text = clean(super().format(record).replace("\n", " | "), TRACEBACK_CHARS)
         return f"<{_PRIORITY.get(record.levelno, 6)}>{text}"
 
 
+class TerminalFormatter(logging.Formatter):
+    """For a person at a terminal: a traceback on lines of its own, every line clean."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(clean(line, TRACEBACK_CHARS)
+                         for line in super().format(record).split("\n"))
+
+
+class OneLine(logging.Filter):
+    """Every record's message made one clean line within LINE_CHARS: the handler's last
+    filter, after the others have read the record as its logger made it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = clean(_message(record)), ()
+        return True
+
+
 class RepeatFilter(logging.Filter):
-    """At most one line per kind of warning per window: a flapping link must not write
-    thousands of lines to the SD card. The next line that passes says how many of its
-    kind were held back."""
+    """At most one line per kind of warning per window, and a burst of ``INFO_BURST``
+    per kind of info line: a flapping link, or a server repeating itself, must not
+    write thousands of lines to the SD card. The next line that passes says how many
+    of its kind were held back. Kinds a server can vary without end (each line its
+    own text) meet a budget of ``LINES_PER_WINDOW`` lines in all. Debug lines pass:
+    they are on only when someone asked for them, for a bounded time."""
 
     MAX_KINDS = 256
+    INFO_BURST = 10
+    LINES_PER_WINDOW = 600
 
     def __init__(self, window_s: float = 60.0, clock=time.monotonic):
         super().__init__()
         self.window_s = window_s
         self.clock = clock
-        self._seen: dict[tuple, list] = {}  # kind -> [last emitted at, suppressed, ...]
+        # kind -> [window began at, held back since, level, text for held_back(), passed]
+        self._seen: dict[tuple, list] = {}
+        self._budget = [-math.inf, 0, 0]   # [window began at, lines passed, held back]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < logging.INFO:
             return True
         first = record.args[0] if isinstance(record.args, tuple) and record.args else None
         # the first argument names the kind ("link lost: <why>"), its numbers do not
@@ -85,17 +143,40 @@ class RepeatFilter(logging.Filter):
         now = self.clock()
         entry = self._seen.get(kind)
         if entry is not None and now - entry[0] < self.window_s:
-            entry[1] += 1
+            allowance = 1 if record.levelno >= logging.WARNING else self.INFO_BURST
+            if entry[4] >= allowance or not self._within_budget(now):
+                entry[1] += 1
+                return False
+            entry[4] += 1
+            return True
+        if not self._within_budget(now):
             return False
         text = _message(record)
+        notes = []
         if entry is not None and entry[1]:
-            record.msg = f"{text} ({entry[1]} more like this in the last {now - entry[0]:.0f}s)"
-            record.args = ()
+            notes.append(f"{entry[1]} more like this in the last {now - entry[0]:.0f}s")
+        if self._budget[2] and self._budget[1] == 1:
+            notes.append(f"{self._budget[2]} lines of other kinds held back in the last "
+                         f"window: over {self.LINES_PER_WINDOW} a window")
+            self._budget[2] = 0
+        if notes:
+            record.msg, record.args = f"{text} ({'; '.join(notes)})", ()
         if entry is None and len(self._seen) >= self.MAX_KINDS:
             self._seen.pop(next(iter(self._seen)))
-        # [last emitted at, held back since, and its level and text for held_back()]
         sample = f"{text}: {detail}" if library and detail else text
-        self._seen[kind] = [now, 0, record.levelno, sample[:LIBRARY_LINE_CHARS]]
+        self._seen[kind] = [now, 0, record.levelno, sample[:LIBRARY_LINE_CHARS], 1]
+        return True
+
+    def _within_budget(self, now: float) -> bool:
+        """Counts a line against the window's budget; False (and counted as held back)
+        once it is spent."""
+        budget = self._budget
+        if now - budget[0] >= self.window_s:
+            budget[0], budget[1] = now, 0
+        if budget[1] >= self.LINES_PER_WINDOW:
+            budget[2] += 1
+            return False
+        budget[1] += 1
         return True
 
     def held_back(self) -> list[tuple[str, int, str]]:
@@ -105,7 +186,12 @@ class RepeatFilter(logging.Filter):
         lines = [(name, entry[2], f"held back {entry[1]} more like this in the last "
                                   f"{now - entry[0]:.0f}s: {entry[3]}")
                  for (name, *_), entry in self._seen.items() if entry[1]]
+        if self._budget[2]:
+            lines.append(("edge_agent", logging.WARNING,
+                          f"held back {self._budget[2]} lines over the budget of "
+                          f"{self.LINES_PER_WINDOW} a window"))
         self._seen.clear()
+        self._budget = [-math.inf, 0, 0]
         return lines
 
 
@@ -172,6 +258,7 @@ class JournalHandler(logging.StreamHandler):
         # in this order: a line's kind is read off the record as its logger made it
         self.addFilter(self.repeats)
         self.addFilter(LibraryLines())
+        self.addFilter(OneLine())
 
     def close(self) -> None:
         try:
@@ -196,6 +283,7 @@ def early(text: str, priority: int = 3, stream=None) -> None:
     """One line written before logging is set up (a configuration that cannot be read):
     under systemd with its syslog priority, so `journalctl -p err` finds a bad config."""
     stream = stream or sys.stderr
+    text = clean(text)
     stream.write(f"<{priority}>{text}\n" if under_journal(stream) else f"{text}\n")
     stream.flush()
 
@@ -225,7 +313,7 @@ def setup(level: str = "info") -> None:
     if under_journal():
         handler.setFormatter(JournalFormatter("%(message)s"))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler.setFormatter(TerminalFormatter("%(asctime)s %(levelname)s %(message)s"))
     root = logging.getLogger("edge_agent")
     root.handlers[:] = [handler, RECENT]
     root.setLevel(level.upper())

@@ -38,13 +38,63 @@ def test_a_flapping_link_writes_one_line_per_kind_per_window():
     assert "more like this in the last" in lines[2]
 
 
-def test_info_lines_are_not_rate_limited():
+def test_info_lines_pass_in_a_burst_per_kind_then_are_held_back():
     clock = FakeClock()
     log, out = make_logger(clock)
     for i in range(50):
         log.info("link up: connection %d", i)
-    assert len(out.getvalue().splitlines()) == 50
-    assert out.getvalue().startswith("<6>link up")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == RepeatFilter.INFO_BURST
+    assert lines[0] == "<6>link up: connection 0"
+    clock.advance(61)
+    log.info("link up: connection %d", 50)
+    assert out.getvalue().splitlines()[-1] == \
+        "<6>link up: connection 50 (40 more like this in the last 61s)"
+
+
+def test_kinds_without_end_meet_one_budget_of_lines():
+    """A server can make every line a kind of its own (its text in the first argument
+    without numbers): the window's budget holds them all."""
+    clock = FakeClock()
+    log, out = make_logger(clock)
+    for i in range(5000):
+        log.warning("the server refused the token: %s", "x" * (i % 97) + chr(97 + i % 26) * 3)
+    assert len(out.getvalue().splitlines()) == RepeatFilter.LINES_PER_WINDOW
+    clock.advance(61)
+    log.warning("link lost: %s", "silence")
+    assert "lines of other kinds held back in the last window" in out.getvalue().splitlines()[-1]
+
+
+FORGERIES = ["id\x00<0>forged emergency", "id\n<1>forged alert", "id\r<2>over the line",
+             "\x1b]52;c;aGVsbG8=\x07clipboard", "id\x9b31mred", "line\u2028separator"]
+
+
+@pytest.mark.parametrize("text", FORGERIES)
+def test_text_from_outside_is_one_entry_at_its_own_priority(text):
+    clock = FakeClock()
+    log, out = make_logger(clock)
+    handler = log.handlers[0]
+    handler.addFilter(logs.OneLine())
+    log.info("command %s: done", text)
+    written = out.getvalue()
+    assert written.count("\n") == 1 and written.endswith("\n")
+    assert written.startswith("<6>command ")
+    assert not any(c in written[:-1] for c in "\x00\r\x1b\x9b\u2028\x07")
+    assert "\\x" in written or "\\n" in written or "\\r" in written or "\\u" in written
+
+
+def test_every_line_is_bounded_in_length():
+    clock = FakeClock()
+    log, out = make_logger(clock)
+    log.handlers[0].addFilter(logs.OneLine())
+    log.info("paired: an operator added this screen as %r", "n" * 900_000)
+    assert len(out.getvalue()) < logs.LINE_CHARS + 20
+
+
+def test_an_early_line_is_cleaned_too():
+    out = io.StringIO()
+    logs.early("edge-agent-update: refused: order\x00<0>forged", 4, out)
+    assert out.getvalue() == "edge-agent-update: refused: order\\x00<0>forged\n"
 
 
 LIBRARY_LOGGERS = ("edge_agent", "socketio", "engineio", "websocket", "urllib3",
