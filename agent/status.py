@@ -15,8 +15,10 @@ import time
 from . import __version__
 from .clock import NOTABLE_SKEW_S
 from .fsutil import FileTooLarge, NotRegularFile, atomic_write, read_json
+from .logs import clean
 
 MAX_STATUS_BYTES = 1 << 20
+STATUS_LINE_CHARS = 2000
 
 
 class StatusFileError(Exception):
@@ -231,7 +233,9 @@ def render(doc: dict, running: bool) -> str:
             counts[str(r)] = counts.get(str(r), 0) + 1
         summary = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
         lines.append(f"losses/hour {summary}")
-    return "\n".join(lines)
+    # much of this is what a server said (a loss's detail, a command's name): never a
+    # terminal escape on the screen of an operator who runs this as root
+    return "\n".join(clean(line, STATUS_LINE_CHARS) for line in lines)
 
 
 def _storage(doc: dict) -> dict:

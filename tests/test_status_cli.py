@@ -137,3 +137,22 @@ def test_status_says_why_the_link_is_down_and_when_the_clock_is_off():
     assert "clock       3600 s behind the server's" in text and "old news" not in text
     online["link"]["clock_skew_s"] = 1.0
     assert "clock" not in status.render(online, True)
+
+
+def test_status_prints_no_terminal_escape_a_server_chose(tmp_path):
+    """The link's why and a command's name are the server's words; an operator runs
+    status as root in a terminal: an OSC 52 clipboard write, a colour or a line reset
+    reach it escaped, and --json keeps the text as it was."""
+    osc52 = "\x1b]52;c;cm0gLXJmIC8K\x07"
+    status.write(str(tmp_path / "status.json"), {
+        "pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1",
+        "server": "http://127.0.0.1:1",
+        "link": {"state": "waiting", "reason": "refused", "detail": f"refused {osc52}\rok",
+                 "next_attempt_in_s": 3.0, "attempts": 1},
+        "commands": [{"command": f"\x1b[31mreboot\x9b2J", "result": "error: \x00x"}]})
+    r = run_status(tmp_path)
+    assert r.returncode == 1
+    assert not any(c in r.stdout for c in "\x1b\x07\r\x9b\x00"), repr(r.stdout)
+    assert "\\x1b]52;c;cm0gLXJmIC8K\\x07" in r.stdout and "\\x1b[31mreboot" in r.stdout
+    doc = json.loads(run_status(tmp_path, "--json").stdout)
+    assert doc["link"]["detail"] == f"refused {osc52}\rok"
