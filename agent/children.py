@@ -1,6 +1,11 @@
 """The commands the operator configured (display, screenshot): each in a session of its
 own, so that at its bound, or when the agent stops, its whole process group goes, and
-nothing it spawned outlives it or holds its pipes."""
+nothing it spawned outlives it or holds its pipes.
+
+What went wrong is said in one way everywhere (``failure``): the program's name, its
+exit status and the last line it wrote to stderr, never its command line, which may
+carry a networked display's password, and which would reach the fleet, the status file
+and the journal."""
 from __future__ import annotations
 
 import os
@@ -25,6 +30,23 @@ def finish(child: subprocess.Popen, timeout_s: float) -> tuple[bytes, bytes]:
         kill_group(child)
         _reap(child)
         raise
+
+
+def program(argv: list[str]) -> str:
+    """The name a failure is told by: the program's, without its directory or arguments."""
+    return os.path.basename(argv[0]) if argv else "(no program)"
+
+
+def failure(argv: list[str], *, exited: int | None = None, stderr: bytes = b"",
+            timeout_s: float | None = None, error: OSError | None = None) -> str:
+    """Why a configured command failed, in words that never hold its command line."""
+    name = program(argv)
+    if error is not None:
+        return f"{name}: {error.strerror or type(error).__name__}"
+    if timeout_s is not None:
+        return f"{name} timed out after {timeout_s:g} s"
+    said = stderr.decode(errors="replace").strip().splitlines()
+    return f"{name} exited {exited}" + (f": {said[-1][:200]}" if said else "")
 
 
 def kill_group(child: subprocess.Popen) -> None:

@@ -2,6 +2,8 @@
 import json
 import os
 
+import pytest
+
 from agent.commands import ledger
 from agent.commands.core import MAX_ENTRIES, CommandCore, Report, Run
 
@@ -125,8 +127,30 @@ def test_a_timed_out_command_never_holds_the_commands_thread(tmp_path):
     t0 = time.monotonic()
     outcome = actions.run("display", {"state": "on"})
     took = time.monotonic() - t0
-    assert outcome.ok is False and "TimeoutExpired" in outcome.error
+    assert outcome.ok is False and outcome.error == "sh timed out after 1 s"
     assert took < 3.0, f"the command thread was held {took:.1f}s"
+
+
+@pytest.mark.parametrize("command", [
+    "sh -c 'sleep 5' tv --password=hunter2",             # past its timeout
+    "sh -c 'echo no answer >&2; exit 3' tv --password=hunter2",
+    "/nonexistent/tvctl --password=hunter2",
+    "sh -c 'exec \"$0\"' /nonexistent/x --password=hunter2"])
+def test_a_failed_command_never_tells_its_command_line(command):
+    """A TV's control tool takes its password on the command line; what the fleet, the
+    status file and the journal hear of a failure is the program, its exit status and
+    its last stderr line (Python's TimeoutExpired text held the whole argv)."""
+    from types import SimpleNamespace
+
+    from agent.commands.actions import Actions
+    config = SimpleNamespace(command_timeout_s=0.5, display_off_command=None,
+                             display_on_command=command, screenshot_command=command)
+    actions = Actions(config, snapshot=dict, link_socket=lambda: None,
+                      request_restart=lambda: None, enqueue=lambda *a: "x")
+    for name, args in (("display", {"state": "on"}), ("screenshot", {})):
+        outcome = actions.run(name, args)
+        assert outcome.ok is False and outcome.error
+        assert "hunter2" not in outcome.error and "password" not in outcome.error, outcome.error
 
 
 def test_every_command_the_core_admits_has_exactly_one_action():
@@ -138,3 +162,26 @@ def test_every_command_the_core_admits_has_exactly_one_action():
                       link_socket=lambda: None, request_restart=lambda: None,
                       enqueue=lambda *a: None)
     assert set(actions.commands) == set(COMMANDS)
+
+
+def test_a_logs_bundle_the_profile_cannot_deliver_is_never_made(monkeypatch):
+    """ScreenTinker can send a command of type "logs", and its link carries screenshots
+    and plays only: the journal is not read and nothing is queued."""
+    from types import SimpleNamespace
+
+    from agent.commands import actions as actions_mod
+    from agent.link.profiles import PROFILES, uncarried
+
+    def no_gate(*a, **k):
+        raise AssertionError("the journal was read for a bundle nobody can deliver")
+
+    monkeypatch.setattr(actions_mod.journal_gate, "ask", no_gate)
+    monkeypatch.setattr(actions_mod, "under_journal", lambda: True)
+    queued = []
+    actions = actions_mod.Actions(
+        SimpleNamespace(command_timeout_s=5), snapshot=dict, link_socket=lambda: None,
+        request_restart=lambda: None, enqueue=lambda *a: queued.append(a) or "u",
+        undeliverable=lambda kind: uncarried(PROFILES["screentinker"], kind))
+    outcome = actions.run("logs", {"since_s": 60, "priority": 6})
+    assert outcome.ok is False and queued == []
+    assert outcome.error.startswith("the screentinker profile carries no log uploads")

@@ -9,6 +9,7 @@ outage and leaves the queue only when the server has it.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 import shlex
@@ -50,10 +51,14 @@ class Actions:
                  link_socket: Callable[[], socket.socket | None],
                  request_restart: Callable[[], None],
                  enqueue: Callable[[str, bytes], str], updater: Updater | None = None,
-                 configure: Callable[[dict], Outcome] | None = None):
+                 configure: Callable[[dict], Outcome] | None = None,
+                 undeliverable: Callable[[str], str | None] = lambda kind: None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
         ``updater`` settles an update's result itself, later (its own callback).
-        ``configure`` applies a revision of settings (agent/settings/)."""
+        ``configure`` applies a revision of settings (agent/settings/).
+        ``undeliverable(kind)`` says why the link's profile cannot carry an upload of
+        that kind, or None: a bundle nobody can deliver is not made at all."""
+        self.undeliverable = undeliverable
         self.config = config
         self.snapshot = snapshot
         self.link_socket = link_socket
@@ -87,41 +92,44 @@ class Actions:
         return Outcome(True, json.dumps(report, sort_keys=True, default=str))
 
     def logs(self, args: dict) -> Outcome:
+        refusal = self.undeliverable(LOG)
+        if refusal:
+            return Outcome(False, error=refusal)
         since = time.time() - args["since_s"]
+        bundle = Bundle()
         if not under_journal():
-            lines = [dict(x) for x in list(RECENT.lines)
-                     if x["ts"] >= since and x["priority"] <= args["priority"]]
-            return self._bundle(lines, "this process's memory (not running under journald)")
+            for x in list(RECENT.lines):
+                if x["ts"] >= since and x["priority"] <= args["priority"]:
+                    bundle.add(x)
+            return self._queue_bundle(bundle, "this process's memory (not running under "
+                                              "journald)")
         # not journalctl itself: the agent is not in systemd-journal, the gate reads
-        # this unit's lines and no other's (agent/journal_gate.py)
+        # this unit's lines and no other's (agent/journal_gate.py); its reply is read a
+        # line at a time into the compressed bundle, never held whole
         try:
             request = journal_gate.Request(int(since), args["priority"], journal_gate.MAX_LINES)
-            raw = journal_gate.fetch(request, self.timeout_s)
+            reply = journal_gate.ask(request, self.timeout_s)
+            try:
+                for line in reply.lines():
+                    bundle.add_journal_entry(line)
+            finally:
+                reply.close()
         except journal_gate.GateError as e:
             return Outcome(False, error=f"journal: {e}"[:300])
-        lines = []
-        for line in raw.splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            message = entry.get("MESSAGE")
-            if isinstance(message, list):  # journald's encoding of non-UTF-8 bytes
-                message = bytes(message).decode(errors="replace")
-            lines.append({"ts": int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6,
-                          "priority": int(entry.get("PRIORITY", 6)), "pid": entry.get("_PID"),
-                          "message": message})
-        return self._bundle(lines, "the journal")
+        bundle.dropped += reply.dropped
+        return self._queue_bundle(bundle, "the journal")
 
-    def _bundle(self, lines: list[dict], source: str) -> Outcome:
-        bundle = gzip.compress("\n".join(json.dumps(x) for x in lines).encode(), 6)
+    def _queue_bundle(self, bundle: "Bundle", source: str) -> Outcome:
+        data = bundle.finish()
         try:
-            upload_id = self.enqueue(LOG, bundle)
+            upload_id = self.enqueue(LOG, data)
         except NotQueued as e:
             return Outcome(False, error=f"the bundle was not queued: {e}")
-        return Outcome(True, f"{len(lines)} lines from {source} queued as upload {upload_id} "
-                             f"({len(bundle)} bytes, gzip, one JSON object a line)",
-                       extra={"upload_id": upload_id, "lines": len(lines), "source": source})
+        dropped = f"; {bundle.dropped} older lines left out" if bundle.dropped else ""
+        return Outcome(True, f"{bundle.lines} lines from {source} queued as upload {upload_id} "
+                             f"({len(data)} bytes, gzip, one JSON object a line{dropped})",
+                       extra={"upload_id": upload_id, "lines": bundle.lines, "source": source,
+                              "dropped": bundle.dropped})
 
     def screenshot(self, args: dict) -> Outcome:
         command = self.config.screenshot_command
@@ -162,14 +170,16 @@ class Actions:
     def reboot(self, args: dict) -> Outcome:
         # logind does the reboot; polkit lets the edge-agent user ask for exactly this
         # (/usr/share/polkit-1/rules.d/50-edge-agent.rules), so the sandbox stays shut
+        argv = ["systemctl", "reboot", "--no-ask-password"]
         try:
-            r = subprocess.run(["systemctl", "reboot", "--no-ask-password"], capture_output=True,
-                               timeout=self.timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return Outcome(False, error=f"systemctl reboot: {type(e).__name__}: {e}"[:300])
+            r = subprocess.run(argv, capture_output=True, timeout=self.timeout_s)
+        except OSError as e:
+            return Outcome(False, error=children.failure(argv, error=e))
+        except subprocess.TimeoutExpired:
+            return Outcome(False, error=children.failure(argv, timeout_s=self.timeout_s))
         if r.returncode != 0:
-            return Outcome(False, error="systemctl reboot refused: "
-                                        + r.stderr.decode(errors="replace").strip()[:300])
+            return Outcome(False, error="reboot refused: " + children.failure(
+                argv, exited=r.returncode, stderr=r.stderr))
         return LATER
 
     def update(self, args: dict, command_id: str = "") -> Outcome:
@@ -195,27 +205,33 @@ class Actions:
 
     # -- helpers ------------------------------------------------------------------
     def _shell(self, command: str):
-        program = command.split()[0] if command.split() else command
+        """The configured command's output, or an Outcome saying why it failed in
+        children.failure's words: never its command line."""
         try:
             argv = shlex.split(command)
+        except ValueError as e:
+            return Outcome(False, error=f"the configured command cannot be split: {e}")
+        if not argv:
+            return Outcome(False, error="the configured command is empty")
+        try:
             with self._lock:
                 if self._stopping:
                     return Outcome(False, error="not run: the agent is stopping")
                 # its process group is killed on timeout and on stop
                 child = children.spawn(argv)
                 self._child = child
-        except (OSError, ValueError) as e:
-            return Outcome(False, error=f"{program}: {type(e).__name__}: {e}"[:300])
+        except OSError as e:
+            return Outcome(False, error=children.failure(argv, error=e))
         try:
             stdout, stderr = children.finish(child, self.timeout_s)
-        except subprocess.TimeoutExpired as e:
-            return Outcome(False, error=f"{program}: {type(e).__name__}: {e}"[:300])
+        except subprocess.TimeoutExpired:
+            return Outcome(False, error=children.failure(argv, timeout_s=self.timeout_s))
         finally:
             with self._lock:
                 self._child = None
         if child.returncode != 0:
-            return Outcome(False, error=f"exited {child.returncode}: "
-                                        f"{stderr.decode(errors='replace').strip()[:300]}")
+            return Outcome(False, error=children.failure(argv, exited=child.returncode,
+                                                         stderr=stderr))
         return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
 
     def _path_mtu(self) -> int | None:
@@ -226,6 +242,44 @@ class Actions:
             return sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
         except OSError:
             return None
+
+
+class Bundle:
+    """A logs bundle compressed as its lines arrive: what it holds in memory is the
+    compressed bundle, bounded (lines past MAX_BUNDLE_BYTES are left out and counted)."""
+
+    MAX_BUNDLE_BYTES = 4 << 20
+
+    def __init__(self):
+        self._out = io.BytesIO()
+        self._gzip = gzip.GzipFile(fileobj=self._out, mode="wb", compresslevel=6)
+        self.lines = 0
+        self.dropped = 0
+
+    def add(self, entry: dict) -> None:
+        if self._out.tell() >= self.MAX_BUNDLE_BYTES:
+            self.dropped += 1
+            return
+        self._gzip.write((b"\n" if self.lines else b"") + json.dumps(entry).encode())
+        self.lines += 1
+
+    def add_journal_entry(self, line: bytes) -> None:
+        """One of journalctl's JSON lines, as the bundle's fields; a line it cannot
+        read is left out."""
+        try:
+            entry = json.loads(line)
+            message = entry.get("MESSAGE")
+            if isinstance(message, list):  # journald's encoding of non-UTF-8 bytes
+                message = bytes(message).decode(errors="replace")
+            self.add({"ts": int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6,
+                      "priority": int(entry.get("PRIORITY", 6)), "pid": entry.get("_PID"),
+                      "message": message})
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            return
+
+    def finish(self) -> bytes:
+        self._gzip.close()
+        return self._out.getvalue()
 
 
 def _resolve(host: str, timeout: float) -> dict:

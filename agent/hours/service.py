@@ -10,7 +10,6 @@ an "off" the schedule asked for is not.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import subprocess
 import threading
@@ -145,21 +144,17 @@ class WorkingHours:
         self.fault = error
 
     def _run_command(self, argv: list[str]) -> str | None:
-        """None, or why it failed in words that never hold the whole command line (it
-        may carry a networked display's password): the program's name, its exit status
-        and the last line it wrote to stderr."""
-        name = os.path.basename(argv[0])
+        """None, or why it failed (children.failure: never the command line)."""
         try:
             proc = children.spawn(argv)
         except OSError as e:
-            return f"{name}: {e.strerror}"
+            return children.failure(argv, error=e)
         try:
             _, err = children.finish(proc, self.timeout_s)
         except subprocess.TimeoutExpired:
-            return f"{name} timed out after {self.timeout_s:g} s"
+            return children.failure(argv, timeout_s=self.timeout_s)
         if proc.returncode != 0:
-            said = err.decode(errors="replace").strip().splitlines()
-            return f"{name} exited {proc.returncode}" + (f": {said[-1][:200]}" if said else "")
+            return children.failure(argv, exited=proc.returncode, stderr=err)
         return None
 
     def _connected_within(self, seconds: float) -> bool:
