@@ -11,7 +11,7 @@ import sys
 from . import __version__, config as cfgmod, crashes, logs, status
 from .fsutil import UnsafePath, drop_to_owner
 from .identity.credentials import Credentials
-from .link.profiles import PROFILES
+from .link.profiles import PROFILES, uncarried
 from .settings.service import FleetSettings
 from .upload_kinds import KINDS
 
@@ -163,10 +163,9 @@ ENQUEUE_EXITS = """exit status:
 
 def cmd_enqueue(args) -> int:
     config = _load(args.config)
-    carried = PROFILES[config.profile].link_upload_kinds
-    if carried and args.kind not in carried:
-        sys.stderr.write(f"edge-agent: --kind: the {config.profile} profile carries no "
-                         f"{args.kind} uploads (it carries {', '.join(sorted(carried))})\n")
+    refusal = uncarried(PROFILES[config.profile], args.kind)
+    if refusal:
+        sys.stderr.write(f"edge-agent: --kind: {refusal}\n")
         return EXIT_USAGE
     # the answer is the one line below; the store's own warnings are for the agent's journal
     logging.getLogger("edge_agent").addHandler(logging.NullHandler())

@@ -23,7 +23,7 @@ from .identity.enroller import Enroller
 from .identity.service import Hooks, IdentityService
 from .link.idle_memory import IdleMemory
 from .link.liveness import heal_window_s
-from .link.profiles import PROFILES, ProfileContext
+from .link.profiles import PROFILES, ProfileContext, uncarried
 from .link.runner import LinkRunner
 from .link.schedule_store import ScheduleStore
 from .hours.rules import Schedule
@@ -97,7 +97,8 @@ class Agent:
             config.commands_path, config.commands_allow,
             Actions(config, snapshot=self._status_now, link_socket=self._link_socket,
                     request_restart=self._restart_requested, enqueue=self._enqueue,
-                    updater=self.updater, configure=self._configure),
+                    updater=self.updater, configure=self._configure,
+                    undeliverable=lambda kind: uncarried(self.profile, kind)),
             on_finished=self._command_finished,
             runtime_dir=config.runtime_dir, ids_ours=self.profile_pairs,
             on_storage_error=self._ledger_write_failed)
@@ -315,6 +316,9 @@ class Agent:
 
     def _enqueue(self, kind: str, payload: bytes) -> str:
         """From the command thread: what a command queues (a log bundle, a screenshot)."""
+        refusal = uncarried(self.profile, kind)
+        if refusal:
+            raise NotQueued(refusal)
         try:
             return self.uploads.add(kind, payload)
         except (QueueRefused, QueueUnavailable) as e:

@@ -4,6 +4,7 @@ agent.journal_gate`, the connection as its stdin and stdout, as systemd's Accept
 gives it) running a journalctl that prints what it was asked. The real journalctl,
 socket unit and sandbox are proven under real systemd (tests/test_booted_systemd.py)."""
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -109,7 +110,7 @@ def test_no_gate_a_silent_gate_and_a_cut_reply_are_clear_errors(tmp_path):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(4)
-    replies = [None, b"ok 100\n" + b"x" * 10, b"HTTP/1.1 200 OK\r\n"]
+    replies = [None, b"ok 100 0\n" + b"x" * 10, b"HTTP/1.1 200 OK\r\n"]
 
     def serve():
         for reply in replies:
@@ -143,3 +144,72 @@ def test_the_socket_unit_listens_where_the_agent_connects():
         assert directive + "\n" in unit, directive
     helper_unit = (REPO / "systemd" / "edge-agent-logs@.service").read_text()
     assert "ExecStart=/usr/bin/python3 -I -m agent.journal_gate\n" in helper_unit
+
+
+BIG_JOURNALCTL = """#!/bin/sh
+# 38 MB of journal lines, as a month of a busy agent's journal
+exec python3 -c '
+import sys
+line = b"{\\"MESSAGE\\": \\"%s\\", \\"PRIORITY\\": \\"6\\", \\"_PID\\": \\"7\\", \\"__REALTIME_TIMESTAMP\\": \\"1700000000000000\\"}\\n"
+out = sys.stdout.buffer
+for i in range(200_000):
+    out.write(line % (b"x%07d " % i + b"y" * 160))
+'
+"""
+
+
+def test_a_huge_journal_is_bounded_at_both_ends_and_the_newest_lines_kept(helper, monkeypatch):
+    """A 38 MB journal once took the agent to 188 MB (MemoryMax=128M): the helper keeps
+    the newest lines that fit, the agent reads them a line at a time into the
+    compressed bundle."""
+    import gzip
+    import resource
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from agent.commands import actions as actions_mod
+    path, env, procs = helper
+    bin_dir = os.path.dirname(env["PATH"].split(":")[0] + "/")
+    with open(os.path.join(bin_dir, "journalctl"), "w") as f:
+        f.write(BIG_JOURNALCTL)
+    monkeypatch.setattr(actions_mod, "under_journal", lambda: True)
+    monkeypatch.setattr(gate, "SOCKET", path)
+    queued = []
+    actions = actions_mod.Actions(SimpleNamespace(command_timeout_s=60), snapshot=dict,
+                                  link_socket=lambda: None, request_restart=lambda: None,
+                                  enqueue=lambda kind, data: queued.append(data) or "u1")
+    tracemalloc.start()
+    try:
+        outcome = actions.logs({"since_s": 3600, "priority": 7})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.ok, outcome.error
+    assert peak < 16 << 20, f"the agent held {peak >> 20} MiB"
+    lines = gzip.decompress(queued[0]).splitlines()
+    assert outcome.extra["lines"] == len(lines) and outcome.extra["dropped"] > 100_000
+    assert json.loads(lines[-1])["message"].startswith("x0199999 ")   # the newest kept
+    assert "older lines left out" in outcome.output
+    procs[0].wait(30)
+    helper_peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert helper_peak_kib < 96 << 10, f"the helper reached {helper_peak_kib >> 10} MiB"
+
+
+def test_a_gate_offering_more_than_the_bound_is_refused_unread(tmp_path):
+    path = str(tmp_path / "g.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(100)
+        conn.sendall(b"ok 999999999 0\n" + b"x" * 1000)
+        conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with pytest.raises(gate.GateError, match="the gate offered 999999999 bytes"):
+        gate.fetch(gate.Request(0, 6, 10), timeout=5, path=path)
+    t.join(5)
+    listener.close()

@@ -1,5 +1,5 @@
 """Server profiles, one file each; every one is a ServerProfile (contract.py)."""
-from .contract import Post, ProfileContext, ServerProfile
+from .contract import Post, ProfileContext, ServerProfile, uncarried
 from .edge_agent import EdgeAgentProfile
 from .screentinker import ScreenTinkerProfile, play_record, screenshot_problem
 
@@ -9,4 +9,4 @@ PROFILES: dict[str, type[ServerProfile]] = {
 }
 
 __all__ = ["PROFILES", "EdgeAgentProfile", "Post", "ProfileContext", "ScreenTinkerProfile",
-           "ServerProfile", "play_record", "screenshot_problem"]
+           "ServerProfile", "play_record", "screenshot_problem", "uncarried"]

@@ -30,6 +30,17 @@ class ProfileContext:
     cold_start: bool = False
 
 
+def uncarried(profile, kind: str) -> str | None:
+    """Why ``profile`` (a ServerProfile class or instance) cannot deliver an upload of
+    ``kind``, or None: a profile that carries uploads over its link carries only its
+    own kinds, and nothing of another kind is queued (or made) for it."""
+    carried = profile.link_upload_kinds
+    if carried and kind not in carried:
+        return (f"the {profile.name} profile carries no {kind} uploads (it carries "
+                f"{', '.join(sorted(carried))})")
+    return None
+
+
 class ServerProfile(Protocol):
     name: ClassVar[str]
     # pairing happens inside the link (the server hands the token at registration),
