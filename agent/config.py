@@ -1,7 +1,12 @@
-"""Configuration: one TOML file, environment overrides, validated before anything starts.
+"""Configuration: the operator's TOML file over the package's defaults, environment
+overrides, validated before anything starts.
 
-Every problem is reported as one line naming the key (``link.ack_timeout_s: ...``);
-the CLI turns a ConfigError into exit code 2, never a traceback.
+The layers, lowest first: the defaults in SCHEMA; the package's file
+(``/usr/lib/edge-agent/agent.toml``, replaced by every upgrade, never edited); the
+operator's file (``/etc/edge-agent/agent.toml``, which no upgrade touches); the fleet's
+settings; the environment. Every problem is reported as one line naming the key
+(``link.ack_timeout_s: ...``); the CLI turns a ConfigError into exit code 2, never a
+traceback.
 
 Environment overrides are ``EDGE_AGENT_<SECTION>_<KEY>`` with dots as underscores,
 e.g. ``EDGE_AGENT_LINK_BACKOFF_BASE_S=2`` for ``[link.backoff] base_s``.
@@ -35,6 +40,9 @@ from .settings import rules as fleet_rules, store as fleet_store
 from .uploads.schedule import UploadPolicy
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
+# the package's defaults, under whichever file the operator's is: the systemd layout
+# (vendor files in /usr/lib, the administrator's of the same name in /etc over them)
+VENDOR_PATH = "/usr/lib/edge-agent/agent.toml"
 ENV_PREFIX = "EDGE_AGENT_"
 
 
@@ -394,30 +402,55 @@ def _coerce(name: str, typ: type, value: Any, from_env: bool) -> Any:
     return value
 
 
+def _read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: permission denied") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid UTF-8") from None
+
+
+def _package_defaults(vendor: str | None) -> dict[str, dict]:
+    """The package's file, by schema section; none where it is absent (a checkout).
+    Its keys obey the same rules as the operator's; a problem names the file."""
+    if vendor is None or not os.path.exists(vendor):
+        return {}
+    doc = _read_toml(vendor)
+    try:
+        sections = _flatten(doc, "", {})
+    except ConfigError as e:
+        raise ConfigError(f"{e} (in {vendor})") from None
+    for section, given in sections.items():
+        for key, value in given.items():
+            spec = SCHEMA[section].get(key)
+            if spec is None:
+                raise ConfigError(f"{section}.{key}: unknown key (in {vendor})")
+            name = f"{section}.{key} (in {vendor})"
+            given[key] = _coerce(name, spec.type, value, False)
+            _check_rule(name, spec, given[key])   # bounded even where the operator's wins
+    return sections
+
+
 def load(path: str | None = None, env: dict[str, str] | None = None,
-         fleet: dict | None = None) -> Config:
-    """The file, the environment over it, and the fleet's settings between them: the
-    overlay in the state directory, or ``fleet`` (a revision's values) to try one,
-    when a bad value is this function's ConfigError. A bad overlay on disk is not:
-    the file alone runs, and ``fleet_problem`` says why."""
+         fleet: dict | None = None, vendor: str | None = VENDOR_PATH) -> Config:
+    """The operator's file over the package's (``vendor``), the environment over
+    both, and the fleet's settings between them: the overlay in the state directory,
+    or ``fleet`` (a revision's values) to try one, when a bad value is this function's
+    ConfigError. A bad overlay on disk is not: the file alone runs, and
+    ``fleet_problem`` says why."""
     env = os.environ if env is None else env
     path = path or DEFAULT_PATH
-    doc: dict = {}
-    if path != "-":
-        try:
-            with open(path, "rb") as f:
-                doc = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file") from None
-        except PermissionError:
-            raise ConfigError(f"{path}: permission denied") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{path}: is a directory") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not valid UTF-8") from None
+    doc: dict = _read_toml(path) if path != "-" else {}
     sections = _flatten(doc, "", {})
+    packaged = _package_defaults(vendor)
 
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -429,7 +462,7 @@ def load(path: str | None = None, env: dict[str, str] | None = None,
         for key, spec in keys.items():
             name = f"{section}.{key}"
             ename = env_name(section, key)
-            default = spec.default
+            default = packaged.get(section, {}).get(key, spec.default)
             if ename in env:
                 values[name] = _coerce(f"{name} (from {ename})", spec.type, env[ename], True)
                 origins[name] = "env"

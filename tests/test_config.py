@@ -366,3 +366,61 @@ def test_tools_variables_are_not_overrides_but_typos_are_caught(tmp_path):
         C.load(path, env={"EDGE_AGENT_UPLOADS_MAXITEMS": "3"})
     with pytest.raises(C.ConfigError, match=r"^EDGE_AGENT_LINK_BACKOFF_FOO: unknown"):
         C.load(path, env={"EDGE_AGENT_LINK_BACKOFF_FOO": "3"})
+
+
+# -- the package's defaults under the operator's file ----------------------------------
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "debian", "agent.toml")
+
+
+def test_the_package_defaults_are_under_the_operators_file_and_the_environment(tmp_path):
+    """A release that changes a default changes what the operator did not set, never
+    what they did: the two are separate files, read one over the other, key by key."""
+    vendor = tmp_path / "vendor.toml"
+    vendor.write_text("[link]\nheartbeat_interval_s = 20\nack_timeout_s = 3\nmissed_acks = 2\n"
+                      "[log]\nlevel = \"debug\"\n")
+    cfg = C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_LINK_MISSED_ACKS": "3"},
+                 vendor=str(vendor))
+    assert cfg.liveness.heartbeat_interval_s == 15.0 and cfg.origins["link.heartbeat_interval_s"] == "file"
+    assert cfg.liveness.ack_timeout_s == 3.0 and cfg.origins["link.ack_timeout_s"] == "default"
+    assert cfg.log_level == "debug"
+    assert cfg.liveness.missed_acks == 3 and cfg.origins["link.missed_acks"] == "env"
+    assert C.load(write(tmp_path, GOOD), env={}, vendor=None).liveness.ack_timeout_s == 5.0
+    # absent (a checkout, a screen without the package): the built-in defaults
+    assert C.load(write(tmp_path, GOOD), env={}, vendor=str(tmp_path / "none.toml")) \
+        .liveness.ack_timeout_s == 5.0
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("[link]\nheartbeat = 20\n", "link.heartbeat: unknown key (in {v})"),
+    ("[lnk]\nheartbeat_interval_s = 20\n", "lnk: unknown section (in {v})"),
+    ("[link]\nheartbeat_interval_s = \"20\"\n", "link.heartbeat_interval_s (in {v}): expected a float, got str"),
+    ("[link]\nheartbeat_interval_s = 1e9\n", "link.heartbeat_interval_s (in {v}): must be between 1 and 3600, got 1e+09"),
+    ("[link\n", "{v}: not valid TOML"),
+])
+def test_a_bad_package_default_is_refused_with_one_line_naming_the_key_and_the_file(
+        tmp_path, text, expect):
+    vendor = tmp_path / "vendor.toml"
+    vendor.write_text(text)
+    with pytest.raises(C.ConfigError) as e:
+        C.load(write(tmp_path, GOOD), env={}, vendor=str(vendor))
+    assert str(e.value).startswith(expect.format(v=vendor)) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_shipped_defaults_file_is_every_default_commented_out(tmp_path):
+    """debian/agent.toml, /usr/lib/edge-agent/agent.toml on a screen: it loads, sets
+    nothing the schema does not already say, and each key it shows is a real one."""
+    import re
+    import tomllib
+    with open(SHIPPED, "rb") as f:
+        assert tomllib.load(f).keys() <= set(s.split(".")[0] for s in C.SCHEMA)
+    assert C.load(write(tmp_path, GOOD), env={}, vendor=SHIPPED) == \
+        C.load(write(tmp_path, GOOD), env={}, vendor=None)
+    section = None
+    for line in open(SHIPPED).read().splitlines():
+        m = re.fullmatch(r"\[([a-z.]+)\]", line)
+        if m:
+            section = m.group(1)
+        m = re.match(r"# ([a-z_]+) = ", line)
+        if m and section:
+            assert m.group(1) in C.SCHEMA[section], f"[{section}] {m.group(1)}"
