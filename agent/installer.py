@@ -98,9 +98,12 @@ def proof(status_path: str, installed_at_us: int) -> rules.Proof:
 
 
 def dpkg_install(path: str) -> str | None:
-    """dpkg -i, keeping the operator's configuration; what went wrong, or None. In a
-    session of its own: on a timeout the maintainer scripts it started go with it."""
-    child = subprocess.Popen(["dpkg", "--force-confold", "--force-confdef", "-i", path],
+    """dpkg -i; what went wrong, or None. In a session of its own: on a timeout the
+    maintainer scripts it started go with it. No --force-conf* option: the package
+    ships no conffile (the operator's agent.toml is theirs, never the package's), so
+    there is no question to answer, and one that came back would fail here, seen,
+    with stdin closed, rather than be answered blind."""
+    child = subprocess.Popen(["dpkg", "-i", path],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
     try:
