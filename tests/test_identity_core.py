@@ -3,7 +3,9 @@ shell that puts them on disk, and keeps them in use while the disk refuses them.
 import logging
 import random
 import threading
+import time
 
+from agent.clock import FakeClock
 from agent.identity import core as C
 from agent.identity.credentials import Credentials
 from agent.identity.service import Hooks, IdentityService
@@ -106,7 +108,8 @@ def test_the_shell_stores_before_it_publishes_and_runs_effects_in_order(tmp_path
 
 def test_events_from_many_threads_leave_disk_and_memory_agreeing(tmp_path):
     creds = Credentials(str(tmp_path))
-    service = IdentityService(screentinker(), creds)
+    clock = FakeClock()
+    service = IdentityService(screentinker(), creds, clock=clock)
     rng = random.Random(5)
     events = [rng.choice([C.Registered(f"{i:032d}", f"srv-{i % 3}", "123456"), C.Claimed("x"),
                           C.UnpairedByServer(), C.Revoked()]) for i in range(400)]
@@ -120,8 +123,43 @@ def test_events_from_many_threads_leave_disk_and_memory_agreeing(tmp_path):
         t.start()
     for t in threads:
         t.join()
+    settle(service, clock)
     again = IdentityService.load("local-1", creds, None, False, pairs_in_link=True)
     assert again.current == service.current
+
+
+def settle(service, clock):
+    """Past the write budget's hold: the latest credentials on the disk."""
+    clock.advance(C.WRITE_EVERY_S * C.WRITE_BURST)
+    deadline = time.monotonic() + 5
+    while service.core.unwritten is not None and time.monotonic() < deadline:
+        service._wake.set()
+        time.sleep(0.01)
+    assert service.core.unwritten is None
+
+
+def test_a_server_that_hands_out_tokens_without_end_writes_the_card_a_few_times_a_minute(
+        tmp_path, caplog):
+    """A hostile ScreenTinker sent 2,000 device:registered with alternating tokens: 978
+    fsync'd writes in 90 s. The credentials are in use from memory at once, the card
+    takes a burst and then one write every WRITE_EVERY_S, the latest, said once."""
+    creds = Credentials(str(tmp_path))
+    writes = []
+    save = creds.save
+    creds.save = lambda *a, **k: (writes.append(a[1]), save(*a, **k))
+    clock = FakeClock()
+    service = IdentityService(screentinker(), creds, clock=clock)
+    tokens = [f"{i % 2}" * 32 for i in range(2000)]
+    with caplog.at_level(logging.INFO, logger="edge_agent"):
+        for i, token in enumerate(tokens):
+            service.handle(C.Registered(token, "srv-1", "123456"))
+            assert service.current.token == token, "in use at once"
+            clock.advance(90 / len(tokens))
+    assert len(writes) <= C.WRITE_BURST + 90 / C.WRITE_EVERY_S + 1, len(writes)
+    held = [r for r in caplog.records if "held back" in r.getMessage()]
+    assert 1 <= len(held) <= 6, [r.getMessage() for r in held]
+    settle(service, clock)
+    assert IdentityService.load("local-1", creds, None, False, True).current.token == tokens[-1]
 
 
 def test_a_token_the_disk_refuses_stays_in_use_and_is_written_again_on_a_capped_backoff():

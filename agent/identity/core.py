@@ -29,6 +29,13 @@ from ..backoff import Backoff, BackoffPolicy
 # Retries of a credentials write the disk refused: 1 s doubling to 5 minutes. No jitter:
 # the disk is this device's own, nobody else retries against it.
 WRITE_RETRY = BackoffPolicy(base_s=1.0, cap_s=300.0, jitter="none")
+# Each write is fsync'd on the SD card, and a server decides when one happens (a
+# ScreenTinker server that re-issues the token on every message made 978 writes in 90
+# s): a burst of WRITE_BURST, then one every WRITE_EVERY_S. Beyond it the credentials
+# are in use from memory and the latest is written when the budget allows.
+WRITE_BURST = 3
+WRITE_EVERY_S = 20.0
+HELD_BACK = "held back: the server changes them faster than the card is written"
 
 
 @dataclass(frozen=True)
@@ -158,9 +165,46 @@ class IdentityCore:
         self.write_failures = 0
         self.write_retry_at = math.inf           # monotonic; inf while nothing is due
         self._write_backoff = Backoff(WRITE_RETRY)
+        self._budget = float(WRITE_BURST)        # writes the card may take now
+        self._budget_at: float | None = None     # when it was last counted (monotonic)
 
-    def handle(self, event) -> list:
-        """Changes ``current`` as ``event`` says; returns what the shell must do, in order."""
+    def handle(self, event, now: float | None = None) -> list:
+        """Changes ``current`` as ``event`` says; returns what the shell must do, in order.
+        ``now`` (monotonic) holds the writes to the budget; without it (a test of the
+        disk's answers) every write goes at once."""
+        effects = self._handle(event)
+        if now is None:
+            return effects
+        out = []
+        for effect in effects:
+            if isinstance(effect, (Store, Forget)) and not self._spend(now):
+                out += self._hold_back(effect, now)
+            else:
+                out.append(effect)
+        return out
+
+    def _spend(self, now: float) -> bool:
+        if self._budget_at is not None:
+            self._budget = min(float(WRITE_BURST),
+                               self._budget + (now - self._budget_at) / WRITE_EVERY_S)
+        self._budget_at = now
+        if self._budget >= 1.0:
+            self._budget -= 1.0
+            return True
+        return False
+
+    def _hold_back(self, effect, now: float) -> list:
+        """The latest write waits for the budget; said once per hold."""
+        first = self.unwritten is None or self.write_error != HELD_BACK
+        self.unwritten, self.write_error = effect, HELD_BACK
+        self.write_retry_at = now + (1.0 - self._budget) * WRITE_EVERY_S
+        if not first:
+            return []
+        return [Note(logging.WARNING, f"credentials {HELD_BACK}: in use from memory, the "
+                                      f"latest written in {self.write_retry_at - now:.0f}s"),
+                StatusChanged()]
+
+    def _handle(self, event) -> list:
         cur = self.current
         if isinstance(event, Registered):
             if event.token == cur.token and not (event.server_device_id
@@ -218,6 +262,10 @@ class IdentityCore:
         with Written or WriteFailed)."""
         if self.unwritten is None or now < self.write_retry_at:
             return []
+        # a write the disk refused has its own backoff; one held back waits for the budget
+        if self.write_error == HELD_BACK and not self._spend(now):
+            self.write_retry_at = now + (1.0 - self._budget) * WRITE_EVERY_S
+            return []
         self.write_retry_at = math.inf   # one attempt at a time
         return [self.unwritten]
 
@@ -230,11 +278,13 @@ class IdentityCore:
         stored = isinstance(effect, Store)
         if self.unwritten is None:
             return [Note(logging.INFO, "credentials stored")] if stored else []
-        failures = self.write_failures
+        failures, held = self.write_failures, self.write_error == HELD_BACK
         self.unwritten, self.write_error, self.write_failures = None, None, 0
         self.write_retry_at = math.inf
         self._write_backoff.reset()
         what = "credentials stored" if stored else "stored credentials removed"
+        if held and not failures:
+            return [Note(logging.INFO, f"{what}, the latest after a hold"), StatusChanged()]
         return [Note(logging.INFO, f"{what}, after {failures} failed "
                                    f"attempt{'s' if failures != 1 else ''}"), StatusChanged()]
 

@@ -81,7 +81,7 @@ class IdentityService:
 
     def handle(self, event) -> None:
         with self._lock:
-            self._apply(self.core.handle(event))
+            self._apply(self.core.handle(event, self.clock.monotonic()))
 
     # -- what the parts that talk to the server read and report (any thread) ------------
     def device_id(self) -> str:

@@ -497,6 +497,18 @@ class SocketIOTransport:
             return receive(pkt)
 
         eio._receive_packet = receive_packet
+        trigger = eio._trigger_event
+
+        def trigger_inline(event, *args, **kwargs):
+            # engineio starts a thread for each message it takes in: a server sending
+            # 2,000 at once made 2,000 threads, and the one that met the unit's TasksMax
+            # killed the read loop. The handlers here hand news to the link thread and
+            # return, so they run on the read loop itself, one message after another.
+            if event == "message":
+                kwargs["run_async"] = False
+            return trigger(event, *args, **kwargs)
+
+        eio._trigger_event = trigger_inline
         ns = self.namespace
 
         def on_connect_error(data=None, *_):
