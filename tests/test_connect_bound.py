@@ -1,6 +1,6 @@
 """The connect bound learnt from the link's own handshakes (issue #28), on numbers."""
 from agent.link import journal as J
-from agent.link.connect_bound import FLOOR_S, ConnectBound
+from agent.link.connect_bound import FLOOR_S, RACE_FLOOR_S, ConnectBound
 from agent.link.core import LinkCore, LinkPolicy
 
 
@@ -53,3 +53,62 @@ def test_the_report_says_why_each_attempt_failed_while_the_device_was_away():
     record = core.journal.unreported()[0].to_dict()
     assert record["failed_after"] == {J.DNS_FAILED: 1, J.CAPTIVE_PORTAL: 2}
     assert record["connect_ms"] == 50.0 and record["clock_skew_s"] == -3600.0
+
+
+# -- the race: one second dial for a connect with no answer yet (issue #36) -----------
+
+def _learnt(*seconds: float) -> ConnectBound:
+    b = ConnectBound(10.0)
+    for s in seconds:
+        b.succeeded(s)
+    return b
+
+
+def test_nothing_learnt_no_race_a_fast_link_races_after_a_second_a_slow_one_after_3x():
+    assert ConnectBound(10.0).race_after() is None
+    assert _learnt(0.02, 0.04).race_after() == RACE_FLOOR_S
+    assert _learnt(0.5, 0.9).race_after() == 2.7
+    # 3 x 2 s is past the bound (4 x 2 s capped at 3 s): the bound ends it first
+    capped = ConnectBound(3.0)
+    capped.succeeded(2.0)
+    assert capped.race_after() is None
+
+
+def test_no_race_while_the_server_struggles_for_everyone():
+    b = _learnt(0.02)
+    assert b.race_after(held=True) is None           # a throttle in force
+    assert b.race_after(shared_loss=True) is None    # the server went away for everyone
+    b.busy()                                         # a 429/503 answer
+    assert b.race_after() is None
+    b.succeeded(0.03)                                # quick again
+    assert b.race_after() == RACE_FLOOR_S
+
+
+def test_a_slow_handshake_or_a_race_unanswered_on_both_dials_stops_racing_until_one_is_quick():
+    b = _learnt(0.02, 0.03)
+    b.succeeded(1.5)              # slower than the race threshold (1 s): slow for everyone
+    assert b.race_after() is None
+    b.succeeded(0.02)             # learnt 1.5 s is among the samples: the threshold is 4.5 s
+    assert b.race_after() == 4.5
+    fast = _learnt(0.02)
+    fast.timed_out(raced=False)   # one dial that landed on a hung node: no evidence of more
+    assert fast.race_after() == RACE_FLOOR_S
+    fast.timed_out(raced=True)    # neither dial answered: not one node
+    assert fast.race_after() is None
+    fast.succeeded(0.02)
+    assert fast.race_after() == RACE_FLOOR_S
+
+
+def test_the_core_tells_a_throttle_and_a_loss_everyone_saw_from_a_silent_one():
+    core = LinkCore(LinkPolicy())
+    core.start(0.0)
+    core.poll(0.0)
+    core.on_connected(0.1, 1000.0)
+    core.on_closed(5.0, J.ACK_TIMEOUT)
+    assert not core.after_shared_loss and not core.held(5.0)
+    core.poll(core.attempt_at())
+    core.on_connected(core.attempt_at() + 0.1, 1010.0)
+    core.on_closed(20.0, J.TRANSPORT_ERROR)
+    assert core.after_shared_loss
+    core.on_throttle(30.0, 20.0)
+    assert core.held(49.0) and not core.held(50.0)

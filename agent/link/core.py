@@ -122,6 +122,17 @@ class LinkCore:
     def attempt_at(self) -> float:
         return max(self.next_attempt_at, self.hold_until)
 
+    def held(self, now: float) -> bool:
+        """A server throttle is in force."""
+        return now < self.hold_until
+
+    @property
+    def after_shared_loss(self) -> bool:
+        """The retries follow a loss every device on the server saw at once (the server
+        went away), not one of this site's own: the server's reconnect window, if it
+        set one, is in force."""
+        return self._spreading
+
     def next_wakeup(self, acks: bool = True) -> float:
         """When poll() next has something to do; with acks=False, leaving out the ACK
         deadline (watchdog.ack_deadline()), which the shell may keep on a timer of its own."""
