@@ -41,13 +41,17 @@ _UNREACHABLE_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAI
 
 class DialError(Exception):
     """A failed dial: ``reason`` from the journal's vocabulary, ``detail`` for a person,
-    ``timed_out`` when it was the bound that ended it (the connect bound grows on it)."""
+    ``timed_out`` when it was the bound that ended it (the connect bound grows on it),
+    ``busy`` when the server said it is overloaded (429, 503: no second dial races the
+    next connects)."""
 
-    def __init__(self, reason: str, detail: str, timed_out: bool = False):
+    def __init__(self, reason: str, detail: str, timed_out: bool = False,
+                 busy: bool = False):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
         self.timed_out = timed_out
+        self.busy = busy
 
 
 class _Guarded:

@@ -55,8 +55,9 @@ class LinkRunner:
                  schedule_store: ScheduleStore | None = None,
                  commands=None, paused: bool = False,
                  idle_memory: IdleMemory | None = None,
-                 rng: random.Random | None = None):
-        """``paused``: nothing to connect with yet (not paired); resume() when there is."""
+                 rng: random.Random | None = None, race: bool = True):
+        """``paused``: nothing to connect with yet (not paired); resume() when there is.
+        ``race=False``: never a second dial (the behaviour before it, for comparisons)."""
         self.config = config
         self.clock = clock or SystemClock()
         self.core = LinkCore(LinkPolicy(liveness=config.liveness, backoff=config.backoff,
@@ -71,6 +72,7 @@ class LinkRunner:
         self.generation = 0
         self._factory = transport_factory or self._default_transport
         self.connect_bound = ConnectBound(config.connect_timeout_s)
+        self._race = race
         self._max_wait_s = config.debug_link_max_wait_s or MAX_WAIT_S
         self._idle_memory = idle_memory
         self._network: str | None = None   # where the idle limit in use was learnt
@@ -346,7 +348,9 @@ class LinkRunner:
         except TransportError as e:
             self._opening = None
             if e.timed_out:
-                self.connect_bound.timed_out()
+                self.connect_bound.timed_out(raced=getattr(transport, "raced", False))
+            if e.busy:
+                self.connect_bound.busy()
             now = self.clock.monotonic()
             self.core.on_connect_failed(now, e.reason, e.detail)
             delay = self.core.attempt_at() - now
@@ -356,7 +360,8 @@ class LinkRunner:
                 self._on_refused(e.detail)
             return
         took = time.monotonic() - started
-        self.connect_bound.succeeded(took)
+        # the handshake the bound learns is the winning dial's own, not the wait before it
+        self.connect_bound.succeeded(took - getattr(transport, "winner_offset_s", 0.0))
         self.transport, self._opening = transport, None
         self._acks_may_wait = False
         self._pings_seen = 0
@@ -366,10 +371,11 @@ class LinkRunner:
         self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
                                transport.local_addr(), took, skew)
         dialed = transport.dialed
-        log.info("link up: connected to %s from %s%s in %.0f ms%s (connection %d)",
+        log.info("link up: connected to %s from %s%s in %.0f ms%s%s (connection %d)",
                  self.config.server_display, transport.local_addr(),
                  f" via {dialed.via}" if dialed is not None and dialed.via != "direct" else "",
-                 took * 1000, _phases(dialed), self.core.journal.total_connections)
+                 took * 1000, _phases(dialed), _race_said(transport),
+                 self.core.journal.total_connections)
         if skew is not None and abs(skew) >= NOTABLE_SKEW_S:
             log.warning("this device's clock is %.0f s %s the server's: is it synchronised "
                         "(NTP reachable from this site)?", abs(skew),
@@ -725,7 +731,16 @@ class LinkRunner:
             url=cfg.server_url, auth=profile.auth(), namespace=profile.namespace,
             transports=profile.transports, keepalive=keepalive,
             connect_timeout_s=self.connect_bound.current(), egress=cfg.egress,
-            generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)))
+            generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)),
+            race_after_s=self._race_after())
+
+    def _race_after(self) -> float | None:
+        """When a second dial races this connect, if at all (connect_bound.py decides)."""
+        if not self._race:
+            return None
+        return self.connect_bound.race_after(
+            held=self.core.held(self.clock.monotonic()),
+            shared_loss=self.core.after_shared_loss)
 
 
 def _phases(dialed) -> str:
@@ -734,6 +749,16 @@ def _phases(dialed) -> str:
         return ""
     return " (" + ", ".join(f"{name.removesuffix('_s')} {seconds * 1000:.0f}"
                             for name, seconds in dialed.phases.items()) + " ms)"
+
+
+def _race_said(transport) -> str:
+    """ after a race won by the second dial (begun 1.0 s in): what the race changed."""
+    if not getattr(transport, "raced", False):
+        return ""
+    offset = getattr(transport, "winner_offset_s", 0.0)
+    if offset > 0:
+        return f" after a race won by the second dial (begun {offset:.1f} s in)"
+    return " after a race won by the first dial"
 
 
 def _stall_forever() -> None:

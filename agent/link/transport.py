@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import queue
 import socket
 import ssl
 import threading
@@ -76,11 +77,13 @@ _BINARY_PACKETS = (b"45", b"46")
 
 
 class TransportError(Exception):
-    def __init__(self, reason: str, detail: str = "", timed_out: bool = False):
+    def __init__(self, reason: str, detail: str = "", timed_out: bool = False,
+                 busy: bool = False):
         super().__init__(detail or reason)
         self.reason = reason
         self.detail = detail
         self.timed_out = timed_out   # the connect bound ended it
+        self.busy = busy             # the server said it is overloaded (429, 503)
 
 
 class MessageRefused(websocket.WebSocketException):
@@ -166,12 +169,16 @@ class BoundedWebSocket(websocket.WebSocket):
 class DialContext:
     """One connect's way out, and what its dial and upgrade learnt."""
 
-    def __init__(self, egress: Egress):
+    def __init__(self, egress: Egress, race_after_s: float | None = None):
         self.egress = egress
+        # a dial unanswered this long is raced by a second one (connect_bound.py); None: never
+        self.race_after_s = race_after_s
         self.dialed: Dialed | None = None       # once dialed: its socket is this connect's
         self.upgraded = False                   # the server answered the upgrade (101)
         self.server_date: float | None = None   # the upgrade answer's Date, as epoch seconds
         self.answered_at: float | None = None   # this device's wall time when it came
+        self.raced = False                      # a second dial was made
+        self.winner_offset_s = 0.0              # when the winning dial began, into the connect
 
 
 # Set by SocketIOTransport.open() around the library's connect, which calls
@@ -182,6 +189,145 @@ _DIALING: contextvars.ContextVar[DialContext | None] = contextvars.ContextVar(
 # dialer has done all of it already, from the same Egress
 _LIBRARY_DIAL_OPTIONS = ("sslopt", "http_proxy_host", "http_proxy_port", "http_proxy_auth",
                          "http_no_proxy", "proxy_type")
+
+
+class _Upgraded:
+    """A dial and its websocket upgrade, answered (101)."""
+
+    def __init__(self, ws: "BoundedWebSocket", dialed: Dialed):
+        self.ws, self.dialed = ws, dialed
+        self.answered_at = time.time()
+        self.server_date = _http_date((ws.handshake_response.headers or {}).get("date"))
+
+
+def _dial_and_upgrade(url: str, egress: Egress, timeout: float, options: dict,
+                      on_dialed: Callable[[Dialed], None] | None = None) -> _Upgraded:
+    """Dials ``url`` and asks for the websocket upgrade, within ``timeout``; raises
+    DialError. ``on_dialed`` is told the socket as soon as it is dialed (a race's loser
+    is aborted through it)."""
+    dialed = dial(url, egress, timeout)
+    if on_dialed is not None:
+        on_dialed(dialed)
+    options = {k: v for k, v in options.items() if k not in _LIBRARY_DIAL_OPTIONS}
+    # redirect_limit=0: a redirect is someone else answering, never followed (1.2.3
+    # even calls a 302 connected once out of redirects; 1.9 raises without the status)
+    options.update(socket=dialed.sock, redirect_limit=0, timeout=timeout)
+    ws = BoundedWebSocket(enable_multithread=options.pop("enable_multithread", True))
+    dialed.sock.guard(dialed.deadline, MAX_HEADER_BYTES, DialError(
+        J.HTTP_ERROR, f"the answer to the upgrade is larger than {MAX_HEADER_BYTES} bytes"))
+    start = time.monotonic()
+    try:
+        ws.connect(url, **options)
+        if ws.handshake_response is None or ws.handshake_response.status != 101:
+            ws.shutdown()
+            raise _not_an_upgrade(ws.handshake_response)
+    except Exception as e:
+        dialed.sock.close()
+        raise _upgrade_failed(e, ws, dialed, time.monotonic() - start) from None
+    dialed.sock.unguard(timeout)
+    dialed.phases["upgrade_s"] = round(time.monotonic() - start, 4)
+    return _Upgraded(ws, dialed)
+
+
+class _RacingDial:
+    """One dial of a race, on its own thread: its answer, or its error, once done; a
+    loser is aborted, and closed if it is answered after all."""
+
+    def __init__(self, url: str, egress: Egress, deadline: float, options: dict,
+                 offset_s: float, done: "queue.Queue[_RacingDial]"):
+        self.offset_s = offset_s
+        self.answer: _Upgraded | None = None
+        self.error: DialError | None = None
+        self._dialed: Dialed | None = None
+        self._lock = threading.Lock()
+        self._lost = False
+        self._args = (url, egress, max(0.05, deadline - time.monotonic()), options)
+        self._done = done
+        threading.Thread(target=self._run, daemon=True, name="link-dial").start()
+
+    def _run(self) -> None:
+        try:
+            answer = _dial_and_upgrade(*self._args, on_dialed=self._dialed_now)
+        except DialError as e:
+            self.error = e
+        except Exception as e:   # a bug must not leave the race waiting forever
+            self.error = DialError(J.CONNECT_FAILED, f"{type(e).__name__}: {e}"[:300])
+        else:
+            with self._lock:
+                if self._lost:
+                    _close_quietly(answer.dialed.sock)
+                    return
+                self.answer = answer
+        self._done.put(self)
+
+    def _dialed_now(self, dialed: Dialed) -> None:
+        with self._lock:
+            self._dialed = dialed
+            lost = self._lost
+        if lost:   # lost while its TCP handshake was under way: the upgrade fails at once
+            sockopts.abort(dialed.sock)
+
+    def lose(self) -> None:
+        """The other dial won: this one is aborted (an RST), whatever phase it is in."""
+        with self._lock:
+            self._lost = True
+            answer, dialed = self.answer, self._dialed
+        if answer is not None:
+            sockopts.abort(answer.dialed.sock)
+            _close_quietly(answer.dialed.sock)
+        elif dialed is not None:
+            sockopts.abort(dialed.sock)
+
+
+def _close_quietly(sock) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def _race(url: str, context: DialContext, timeout: float, options: dict) -> _Upgraded:
+    """The first dial; if it has no answer after ``context.race_after_s``, one second
+    dial beside it, within the same deadline. The first answered wins, the other is
+    aborted. A dial that fails with an answer (refused, an HTTP error) before the race
+    begins ends the connect as a single dial would."""
+    start = time.monotonic()
+    deadline = start + timeout
+    done: queue.Queue[_RacingDial] = queue.Queue()
+    dials = [_RacingDial(url, context.egress, deadline, dict(options), 0.0, done)]
+    failed: list[_RacingDial] = []
+    while True:
+        if len(dials) == 1:
+            wait = max(0.0, start + context.race_after_s - time.monotonic())
+        else:   # each dial ends by the deadline; the margin is for its thread to say so
+            wait = max(0.0, deadline - time.monotonic()) + ABORT_JOIN_S
+        try:
+            finished = done.get(timeout=wait)
+        except queue.Empty:
+            if len(dials) == 1:
+                context.raced = True
+                log.info("connect: no answer in %.1fs, racing a second dial",
+                         time.monotonic() - start)
+                dials.append(_RacingDial(url, context.egress, deadline, dict(options),
+                                         time.monotonic() - start, done))
+                continue
+            for d in dials:
+                d.lose()
+            raise DialError(J.NO_ANSWER, "neither dial answered by the deadline",
+                            timed_out=True) from None
+        if finished.answer is not None:
+            for other in dials:
+                if other is not finished:
+                    other.lose()
+            context.winner_offset_s = finished.offset_s
+            return finished.answer
+        if len(dials) == 1:
+            raise finished.error
+        failed.append(finished)
+        if len(failed) == 2:
+            first, second = dials[0].error, dials[1].error
+            raise DialError(first.reason, f"{first.detail}; a second dial: {second.detail}",
+                            timed_out=first.timed_out and second.timed_out)
 
 
 class _BoundedWebsocketModule:
@@ -202,31 +348,15 @@ class _BoundedWebsocketModule:
             options["class_"] = BoundedWebSocket
             return websocket.create_connection(url, timeout, **options)
         timeout = timeout or 10.0
-        dialed = context.dialed = dial(url, context.egress, timeout)
-        for key in _LIBRARY_DIAL_OPTIONS:
-            options.pop(key, None)
-        # redirect_limit=0: a redirect is someone else answering, never followed (1.2.3
-        # even calls a 302 connected once out of redirects; 1.9 raises without the status)
-        options.update(socket=dialed.sock, redirect_limit=0, timeout=timeout)
-        ws = BoundedWebSocket(enable_multithread=options.pop("enable_multithread", True))
-        dialed.sock.guard(dialed.deadline, MAX_HEADER_BYTES, DialError(
-            J.HTTP_ERROR, f"the answer to the upgrade is larger than {MAX_HEADER_BYTES} bytes"))
-        start = time.monotonic()
-        try:
-            ws.connect(url, **options)
-            if ws.handshake_response is None or ws.handshake_response.status != 101:
-                ws.shutdown()
-                raise _not_an_upgrade(ws.handshake_response)
-        except Exception as e:
-            dialed.sock.close()
-            raise _upgrade_failed(e, ws, dialed, time.monotonic() - start) from None
-        response = ws.handshake_response
-        dialed.sock.unguard(timeout)
-        dialed.phases["upgrade_s"] = round(time.monotonic() - start, 4)
+        if context.race_after_s is not None and context.race_after_s < timeout:
+            answer = _race(url, context, timeout, options)
+        else:
+            answer = _dial_and_upgrade(url, context.egress, timeout, options)
+        context.dialed = answer.dialed
         context.upgraded = True
-        context.answered_at = time.time()
-        context.server_date = _http_date((response.headers or {}).get("date"))
-        return ws
+        context.answered_at = answer.answered_at
+        context.server_date = answer.server_date
+        return answer.ws
 
 
 def _upgrade_failed(e: Exception, ws, dialed: Dialed, took_s: float) -> DialError:
@@ -271,7 +401,8 @@ def _not_an_upgrade(response, status: int | None = None,
                                            f"a captive portal or a box answering for the server")
     if status == 407:
         return DialError(J.PROXY_AUTH, "a proxy on the way asks for credentials (407)")
-    return DialError(J.HTTP_ERROR, f"the upgrade was answered with HTTP {status}")
+    return DialError(J.HTTP_ERROR, f"the upgrade was answered with HTTP {status}",
+                     busy=status in (429, 503))
 
 
 def _location(e: websocket.WebSocketBadStatusException) -> str | None:
@@ -305,7 +436,10 @@ class SocketIOTransport:
     def __init__(self, *, url: str, auth: dict | None, namespace: str, keepalive: KeepalivePolicy,
                  transports: list[str] | None = None,
                  connect_timeout_s: float, egress: Egress, generation: int,
-                 sink: Callable[..., None], handlers: dict[str, Callable] | None = None):
+                 sink: Callable[..., None], handlers: dict[str, Callable] | None = None,
+                 race_after_s: float | None = None):
+        """``race_after_s``: a dial unanswered this long is raced by a second one (the
+        link's connect bound says when, and whether at all)."""
         self.url = url
         self.namespace = namespace
         self.generation = generation
@@ -324,7 +458,7 @@ class SocketIOTransport:
         self.last_inbound = time.monotonic()
         self.server_pings = 0  # Engine.IO pings from the server on this connection
         self.last_server_ping: float | None = None
-        self._dialing = DialContext(egress)
+        self._dialing = DialContext(egress, race_after_s)
         # The websocket is dialed from the Egress (dialer.py); the session carries the
         # same settings for a polling handshake (the screentinker profile's fallback).
         self.client = socketio.Client(
@@ -366,7 +500,8 @@ class SocketIOTransport:
         cause: BaseException | None = error
         while cause is not None:
             if isinstance(cause, DialError):
-                return TransportError(cause.reason, cause.detail, cause.timed_out)
+                return TransportError(cause.reason, cause.detail, cause.timed_out,
+                                      cause.busy)
             if isinstance(cause, (socket.timeout, websocket.WebSocketTimeoutException)) \
                     and self._dialing.upgraded:
                 return TransportError(J.NO_ANSWER, "the websocket is up, then no Engine.IO "
@@ -383,6 +518,16 @@ class SocketIOTransport:
     def dialed(self) -> Dialed | None:
         """How this connection was dialed: phases, route."""
         return self._dialing.dialed
+
+    @property
+    def raced(self) -> bool:
+        """A second dial raced this connect's first."""
+        return self._dialing.raced
+
+    @property
+    def winner_offset_s(self) -> float:
+        """How far into the connect the dial that won began (0: the first)."""
+        return self._dialing.winner_offset_s
 
     def clock_skew_s(self) -> float | None:
         """The server's clock minus this device's, from the upgrade answer's Date
