@@ -13,7 +13,14 @@ connection, once:
   of BYTES each;
   (repeat these options for several, sent in the order given, 0.5 s apart);
 - ``--malformed N``: N Engine.IO messages the client library cannot decode, then
-  one event it can (``device:end-of-junk``).
+  one event it can (``device:end-of-junk``);
+- ``--registered-flood N``: as a ScreenTinker server (namespace ``/device``), N
+  ``device:registered`` with alternating tokens, as fast as it can send them;
+- ``--paired-names COUNTxBYTES``: as ScreenTinker, COUNT ``device:paired`` each
+  naming the screen with BYTES characters, one ``device:unpaired`` between them.
+
+As ScreenTinker it registers any code and ACKs heartbeats with
+``device:heartbeat-ack``.
 
 ``GET /state`` says what it did: wall times of each connect and heartbeat, and when it
 finished sending the big messages or the malformed ones. The server itself never reads
@@ -37,13 +44,19 @@ from fleet_server.serving import serve_until_stopped
 # short, a namespace nobody joined, an unknown packet type, an ACK for nothing, an
 # event with no name, an event that is not a list. (A packet that announces binary
 # attachments is not here: the agent ends the connection on it, by design.)
+TOKENS = ("a" * 64, "b" * 64)
 MALFORMED = ('2["device:x",{', '2/nowhere,["x"]', '9junk', '3999["ack for nothing"]',
              '2[]', '2{"not": "a list"}', '2["x"')
 
 
+ST = "/device"   # ScreenTinker's namespace
+
+
 class HostilePeer:
-    def __init__(self, big: list[tuple[str, int, int]], malformed: int):
+    def __init__(self, big: list[tuple[str, int, int]], malformed: int,
+                 registered_flood: int = 0, paired_names: tuple[int, int] = (0, 0)):
         self.big, self.malformed = big, malformed
+        self.registered_flood, self.paired_names = registered_flood, paired_names
         self.sio = socketio.AsyncServer(async_mode="aiohttp", ping_interval=25, ping_timeout=20,
                                         max_http_buffer_size=64 * 1024)
         self.app = web.Application()
@@ -51,7 +64,7 @@ class HostilePeer:
         self.app.router.add_get("/state", self._state)
         self.app.router.add_post("/go", self._go)
         self.state = {"connects": [], "heartbeats": [], "big_sent_at": None,
-                      "malformed_sent_at": None, "send_error": None}
+                      "malformed_sent_at": None, "flood_sent_at": None, "send_error": None}
         self._latest: str | None = None
         sio = self.sio
 
@@ -66,6 +79,24 @@ class HostilePeer:
                 return {"ok": True}
             self.state["heartbeats"].append(time.time())
             return {"seq": data.get("seq"), "server_ts": time.time()}
+
+        @sio.on("connect", namespace=ST)
+        async def st_connect(sid, environ, auth=None):
+            self.state["connects"].append(time.time())
+            self._latest = sid
+
+        @sio.on("device:register", namespace=ST)
+        async def st_register(sid, data=None):
+            await sio.emit("device:registered", {"device_id": "st-screen-1", "device_token":
+                                                 TOKENS[0], "status": "provisioning"},
+                           to=sid, namespace=ST)
+
+        @sio.on("device:heartbeat", namespace=ST)
+        async def st_heartbeat(sid, data=None):
+            self.state["heartbeats"].append(time.time())
+            if isinstance(data, dict):
+                await sio.emit("device:heartbeat-ack", {"client_ms": data.get("client_ms")},
+                               to=sid, namespace=ST)
 
     async def _go(self, request):
         if self._latest is None:
@@ -90,6 +121,16 @@ class HostilePeer:
                 # a well-formed event last: once the agent logs it, it has read them all
                 await self.sio.emit("device:end-of-junk", {}, to=sid)
                 self.state["malformed_sent_at"] = time.time()
+            for i in range(self.registered_flood):
+                await self.sio.emit("device:registered", {
+                    "device_id": "st-screen-1", "device_token": TOKENS[i % 2],
+                    "status": "provisioning"}, to=sid, namespace=ST)
+            count, size = self.paired_names
+            for i in range(count):
+                if i:
+                    await self.sio.emit("device:unpaired", {}, to=sid, namespace=ST)
+                await self.sio.emit("device:paired", {"name": "n" * size}, to=sid, namespace=ST)
+            self.state["flood_sent_at"] = time.time()
         except Exception as e:  # the agent hung up on us: that is what the test wants
             self.state["send_error"] = f"{type(e).__name__}: {e}"
 
@@ -111,7 +152,7 @@ class HostilePeer:
 
 
 async def serve(args) -> None:
-    peer = HostilePeer(args.big, args.malformed)
+    peer = HostilePeer(args.big, args.malformed, args.registered_flood, args.paired_names)
     await serve_until_stopped(peer.app, "127.0.0.1", args.port, args.port_file)
 
 
@@ -126,6 +167,8 @@ def main(argv=None) -> None:
     p.add_argument("--binary-parts", dest="big", action="append",
                    type=lambda v: ("binary", *map(int, v.split("x"))))
     p.add_argument("--malformed", type=int, default=0)
+    p.add_argument("--registered-flood", type=int, default=0)
+    p.add_argument("--paired-names", type=lambda v: tuple(map(int, v.split("x"))), default=(0, 0))
     asyncio.run(serve(p.parse_args(argv)))
 
 

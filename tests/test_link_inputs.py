@@ -288,3 +288,52 @@ def test_a_packet_with_attachments_is_refused_however_it_is_fragmented(pair, pac
     while chunk := server.recv(4096):   # the pong, then the end
         sent += chunk
     assert sent[:1] == b"\x8a" and len(sent) == 2 + 4 + 4
+
+
+@pytest.mark.netns
+def test_a_hostile_screentinker_cannot_spawn_threads_or_flood_the_card_and_the_journal(
+        peer, spawn_agent, agent_python, tmp_path):
+    """2,000 device:registered with alternating tokens made a library thread each (two
+    read loops died under TasksMax) and 978 fsync'd credential writes; 40 device:paired
+    naming the screen with 900 KB each wrote 36 MB to the journal. Now: the messages are
+    taken in on the read loop, the card is written a few times, every line is cut."""
+    server = peer("--registered-flood", "2000", "--paired-names", "40x900000")
+    cfg = agent_config(server, tmp_path, server={"profile": "screentinker"},
+                       identity={"device_id": None, "token": None})
+    agent = spawn_agent(agent_python, cfg)
+    wait_for(lambda: len(server.state()["heartbeats"]) >= 1, 20, what="a first heartbeat")
+    creds = tmp_path / "state" / "credentials.json"
+    threads, inodes = [], set()
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            try:
+                with open(f"/proc/{agent.pid}/status") as f:
+                    threads.extend(int(l.split()[1]) for l in f if l.startswith("Threads:"))
+                inodes.add(os.stat(creds).st_ino)
+            except OSError:
+                pass
+            stop.wait(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    before = agent.log_path.stat().st_size
+    server.go()
+    try:
+        wait_for(lambda: server.state()["flood_sent_at"], 60, interval=0.2, what="the flood sent")
+        flood_end = server.state()["flood_sent_at"]
+        wait_for(lambda: sum(t > flood_end for t in server.state()["heartbeats"]) >= 2, 20,
+                 interval=0.2, what="heartbeats on after the flood")
+    finally:
+        stop.set()
+        sampler.join(5)
+    # (each device:unpaired between the names is obeyed: a new registration)
+    agent.wait_live(20)
+    written = agent.log_path.stat().st_size - before
+    print(f"threads at most {max(threads)}; {len(inodes)} credential files seen; "
+          f"{written} bytes of log")
+    assert max(threads) < 30, f"{max(threads)} threads"
+    assert len(inodes) <= 6, f"{len(inodes)} credential writes seen (sampled)"
+    assert written < 200_000, agent.log_text()[-3000:]
+    assert "Traceback" not in agent.log_text()
