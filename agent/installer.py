@@ -185,18 +185,26 @@ def _copy_out(dir_fd: int, name: str, dest: str, size: int) -> str:
     """Copies the staged file into root's directory; its SHA-256."""
     digest = hashlib.sha256()
     src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    with os.fdopen(src, "rb") as f, open(dest, "wb") as out:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    with os.fdopen(src, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise Refused(f"the staged {name} is not a regular file")
+        # a hard link (where fs.protected_hardlinks=0) is a file someone else made
+        # appear here: only a file of the staging directory's owner, linked once
+        owner = os.fstat(dir_fd).st_uid
+        if st.st_nlink != 1 or st.st_uid != owner:
+            raise Refused(f"the staged {name} has {st.st_nlink} links and owner uid "
+                          f"{st.st_uid}: only the agent's own file, linked once, is taken")
         copied = 0
-        for chunk in iter(lambda: f.read(1 << 16), b""):
-            copied += len(chunk)
-            if copied > size:
-                raise Refused(f"the staged package is larger than the order's {size} bytes")
-            digest.update(chunk)
-            out.write(chunk)
-        out.flush()
-        os.fsync(out.fileno())
+        with open(dest, "wb") as out:
+            for chunk in iter(lambda: f.read(1 << 16), b""):
+                copied += len(chunk)
+                if copied > size:
+                    raise Refused(f"the staged package is larger than the order's {size} bytes")
+                digest.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
     if copied != size:
         raise Refused(f"the staged package is {copied} bytes, the order says {size}")
     return digest.hexdigest()
@@ -205,11 +213,16 @@ def _copy_out(dir_fd: int, name: str, dest: str, size: int) -> str:
 # -- the transaction ---------------------------------------------------------------------------
 class Installer:
     def __init__(self, root_dir: str, state_dir: str, status_path: str, keys_dir: str,
-                 proof_timeout_s: float, allow_downgrade: bool = False):
+                 proof_timeout_s: float, allow_downgrade: bool = False,
+                 update_allowed: str | None = None):
+        """``update_allowed``: the source of root's configuration whose [commands] allow
+        lists update, or None: then a new order is refused (what a power cut left is
+        still finished)."""
         self.root_dir, self.state_dir = root_dir, state_dir
         self.status_path, self.keys_dir = status_path, keys_dir
         self.proof_timeout_s = proof_timeout_s
         self.allow_downgrade = allow_downgrade
+        self.update_allowed = update_allowed
         self.t0 = time.monotonic()
 
     def path(self, name: str) -> str:
@@ -294,15 +307,20 @@ class Installer:
         self.prove(self._phase(tx, rules.PROVING), began_us)
 
     def _check_and_keep(self, fd: int, order: rules.Order, current: str) -> None:
+        # root's own gates, from root's copy of the configuration: the agent's user can
+        # stage an order whatever the agent's side decided
+        if self.update_allowed is None:
+            raise Refused("[commands] allow does not list update: no update is installed")
         if not current:
             raise Refused(f"{rules.PACKAGE} is not fully installed: no version to go back to")
         if not self.allow_downgrade and older(order.version, current):
             raise Refused(f"{order.version} is older than the installed {current} "
                           "([update] allow_downgrade is off)")
-        need = rules.space_needed(order.size)
         st = os.statvfs(self.root_dir)
-        if st.f_bavail * st.f_frsize < need:
-            raise Refused(f"not enough space in {self.root_dir}: {need >> 20} MiB needed")
+        refused = rules.refusal(order, installed=current, history=self.history(),
+                                free_bytes=st.f_bavail * st.f_frsize)
+        if refused:
+            raise Refused(refused)
         incoming = self.path(INCOMING)
         if _copy_out(fd, rules.PACKAGE_FILE, incoming, order.size) != order.sha256:
             raise Refused("the staged package does not match the order's SHA-256")
@@ -389,19 +407,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root-dir", default=rules.ROOT_DIR, help=argparse.SUPPRESS)
     parser.add_argument("--keys-dir", default=KEYS_DIR, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    allowed = None
     try:
         config = config_mod.load(args.config)
         state_dir, status_path, timeout = (config.state_dir, config.status_path,
                                            config.update_proof_timeout_s)
         downgrade = config.update_allow_downgrade
+        if "update" in config.commands_allow:
+            allowed = (f"the fleet's settings revision {config.fleet_revision}"
+                       if config.origins.get("commands.allow") == "fleet" else args.config)
     except config_mod.ConfigError as e:
-        # a transaction in progress is finished on the defaults rather than left
+        # a transaction in progress is finished on the defaults rather than left; a new
+        # order is not installed on a configuration nobody can read
         say(f"{e}; using the default directories and proof time", 4)
         state_dir, status_path, timeout = "/var/lib/edge-agent", "/run/edge-agent/status.json", 180.0
         downgrade = False
     os.makedirs(args.root_dir, 0o755, exist_ok=True)
     installer = Installer(args.root_dir, state_dir, status_path, args.keys_dir, timeout,
-                          downgrade)
+                          downgrade, allowed)
     with open(installer.path(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

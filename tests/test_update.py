@@ -486,3 +486,92 @@ def test_an_error_after_an_outcome_never_records_a_second_one(tmp_path, monkeypa
     with pytest.raises(OSError):
         inst.run(installer)
     assert [e["outcome"] for e in installer.history()] == [rules.COMMITTED]
+
+
+# -- root's own gates: the agent's user can stage an order whatever the agent decided -----
+def stage(tmp_path, order_id="g1", **over):
+    state = tmp_path / "state"
+    staging = state / rules.STAGING
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / rules.PACKAGE_FILE).write_bytes(b"p" * 1000)
+    (staging / rules.SIGNATURE_FILE).write_bytes(b"sig")
+    (staging / rules.ORDER_FILE).write_text(json.dumps({"id": order_id, **args(**over)}))
+    return state
+
+
+def root_installer(tmp_path, state, allowed, monkeypatch):
+    import agent.installer as inst
+    root = tmp_path / "root"
+    root.mkdir(exist_ok=True)
+    monkeypatch.setattr(inst, "installed_version", lambda: "0.1.0-1")
+    monkeypatch.setattr(inst, "dpkg_install", lambda path: pytest.fail("dpkg was run"))
+    monkeypatch.setattr(inst, "verify", lambda *a, **k: pytest.fail("the package was checked"))
+    return inst.Installer(str(root), str(state), str(tmp_path / "status.json"),
+                          str(tmp_path / "keys"), 10.0, update_allowed=allowed)
+
+
+def test_root_installs_nothing_while_its_configuration_does_not_allow_update(tmp_path,
+                                                                            monkeypatch):
+    """Code running as the agent's user stages an order and starts the unit (or waits
+    for the next boot, when the unit starts on its own): root reads its own gate."""
+    import agent.installer as inst
+    installer = root_installer(tmp_path, stage(tmp_path), None, monkeypatch)
+    inst.run(installer)
+    [entry] = installer.history()
+    assert entry["outcome"] == rules.REFUSED and "does not list update" in entry["reason"]
+
+
+def test_root_refuses_a_version_rolled_back_here_unless_the_order_says_retry(tmp_path,
+                                                                             monkeypatch):
+    import agent.installer as inst
+    state = stage(tmp_path, "again")
+    installer = root_installer(tmp_path, state, "agent.toml", monkeypatch)
+    installer._write(rules.HISTORY_FILE, [{"id": "first", "from": "0.1.0-1", "to": "0.2.0-1",
+                                           "outcome": rules.ROLLED_BACK, "reason": "crashed"}])
+    inst.run(installer)
+    assert installer.history()[-1]["outcome"] == rules.REFUSED
+    assert "was rolled back here (crashed)" in installer.history()[-1]["reason"]
+    # sent again without retry, refused again: the refusal does not hide the rollback
+    stage(tmp_path, "third")
+    inst.run(installer)
+    assert "was rolled back here" in installer.history()[-1]["reason"]
+    # with retry, it goes on to the checks of the package itself
+    stage(tmp_path, "retried", retry=True)
+    monkeypatch.setattr(inst, "_copy_out", lambda *a: "0" * 64)
+    inst.run(installer)
+    assert "does not match the order's SHA-256" in installer.history()[-1]["reason"]
+
+
+@pytest.mark.parametrize("how", ["hard link", "another owner"])
+def test_root_takes_only_the_agents_own_file_linked_once(tmp_path, how):
+    import agent.installer as inst
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    if how == "hard link":
+        # where fs.protected_hardlinks=0 the agent's user could link a file it does not own
+        (tmp_path / "elsewhere").write_bytes(b"p" * 1000)
+        os.link(tmp_path / "elsewhere", staging / rules.PACKAGE_FILE)
+    else:
+        (staging / rules.PACKAGE_FILE).write_bytes(b"p" * 1000)
+        os.chown(staging / rules.PACKAGE_FILE, 65534, 65534)
+    fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(inst.Refused, match="only the agent's own file, linked once"):
+            inst._copy_out(fd, rules.PACKAGE_FILE, str(tmp_path / "out.deb"), 1000)
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "out.deb").exists()
+
+
+def test_roots_gate_is_read_from_roots_copy_of_the_configuration(tmp_path, monkeypatch):
+    import agent.installer as inst
+    state = stage(tmp_path)
+    seen = []
+    monkeypatch.setattr(inst, "run", lambda installer: seen.append(installer.update_allowed))
+    conf = tmp_path / "agent.toml"
+    for allow, expected in ((["diagnostics", "logs"], None), (["update"], str(conf))):
+        conf.write_text(f'[server]\nurl = "http://127.0.0.1:1"\n[identity]\nstate_dir = '
+                        f'"{state}"\n[commands]\nallow = {json.dumps(allow)}\n')
+        assert inst.main(["--config", str(conf), "--root-dir", str(tmp_path / "root"),
+                          "--keys-dir", str(tmp_path / "keys")]) == 0
+        assert seen[-1] == expected

@@ -137,9 +137,12 @@ def install_delay(window_s: int, rng) -> float:
 
 # -- the history both sides read -------------------------------------------------------
 def rolled_back(version: str, history: list) -> dict | None:
-    """The latest outcome for ``version``, if it was a rollback."""
+    """The latest outcome for ``version`` that changed what is installed, if it was a
+    rollback (a refusal installed nothing: an order sent again without retry, refused,
+    must not make the rollback forgotten)."""
     for entry in reversed(history):
-        if isinstance(entry, dict) and entry.get("to") == version:
+        if isinstance(entry, dict) and entry.get("to") == version \
+                and entry.get("outcome") != REFUSED:
             return entry if entry.get("outcome") == ROLLED_BACK else None
     return None
 
