@@ -35,3 +35,46 @@ def test_the_deb_carries_the_journal_gate_and_the_polkit_rule(built_debs):
                  "./usr/lib/systemd/system/edge-agent.service",
                  "./usr/share/polkit-1/rules.d/50-edge-agent.rules"):
         assert re.search(rf"^-rw-r--r-- root/root .* {re.escape(path)}$", listing, re.M), path
+
+
+def test_the_entry_point_runs_nothing_the_agents_user_can_write(built_debs, tmp_path):
+    """The agent's user owns its home (the state directory, $HOME under systemd): a
+    usercustomize, sitecustomize or .pth planted there, or PYTHON* variables, must not
+    run when /usr/bin/edge-agent starts. Its interpreter line, as the .deb ships it,
+    with the hooks each in place; the same interpreter without the flag runs them (so
+    this test can fail)."""
+    import os
+    import sys
+    out = tmp_path / "deb"
+    subprocess.run(["dpkg-deb", "-x", str(built_debs[0]), str(out)], check=True, timeout=60)
+    first = (out / "usr/bin/edge-agent").read_text().splitlines()[0]
+    assert first.startswith("#!")
+    interpreter = first[2:].split()
+    assert interpreter == ["/usr/bin/python3", "-I"], first
+    home = tmp_path / "home"
+    version = subprocess.run([interpreter[0], "-c", "import sys; print('%d.%d' % "
+                              "sys.version_info[:2])"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    site = home / ".local" / "lib" / f"python{version}" / "site-packages"
+    site.mkdir(parents=True)
+    elsewhere = home / "elsewhere"
+    elsewhere.mkdir()
+    marks = home / "ran"
+    hook = f"open({str(marks)!r} + '-' + {{!r}}, 'w').close()\n"
+    (site / "usercustomize.py").write_text(hook.format("usercustomize"))
+    (site / "evil.pth").write_text("import os; " + hook.format("pth"))
+    (elsewhere / "sitecustomize.py").write_text(hook.format("sitecustomize"))
+    (home / "startup.py").write_text(hook.format("startup"))
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(elsewhere),
+           "PYTHONSTARTUP": str(home / "startup.py"), "PYTHONUSERBASE": str(home / ".local")}
+
+    def ran(argv):
+        for m in home.glob("ran-*"):
+            m.unlink()
+        subprocess.run([*argv, "-i", "-c", "pass"], env=env, stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=30)
+        return sorted(m.name for m in home.glob("ran-*"))
+
+    assert ran(interpreter[:1]) == ["ran-pth", "ran-sitecustomize", "ran-startup",
+                                   "ran-usercustomize"]
+    assert ran(interpreter) == []
