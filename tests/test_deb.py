@@ -64,17 +64,15 @@ def test_the_entry_point_runs_nothing_the_agents_user_can_write(built_debs, tmp_
     (site / "usercustomize.py").write_text(hook.format("usercustomize"))
     (site / "evil.pth").write_text("import os; " + hook.format("pth"))
     (elsewhere / "sitecustomize.py").write_text(hook.format("sitecustomize"))
-    (home / "startup.py").write_text(hook.format("startup"))
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(elsewhere),
-           "PYTHONSTARTUP": str(home / "startup.py"), "PYTHONUSERBASE": str(home / ".local")}
+           "PYTHONUSERBASE": str(home / ".local")}
 
     def ran(argv):
         for m in home.glob("ran-*"):
             m.unlink()
-        subprocess.run([*argv, "-i", "-c", "pass"], env=env, stdin=subprocess.DEVNULL,
+        subprocess.run([*argv, "-c", "pass"], env=env, stdin=subprocess.DEVNULL,
                        capture_output=True, timeout=30)
         return sorted(m.name for m in home.glob("ran-*"))
 
-    assert ran(interpreter[:1]) == ["ran-pth", "ran-sitecustomize", "ran-startup",
-                                   "ran-usercustomize"]
+    assert ran(interpreter[:1]) == ["ran-pth", "ran-sitecustomize", "ran-usercustomize"]
     assert ran(interpreter) == []
