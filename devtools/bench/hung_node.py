@@ -1,0 +1,169 @@
+"""A fleet node that hangs behind the load balancer (issue #36): N agents racing a
+connect with no answer by one second dial, and N that never do (the behaviour before),
+side by side on the same two-node cluster (devtools/cluster.py) in the same run. One
+node is frozen with SIGSTOP; for each agent it served, the time from the freeze to its
+first connection accepted by the healthy node."""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from devtools.cluster import Cluster
+from devtools.harness import REPO, agent_config, terminate, wait_for
+from devtools.netns import NetNS
+
+MODES = {"race": (), "no-race": ("--no-race",)}
+LABELS = {"race": "edge-agent: one second dial after max(1 s, 3x the learnt handshake)",
+          "no-race": "edge-agent without the race (before): the bound's 4 s floor"}
+
+
+@dataclass
+class Trial:
+    freeze_at: float = 0.0
+    # mode -> seconds from the freeze to the healthy node's accepting each agent the
+    # frozen node served (None: not back by the end)
+    back_s: dict = field(default_factory=dict)
+    # mode -> agents whose new connection found the frozen node (a race begun, or a
+    # connect abandoned for no answer)
+    landed: dict = field(default_factory=dict)
+    error: str = ""
+
+
+def _devices(node) -> dict:
+    return node.admin("/admin/devices")
+
+
+def trial(work: Path, agents: int = 10, hb: float = 2.0, ack: float = 1.0,
+          backoff_base_s: float = 0.5, check_inter_s: float = 1.0, fall: int = 2,
+          take_out_after_s: float | None = None, settle_s: float = 15.0) -> Trial:
+    """One freeze, both modes at once. Runs in a network namespace of its own.
+    ``take_out_after_s``: no health check; the balancer takes the frozen node out this
+    long after the freeze."""
+    work.mkdir(parents=True, exist_ok=True)
+    t = Trial()
+    with NetNS():
+        cluster = Cluster(work / "cluster", fall=fall, check_inter_s=(
+            None if take_out_after_s is not None else check_inter_s)).start()
+        taker = None
+        procs = []
+        try:
+            node = cluster.nodes[0]
+            cfg = agent_config(node, work, server={"url": cluster.url, "connect_timeout_s": 10.0},
+                               link={"heartbeat_interval_s": hb, "ack_timeout_s": ack,
+                                     "stable_after_s": 60.0,
+                                     "backoff": {"base_s": backoff_base_s, "cap_s": 4.0}},
+                               log={"level": "info"})
+            log = open(work / "clients.log", "ab")
+
+            def online(count):
+                seen = {k for n in cluster.nodes for k, d in _devices(n).items() if d["online"]}
+                return len(seen) >= count
+            # one kind after the other: started together, round robin would put every
+            # agent of one kind on the same node
+            for started, (mode, extra) in enumerate(MODES.items(), 1):
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "devtools.storm_client", "--config", str(cfg),
+                     "--first", "0", "--count", str(agents), "--ramp-s", str(hb),
+                     "--prefix", f"{mode}-", "--log-level", "info", *extra],
+                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+                wait_for(lambda: online(started * agents), 60, interval=0.25,
+                         what=f"{started * agents} agents online")
+            # several heartbeats learnt on every link, and each connect's handshake
+            time.sleep(2 * hb)
+            served = [k for k, d in _devices(cluster.nodes[0]).items() if d["online"]]
+            t.freeze_at = time.time()
+            cluster.freeze(0)
+            if take_out_after_s is not None:
+                taker = threading.Timer(take_out_after_s, cluster.take_out, (0,))
+                taker.start()
+            healthy = cluster.nodes[1]
+
+            def back():
+                devs = _devices(healthy)
+                found = {}
+                for k in served:
+                    after = [c for c in devs.get(k, {}).get("connect_times", [])
+                             if c > t.freeze_at]
+                    found[k] = round(min(after) - t.freeze_at, 2) if after else None
+                return found
+            deadline = time.monotonic() + settle_s
+            found = back()
+            while None in found.values() and time.monotonic() < deadline:
+                time.sleep(0.25)
+                found = back()
+            for mode in MODES:
+                t.back_s[mode] = {k: v for k, v in sorted(found.items())
+                                  if k.rsplit("-", 1)[0] == mode}
+            t.landed = _landed(work / "clients.log", t.freeze_at)
+        except Exception as e:
+            t.error = str(e)[:300]
+        finally:
+            if taker is not None:
+                taker.cancel()
+            for p in procs:
+                terminate(p, 5)
+            cluster.stop()
+    return t
+
+
+def _landed(log: Path, after: float) -> dict:
+    """mode -> device ids whose connect found the frozen node, from the clients' log."""
+    found: dict = {mode: set() for mode in MODES}
+    for line in log.read_text(errors="replace").splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 4 or not ("racing a second dial" in parts[3]
+                                  or "failed (no-answer" in parts[3]):
+            continue
+        try:
+            at = datetime.strptime(f"{parts[0]} {parts[1]}", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        mode = parts[2].rsplit("-", 1)[0]
+        if at >= after and mode in found:
+            found[mode].add(parts[2])
+    return {mode: sorted(ids) for mode, ids in found.items()}
+
+
+def summarize(trials: list[Trial], mode: str) -> dict:
+    values = [v for t in trials for v in t.back_s.get(mode, {}).values()]
+    done = [v for v in values if v is not None]
+    return {"agents": len(values), "back": len(done),
+            "median": round(statistics.median(done), 2) if done else None,
+            "max": max(done) if done else None,
+            "over_4s": sum(1 for v in done if v > 4.0)}
+
+
+def compare(trials: int, work: Path) -> list[Trial]:
+    return [trial(work / f"hung-{n}") for n in range(trials)]
+
+
+def section(trials: list[Trial]) -> list[str]:
+    lines = ["## Hung fleet node behind a load balancer", "",
+             "Two reference fleet servers behind haproxy (round robin, HTTP health check on",
+             "/healthz every 1 s, out after 2 failures); 10 agents of each kind connect",
+             "through it, heartbeat 2 s, ACK 1 s, backoff from 0.5 s. One node is frozen",
+             "(SIGSTOP): its kernel still completes TCP handshakes. Time from the freeze to",
+             "the healthy node's accepting each agent the frozen node served.", "",
+             "| agents | trials | served by the frozen node | median s | max s | back after more than 4 s |",
+             "|---|---|---|---|---|---|"]
+    for mode in MODES:
+        s = summarize(trials, mode)
+        lines.append(f"| {LABELS[mode]} | {len(trials)} | {s['back']}/{s['agents']} | "
+                     f"{s['median']} | {s['max']} | {s['over_4s']} |")
+    errors = [f"- trial {n}: {t.error}" for n, t in enumerate(trials) if t.error]
+    return lines + (["", "Errors:", *errors] if errors else [])
+
+
+if __name__ == "__main__":
+    import json
+    import os
+    ts = compare(int(sys.argv[1]) if len(sys.argv) > 1 else 1,
+                 Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-agent-hung-{os.getpid()}")
+    print("\n".join(section(ts)))
+    print(json.dumps([t.__dict__ for t in ts]))

@@ -1,0 +1,102 @@
+"""A two-node fleet behind a load balancer, from real parts: two reference fleet
+servers and haproxy (Debian's) in front of them, balancing round robin with an HTTP
+health check on /healthz, as a fleet is commonly run. Loopback only; the caller owns
+the network namespace.
+
+A node is frozen with SIGSTOP (a VM paused, a process stuck): its kernel still
+completes the TCP handshakes for its listening socket, so to the balancer's TCP layer
+it looks alive until the health check, which wants an HTTP answer, fails it.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from devtools.harness import FleetServerProcess, terminate, wait_for
+from devtools.site import free_port, listening
+
+
+class Cluster:
+    """``check_inter_s`` x ``fall``: about how long a frozen node keeps getting new
+    connections before the balancer takes it out. ``check_inter_s=None``: no health
+    check; take_out() is its verdict, at a moment the caller chooses."""
+
+    def __init__(self, work: Path, *server_args: str, nodes: int = 2,
+                 check_inter_s: float | None = 1.0, fall: int = 2, rise: int = 2):
+        assert shutil.which("haproxy"), "haproxy is needed (scripts/_env.sh installs it)"
+        self.work = work
+        work.mkdir(parents=True, exist_ok=True)
+        self.nodes: list[FleetServerProcess] = []
+        for n in range(nodes):
+            node_dir = work / f"node-{n}"
+            node_dir.mkdir(exist_ok=True)
+            self.nodes.append(FleetServerProcess(node_dir, "--accept-any", *server_args))
+        self.check = (check_inter_s, fall, rise)
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Cluster":
+        for node in self.nodes:
+            node.start()
+        self.port = free_port()
+        inter_s, fall, rise = self.check
+        inter_ms = int((inter_s or 1.0) * 1000)
+        check = f" check inter {inter_ms} fall {fall} rise {rise}" if inter_s else ""
+        servers = "\n".join(f"    server node{n} 127.0.0.1:{node.port}{check}"
+                            for n, node in enumerate(self.nodes))
+        self.admin_socket = self.work / "haproxy.sock"
+        cfg = self.work / "haproxy.cfg"
+        cfg.write_text(f"""global
+    maxconn 4096
+    stats socket {self.admin_socket} level admin
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    # a websocket, once upgraded, is a tunnel: its own idle bound
+    timeout tunnel 1h
+    timeout check {max(100, inter_ms // 2)}ms
+frontend fleet
+    bind 127.0.0.1:{self.port}
+    default_backend nodes
+backend nodes
+    balance roundrobin
+    option httpchk GET /healthz
+{servers}
+""")
+        self.log = open(self.work / "haproxy.log", "ab")
+        self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        wait_for(lambda: listening(self.port), 10, what="haproxy to listen")
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def freeze(self, n: int) -> None:
+        self.nodes[n].proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self, n: int) -> None:
+        self.nodes[n].proc.send_signal(signal.SIGCONT)
+
+    def take_out(self, n: int) -> None:
+        """The balancer sends no new connection to node ``n`` (what a failed health
+        check does), through its admin socket."""
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(str(self.admin_socket))
+            s.sendall(f"disable server nodes/node{n}\n".encode())
+            s.recv(4096)
+
+    def stop(self) -> None:
+        for n in range(len(self.nodes)):
+            if self.nodes[n].proc is not None and self.nodes[n].proc.poll() is None:
+                self.thaw(n)   # a stopped process cannot act on SIGTERM
+        terminate(self.proc, 5)
+        for node in self.nodes:
+            node.stop()
