@@ -14,7 +14,7 @@ from pathlib import Path
 
 from devtools.harness import REPO
 
-from . import faults as F, footprint as FP, idle_reap as IR, netback as NB, silent_drop as SD, storm as ST, timeline
+from . import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, silent_drop as SD, storm as ST, timeline
 from .common import ACK_DEFAULT, HB_DEFAULT
 from .uploads import upload_queue, uploads_section
 
@@ -202,6 +202,8 @@ def main(argv=None) -> int:
             ("netback", NB.compare, nb_trials, outage_s, work),
             ("footprint", FP.measure, fp_window, work / "footprint", fp_warmup),
             ("idle_reap", IR.compare, 150.0 if quick else 600.0, work)]
+    if not quick:   # about 20 s a trial: the full run's
+        jobs.append(("hung", HN.compare, 3, work / "hung"))
     threads = [threading.Thread(target=job, args=j) for j in jobs]
     for t in threads:
         t.start()
@@ -233,7 +235,7 @@ def main(argv=None) -> int:
     sections = [("silent", silent_section), ("faults", fault_section),
                 ("netback", lambda r: netback_section(r, outage_s)),
                 ("storm", None), ("footprint", footprint_section), ("uploads", uploads_section),
-                ("idle_reap", IR.section)]
+                ("idle_reap", IR.section)] + ([] if quick else [("hung", HN.section)])
     for key, fn in sections:
         if key == "storm":
             storms = [res.get(f"storm-{m}") for m in modes]
