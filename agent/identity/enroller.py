@@ -18,7 +18,7 @@ import requests
 import urllib3
 
 from ..clock import SystemClock
-from ..egress import Egress
+from ..egress import Egress, HostileAnswer, deadline, read_capped
 from ..fsutil import atomic_write, read_json
 from ..hardware import hardware_facts
 from ..loop import Loop
@@ -159,7 +159,7 @@ class Enroller:
             log.info("pairing code expired or used elsewhere; requesting a new one")
             self.core.on_code_gone(now())
         except (BadAnswer, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
-            why = str(e) if isinstance(e, BadAnswer) else type(e).__name__
+            why = str(e) if isinstance(e, (BadAnswer, HostileAnswer)) else type(e).__name__
             delay = self.core.on_error(now(), why)
             log.warning("enrollment: %s; retrying in %.0fs", why, delay)
         finally:
@@ -196,12 +196,14 @@ class Enroller:
         raise BadAnswer(f"enroll status {str(status)[:40]!r}")
 
     def _call(self, method: str, path: str, **kw) -> dict:
-        r = self.session.request(method, self.base + path, timeout=TIMEOUT,
-                                 allow_redirects=False, stream=True, **kw)
-        try:
-            raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
-        finally:
-            r.close()
+        # one bound from the first byte to the last: a trickled answer ends with it
+        with deadline(sum(TIMEOUT)):
+            r = self.session.request(method, self.base + path, timeout=TIMEOUT,
+                                     allow_redirects=False, stream=True, **kw)
+            try:
+                raw = read_capped(r, MAX_ANSWER_BYTES)
+            finally:
+                r.close()
         if r.status_code in (404, 410):
             raise CodeGone()
         if 300 <= r.status_code < 400:

@@ -21,7 +21,7 @@ import re
 import requests
 import urllib3
 
-from ..egress import Egress
+from ..egress import Egress, HostileAnswer, deadline, read_capped
 from ..identity.rules import token_problem, usable_device_id
 from .schedule import AUTH, OK, PERMANENT, TRANSIENT, UNREACHABLE, Outcome, classify
 from .store import Item
@@ -104,14 +104,17 @@ class UploadSender:
 
     def _post(self, url: str, headers: dict, body: bytes):
         try:
-            r = self.session.post(url, data=body, headers=headers, timeout=TIMEOUT,
-                                  allow_redirects=False, stream=True)
-            raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True) if r.raw else b""
-            r.close()
+            # one bound from the first byte to the last: a trickled answer ends with it
+            with deadline(sum(TIMEOUT)):
+                r = self.session.post(url, data=body, headers=headers, timeout=TIMEOUT,
+                                      allow_redirects=False, stream=True)
+                raw = read_capped(r, MAX_ANSWER_BYTES)
+                r.close()
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             # r.raw.read() raises urllib3's own errors (ReadTimeoutError, ProtocolError,
             # DecodeError), which are not RequestExceptions
-            return classify(None, error=f"{type(e).__name__}"), None
+            why = f"{type(e).__name__}: {e}" if isinstance(e, HostileAnswer) else type(e).__name__
+            return classify(None, error=why), None
         outcome = classify(r.status_code, r.headers.get("Retry-After"))
         try:
             parsed = json.loads(raw) if raw and len(raw) <= MAX_ANSWER_BYTES else None

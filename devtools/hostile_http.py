@@ -1,0 +1,176 @@
+"""A fleet server gone bad, for the HTTP readers: answers that decompress to gigabytes,
+and headers trickled a byte at a time. Plus a driver that runs one of the agent's HTTP
+readers against it in a process of its own, under a memory bound, so the test can run
+it under each Python stack the agent ships on (Debian 12's urllib3 1.26, current 2.x).
+
+    python -m devtools.hostile_http update|upload|enroll URL HEADROOM_MB BOUND_S
+
+prints one JSON line: what the reader said, how long it took, its peak RSS growth.
+"""
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import socket
+import sys
+import threading
+import time
+import zlib
+
+
+def gzip_bomb(decoded: int, layers: int = 2) -> bytes:
+    """``decoded`` zero bytes, gzipped ``layers`` times (made in chunks: never in memory)."""
+    def gz(chunks):
+        c = zlib.compressobj(9, zlib.DEFLATED, 31)
+        out = [c.compress(x) for x in chunks]
+        out.append(c.flush())
+        return b"".join(out)
+    body = gz(b"\0" * (1 << 20) for _ in range(decoded >> 20))
+    for _ in range(layers - 1):
+        body = gz([body])
+    return body
+
+
+@contextlib.contextmanager
+def bomb_server(body: bytes, encoding: str):
+    """Every request answered 200 with ``body`` and ``Content-Encoding: encoding``,
+    whatever the client asked for."""
+    class Bomb(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            if n:
+                self.rfile.read(n)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Encoding", encoding)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bomb)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@contextlib.contextmanager
+def trickle_server(every_s: float = 0.2):
+    """A raw socket server that accepts, reads the request, and sends its status line and
+    headers one byte per ``every_s``, for ever: every read of the client is answered well
+    within any read timeout, and the headers never end."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    stop = threading.Event()
+
+    def serve(conn):
+        with conn:
+            conn.settimeout(1.0)
+            with contextlib.suppress(OSError):
+                conn.recv(65536)
+            head = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 100000
+            for b in head:
+                if stop.wait(every_s):
+                    return
+                try:
+                    conn.sendall(bytes([b]))
+                except OSError:
+                    return
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{lsock.getsockname()[1]}"
+    finally:
+        stop.set()
+        lsock.close()
+
+
+# -- the driver, run under the stack being tested -------------------------------------
+def _vm_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _rss_kb() -> int:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def main(argv) -> int:
+    import base64
+    import resource
+    import tempfile
+
+    target, url, headroom_mb, bound_s = argv[0], argv[1], int(argv[2]), float(argv[3])
+    from agent.egress import Egress
+    from agent.identity import enroller as enroller_mod
+    from agent.update import rules
+    from agent.update import service as service_mod
+    from agent.uploads import sender as sender_mod
+
+    # the bounds this run is about, short
+    service_mod.DOWNLOAD_LIMIT_S = bound_s
+    sender_mod.TIMEOUT = (bound_s / 3, bound_s * 2 / 3)
+    enroller_mod.TIMEOUT = (bound_s / 3, bound_s * 2 / 3)
+    tmp = tempfile.mkdtemp()
+    if target == "update":
+        u = service_mod.Updater(url, Egress(), tmp, bound_s, settled=lambda *a: None,
+                                root_dir=tmp)
+        import os
+        os.makedirs(u.staging, exist_ok=True)
+        order = rules.order({"version": "9.9.9-1", "url": "/releases/x.deb", "size": 100_000,
+                             "sha256": "a" * 64, "signature": base64.b64encode(b"s").decode()})
+        call = lambda: u._download(order, url + "/releases/x.deb")   # noqa: E731
+    elif target == "upload":
+        s = sender_mod.UploadSender(url, ("dev1", "tok"), Egress())
+        call = lambda: s._post(url + "/api/v1/devices/dev1/uploads",   # noqa: E731
+                               {"Content-Type": "application/json"}, b"{}")
+    elif target == "enroll":
+        e = enroller_mod.Enroller(url, "dev1", tmp, Egress())
+        call = lambda: e._call("POST", "/api/v1/enroll", json={})   # noqa: E731
+    else:
+        raise SystemExit(f"unknown target {target}")
+    # the unit's memory bound, as address space over what the process has now
+    limit = (_vm_kb() << 10) + (headroom_mb << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    rss0, t0 = _rss_kb(), time.monotonic()
+    try:
+        out = {"returned": repr(call())[:300]}
+    except BaseException as e:   # MemoryError included: that is what is measured
+        out = {"raised": type(e).__name__, "text": str(e)[:300]}
+    out["took_s"] = round(time.monotonic() - t0, 2)
+    out["rss_growth_mb"] = round((_rss_kb() - rss0) / 1024, 1)
+    import urllib3
+    out["urllib3"] = urllib3.__version__
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
