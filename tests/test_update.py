@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.commands.core import CommandCore
-from agent.egress import Egress
+from agent.egress import Egress, fleet_url
 from agent.update import rules
 from agent.update.service import NotStaged, Updater
 from agent.update.signature import SignatureError, verify
@@ -62,11 +62,18 @@ def test_an_order_is_an_update_command_the_core_checks_and_the_allow_list_gates(
 
 def test_the_package_comes_from_the_fleet_server_and_nowhere_else():
     server = "https://fleet.example:8443/"
-    assert rules.package_url("/releases/a.deb", server) == "https://fleet.example:8443/releases/a.deb"
+    assert fleet_url("/releases/a.deb", server) == "https://fleet.example:8443/releases/a.deb"
+    assert fleet_url("https://FLEET.example:8443/a.deb", server) \
+        == "https://fleet.example:8443/a.deb"
     for elsewhere in ("https://evil.example/a.deb", "http://fleet.example:8443/a.deb",
-                      "https://fleet.example/a.deb", "//evil.example/a.deb", "file:///etc/shadow"):
-        with pytest.raises(ValueError):
-            rules.package_url(elsewhere, server)
+                      "https://fleet.example/a.deb", "//evil.example/a.deb", "file:///etc/shadow",
+                      # two parsers, two hosts: urllib3 (which connects) reads evil.example
+                      "https://evil.example:8443\\@fleet.example:8443/a.deb",
+                      "https://user:pw@fleet.example:8443/a.deb", "https://@fleet.example:8443/a",
+                      "/a b.deb", "\\\\evil.example\\a.deb", "releases/a.deb"):
+        with pytest.raises(ValueError) as e:
+            fleet_url(elsewhere, server)
+        assert str(e.value).startswith("url: ")
 
 
 def test_what_stops_an_order_here():

@@ -16,7 +16,6 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
 
 PACKAGE = "edge-agent"
 MAX_PACKAGE_BYTES = 64 << 20
@@ -98,18 +97,6 @@ def order(args: dict) -> Order:
     clean = order_args(args)
     return Order(clean["version"], clean["url"], clean["size"], clean["sha256"],
                  base64.b64decode(clean["signature"]), clean["window_s"], clean["retry"])
-
-
-def package_url(url: str, server_url: str) -> str:
-    """Where to fetch: on the fleet server itself (its scheme, host and port), so a
-    command cannot send the screen anywhere else; ValueError otherwise."""
-    full = urljoin(server_url, url)
-    want, got = urlsplit(server_url), urlsplit(full)
-    if got.scheme not in ("http", "https"):
-        raise ValueError("url: http or https only")
-    if (got.scheme, got.hostname, got.port) != (want.scheme, want.hostname, want.port):
-        raise ValueError("url: not on the fleet server this screen is linked to")
-    return full
 
 
 def space_needed(size: int) -> int:

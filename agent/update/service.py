@@ -17,14 +17,15 @@ import json
 import logging
 import os
 import random
-import socket
 import subprocess
 import threading
 import time
 from typing import Callable
 
 import requests
+import urllib3
 
+from ..egress import HostileAnswer, body_chunks, deadline, fleet_url
 from ..fsutil import atomic_write, read_json
 from . import records, rules
 from .signature import KEYS_DIR, SignatureError, verify
@@ -40,6 +41,9 @@ POLL_S = 2.0
 # hour); then the command says so rather than run for ever
 OUTCOME_LIMIT_S = 2 * 3600.0   # per phase of the root side's transaction
 CHUNK = 1 << 16
+# a partial download kept for a resend of its order to resume; one older than this at a
+# start is the leftover of an order that never came back, and only takes the card's room
+PART_KEEP_S = 86400.0
 
 # (ok, text) for the command's result
 Settled = Callable[[str, bool, str], None]
@@ -115,6 +119,7 @@ class Updater:
         the root side still has it (followed from here, and settled later)."""
         found: dict[str, tuple[bool, str] | None] = {}
         self.installed = installed_version()
+        self._drop_stale_parts()
         history = self.history()
         for cid in ids:
             entry = rules.outcome_of(cid, history)
@@ -135,7 +140,7 @@ class Updater:
         then the rest goes on in a thread of its own."""
         order = rules.order(args)
         try:
-            url = rules.package_url(order.url, self.server_url)
+            url = fleet_url(order.url, self.server_url)
         except ValueError as e:
             raise NotStaged(str(e)) from None
         os.makedirs(self.staging, 0o700, exist_ok=True)
@@ -195,6 +200,7 @@ class Updater:
         for attempt in range(DOWNLOAD_TRIES):
             if attempt and self._stopping.wait(min(30.0, 2.0 ** attempt)):
                 raise NotStaged("the agent is stopping")
+            bound = None
             try:
                 have = os.path.getsize(part) if os.path.exists(part) else 0
                 if have > order.size:
@@ -203,10 +209,12 @@ class Updater:
                 if have == order.size:
                     break
                 headers = {"Range": f"bytes={have}-"} if have else {}
-                # never redirected: the package comes from the fleet server or not at all
-                with session.get(url, headers=headers, stream=True, allow_redirects=False,
-                                 timeout=(self.connect_timeout_s, 30.0)) as r, \
-                        _closed_at(give_up, r):
+                # never redirected: the package comes from the fleet server or not at all;
+                # the download's bound covers each attempt from its first byte (a server
+                # trickling its headers included), not only the body
+                with deadline(max(0.001, give_up - time.monotonic())) as bound, \
+                        session.get(url, headers=headers, stream=True, allow_redirects=False,
+                                    timeout=(self.connect_timeout_s, 30.0)) as r:
                     if 300 <= r.status_code < 400:
                         raise NotStaged(f"download refused: the server redirected it "
                                         f"({r.status_code}); a package is fetched from the "
@@ -218,24 +226,16 @@ class Updater:
                         if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
                             raise NotStaged(f"download refused: {problem}")
                         continue
-                    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 0o600)
-                    with os.fdopen(fd, "wb") as f:
-                        f.seek(have)
-                        f.truncate()
-                        for chunk in r.iter_content(CHUNK):
-                            have += len(chunk)
-                            if have > order.size:
-                                raise NotStaged(f"the package is larger than the order's "
-                                                f"{order.size} bytes")
-                            f.write(chunk)
-                        f.flush()
-                        os.fsync(f.fileno())
+                    have = self._write_part(part, have, order, body_chunks(r, CHUNK))
                 if have == order.size:
                     break
                 problem = f"the download stopped at {have} of {order.size} bytes"
-            except requests.RequestException as e:
-                problem = f"{type(e).__name__}"
+            except HostileAnswer as e:
+                raise NotStaged(f"download refused: {e}") from None
+            except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
+                # the stream raises urllib3's own errors (ProtocolError, ReadTimeoutError)
+                problem = ("cut at the download's bound" if bound is not None and bound.expired
+                           else type(e).__name__)
             except OSError as e:
                 raise NotStaged(f"cannot write {part}: {e.strerror}") from None
             if time.monotonic() >= give_up:
@@ -252,6 +252,49 @@ class Updater:
             os.unlink(part)
             raise NotStaged("refused: the package's SHA-256 is not the order's")
         return part
+
+    @staticmethod
+    def _write_part(part: str, have: int, order: rules.Order, chunks) -> int:
+        """The body appended to the partial file at ``have``: the bytes it now holds. A
+        body longer than the order's size, or a card that cannot take it (full, failing),
+        ends the order and leaves nothing on the card: what was written is of no use."""
+        try:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.seek(have)
+                f.truncate()
+                for chunk in chunks:
+                    have += len(chunk)
+                    if have > order.size:
+                        raise NotStaged(f"the package is larger than the order's "
+                                        f"{order.size} bytes")
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+        except NotStaged:
+            _unlink(part)
+            raise
+        except requests.RequestException:
+            raise   # (an OSError too) the network's: what arrived is kept, to resume
+        except OSError as e:
+            _unlink(part)
+            raise NotStaged(f"cannot write {part}: {e.strerror}") from None
+        return have
+
+    def _drop_stale_parts(self) -> None:
+        """At start: partial downloads no order came back for within PART_KEEP_S."""
+        try:
+            names = os.listdir(self.staging)
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.staging, name)
+            try:
+                if name.endswith(".part") and \
+                        time.time() - os.lstat(path).st_mtime > PART_KEEP_S:
+                    os.unlink(path)
+            except OSError:
+                pass
 
     def _stage(self, cid: str, order: rules.Order, path: str) -> None:
         """Package and signature first, the order last: the root side acts on an order
@@ -349,25 +392,6 @@ class Updater:
         self._stopping.set()
 
 
-@contextlib.contextmanager
-def _closed_at(deadline: float, response):
-    """Shuts the response's socket at ``deadline`` from a timer: a read that a trickle
-    keeps alive (a few bytes within every read timeout) ends then, with an error.
-    (Closing it would not wake a read blocked in another thread; a shutdown does.)"""
-    # http.client's response reads from a SocketIO over the socket (urllib3 1.26, 2.x)
-    fp = getattr(getattr(response.raw, "_fp", None), "fp", None)
-    sock = getattr(getattr(fp, "raw", None), "_sock", None)
-
-    def cut():
-        try:
-            sock.shutdown(socket.SHUT_RDWR) if sock is not None else response.close()
-        except OSError:
-            pass
-
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
