@@ -108,3 +108,101 @@ def test_an_order_url_two_parsers_read_differently_sends_the_screen_nowhere(tmp_
     finally:
         other.shutdown()
         other.server_close()
+
+
+# -- nothing left on the card by a failed download -------------------------------------
+def _package_server(body: bytes):
+    import http.server
+    import threading
+
+    class Package(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Package)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def _order(size: int):
+    import base64
+
+    from agent.update import rules
+    return rules.order({"version": "9.9.9-1", "url": "/x.deb", "size": size,
+                        "sha256": "b" * 64, "signature": base64.b64encode(b"s").decode()})
+
+
+@pytest.fixture
+def small_card(tmp_path):
+    """A real 1 MiB file system for the state directory: a card that fills up."""
+    mnt = tmp_path / "card"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)],
+                   check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _updater(url, state, tmp_path):
+    from agent.egress import Egress
+    from agent.update.service import Updater
+    u = Updater(url, Egress(), str(state), 2.0, settled=lambda *a: None,
+                root_dir=str(tmp_path))
+    os.makedirs(u.staging, exist_ok=True)
+    return u
+
+
+def test_a_download_the_card_cannot_take_leaves_nothing_on_it(small_card, tmp_path):
+    """Before: the .part stayed, filling the card (0 KiB free afterwards)."""
+    from agent.update.service import NotStaged
+    httpd = _package_server(os.urandom(3 << 20))
+    try:
+        u = _updater(f"http://127.0.0.1:{httpd.server_port}", small_card, tmp_path)
+        with pytest.raises(NotStaged) as e:
+            u._download(_order(3 << 20), f"http://127.0.0.1:{httpd.server_port}/x.deb")
+        assert "No space left" in str(e.value)
+        assert os.listdir(u.staging) == []
+        assert os.statvfs(small_card).f_bfree > 200
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_body_longer_than_the_order_leaves_nothing_on_the_card(tmp_path):
+    from agent.update.service import NotStaged
+    httpd = _package_server(os.urandom(300_000))
+    try:
+        u = _updater(f"http://127.0.0.1:{httpd.server_port}", tmp_path / "state", tmp_path)
+        with pytest.raises(NotStaged) as e:
+            u._download(_order(100_000), f"http://127.0.0.1:{httpd.server_port}/x.deb")
+        assert "larger than the order" in str(e.value)
+        assert os.listdir(u.staging) == []
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_partial_download_no_order_came_back_for_is_cleaned_at_start(tmp_path):
+    import time
+
+    from agent.update import service
+    u = _updater("http://127.0.0.1:9", tmp_path / "state", tmp_path)
+    old, fresh = (os.path.join(u.staging, f"{c * 64}.part") for c in "cd")
+    for path in (old, fresh):
+        with open(path, "wb") as f:
+            f.write(b"x" * 1000)
+    two_days = time.time() - 2 * service.PART_KEEP_S
+    os.utime(old, (two_days, two_days))
+    u.recover([])
+    assert sorted(os.listdir(u.staging)) == [os.path.basename(fresh)]   # resumable still
