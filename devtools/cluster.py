@@ -1,7 +1,8 @@
 """A two-node fleet behind a load balancer, from real parts: two reference fleet
-servers and haproxy (Debian's) in front of them, balancing round robin with an HTTP
-health check on /healthz, as a fleet is commonly run. Loopback only; the caller owns
-the network namespace.
+servers sharing their Socket.IO emits through Redis (python-socketio's Redis adapter,
+Debian's redis-server) and haproxy (Debian's) in front of them, balancing round robin
+with an HTTP health check on /healthz, as a fleet is commonly run. Loopback only; the
+caller owns the network namespace.
 
 A node is frozen with SIGSTOP (a VM paused, a process stuck): its kernel still
 completes the TCP handshakes for its listening socket, so to the balancer's TCP layer
@@ -25,20 +26,33 @@ class Cluster:
     check; take_out() is its verdict, at a moment the caller chooses."""
 
     def __init__(self, work: Path, *server_args: str, nodes: int = 2,
-                 check_inter_s: float | None = 1.0, fall: int = 2, rise: int = 2):
-        assert shutil.which("haproxy"), "haproxy is needed (scripts/_env.sh installs it)"
+                 check_inter_s: float | None = 1.0, fall: int = 2, rise: int = 2,
+                 redis: bool = True):
+        for tool in ("haproxy", "redis-server") if redis else ("haproxy",):
+            assert shutil.which(tool), f"{tool} is needed (scripts/_env.sh installs it)"
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
+        self.redis_port = free_port() if redis else None
+        self.redis: subprocess.Popen | None = None
+        shared = ("--redis", f"redis://127.0.0.1:{self.redis_port}/0") if redis else ()
         self.nodes: list[FleetServerProcess] = []
         for n in range(nodes):
             node_dir = work / f"node-{n}"
             node_dir.mkdir(exist_ok=True)
-            self.nodes.append(FleetServerProcess(node_dir, "--accept-any", *server_args))
+            self.nodes.append(FleetServerProcess(node_dir, "--accept-any", *shared,
+                                                 *server_args))
         self.check = (check_inter_s, fall, rise)
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Cluster":
+        if self.redis_port is not None:
+            # in memory only, nothing written: the nodes' pub/sub, no more
+            self.redis = subprocess.Popen(
+                ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", str(self.work)],
+                stdout=open(self.work / "redis.log", "ab"), stderr=subprocess.STDOUT)
+            wait_for(lambda: listening(self.redis_port), 10, what="redis-server to listen")
         for node in self.nodes:
             node.start()
         self.port = free_port()
@@ -100,3 +114,4 @@ backend nodes
         terminate(self.proc, 5)
         for node in self.nodes:
             node.stop()
+        terminate(self.redis, 5)

@@ -37,6 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--reconnect-window", type=float, default=0.0, metavar="SECONDS",
                    help="tell devices to spread their reconnects over this long after "
                         "losing this server (server:reconnect-window)")
+    p.add_argument("--redis", metavar="URL",
+                   help="run as one node of a cluster: Socket.IO emits go through this Redis "
+                        "(redis://127.0.0.1:6379/0) to whichever node holds the device")
     p.add_argument("--ack-mode", default="ok", choices=["ok", "none", "wrong-seq", "garbage"],
                    help="how heartbeats are answered; none is an old server")
     args = p.parse_args(argv)
@@ -55,7 +58,8 @@ async def serve(args, tokens) -> None:
                          behaviour=Behaviour(ack_mode=args.ack_mode, ack_delay_s=args.ack_delay,
                                              connect_delay_s=args.connect_delay,
                                              heartbeat_timeout_s=args.heartbeat_timeout,
-                                             reconnect_window_s=args.reconnect_window))
+                                             reconnect_window_s=args.reconnect_window),
+                         redis_url=args.redis)
     await serve_until_stopped(
         server.app, args.host, args.port, args.port_file,
         lambda port: logging.getLogger("fleet_server").info(

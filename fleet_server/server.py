@@ -31,7 +31,10 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 class FleetServer:
     def __init__(self, tokens: dict[str, str] | None = None, accept_any: bool = False,
                  ping_interval: float = 25, ping_timeout: float = 20,
-                 behaviour: Behaviour | None = None, profile: str = "edge-agent"):
+                 behaviour: Behaviour | None = None, profile: str = "edge-agent",
+                 redis_url: str | None = None):
+        """``redis_url``: one node of a cluster, its Socket.IO emits shared with the
+        other nodes through Redis (the Redis adapter, as a fleet of several nodes runs)."""
         self.behaviour = behaviour or Behaviour()
         self.profile = profile
         self.registry = Registry(tokens, accept_any)
@@ -42,7 +45,9 @@ class FleetServer:
         self.sio = socketio.AsyncServer(async_mode="aiohttp", ping_interval=ping_interval,
                                         ping_timeout=ping_timeout,
                                         max_http_buffer_size=MAX_PAYLOAD_BYTES,
-                                        cors_allowed_origins=[])
+                                        cors_allowed_origins=[],
+                                        client_manager=(socketio.AsyncRedisManager(redis_url)
+                                                        if redis_url else None))
         self.app = web.Application(client_max_size=MAX_UPLOAD_BYTES)
         self.sio.attach(self.app)
         self.commands = Commands(self.sio, self.behaviour, self.registry)

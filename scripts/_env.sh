@@ -15,10 +15,12 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # C++ toolchain with python3 for better-sqlite3, which npm builds from source), and a
 # TLS-inspecting box in front of the server (socat, its certificates made by openssl),
 # and signed releases for the self-update (gnupg to sign, gpgv to check); working
-# hours' X11 recipe on a real X server (Xvfb, xset).
+# hours' X11 recipe on a real X server (Xvfb, xset); a fleet of two nodes behind a load
+# balancer, one of them hung (haproxy; redis-server shares the nodes' Socket.IO emits).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
-           build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils)
+           build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
+           haproxy redis-server)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)
