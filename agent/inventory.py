@@ -370,7 +370,7 @@ def _filesystems(sysfs_root: str) -> list[dict]:
 def collect(sysfs_root: str = "/sys", proc_root: str = "/proc", etc_root: str = "/etc",
             run: Runner = run_command) -> dict:
     """The inventory; the roots and the runner are there for tests. Never raises."""
-    return {
+    return _cleaned({
         "network": _network(sysfs_root, proc_root, run),
         "os": _os_release(etc_root),
         "kernel": _present({"release": _text(os.path.join(proc_root, "sys/kernel/osrelease")),
@@ -379,7 +379,18 @@ def collect(sysfs_root: str = "/sys", proc_root: str = "/proc", etc_root: str = 
         "displays": _displays(sysfs_root),
         "storage": _storage(sysfs_root),
         "filesystems": _filesystems(sysfs_root),
-    }
+    })
+
+
+def _cleaned(value):
+    """Every string in it printable, whatever read it: the one pass over what is sent, so
+    a field added later (or a name the kernel took with control characters in it, as an
+    interface's) cannot reach the server uncleaned."""
+    if isinstance(value, dict):
+        return {_clean(k, 256): _cleaned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    return _clean(value, 256) if isinstance(value, str) else value
 
 
 def digest(inv: dict) -> str:

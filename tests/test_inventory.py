@@ -433,3 +433,28 @@ def test_the_agent_sends_its_inventory_to_the_server(netns, fleet, spawn_agent, 
     [event] = wait_for(sent, 15, what="device.inventory at the server")
     assert event["inventory"]["displays"][0]["name"] == "DELL U2415"
     assert event["inventory"]["kernel"]["release"] and len(event["digest"]) == 64
+
+
+def test_every_string_sent_is_cleaned_interface_names_included(tmp_path, monkeypatch):
+    """Before: an interface named with control characters (the kernel takes any byte but
+    '/', ':' and white space) reached the server as named; every other field was cleaned."""
+    hostile = "e\x1b[2Jth\x070\x7f"
+    dumps = {**PI_DUMPS, inventory.RTM_GETLINK: [*PI_DUMPS[inventory.RTM_GETLINK],
+                                                 _link(9, hostile, UP)]}
+    _fake_netlink(monkeypatch, dumps)
+    sysfs, proc, etc = _pi_tree(tmp_path)
+    inv = inventory.collect(sysfs, proc, etc, run=FakeRunner(IW_LINK))
+
+    def strings(value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield k
+                yield from strings(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+        elif isinstance(value, str):
+            yield value
+    assert all(s.isprintable() for s in strings(inv)), [s for s in strings(inv)
+                                                        if not s.isprintable()]
+    assert "e[2Jth0" in [i["name"] for i in inv["network"]["interfaces"]]

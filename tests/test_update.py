@@ -39,6 +39,7 @@ def args(**over):
 # -- the order -------------------------------------------------------------------------
 @pytest.mark.parametrize("field,value", [
     ("version", "latest"), ("version", "1.0; rm -rf /"), ("version", "x" * 80),
+    ("version", "0.2.0-1\n"), ("sha256", "a" * 64 + "\n"),
     ("url", ""), ("url", "/a\nb"), ("size", 0), ("size", rules.MAX_PACKAGE_BYTES + 1),
     ("size", True), ("sha256", "A" * 64), ("sha256", "a" * 63), ("signature", "!!"),
     ("signature", ""), ("signature", base64.b64encode(b"x" * 5000).decode()),

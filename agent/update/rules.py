@@ -26,8 +26,9 @@ SPACE_MARGIN_BYTES = 16 << 20
 MAX_CRASH_RESTARTS = 3            # automatic restarts of the new agent: a crash loop
 HISTORY = 10                      # outcomes the root side keeps
 # Debian policy 5.6.12: [epoch:]upstream[-revision], upstream starting with a digit
-_VERSION = re.compile(r"^(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~-]{0,62}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# whole strings only (fullmatch): "$" also matches before a final newline
+_VERSION = re.compile(r"(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~-]{0,62}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # where the two sides meet: the agent stages in its state directory, the root side
 # keeps its own directory (readable by the agent, writable by root alone)
@@ -64,7 +65,7 @@ def order_args(args: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown argument {sorted(unknown)[0][:40]}")
     version = args.get("version")
-    if not isinstance(version, str) or not _VERSION.match(version):
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
         raise ValueError("version: a Debian version such as 0.2.0-1")
     url = args.get("url")
     if not isinstance(url, str) or not 0 < len(url) <= 512 or not url.isprintable():
@@ -73,7 +74,7 @@ def order_args(args: dict) -> dict:
     if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_PACKAGE_BYTES:
         raise ValueError(f"size: bytes, from 1 to {MAX_PACKAGE_BYTES}")
     sha = args.get("sha256")
-    if not isinstance(sha, str) or not _SHA256.match(sha):
+    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
         raise ValueError("sha256: 64 lower-case hex digits")
     signature = args.get("signature")
     try:
