@@ -38,7 +38,7 @@ from .uploads.link_sender import LinkUploadSender
 from .uploads.sender import UploadSender
 from .uploads.store import QueueRefused, QueueStore, QueueUnavailable
 from .uploads.worker import UploadWorker
-from .watchdog_gate import WatchdogGate
+from .watchdog_gate import OutagePatience, WatchdogGate
 
 log = logging.getLogger("edge_agent")
 
@@ -61,7 +61,12 @@ class Agent:
         self.settings = settings or FleetSettings(config.state_dir, config.fleet_proof_timeout_s)
         self._timers: list[threading.Timer] = []
         self.notifier = Notifier(self.environ)
-        self.gate = WatchdogGate(require_link=config.watchdog_require_link)
+        # the reconnect schedule and the outage's restarts, both across restarts
+        self.schedule = ScheduleStore(config.schedule_path)
+        period = watchdog_period_s(self.environ)
+        patience = (OutagePatience(period, self.schedule.outage_restarts(), time.monotonic())
+                    if period is not None else None)
+        self.gate = WatchdogGate(require_link=config.watchdog_require_link, patience=patience)
         # Every part that needs the state directory reports here when it cannot use it,
         # and the rest runs: the link needs no disk.
         self.storage = StorageHealth(config.state_dir)
@@ -107,7 +112,7 @@ class Agent:
                                  on_turn=self._link_turn, gate=self.gate,
                                  on_link_up=self._link_up, on_refused=self.ids.refused,
                                  identity=self.identity,
-                                 schedule_store=ScheduleStore(config.schedule_path),
+                                 schedule_store=self.schedule,
                                  idle_memory=IdleMemory(config.state_dir),
                                  commands=self.commands,
                                  paused=self.token is None and not self.profile.pairs_in_link)
@@ -444,7 +449,12 @@ class Agent:
         # a screen waiting for its operator to type the code is healthy, not wedged
         # (on screentinker the link is up while it waits, and proves itself)
         enrolling = self.enroller is not None and self.enroller.waiting
-        return self.gate.verdict(time.monotonic(), self.runner.link_live() or enrolling)
+        verdict = self.gate.verdict(time.monotonic(), self.runner.link_live() or enrolling,
+                                    self.runner.outage())
+        if self.gate.restarts_to_keep is not None:
+            self.schedule.keep_outage_restarts(self.gate.restarts_to_keep)
+            self.gate.restarts_to_keep = None
+        return verdict
 
     # -- lifecycle --------------------------------------------------------------
     def _stop(self, why: str) -> None:

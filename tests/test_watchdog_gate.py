@@ -98,3 +98,60 @@ def test_a_loop_is_on_the_gate_from_its_start_and_one_that_keeps_dying_stays_sta
     assert ended.wait(5) and doomed.gave_up and len(deaths) > 1
     assert "doomed" in gate.stalled(3.0), "its pets must stop: systemd starts a fresh process"
     assert not slow.gave_up
+
+
+# -- long outages: each restart in one outage later than the last ---------------------------
+from agent.watchdog_gate import OutagePatience  # noqa: E402
+from devtools.bench.outage_restarts import simulate  # noqa: E402
+
+
+def test_an_eight_hour_outage_costs_a_dozen_restarts_not_ninety_six():
+    ours, before = simulate(patience=True), simulate(patience=False)
+    assert before.restarts >= 90
+    assert ours.restarts <= 12, ours.restart_times_min
+    gaps = [b - a for a, b in zip(ours.restart_times_min, ours.restart_times_min[1:])]
+    assert all(later >= earlier - 0.1 for earlier, later in zip(gaps, gaps[1:])), gaps
+    assert max(gaps) <= 60 + 0.2, gaps   # never more than an hour between tries
+
+
+def test_a_reason_a_fresh_process_may_mend_restarts_every_watchdogsec_as_before():
+    assert simulate(outage=False).restarts == simulate(patience=False).restarts
+
+
+def test_a_wedged_loop_is_restarted_at_once_in_the_middle_of_an_outages_patience():
+    run = simulate(hours=3.0, wedged_at=100 * 60)   # the 4th process waits 40 min
+    after = [t for t in run.restart_times_min if t >= 100]
+    assert after and after[0] <= 100 + 5 + 5 + 2.6, run.restart_times_min
+
+
+def test_a_proven_link_starts_the_count_again():
+    gate = WatchdogGate(require_link=True, patience=OutagePatience(300.0, 3, now=0.0))
+    gate.register("link", 5.0, 0.0)
+    gate.tick("link", 150.0)
+    assert gate.verdict(150.0, link_live=False, outage=True) == (True, "")   # patient
+    gate.tick("link", 151.0)
+    assert gate.verdict(152.0, link_live=True) == (True, "")
+    assert gate.restarts_to_keep == 0
+    gate.restarts_to_keep = None
+    # the next outage begins at the first restart's patience: none
+    gate.tick("link", 160.0)
+    ok, why = gate.verdict(160.0, link_live=False, outage=True)
+    assert not ok and "restart 1" in why and gate.restarts_to_keep == 1
+
+
+def test_the_outages_count_is_kept_across_restarts_of_one_boot_only(tmp_path, monkeypatch):
+    """On tmpfs (the runtime directory, kept across restarts), beside the reconnect
+    schedule, whose writes it does not disturb."""
+    from agent.link import schedule_store
+    from agent.link.schedule_store import ScheduleStore
+    path = str(tmp_path / "schedule.json")
+    first = ScheduleStore(path)
+    first.save(4, 123.5)
+    assert first.outage_restarts() == 0
+    first.keep_outage_restarts(2)
+    after = ScheduleStore(path)
+    assert after.outage_restarts() == 2 and after.load() == (4, 123.5)
+    after.save(5, 130.0)
+    assert ScheduleStore(path).outage_restarts() == 2
+    monkeypatch.setattr(schedule_store, "boot_id", lambda: "another boot")
+    assert ScheduleStore(path).outage_restarts() == 0

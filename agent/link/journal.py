@@ -39,6 +39,12 @@ HTTP_ERROR = "http-error"                    # an HTTP error status instead of t
 NO_ANSWER = "no-answer"                      # connected, then silence: a hung server
 REFUSED = "refused"                          # the server refused the device's credentials
 CONNECT_FAILED = "connect-failed"            # none of the above
+# The network or the server is out: a fresh process mends none of these, so while the
+# link is down for one of them the watchdog's restarts grow further apart
+# (watchdog_gate.OutagePatience).
+OUTAGE_REASONS = frozenset({DNS_FAILED, NETWORK_UNREACHABLE, CONNECT_TIMEOUT,
+                            CONNECTION_REFUSED, NO_ANSWER, PROXY_UNREACHABLE,
+                            CAPTIVE_PORTAL})
 
 
 @dataclass

@@ -183,6 +183,11 @@ class LinkRunner:
     def seconds_to_next_attempt(self) -> float:
         return max(0.0, self.core.attempt_at() - self.clock.monotonic())
 
+    def outage(self) -> bool:
+        """The link is down for a reason of the network's or the server's."""
+        core = self.core
+        return core.state != LinkState.ONLINE and core.last_reason in J.OUTAGE_REASONS
+
     def link_live(self) -> bool:
         core = self.core
         return core.state == LinkState.ONLINE and core.watchdog.proven_live(self.clock.monotonic())

@@ -5,7 +5,9 @@ schedule instead of hitting the server at once: a site of restarted agents would
 otherwise arrive together. CLOCK_MONOTONIC is system-wide, so a deadline from the
 previous process stays meaningful within one boot; the boot id guards the rest.
 Written only when the schedule changes (a failure, a stable link), never per
-heartbeat, and never to the SD card.
+heartbeat, and never to the SD card. Beside it, how many watchdog restarts the
+current outage has cost (watchdog_gate.OutagePatience): written when the pets stop
+for one, and when a proven link ends it.
 """
 from __future__ import annotations
 
@@ -22,17 +24,35 @@ class ScheduleStore:
     def __init__(self, path: str):
         self.path = path
         self._last: tuple | None = None
+        self._outage_restarts = 0
 
-    def load(self) -> tuple[int, float | None]:
-        """(attempts, resume_at monotonic) from a previous process of this boot."""
+    def _read(self) -> dict:
         try:
             doc = read_json(self.path, 4096)
         except FileNotFoundError:
-            return 0, None
+            return {}
         except (OSError, ValueError):
             log.warning("ignoring unreadable backoff state %s", self.path)
-            return 0, None
-        if not isinstance(doc, dict) or doc.get("boot_id") != boot_id():
+            return {}
+        return doc if isinstance(doc, dict) and doc.get("boot_id") == boot_id() else {}
+
+    def outage_restarts(self) -> int:
+        """The watchdog restarts the current outage has cost, as a previous process of
+        this boot left the count (read once, at start)."""
+        n = self._read().get("outage_restarts")
+        self._outage_restarts = n if isinstance(n, int) and not isinstance(n, bool) \
+            and 0 <= n < 10_000 else 0
+        return self._outage_restarts
+
+    def keep_outage_restarts(self, n: int) -> None:
+        if n != self._outage_restarts:
+            self._outage_restarts = n
+            self._write(*(self._last or (0, 0.0)))
+
+    def load(self) -> tuple[int, float | None]:
+        """(attempts, resume_at monotonic) from a previous process of this boot."""
+        doc = self._read()
+        if not doc:
             return 0, None
         attempts, resume_at = doc.get("attempts"), doc.get("next_attempt_mono")
         if isinstance(attempts, bool) or not isinstance(attempts, int) or not 0 <= attempts < 10_000:
@@ -46,9 +66,12 @@ class ScheduleStore:
         if state == self._last:
             return
         self._last = state
+        self._write(*state)
+
+    def _write(self, attempts: int, next_attempt_mono: float) -> None:
         try:
-            atomic_write(self.path, json.dumps({"boot_id": boot_id(), "attempts": attempts,
-                                                "next_attempt_mono": state[1]}).encode(),
-                         0o600, durable=False)
+            atomic_write(self.path, json.dumps({
+                "boot_id": boot_id(), "attempts": attempts, "next_attempt_mono": next_attempt_mono,
+                "outage_restarts": self._outage_restarts}).encode(), 0o600, durable=False)
         except OSError as e:
             log.warning("cannot keep backoff state in %s: %s", self.path, e.strerror)

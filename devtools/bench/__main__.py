@@ -14,7 +14,7 @@ from pathlib import Path
 
 from devtools.harness import REPO
 
-from . import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, silent_drop as SD, storm as ST, timeline
+from . import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, outage_restarts as OR, silent_drop as SD, storm as ST, timeline
 from .common import ACK_DEFAULT, HB_DEFAULT
 from .uploads import upload_queue, uploads_section
 
@@ -222,6 +222,7 @@ def main(argv=None) -> int:
         for m in modes:
             job(f"storm-{m}", ST.run, m, storm_n, downtime, work / f"storm-{m}")
     job("uploads", upload_queue, 200 if quick else 1000, work)
+    job("outage", OR.compare)   # a fake clock: microseconds, in every run
     elapsed = time.monotonic() - t0
 
     out = Path(args.out)
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
     sections = [("silent", silent_section), ("faults", fault_section),
                 ("netback", lambda r: netback_section(r, outage_s)),
                 ("storm", None), ("footprint", footprint_section), ("uploads", uploads_section),
-                ("idle_reap", IR.section)] + ([] if quick else [("hung", HN.section)])
+                ("idle_reap", IR.section), ("outage", OR.section)] + ([] if quick else [("hung", HN.section)])
     for key, fn in sections:
         if key == "storm":
             storms = [res.get(f"storm-{m}") for m in modes]
