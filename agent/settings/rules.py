@@ -60,8 +60,22 @@ def revision_args(args: dict) -> dict:
     return {"revision": revision, "values": values, "expires_in_s": expires}
 
 
+def stored_values(values) -> dict:
+    """A revision's values as the overlay file holds them, checked as when they arrived
+    (the file may have been damaged since): ValueError otherwise."""
+    if not isinstance(values, dict) or len(values) > MAX_SETTINGS:
+        raise ValueError("values: not an object of settings")
+    for key, value in values.items():
+        if not isinstance(key, str) or not KEY.fullmatch(key):
+            raise ValueError("values: not a setting's key")
+        _plain(key, value)
+    return values
+
+
 def _plain(key: str, value):
-    if isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+    # an integer past what a JSON number holds exactly is no setting (and overflows a float)
+    if isinstance(value, bool) or (isinstance(value, int) and abs(value) <= MAX_REVISION) \
+            or (isinstance(value, float) and math.isfinite(value)):
         return value
     if isinstance(value, str) and len(value) <= MAX_TEXT:
         return value

@@ -81,14 +81,19 @@ class FleetSettings:
         values = args["values"]
         current = self.overlay.current
         outcome = self.overlay.outcome or {}
-        revision = args["revision"] or 1 + max(current.revision if current else 0,
-                                               outcome.get("revision") or 0)
+        seen = self.overlay.seen()
+        revision = args["revision"] or 1 + seen
         if outcome.get("revision") == revision and outcome.get("result") == rules.ROLLED_BACK:
             raise ValueError(f"revision {revision} was rolled back here "
                              f"({outcome.get('why', '')}); send it as a new revision")
         if current is not None and revision <= current.revision:
             raise ValueError(f"revision {revision} is not newer than revision "
                              f"{current.revision} in force")
+        if revision <= seen:
+            # the protocol's promise: each revision newer than the last, a rollback to the
+            # file alone or an expiry in between included
+            raise ValueError(f"revision {revision} is not newer than revision {seen}, "
+                             f"already seen here")
         if values == (current.values if current else {}) and not args["expires_in_s"] \
                 and not self._pending():
             # a switch flipped to where it is (a dashboard's debug box): no restart
@@ -211,7 +216,9 @@ class FleetSettings:
             # a full or failing card must not keep a revision that failed: without the
             # file the next start runs on the local file alone (an unlink needs no space)
             store.remove(self.state_dir)
-            self.overlay, self.deadline = store.Overlay(), None
+            # remembered while this process runs; the file that kept it is gone
+            self.overlay = store.Overlay(highest=self.overlay.seen())
+            self.deadline = None
             return Ended(rules.ROLLED_BACK, failed.revision,
                          f"{why}; the overlay could not be written ({e.strerror}) and was "
                          f"removed: the local file alone")
@@ -227,5 +234,6 @@ class FleetSettings:
                 "keys": list(ended.keys), "at": round(self.wall(), 3)}
 
     def _save(self, overlay: store.Overlay) -> None:
+        overlay.highest = max(overlay.highest, self.overlay.seen())
         store.write(self.state_dir, overlay)   # OSError: the caller reports it
         self.overlay, self.problem = overlay, None

@@ -9,10 +9,12 @@ never an exception: the local file alone is always a configuration that runs.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
 from ..fsutil import atomic_write, read_json
+from . import rules
 from .rules import Expiry
 
 FILE = "fleet-settings.json"
@@ -32,15 +34,61 @@ class Revision:
 
     @staticmethod
     def from_dict(d) -> "Revision | None":
+        """ValueError for anything this agent would not have written: the file is read by
+        root before the agent starts, and a card may have damaged it since."""
         if d is None:
             return None
-        rev, values, until = d["revision"], d["values"], d.get("until", {})
-        if isinstance(rev, bool) or not isinstance(rev, int) or not isinstance(values, dict) \
-                or not isinstance(until, dict):
-            raise ValueError("bad revision")
-        return Revision(rev, values, {str(k): Expiry(str(e["boot"]), float(e["at"]))
-                                      for k, e in until.items()},
-                        float(d.get("received_at", 0.0)))
+        if not isinstance(d, dict):
+            raise ValueError("a revision is not an object")
+        rev, until = d["revision"], d.get("until", {})
+        if not _count(rev, rules.MAX_REVISION):
+            raise ValueError("revision")
+        values = rules.stored_values(d["values"])
+        if not isinstance(until, dict) or set(until) - set(values):
+            raise ValueError("until")
+        expiries = {}
+        for key, e in until.items():
+            if not isinstance(e, dict) or not isinstance(e.get("boot"), str) \
+                    or _finite(e.get("at")) is None:
+                raise ValueError(f"until.{key}")
+            expiries[key] = Expiry(e["boot"], _finite(e["at"]))
+        received = _finite(d.get("received_at", 0.0))
+        if received is None:
+            raise ValueError("received_at")
+        return Revision(rev, values, expiries, received)
+
+
+def _count(value, top: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= top
+
+
+def _finite(value) -> float | None:
+    """The number as a finite float, or None (a bool, a string, inf, nan, or an integer
+    too large for a float: 400 digits raise OverflowError in float())."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and abs(value) > 2 ** 63:
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _outcome(doc):
+    """The last trial's end as written by the service, or ValueError."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise ValueError("outcome")
+    checks = {"revision": lambda v: _count(v, rules.MAX_REVISION),
+              "result": lambda v: isinstance(v, str) and len(v) <= 64,
+              "why": lambda v: isinstance(v, str) and len(v) <= 4096,
+              "keys": lambda v: isinstance(v, list) and len(v) <= rules.MAX_SETTINGS
+              and all(isinstance(k, str) and len(k) <= 200 for k in v),
+              "at": lambda v: _finite(v) is not None,
+              "announced": lambda v: isinstance(v, bool)}
+    for key, ok in checks.items():
+        if key in doc and not ok(doc[key]):
+            raise ValueError(f"outcome.{key}")
+    return doc
 
 
 @dataclass
@@ -49,11 +97,23 @@ class Overlay:
     good: Revision | None = None        # what a failed trial goes back to; None: the file alone
     trial_starts: int | None = None     # starts on ``current`` without proof; None: not on trial
     outcome: dict | None = None         # the last trial's end: revision, result, why, at, announced
+    # the highest revision this screen ever staged: remembered past a rollback to the file
+    # alone or an expiry, so that revisions only go up
+    highest: int = 0
+
+    def seen(self) -> int:
+        """The highest revision this overlay knows of, in force, kept or ended."""
+        revisions = [self.highest, self.current.revision if self.current else 0,
+                     self.good.revision if self.good else 0]
+        if self.outcome and _count(self.outcome.get("revision"), rules.MAX_REVISION):
+            revisions.append(self.outcome["revision"])
+        return max(revisions)
 
     def to_dict(self) -> dict:
         return {"current": self.current.to_dict() if self.current else None,
                 "good": self.good.to_dict() if self.good else None,
-                "trial_starts": self.trial_starts, "outcome": self.outcome}
+                "trial_starts": self.trial_starts, "outcome": self.outcome,
+                "highest": self.seen()}
 
 
 def read(state_dir: str) -> tuple[Overlay, str | None]:
@@ -74,14 +134,25 @@ def read(state_dir: str) -> tuple[Overlay, str | None]:
     finally:
         os.close(dfd)
     try:
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
         starts = doc.get("trial_starts")
-        if starts is not None and (isinstance(starts, bool) or not isinstance(starts, int)):
-            raise ValueError("bad trial_starts")
-        outcome = doc.get("outcome")
-        return Overlay(Revision.from_dict(doc.get("current")), Revision.from_dict(doc.get("good")),
-                       starts, outcome if isinstance(outcome, dict) else None), None
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return Overlay(), f"{path}: not an overlay this agent wrote"
+        if starts is not None and not _count(starts, 1 << 30):
+            raise ValueError("trial_starts")
+        highest = doc.get("highest", 0)
+        if not _count(highest, rules.MAX_REVISION):
+            raise ValueError("highest")
+        overlay = Overlay(Revision.from_dict(doc.get("current")),
+                          Revision.from_dict(doc.get("good")), starts,
+                          _outcome(doc.get("outcome")), highest)
+    except (AttributeError, KeyError, TypeError, ValueError, ArithmeticError,
+            RecursionError) as e:
+        # whatever the damage, a reason and the file alone: never an exception out of here
+        # (root's ExecStartPre and the installer read this before the agent runs)
+        what = f" ({e})" if isinstance(e, ValueError) and str(e) else ""
+        return Overlay(), f"{path}: not an overlay this agent wrote{what[:80]}"
+    overlay.highest = overlay.seen()
+    return overlay, None
 
 
 def write(state_dir: str, overlay: Overlay) -> None:
