@@ -16,6 +16,7 @@ from .settings.service import FleetSettings
 from .upload_kinds import KINDS
 
 EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
+EXIT_CRASHED = 70   # EX_SOFTWARE: a bug; systemd restarts the agent (Restart=always)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -274,6 +275,12 @@ def main(argv=None) -> int:
         return handlers[args.command](args)
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        # a bug: one line a person (and `journalctl -p err`) can act on, the exception
+        # and where it was raised, never a traceback on the terminal; the installer
+        # tells the fleet this line when a release crash-loops
+        logs.early(f"edge-agent {args.command}: crashed: {logs.crash_line(e)}", 3)
+        return EXIT_CRASHED
 
 
 if __name__ == "__main__":

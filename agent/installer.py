@@ -32,7 +32,7 @@ import time
 from . import config as config_mod, status
 from .commands.core import MAX_ID
 from .fsutil import atomic_write, read_bounded, read_json
-from .logs import early
+from .logs import clean, early
 from .update import records, rules
 from .update.repack import RepackError, repack
 from .update.signature import KEYS_DIR, SignatureError, verify
@@ -93,8 +93,31 @@ def proof(status_path: str, installed_at_us: int) -> rules.Proof:
                 and doc["link"].get("proven_live") is True)
     except status.StatusFileError:
         pass
+    restarts = int(props.get("NRestarts") or 0)
     return rules.Proof(installed_version(), pid > 0 and started_us > installed_at_us, live,
-                       int(props.get("NRestarts") or 0))
+                       restarts, last_error(installed_at_us) if restarts else "")
+
+
+def last_error(since_us: int) -> str:
+    """The agent's last line at priority err or worse in this boot after the monotonic
+    ``since_us``: why a release crash-loops, for the fleet. Cleaned and bounded: it is
+    the agent's words, and the agent's user may be anyone's by then."""
+    try:
+        r = subprocess.run(["journalctl", f"--unit={AGENT_UNIT}", "--boot", "--priority=err",
+                            "--lines=20", "--output=json", "--output-fields=MESSAGE",
+                            "--no-pager", "--quiet"], capture_output=True, timeout=30, env=ENV)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    said = ""
+    for line in r.stdout.splitlines()[-20:]:
+        try:
+            entry = json.loads(line)
+            if int(entry.get("__MONOTONIC_TIMESTAMP", 0)) > since_us \
+                    and isinstance(entry.get("MESSAGE"), str):
+                said = entry["MESSAGE"]
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return clean(said, 300)
 
 
 def dpkg_install(path: str) -> str | None:

@@ -214,10 +214,18 @@ class LibraryLines(logging.Filter):
         return True
 
 
-def _one_line(exc_info) -> str:
+def crash_line(error: BaseException) -> str:
+    """An exception nobody caught, as one line: its type, text and where it was raised
+    (the innermost frame of the agent's own code, else the innermost of all)."""
+    return _one_line((type(error), error, error.__traceback__), ours_first=True)
+
+
+def _one_line(exc_info, ours_first: bool = False) -> str:
     _, error, tb = exc_info
     where = ""
     frames = traceback.extract_tb(tb) if tb is not None else []
+    if ours_first:
+        frames = [f for f in frames if "/agent/" in f.filename] or frames
     if frames:
         last = frames[-1]
         where = f" (at {'/'.join(last.filename.split('/')[-2:])}:{last.lineno} in {last.name})"

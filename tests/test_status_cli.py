@@ -156,3 +156,22 @@ def test_status_prints_no_terminal_escape_a_server_chose(tmp_path):
     assert "\\x1b]52;c;cm0gLXJmIC8K\\x07" in r.stdout and "\\x1b[31mreboot" in r.stdout
     doc = json.loads(run_status(tmp_path, "--json").stdout)
     assert doc["link"]["detail"] == f"refused {osc52}\rok"
+
+
+def test_a_bug_is_one_line_at_priority_err_never_a_traceback(tmp_path, monkeypatch, capsys):
+    """The traceback reached the journal at priority 6, as Python's own print: `journalctl
+    -p warning` showed only systemd's "Failed", and the fleet heard no cause."""
+    from agent import cli, logs
+    put(tmp_path, {"state": "online"})
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path))
+
+    def broken(doc, running):
+        return {}["a key the code expected"]
+
+    monkeypatch.setattr(status, "render", broken)
+    monkeypatch.setattr(logs, "under_journal", lambda stream=None: True)
+    assert cli.main(["status", "--config", str(tmp_path / "none.toml")]) == cli.EXIT_CRASHED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("<3>edge-agent status: crashed: KeyError: 'a key the code expected' "
+                          "(at agent/cli.py:"), err

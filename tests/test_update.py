@@ -124,6 +124,32 @@ def test_a_crash_loop_is_rolled_back_without_waiting_for_the_deadline():
     assert action == "rollback" and "crash loop" in why
 
 
+def test_a_crash_loop_tells_the_fleet_the_new_agents_last_error(monkeypatch):
+    """What the journal holds at priority err since the install, and only that: the old
+    version's errors before it, and the lines of other boots, are not the new one's."""
+    import subprocess as sp
+
+    import agent.installer as inst
+    lines = [{"__MONOTONIC_TIMESTAMP": "900", "MESSAGE": "an old version's error"},
+             {"__MONOTONIC_TIMESTAMP": "2000", "MESSAGE": "edge-agent run: crashed: "
+              "ImportError: cannot import name 'x' (at agent/daemon.py:12 in <module>)\x1b[2J"},
+             {"__MONOTONIC_TIMESTAMP": "2100", "MESSAGE": [1, 2]}]
+    seen = []
+
+    def journalctl(argv, **kw):
+        seen.append(argv)
+        return sp.CompletedProcess(argv, 0, "\n".join(json.dumps(l) for l in lines).encode(), b"")
+
+    monkeypatch.setattr(inst.subprocess, "run", journalctl)
+    said = inst.last_error(since_us=1000)
+    assert said.startswith("edge-agent run: crashed: ImportError: cannot import name 'x' "
+                           "(at agent/daemon.py:12 in <module>)") and "\x1b" not in said
+    assert "--boot" in seen[0] and "--priority=err" in seen[0]
+    action, why = rules.verdict("0.2.0-1", proof(proven_live=False, restarts=3,
+                                                 last_error=said), 20, 180)
+    assert why.endswith("(a crash loop): " + said)
+
+
 def test_a_package_that_is_not_the_one_installed_is_rolled_back():
     action, why = rules.verdict("0.2.0-1", proof(installed=""), 1, 180)
     assert action == "rollback" and "not what dpkg has installed" in why

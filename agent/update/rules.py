@@ -169,6 +169,7 @@ class Proof:
     fresh: bool               # the agent running now started after the install finished
     proven_live: bool         # its status says its link is proven live
     restarts: int             # automatic restarts of its unit since the install
+    last_error: str = ""      # its last line at priority err since the install, if any
 
 
 def verdict(target: str, proof: Proof, now: float, deadline: float) -> tuple[str, str]:
@@ -178,7 +179,8 @@ def verdict(target: str, proof: Proof, now: float, deadline: float) -> tuple[str
     if proof.fresh and proof.proven_live:
         return "commit", ""
     if proof.restarts >= MAX_CRASH_RESTARTS:
-        return "rollback", f"the new agent restarted {proof.restarts} times (a crash loop)"
+        said = f": {proof.last_error}" if proof.last_error else ""
+        return "rollback", f"the new agent restarted {proof.restarts} times (a crash loop){said}"
     if now >= deadline:
         return "rollback", "its link was not proven live in time"
     return "wait", ""
