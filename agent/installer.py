@@ -32,6 +32,7 @@ import time
 from . import config as config_mod, status
 from .commands.core import MAX_ID
 from .fsutil import atomic_write, read_bounded, read_json
+from .link.journal import OUTAGE_REASONS
 from .logs import clean, early
 from .update import records, rules
 from .update.repack import RepackError, repack
@@ -86,16 +87,31 @@ def proof(status_path: str, installed_at_us: int) -> rules.Proof:
     props = unit_props("MainPID", "NRestarts", "ExecMainStartTimestampMonotonic")
     pid = int(props.get("MainPID") or 0)
     started_us = int(props.get("ExecMainStartTimestampMonotonic") or 0)
-    live = False
+    live = outage = False
     try:
         doc = status.read(status_path)
-        live = (doc.get("pid") == pid and pid > 0 and isinstance(doc.get("link"), dict)
-                and doc["link"].get("proven_live") is True)
+        link = doc.get("link") if doc.get("pid") == pid and pid > 0 else None
+        live = isinstance(link, dict) and link.get("proven_live") is True
+        outage = isinstance(link, dict) and down_for_outage(link)
     except status.StatusFileError:
         pass
     restarts = int(props.get("NRestarts") or 0)
     return rules.Proof(installed_version(), pid > 0 and started_us > installed_at_us, live,
-                       restarts, last_error(installed_at_us) if restarts else "")
+                       restarts, last_error(installed_at_us) if restarts else "", outage)
+
+
+def down_for_outage(link: dict) -> bool:
+    """A status file's link says it is down for the network's or the server's reason."""
+    return link.get("state") != "online" and link.get("reason") in OUTAGE_REASONS
+
+
+def site_down(status_path: str) -> bool:
+    """Before an install: the running agent's link is down for an outage."""
+    try:
+        link = status.read(status_path).get("link")
+    except status.StatusFileError:
+        return False
+    return isinstance(link, dict) and down_for_outage(link)
 
 
 def last_error(since_us: int) -> str:
@@ -309,7 +325,9 @@ class Installer:
             return
         order = rules.order({k: v for k, v in order_doc.items() if k != "id"})
         current = installed_version()
-        tx = {"id": cid, "from": current, "to": order.version}
+        # the site's outage before the update is not the release's to answer for
+        tx = {"id": cid, "from": current, "to": order.version,
+              "site_down": site_down(self.status_path)}
         try:
             self._check_and_keep(fd, order, current)
         except (Refused, SignatureError, RepackError, OSError, ValueError,
@@ -371,11 +389,19 @@ class Installer:
             say(f"kept {rules.PACKAGE} {version}, rebuilt from dpkg's record, to go back to")
 
     def prove(self, tx: dict, installed_at_us: int) -> None:
-        deadline = time.monotonic() + self.proof_timeout_s
-        say(f"waiting up to {self.proof_timeout_s:.0f}s for {tx['to']} to prove its link")
+        clock = rules.ProofClock(time.monotonic(), self.proof_timeout_s,
+                                 bool(tx.get("site_down")))
+        say(f"waiting up to {self.proof_timeout_s:.0f}s for {tx['to']} to prove its link"
+            + (" (more while the site's network is out)" if clock.site_down else ""))
+        held = False
         while True:
             seen = proof(self.status_path, installed_at_us)
-            action, why = rules.verdict(tx["to"], seen, time.monotonic(), deadline)
+            now = time.monotonic()
+            deadline = clock.deadline_at(now, seen.outage)
+            if clock.held_for_outage and not held:
+                held = True
+                say(f"the site's network is out: {tx['to']} is judged once it is back")
+            action, why = rules.verdict(tx["to"], seen, now, deadline)
             if action == "commit":
                 self._finish(tx, rules.COMMITTED)
                 return
@@ -411,7 +437,8 @@ class Installer:
         self._write(rules.TRANSACTION_FILE, tx)
         if rules.after_power_loss(str(tx.get("phase"))) == "prove" and tx.get("to"):
             say(f"resuming the proof of {tx['to']} after a restart")
-            self.prove(tx, 0)
+            # at boot the network comes last: its outage is the site's, not the release's
+            self.prove({**tx, "site_down": True}, 0)
         else:
             self.rollback(tx, tx.get("reason") or f"interrupted while {tx.get('phase')}")
 

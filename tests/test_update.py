@@ -609,3 +609,27 @@ def test_roots_gate_is_read_from_roots_copy_of_the_configuration(tmp_path, monke
         assert inst.main(["--config", str(conf), "--root-dir", str(tmp_path / "root"),
                           "--keys-dir", str(tmp_path / "keys")]) == 0
         assert seen[-1] == expected
+
+
+def test_the_sites_outage_does_not_count_against_a_release():
+    """After a power cut the network comes back last: a site whose network takes longer
+    than the proof time rolled a good version back. Where the site was down before (or
+    the proof resumes at boot), the proof time starts again once the link is back."""
+    site = rules.ProofClock(start=0.0, proof_s=180.0, site_down=True)
+    t = 0.0
+    while t < 1000:                          # 1000 s of dns-failed
+        assert rules.verdict("0.2.0-1", proof(proven_live=False, outage=True), t,
+                             site.deadline_at(t, outage=True))[0] == "wait"
+        t += 1.0
+    back = t                                  # the network is back; the release now has
+    assert site.deadline_at(back, outage=False) == pytest.approx(back - 1 + 180.0)
+    action, why = rules.verdict("0.2.0-1", proof(proven_live=False), back + 180,
+                                site.deadline_at(back + 180, outage=False))
+    assert action == "rollback" and "not proven live in time" in why
+    # an outage longer than the cap is judged like any other silence
+    capped = rules.ProofClock(start=0.0, proof_s=180.0, site_down=True)
+    late = rules.OUTAGE_CAP_S + 180.0
+    assert capped.deadline_at(late, outage=True) <= late
+    # where the link was up before the update, the new version's outage is its own
+    healthy = rules.ProofClock(start=0.0, proof_s=180.0, site_down=False)
+    assert healthy.deadline_at(500.0, outage=True) == 180.0

@@ -170,6 +170,32 @@ class Proof:
     proven_live: bool         # its status says its link is proven live
     restarts: int             # automatic restarts of its unit since the install
     last_error: str = ""      # its last line at priority err since the install, if any
+    outage: bool = False      # its link is down for the network's or the server's reason
+
+
+# The longest the site's own outage may hold the judgment of a release back: past it,
+# a version that never proved its link goes back as any other.
+OUTAGE_CAP_S = 2 * 3600.0
+
+
+class ProofClock:
+    """When the proof's time is up. It counts from the install; where the site's
+    network was out before the update (or a power cut left the proof to a boot, when
+    the network comes last), the time the new agent's link is down for the network's
+    or the server's reason does not count against the release: the proof time starts
+    again once it is back, within OUTAGE_CAP_S."""
+
+    def __init__(self, start: float, proof_s: float, site_down: bool):
+        self.proof_s, self.site_down = proof_s, site_down
+        self.deadline = start + proof_s
+        self.cap = start + OUTAGE_CAP_S
+        self.held_for_outage = False
+
+    def deadline_at(self, now: float, outage: bool) -> float:
+        if self.site_down and outage and now < self.cap:
+            self.deadline = max(self.deadline, now + self.proof_s)
+            self.held_for_outage = True
+        return self.deadline
 
 
 def verdict(target: str, proof: Proof, now: float, deadline: float) -> tuple[str, str]:
