@@ -12,7 +12,7 @@ The runner dispatches on the type, never on equality.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, NamedTuple
+from typing import Any, Callable, Hashable, NamedTuple
 
 
 # -- from the agent's other parts --------------------------------------------------
@@ -110,6 +110,9 @@ class Emit(NamedTuple):
 class CommandReceived(NamedTuple):
     raw: Any
     via: str   # the server's event name
+    # called by the link thread once the ledger holds the command (or its refusal): the
+    # library's thread waits for it before the receipt goes out
+    recorded: Callable[[], None] | None = None
 
 
 class CommandResultAcked(NamedTuple):

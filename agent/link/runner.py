@@ -639,8 +639,12 @@ class LinkRunner:
     def _command_received(self, news: inbox.CommandReceived) -> None:
         if self.commands is None:
             log.warning("server asked for a command (%s) and this agent runs none", news.via)
-            return
-        for report in self.commands.received(news.raw):
+            reports = []
+        else:
+            reports = self.commands.received(news.raw)   # the ledger written, durably
+        if news.recorded is not None:
+            news.recorded()      # now the receipt may go out
+        for report in reports:
             self._send_result(report.result, report.kept)
 
     def _command_result_acked(self, news: inbox.CommandResultAcked) -> None:

@@ -2,11 +2,16 @@
 events and command results, uploads over HTTP."""
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 from ... import __version__
 from .. import inbox, protocol
 from .contract import Post, ProfileContext
+
+
+# how long the library's thread waits for the ledger before it answers a command
+RECEIPT_WAIT_S = 5.0
 
 
 class EdgeAgentProfile:
@@ -39,8 +44,16 @@ class EdgeAgentProfile:
                  else inbox.Malformed(protocol.RECONNECT_WINDOW))
 
         def command(_transport, data=None, *_):
-            post(inbox.CommandReceived(data, protocol.COMMAND))
-            return {"ok": True}  # the receipt; the result follows as its own message
+            # the receipt tells the server not to send it again: it goes out once the
+            # link thread has the command in the ledger, durably, never before (a power
+            # cut in between would lose it for good). The result follows on its own.
+            recorded = threading.Event()
+            post(inbox.CommandReceived(data, protocol.COMMAND, recorded.set))
+            if recorded.wait(RECEIPT_WAIT_S):
+                return {"ok": True}
+            # not recorded yet (a card slow to sync): the server may send it again, and
+            # the ledger runs an id at most once
+            return {"ok": False, "error": "not recorded yet; send it again"}
         return {protocol.THROTTLE: throttle, protocol.COMMAND: command,
                 protocol.RECONNECT_WINDOW: reconnect_window}
 

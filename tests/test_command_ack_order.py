@@ -1,0 +1,42 @@
+"""``server:command`` is ACKed only once the command ledger holds it, durably: an ACK is
+the server's signal that the command need not be sent again, so a power cut between an
+early ACK and the ledger's write lost the command for good. Before: the library's thread
+ACKed as soon as it had posted the command to the link thread."""
+from __future__ import annotations
+
+import threading
+import types
+
+from agent.commands.actions import Actions
+from agent.commands.service import CommandService
+from agent.link import inbox
+from agent.link.profiles.edge_agent import EdgeAgentProfile
+from agent.link.runner import LinkRunner
+
+
+def test_the_receipt_waits_for_the_link_thread_to_record_the_command():
+    posted, answers = [], []
+    handler = EdgeAgentProfile(None).handlers(posted.append)["server:command"]
+    t = threading.Thread(target=lambda: answers.append(handler(None, {"id": "c1"})))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive() and answers == [], "ACKed before the link thread recorded it"
+    [news] = posted
+    news.recorded()
+    t.join(5)
+    assert answers == [{"ok": True}]
+
+
+def test_the_runner_says_recorded_only_after_the_ledger_is_on_disk(tmp_path):
+    ledger = tmp_path / "commands.jsonl"
+    seen_on_disk = []
+    service = CommandService(str(ledger), frozenset({"diagnostics"}),
+                             Actions.__new__(Actions), on_finished=lambda *a: None,
+                             runtime_dir=str(tmp_path))
+    service._jobs.put = lambda job: None     # recorded, not run: the order is what counts
+    runner = types.SimpleNamespace(commands=service, _send_result=lambda *a: None)
+    news = inbox.CommandReceived({"id": "cmd-42", "name": "diagnostics", "args": {},
+                                  "ttl_s": 300}, "server:command",
+                                 lambda: seen_on_disk.append(ledger.read_bytes()))
+    LinkRunner._command_received(runner, news)
+    assert len(seen_on_disk) == 1 and b"cmd-42" in seen_on_disk[0]
