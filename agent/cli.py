@@ -259,6 +259,9 @@ def cmd_unpair(args) -> int:
 def cmd_check_config(args) -> int:
     config = _load(args.config)
     print(f"{config.source}: ok (device {config.device_id or 'derived'}, server {config.server_display})")
+    for adjusted in config.adjusted:
+        print(f"{config.source}: adjusted: {cfgmod.adjustment_text(*adjusted)} "
+              f"(a value an earlier release took; set it within today's bounds)")
     return EXIT_OK
 
 

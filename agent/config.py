@@ -315,6 +315,8 @@ class Config:
     origins: dict = field(default_factory=dict, compare=False, repr=False)
     fleet_revision: int | None = None      # the fleet's revision in force, if any
     fleet_problem: str | None = None       # why the overlay in the state directory was not used
+    # numbers an earlier release took, moved to today's bounds: ((key, given, used), ...)
+    adjusted: tuple = field(default=(), compare=False)
 
     @property
     def server_display(self) -> str:
@@ -475,18 +477,89 @@ def load(path: str | None = None, env: dict[str, str] | None = None,
                 values[name] = default
                 origins[name] = "default"
     _check_overrides(env)
+    adjusted = _adjust(values, origins)
     if fleet is not None:
-        return _validate(*_with_fleet(values, origins, fleet), env, path)
+        return _validate(*_with_fleet(values, origins, fleet), env, path, adjusted=adjusted)
     overlay, problem = fleet_store.read(values["identity.state_dir"])
     if overlay.current is not None:
         live, _ = fleet_rules.live(overlay.current.values, overlay.current.until, boot_id(),
                                    time.monotonic())
         try:
             return _validate(*_with_fleet(values, origins, live), env, path,
-                             overlay.current.revision)
+                             overlay.current.revision, adjusted=adjusted)
         except ConfigError as e:   # the file changed under it, or the file was tampered with
             problem = f"fleet revision {overlay.current.revision} not applied: {e}"
-    return _validate(values, origins, env, path, problem=problem)
+    return _validate(values, origins, env, path, problem=problem, adjusted=adjusted)
+
+
+# -- what an earlier release accepted ------------------------------------------------------
+# 0.1.0 took any positive number where today's rules have bounds: a file it accepted
+# must start this release (an apt upgrade must not leave a screen dark until someone
+# edits it). Such a number, from the operator's file or the environment, is taken at the
+# nearest bound, and said (the journal, status, the server's config.adjusted); a value
+# no release accepted (negative, not a number) is still an error. The fleet's values
+# are never adjusted: a revision is tried as sent, or refused.
+ADJUSTABLE_ORIGINS = ("file", "env")
+# the keys 0.1.0 bounded by their sign alone, and whether it took 0 (its schema is kept
+# in tests/data/config-0.1.0.json, which tests/test_config.py holds this list to)
+EARLIER_SIGN_ONLY = {
+    **dict.fromkeys(("server.connect_timeout_s", "link.heartbeat_interval_s",
+                     "link.ack_timeout_s", "link.missed_acks", "link.silence_timeout_s",
+                     "link.stable_after_s", "link.backoff.base_s", "link.backoff.cap_s",
+                     "link.keepalive.idle_s", "link.keepalive.interval_s", "link.keepalive.count",
+                     "link.keepalive.user_timeout_s", "uploads.base_s", "uploads.cap_s",
+                     "uploads.max_items", "uploads.max_bytes", "uploads.max_age_days",
+                     "events.settle_s", "events.fallback_interval_s",
+                     "events.telemetry_every_s", "commands.timeout_s"), "> 0"),
+    **dict.fromkeys(("link.wake_min_interval_s", "uploads.dedupe_window_s",
+                     "debug.stall_link_after_s"), ">= 0")}
+# pairs whose order an adjustment may upset: (the lower, the higher), and what the
+# higher becomes then
+_ORDERED = (("uploads.base_s", "uploads.cap_s"), ("link.backoff.base_s", "link.backoff.cap_s"))
+
+
+def adjustment_text(key: str, given, used) -> str:
+    """One adjusted value, as the journal, status, check-config and the server say it."""
+    if used is None:
+        return f"{key} = {given:g} no longer fits the heartbeat's: using its default"
+    way = "over" if used < given else "under"
+    return f"{key} = {given:g} is {way} what this release takes: using {used:g}"
+
+
+def _adjust(values: dict, origins: dict) -> tuple:
+    """Numbers out of bounds that an earlier release took, moved to the nearest bound in
+    ``values``; returns ((key, given, used), ...)."""
+    adjusted = []
+    for section, keys in SCHEMA.items():
+        for key, spec in keys.items():
+            name = f"{section}.{key}"
+            v, earlier = values[name], EARLIER_SIGN_ONLY.get(name)
+            if earlier is None or origins.get(name) not in ADJUSTABLE_ORIGINS \
+                    or not isinstance(spec.rule, Range) or isinstance(v, bool) \
+                    or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v < 0 or (v == 0 and earlier == "> 0"):
+                continue
+            used = min(max(v, spec.rule.lo), spec.rule.hi)
+            if used != v:
+                values[name] = spec.type(used)
+                adjusted.append((name, v, values[name]))
+    if not adjusted:
+        return ()
+    moved = {name for name, _, _ in adjusted}
+    for lower, higher in _ORDERED:
+        if values[higher] < values[lower] and moved & {lower, higher}:
+            adjusted.append((higher, values[higher], values[lower]))
+            values[higher] = values[lower]
+    hb, ack = values["link.heartbeat_interval_s"], values["link.ack_timeout_s"]
+    if ack >= hb and moved & {"link.heartbeat_interval_s", "link.ack_timeout_s"}:
+        values["link.ack_timeout_s"] = max(SCHEMA["link"]["ack_timeout_s"].rule.lo, hb / 3)
+        adjusted.append(("link.ack_timeout_s", ack, values["link.ack_timeout_s"]))
+    silence = values["link.silence_timeout_s"]
+    if silence is not None and silence <= hb \
+            and moved & {"link.heartbeat_interval_s", "link.silence_timeout_s"}:
+        values["link.silence_timeout_s"] = None   # its default: derived from the heartbeat
+        adjusted.append(("link.silence_timeout_s", silence, None))
+    return tuple(adjusted)
 
 
 # keys the fleet may set only where the file (or the environment) turns this on
@@ -585,7 +658,7 @@ def _check_command(name: str, command: str | None) -> None:
 
 
 def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None = None,
-              problem: str | None = None) -> Config:
+              problem: str | None = None, adjusted: tuple = ()) -> Config:
     for section, keys in SCHEMA.items():
         for key, spec in keys.items():
             _check_rule(f"{section}.{key}", spec, v[f"{section}.{key}"])
@@ -619,7 +692,8 @@ def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None
     if unknown:
         raise ConfigError(f"commands.allow: unknown command {unknown[0]!r} (one of "
                           f"{', '.join(sorted(COMMANDS))})")
-    return _build(v, env, path, origins=origins, fleet_revision=revision, fleet_problem=problem)
+    return _build(v, env, path, origins=origins, fleet_revision=revision, fleet_problem=problem,
+                  adjusted=tuple(a for a in adjusted if origins.get(a[0]) != "fleet"))
 
 
 def _check_hours(v: dict) -> None:

@@ -443,7 +443,8 @@ class Agent:
             update=self.updater.snapshot(),
             hours=self.hours.snapshot() if self.hours else None,
             settings={**self.settings.snapshot(self.config.origins),
-                      "problem": self.config.fleet_problem or self.settings.problem})
+                      "problem": self.config.fleet_problem or self.settings.problem,
+                      "adjusted": [config_mod.adjustment_text(*a) for a in self.config.adjusted]})
 
     def may_pet(self) -> tuple[bool, str]:
         # a screen waiting for its operator to type the code is healthy, not wedged
@@ -480,6 +481,12 @@ class Agent:
                  "paired" if self.token else "not paired yet")
         self.runner.begin()   # the link's first state, before the threads that write status
         early, self._storage_events = self._storage_events, None
+        for key, given, used in self.config.adjusted:
+            log.warning("configuration: %s (a value an earlier release took; set it within "
+                        "today's bounds in %s)", config_mod.adjustment_text(key, given, used),
+                        self.config.source)
+            early.append(Event("config.adjusted", time.time(),
+                               {"key": key, "given": given, "used": used}))
         for event in early:   # what start-up found: to the server once the link is live
             self.outbox.put(event)
         self._settings_watch()

@@ -158,6 +158,9 @@ def _settings_text(settings: dict) -> str:
                     + (f" ({last['why']})" if last.get("why") else ""))
     if settings.get("problem"):
         said.append(str(settings["problem"]))
+    adjusted = settings.get("adjusted")
+    if isinstance(adjusted, list) and adjusted:
+        said.append("adjusted: " + "; ".join(map(str, adjusted)))
     return "; ".join(said)
 
 

@@ -1,6 +1,8 @@
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -264,14 +266,16 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
 # -- every key bounded, the bounds the kernel's and the link's -------------------------
 @pytest.mark.parametrize("section, key, value, expect", [
     # each of these passed check-config before and broke `run` (a TypeError in the link
-    # thread, 10 reconnects in 8 s, a timer that never fires, a resolver fed a space)
-    ("link.keepalive", "idle_s", 99999999999999999, "link.keepalive.idle_s: must be between 1 and 32767"),
-    ("link.keepalive", "count", 128, "link.keepalive.count: must be between 1 and 127"),
-    ("link", "heartbeat_interval_s", 0.001, "link.heartbeat_interval_s: must be between 1 and 3600"),
-    ("link", "heartbeat_interval_s", 1e308, "link.heartbeat_interval_s: must be between"),
-    ("link.backoff", "cap_s", 1e300, "link.backoff.cap_s: must be between"),
-    ("uploads", "max_items", 10**12, "uploads.max_items: must be between"),
-    ("server", "connect_timeout_s", 0.0001, "server.connect_timeout_s: must be between"),
+    # thread, 10 reconnects in 8 s, a timer that never fires, a resolver fed a space);
+    # no release took them (0.1.0's numbers were positive: those are taken at today's
+    # bounds, below), nor values of keys that came later
+    ("link.keepalive", "idle_s", -1, "link.keepalive.idle_s: must be between 1 and 32767"),
+    ("link.keepalive", "count", 0, "link.keepalive.count: must be between 1 and 127"),
+    ("link", "heartbeat_interval_s", -0.001, "link.heartbeat_interval_s: must be between 1 and 3600"),
+    ("link", "heartbeat_interval_s", float("inf"), "link.heartbeat_interval_s: must be a finite"),
+    ("link", "adapt_probe_after_s", 1e300, "link.adapt_probe_after_s: must be between"),
+    ("update", "proof_timeout_s", 1, "update.proof_timeout_s: must be between"),
+    ("server", "connect_timeout_s", 0, "server.connect_timeout_s: must be between"),
     ("server", "url", "http://fleet example.com", "server.url: must be up to 2048 printable"),
     ("server", "url", "http://fleet.example.com/a b", "server.url: must be up to 2048 printable"),
     ("server", "url", "http://fl_eet.example.com", "server.url: 'fl_eet.example.com' is not a host"),
@@ -337,8 +341,8 @@ def test_keepalive_bounds_are_what_the_kernel_takes():
 
 
 @pytest.mark.parametrize("line, value", [
-    ('[link.keepalive]\nidle_s = 99999999999999999', "link.keepalive.idle_s"),
-    ('[link]\nheartbeat_interval_s = 0.001', "link.heartbeat_interval_s"),
+    ('[link.keepalive]\nidle_s = -99999999999999999', "link.keepalive.idle_s"),
+    ('[link]\nheartbeat_interval_s = -0.001', "link.heartbeat_interval_s"),
     ('[server]\nurl = "http://fleet example.com"', "server.url"),
 ])
 def test_check_config_and_run_refuse_the_same_value_with_the_same_line(tmp_path, line, value):
@@ -424,3 +428,68 @@ def test_the_shipped_defaults_file_is_every_default_commented_out(tmp_path):
         m = re.match(r"# ([a-z_]+) = ", line)
         if m and section:
             assert m.group(1) in C.SCHEMA[section], f"[{section}] {m.group(1)}"
+
+
+# -- a file the last release accepted starts this one ---------------------------------------
+EARLIER = json.loads((Path(__file__).parent / "data" / "config-0.1.0.json").read_text())
+
+
+def test_every_number_0_1_0_took_starts_this_release_at_its_nearest_bound(tmp_path):
+    """0.1.0 took any positive number (or zero) where today's rules have bounds: after an
+    apt upgrade such a screen stayed dark (exit 2, and RestartPreventExitStatus=2). Each
+    of its numeric keys, at a value far under and far over today's bounds."""
+    numeric = {k: v for k, v in EARLIER["keys"].items() if v.get("rule") in ("> 0", ">= 0")}
+    assert set(numeric) == set(C.EARLIER_SIGN_ONLY), "the list in config.py is 0.1.0's"
+    for name, old in numeric.items():
+        assert C.EARLIER_SIGN_ONLY[name] == old["rule"], name
+        section, _, key = name.rpartition(".")
+        spec = C.SCHEMA[section][key]
+        tiny = 0 if old["rule"] == ">= 0" else (1 if old["type"] == "int" else 1e-6)
+        for given in (tiny, 10 ** 15 if old["type"] == "int" else 1e15):
+            doc = {k: dict(v) for k, v in BASE.items()}
+            node = doc
+            for part in section.split("."):
+                node = node.setdefault(part, {})
+            node[key] = given
+            cfg = C.load(write(tmp_path, to_toml(doc)), env={})
+            moved: dict = {}
+            for k, g, u in cfg.adjusted:   # the first of a key's: an order may move it again
+                moved.setdefault(k, (g, u))
+            if spec.rule.lo <= given <= spec.rule.hi:
+                assert name not in moved
+                continue
+            want = spec.rule.lo if given < spec.rule.lo else spec.rule.hi
+            assert moved[name] == (given, want), (name, cfg.adjusted)
+
+
+def test_the_issues_file_from_0_1_0_starts_with_one_line_per_adjustment(tmp_path):
+    text = """[server]
+url = "http://127.0.0.1:8470"
+connect_timeout_s = 0.4
+[identity]
+device_id = "screen-1"
+token = "t0ken"
+[link]
+stable_after_s = 0.5
+[link.backoff]
+base_s = 0.05
+cap_s = 0.08
+[uploads]
+cap_s = 864000
+[link.keepalive]
+count = 200
+"""
+    path = write(tmp_path, text)
+    cfg = C.load(path, env={})
+    assert {k: u for k, _, u in cfg.adjusted} == {
+        "link.stable_after_s": 1.0, "link.backoff.base_s": 0.1, "link.backoff.cap_s": 0.1,
+        "uploads.cap_s": 7 * 86400.0, "link.keepalive.count": 127, "server.connect_timeout_s": 0.5}
+    assert cfg.keepalive.count == 127 and cfg.backoff.cap_s >= cfg.backoff.base_s
+    check = _cli("check-config", "--config", path)
+    assert check.returncode == 0, check.stderr
+    assert "link.keepalive.count = 200 is over what this release takes: using 127" in check.stdout
+
+
+def test_the_fleets_values_are_never_adjusted(tmp_path):
+    with pytest.raises(C.ConfigError, match=r"^link.stable_after_s \(from the fleet\): must be"):
+        C.load(write(tmp_path, GOOD), env={}, fleet={"link.stable_after_s": 0.5})
