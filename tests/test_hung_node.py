@@ -10,10 +10,15 @@ frozen node out 1.8 s after the freeze (its health check's verdict, given throug
 admin socket at a known moment): the agents that reconnect before then land on it
 half the time, and every second dial comes after it.
 """
+import socket
+import threading
+import time
+
 import pytest
 
 from agent.link.connect_bound import RACE_FLOOR_S
 from devtools.bench import hung_node as H
+from devtools.harness import SocketSampler, agent_config
 
 pytestmark = pytest.mark.netns
 
@@ -44,3 +49,81 @@ def test_a_hung_node_costs_the_heartbeat_deadline_and_about_a_second_not_the_con
     # an agent of the old kind that landed on the frozen node waited the 4 s floor
     assert worst_before > BOUND_S, shown
     assert worst_before >= ACK + 4.0, shown
+
+
+class _Balancer:
+    """A balancer in miniature: each new connection goes to the server, except those
+    whose number is in ``hung``, which are accepted and never answered (a node whose
+    kernel completes handshakes for a stopped process). Records when each of those was
+    closed by the client."""
+
+    def __init__(self, server_port: int, hung: set[int]):
+        self.server_port, self.hung = server_port, hung
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.count = 0
+        self.closed_at: dict[int, float] = {}
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.count += 1
+            if self.count in self.hung:
+                threading.Thread(target=self._hang, args=(conn, self.count), daemon=True).start()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.server_port))
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _hang(self, conn: socket.socket, n: int) -> None:
+        try:
+            while conn.recv(65536):
+                pass   # the upgrade request, never answered
+        except OSError:
+            pass
+        self.closed_at[n] = time.monotonic()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def test_the_second_dial_answers_and_the_unanswered_first_is_closed_at_once(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """The race in the agent's own shell: the first connect after a silent drop lands on
+    a node that never answers; the second dial, a second later, wins, and the first is
+    aborted then, not left to the 4 s bound."""
+    server = fleet()
+    box = _Balancer(server.port, hung={2})
+    cfg = agent_config(server, tmp_path, server={"url": f"http://127.0.0.1:{box.port}",
+                                                 "connect_timeout_s": 10.0},
+                       link={"heartbeat_interval_s": HB, "ack_timeout_s": ACK,
+                             "backoff": {"base_s": BASE, "cap_s": 2.0}})
+    agent = spawn_agent(agent_python, cfg)
+    link = agent.wait_live(15, connection=1)
+    netns.drop_flow(int(link["local_addr"].rsplit(":", 1)[1]), box.port)
+    dropped = time.monotonic()
+    with SocketSampler(agent, lambda: box.port) as sampler:
+        agent.wait_live(HB + ACK + BASE + RACE_FLOOR_S + 3, connection=2)
+        back = time.monotonic() - dropped
+        time.sleep(0.3)
+    assert back <= BOUND_S, f"back {back:.2f}s after the drop"
+    assert box.count == 3, box.count           # the hung dial and exactly one second dial
+    # the hung dial was aborted when the second won, not at the bound (4 s)
+    assert 2 in box.closed_at and box.closed_at[2] - dropped <= BOUND_S, box.closed_at
+    assert sampler.max_seen <= 3, sampler.worst   # the dropped one, the race's two
+    assert len(agent.sockets(box.port)) == 1
+    assert "after a race won by the second dial" in agent.log_text()
