@@ -1,15 +1,22 @@
-"""Signed releases for the self-update tests: an OpenPGP key made with Debian's gnupg,
-packages re-versioned from the one scripts/build-deb makes (dpkg-deb), and the ways a
-release goes wrong on purpose (an agent that never proves its link, a postinst that
-hangs so a test can cut the power in the middle of dpkg)."""
+"""Releases for the upgrade and self-update tests: an OpenPGP key made with Debian's
+gnupg, packages re-versioned from the one scripts/build-deb makes (dpkg-deb), the
+package a landed commit built (what screens in the field run), and the ways a release
+goes wrong on purpose (an agent that never proves its link, a postinst that hangs so a
+test can cut the power in the middle of dpkg)."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# beside the booted tests' root filesystems: outside the repository, kept between runs
+DEB_CACHE = Path(os.environ.get("EDGE_AGENT_DEB_CACHE", "/var/cache/edge-agent/debs"))
 
 
 class SigningKey:
@@ -36,11 +43,48 @@ class SigningKey:
         return sig
 
 
+def built_at(commit: str, cache: Path = DEB_CACHE) -> Path:
+    """The .deb the tree of ``commit`` builds, as its own scripts/build-deb built it
+    (its debian/ and its files, dpkg-buildpackage -b on this host), made once per
+    commit and kept in ``cache``: the package screens installed from a landed state."""
+    full = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    out = cache / f"edge-agent-{full}.deb"
+    if out.exists():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # a second run waits for the first one's build
+        if out.exists():
+            return out
+        with tempfile.TemporaryDirectory(dir=cache) as work:
+            src = Path(work) / "edge-agent"
+            src.mkdir()
+            archive = subprocess.run(["git", "-C", str(REPO), "archive", full],
+                                     capture_output=True, check=True, timeout=120).stdout
+            subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=archive, check=True,
+                           timeout=120)
+            r = subprocess.run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src,
+                               capture_output=True, text=True, timeout=900,
+                               env={**os.environ, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+            if r.returncode != 0:
+                raise RuntimeError(f"building {commit}: {(r.stdout + r.stderr)[-2000:]}")
+            built = list(Path(work).glob("edge-agent_*_all.deb"))
+            if len(built) != 1:
+                raise RuntimeError(f"building {commit}: no single .deb in {os.listdir(work)}")
+            shutil.copy(built[0], cache / f".{out.name}.{os.getpid()}")
+            os.rename(cache / f".{out.name}.{os.getpid()}", out)
+    return out
+
+
 def reversioned(deb: Path, version: str, out_dir: Path, *, never_proves: bool = False,
-                postinst_first: str = "") -> Path:
+                postinst_first: str = "", defaults: dict[str, str] | None = None) -> Path:
     """``deb`` as version ``version``. ``never_proves``: an agent that starts, says it
     is ready, and never calls its link proven live (so never pets the watchdog).
-    ``postinst_first``: shell run first in the postinst (a hang, for a power cut)."""
+    ``postinst_first``: shell run first in the postinst (a hang, for a power cut).
+    ``defaults``: lines the shipped defaults file gets in place of the line it starts
+    with ({"# heartbeat_interval_s": "heartbeat_interval_s = 20"}), as a release that
+    changed its defaults ships them."""
     with tempfile.TemporaryDirectory(dir=out_dir) as work:
         tree = Path(work) / "tree"
         subprocess.run(["dpkg-deb", "-R", str(deb), str(tree)], check=True, timeout=120)
@@ -53,6 +97,14 @@ def reversioned(deb: Path, version: str, out_dir: Path, *, never_proves: bool = 
             marker = "    def proven_live(self, now: float) -> bool:\n"
             assert marker in text, "liveness.py has no proven_live() to break"
             liveness.write_text(text.replace(marker, marker + "        return False\n", 1))
+            _fix_md5sums(tree)
+        if defaults:
+            shipped = tree / "usr" / "lib" / "edge-agent" / "agent.toml"
+            text = shipped.read_text()
+            for start, line in defaults.items():
+                text, n = re.subn(rf"^{re.escape(start)}.*$", line, text, count=1, flags=re.M)
+                assert n == 1, f"the shipped defaults have no line starting {start!r}"
+            shipped.write_text(text)
             _fix_md5sums(tree)
         if postinst_first:
             postinst = tree / "DEBIAN" / "postinst"

@@ -34,7 +34,7 @@ from agent.commands import ledger
 from devtools.booted import SUITES, BootedDebian, ensure_rootfs, package_depends
 from devtools.harness import REPO, FleetServerProcess, wait_for
 from devtools.netns import NetNS
-from devtools.releases import SigningKey, reversioned
+from devtools.releases import SigningKey, built_at, reversioned
 
 pytestmark = pytest.mark.system
 
@@ -71,6 +71,19 @@ PYTHON = {"bookworm": "python3.11", "trixie": "python3.13"}
 DISPLAY_STAND_IN = ["xvfb", "x11-xserver-utils"]
 # the alarms apt's output must not raise on install, upgrade or purge
 ALARMING = re.compile(r"could not|fail|error|warning", re.I)
+# what dpkg says when it stops to ask about a configuration file: never, unattended
+PROMPT = re.compile(r"Configuration file '|conffile prompt|\(Y/I/N/O/D/Z\)")
+# dpkg on trixie when the last package that listed /lib/systemd/system leaves it for
+# /usr/lib (merged /usr: the directory is /usr/lib/systemd/system, and not empty)
+LEFT_ALIASED_DIRS = re.compile(r"dpkg: warning: unable to delete old directory "
+                               r"'(/lib/systemd(?:/system)?)': Directory not empty")
+# the landed state screens in the field were installed from, as 0.1.0-1: its
+# /etc/edge-agent/agent.toml was a conffile, its units were under /lib/systemd/system
+FIELD_RELEASE = "1eaf24a"
+# what the next release changes in its shipped defaults (/usr/lib/edge-agent/agent.toml):
+# a key the operator's file sets too, and one it does not
+NEW_DEFAULTS = {"# stable_after_s": "stable_after_s = 90",
+                "# adapt_probe_after_s": "adapt_probe_after_s = 3600"}
 
 
 @dataclass
@@ -195,14 +208,19 @@ def main_pid(screen) -> int:
     return int(screen.show(UNIT, "MainPID")["MainPID"])
 
 
-def apt(screen, *args):
-    r = screen.run("apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confold", *args,
-                   check=False, timeout=300)
+def apt(screen, *args, expected: re.Pattern | None = None):
+    """apt as an unattended upgrade runs it: no terminal, stdin at its end,
+    DEBIAN_FRONTEND=noninteractive (INSIDE_ENV), and no --force-conf* option to
+    answer a question dpkg should never have to ask. ``expected``: the one kind of
+    warning the caller knows this step gives, and says why."""
+    r = screen.run("apt-get", "-y", "-q", *args, check=False, timeout=300, input="")
     out = r.stdout + r.stderr
+    assert not PROMPT.search(out), "dpkg stopped at a question:\n" + out
     assert r.returncode == 0, out
     # apt-utils' absence is debconf's note, not ours
     alarms = [line for line in out.splitlines()
-              if ALARMING.search(line) and "apt-utils is not installed" not in line]
+              if ALARMING.search(line) and "apt-utils is not installed" not in line
+              and not (expected and expected.fullmatch(line))]
     assert not alarms, "apt said:\n" + "\n".join(alarms)
     return out
 
@@ -283,9 +301,14 @@ def test_fresh_install_waits_for_its_configuration_instead_of_failing(site):
         "stat", "-c", "%n %a %U:%G", CONF, STATE, "/etc/edge-agent").stdout.splitlines())
     assert modes == {CONF: "640 root:edge-agent", STATE: "700 edge-agent:edge-agent",
                      "/etc/edge-agent": "755 root:root"}, modes
+    # the operator's file is theirs: no conffile for dpkg to ask about on an upgrade;
+    # the package's defaults are under /usr
+    assert s.run("dpkg-query", "-W", "-f=${Conffiles}", "edge-agent").stdout.strip() == ""
+    assert "/usr/lib/edge-agent/agent.toml" in s.run("dpkg", "-L", "edge-agent").stdout
+    assert s.path(CONF).read_text().count("\n") < 15, "the operator's file is not the short one"
     # on Debian's python3 and the release's own packaged stack, not a virtualenv
     assert s.path("/usr/bin/edge-agent").read_text().split("\n")[0] in (
-        "#!/usr/bin/python3", "#! /usr/bin/python3")
+        "#!/usr/bin/python3", "#! /usr/bin/python3", "#! /usr/bin/python3 -I")
     stack = STACKS[site.release]
     versions = dict(line.split(" ", 1) for line in s.run(
         "dpkg-query", "-W", "-f=${Package} ${Version}\n", "edge-agent", *stack).stdout.splitlines())
@@ -581,6 +604,32 @@ def test_a_logs_command_returns_the_agents_journal_lines_with_their_priorities(s
     assert helpers, "no edge-agent-logs@ instance served the command"
 
 
+def next_release(site) -> Path:
+    """0.1.0-2 from today's tree whose shipped defaults differ from 0.1.0-1's, as the
+    next release's would: in /root/ of the screen."""
+    deb = site.work / "next" / site.debs[1].name
+    if not deb.exists():
+        deb.parent.mkdir(exist_ok=True)
+        reversioned(site.debs[1], "0.1.0-2", deb.parent, defaults=NEW_DEFAULTS)
+    shutil.copy(deb, site.screen.path("/root/"))
+    return deb
+
+
+def assert_new_defaults_under_the_operators(screen) -> None:
+    """The configuration as the installed agent reads it: the new release's default
+    where the operator set nothing, the operator's value where they did."""
+    out = screen.run("python3", "-I", "-c", "from agent import config; c = config.load(); "
+                     "print(c.stable_after_s, c.origins['link.stable_after_s'], "
+                     "c.idle.probe_after_s, c.origins['link.adapt_probe_after_s'])").stdout
+    assert out.split() == ["30.0", "file", "3600.0", "default"], out
+
+
+def assert_dpkg_content(screen) -> None:
+    r = screen.run("dpkg", "--audit", check=False)
+    assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+    assert package_version(screen) == "0.1.0-2 ii"
+
+
 @step(test_enrolls_and_pairs_under_systemd)
 def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     s, server = site.screen, site.server
@@ -598,9 +647,10 @@ def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     ids = {p: s.path(p).read_bytes() for p in (f"{STATE}/device_id", f"{STATE}/credentials.json")}
     conf = s.path(CONF)
     conf.write_text(conf.read_text() + "# edited by the operator\n")
+    edited = conf.read_text()
 
     with StatusSampler(s, site.statuses):
-        apt(s, "install", f"/root/{site.debs[1].name}")
+        apt(s, "install", f"/root/{next_release(site).name}")
         wait_for(lambda: s.show(UNIT, "InvocationID")["InvocationID"] != before["InvocationID"],
                  20, interval=0.2, what="the agent restarted by the upgrade")
         doc = wait_online(s)
@@ -608,7 +658,8 @@ def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     assert main_pid(s) != int(before["MainPID"])
     assert {p: s.path(p).read_bytes() for p in ids} == ids, "device id or credentials changed"
     assert doc["device_id"] == site.device_id and doc["uploads"]["items"] == 2, doc
-    assert "# edited by the operator" in conf.read_text()
+    assert conf.read_text() == edited
+    assert_new_defaults_under_the_operators(s)
     server.admin("/admin/behaviour", {"upload_mode": "ok"})
     wait_for(lambda: server.device(site.device_id).get("uploads") == stored_before + 2, 20,
              interval=0.2, what="the queued uploads delivered after the upgrade")
@@ -993,6 +1044,65 @@ def test_purge_removes_what_the_package_created(site):
     assert not left, left
     # Debian policy: a system user may own files left elsewhere, so it stays
     assert s.run("getent", "passwd", "edge-agent", check=False).returncode == 0
+
+
+@step(test_purge_removes_what_the_package_created)
+def test_a_screen_installed_from_the_field_release_upgrades_unattended_and_keeps_its_edits(site):
+    """The screen as operators have it: 0.1.0-1 as the landed state built it (its
+    agent.toml a conffile, edited, as every screen's is), then the next release with
+    apt as an unattended upgrade runs it: no question, the edits kept byte for byte,
+    the new version online, dpkg content."""
+    s, server = site.screen, site.server
+    old = built_at(FIELD_RELEASE)
+    shutil.copy(old, s.path("/root/edge-agent-field.deb"))
+    apt(s, "install", "/root/edge-agent-field.deb")
+    assert package_version(s) == "0.1.0-1 ii"
+    assert s.run("dpkg-query", "-W", "-f=${Conffiles}", "edge-agent").stdout.split()[:1] == [CONF]
+    write_config(s, server)   # the operator's edit: the url, and the link's keys
+    conf = s.path(CONF)
+    conf.write_text(conf.read_text() + '[log]\nlevel = "info"   # edited on this screen\n')
+    edited = conf.read_text()
+    s.run("systemctl", "restart", UNIT)
+    code = wait_for(lambda: s.run("cat", "/run/edge-agent/pairing-code", check=False).stdout.strip(),
+                    20, interval=0.2, what="the field release's pairing code")
+    assert server.pair(code).returncode == 0
+    wait_online(s)
+    before = s.show(UNIT, "InvocationID")["InvocationID"]
+
+    t0 = time.monotonic()
+    out = apt(s, "install", f"/root/{next_release(site).name}", expected=LEFT_ALIASED_DIRS)
+    took = time.monotonic() - t0
+    assert "Setting up edge-agent (0.1.0-2)" in out, out
+    # The field release's units were under /lib/systemd/system, the next release's are
+    # in /usr/lib/systemd/system: on merged /usr the same files, moved within one
+    # package, which dpkg keeps (it does not remove an old path that is a new file).
+    # Under trixie no other package lists /lib/systemd/system any more, so dpkg tries
+    # to remove the old directories and says it cannot: they are /usr/lib's, full. It
+    # leaves them, as it must; bookworm's systemd still lists them, so dpkg says nothing.
+    left = LEFT_ALIASED_DIRS.findall(out)
+    print(f"\n[{site.release}] dpkg on the move out of /lib/systemd/system: "
+          f"{left or 'nothing'}")
+    assert bool(left) == (site.release == "trixie"), out
+    for unit in (UNIT, "edge-agent-logs.socket", "edge-agent-logs@.service", UPDATE_UNIT):
+        assert s.path(f"/usr/lib/systemd/system/{unit}").is_file(), f"{unit} was lost"
+    assert s.show(UNIT, "LoadState", "UnitFileState", "NeedDaemonReload") == {
+        "LoadState": "loaded", "UnitFileState": "enabled", "NeedDaemonReload": "no"}
+    wait_for(lambda: s.show(UNIT, "InvocationID")["InvocationID"] != before, 20, interval=0.2,
+             what="the agent restarted by the upgrade")
+    doc = wait_online(s)
+    assert "update" in doc, "the status is the field release's, not the new version's"
+    assert conf.read_text() == edited
+    assert s.run("stat", "-c", "%a %U:%G", CONF).stdout.strip() == "640 root:edge-agent"
+    # dpkg keeps the file it no longer ships where it is, as an obsolete conffile
+    # (removed on purge), and asks nothing about it
+    assert s.run("dpkg-query", "-W", "-f=${Conffiles}", "edge-agent").stdout.split()[::2] == \
+        [CONF, "obsolete"]
+    assert_dpkg_content(s)
+    assert_new_defaults_under_the_operators(s)
+    print(f"\n[{site.release}] 0.1.0-1 ({FIELD_RELEASE}, agent.toml a conffile, edited) -> "
+          f"0.1.0-2 with apt, unattended: no question, edits kept, online; apt took {took:.1f}s")
+    apt(s, "purge", "edge-agent")
+    assert not exists(s, "/etc/edge-agent"), s.run("ls", "-la", "/etc/edge-agent", check=False).stdout
 
 
 @step()
