@@ -137,7 +137,9 @@ def cmd_status(args) -> int:
         return EXIT_NOT_RUNNING
     running, online = status.verdict(doc)
     if args.json:
-        print(json.dumps({**doc, "running": running}, indent=1, sort_keys=True))
+        # the file's own figures are as of its updated_at; as_read, as of now
+        print(json.dumps({**doc, "running": running, "as_read": status.as_read(doc, running)},
+                         indent=1, sort_keys=True))
     else:
         print(status.render(doc, running))
     if not running:

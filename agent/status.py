@@ -135,17 +135,18 @@ def _update_text(update: dict) -> str:
     return "; ".join(said)
 
 
-def _settings_text(settings: dict) -> str:
+def _settings_text(settings: dict, elapsed: float = 0.0) -> str:
+    """``elapsed``: the file's age, which the countdowns in it have run since."""
     said = []
     if settings.get("revision") is not None:
         fleet = settings.get("fleet") if isinstance(settings.get("fleet"), dict) else {}
         values = ", ".join(
-            f"{k}={v.get('value')}" + (f" for {v['expires_in_s']:.0f} s more"
-                                       if isinstance(v.get("expires_in_s"), (int, float)) else "")
+            f"{k}={v.get('value')}" + (f" for {_duration(max(0.0, v['expires_in_s'] - elapsed))} more"
+                                       if _number(v.get("expires_in_s")) else "")
             for k, v in fleet.items() if isinstance(v, dict))
         said.append(f"fleet revision {settings['revision']} {settings.get('state')}"
-                    + (f" (proof due in {settings['proof_due_in_s']:.0f} s)"
-                       if settings.get("proof_due_in_s") is not None else "")
+                    + (f" (proof due in {_duration(max(0.0, settings['proof_due_in_s'] - elapsed))})"
+                       if _number(settings.get("proof_due_in_s")) else "")
                     + (f": {values}" if values else ""))
     else:
         said.append("the local file alone")
@@ -169,19 +170,19 @@ def render(doc: dict, running: bool) -> str:
     state = link.get("state", "unknown") if running else "not running"
     lines = [f"edge-agent {doc.get('version', '?')}  device {doc.get('device_id', '?')}",
              f"server      {doc.get('server', '?')}",
-             *([f"pairing     {_pairing_text(doc['pairing'])}"]
+             *([f"pairing     {_pairing_text(doc['pairing'], as_read(doc, running)['pairing_expires_in_s'])}"]
                if isinstance(doc.get("pairing"), dict) else []),
              f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
-    # the file is written on changes only: ages are as of its writing, plus since then
-    elapsed = _elapsed_since(doc.get("updated_at"))
-    if link.get("since_s") is not None and running:
-        lines.append(f"since       {_age(link['since_s'], elapsed)} in this state")
+    now = as_read(doc, running)
+    if now["link_since_s"] is not None:
+        lines.append(f"since       {_duration(now['link_since_s'])} in this state")
     if link.get("detail") and state != "online":
         lines.append(f"why         {link['detail']}")
     if link.get("rtt_ms") is not None:
-        ack = (f", last ack {_age(link['last_ack_age_s'], elapsed)} ago"
-               if link.get("last_ack_age_s") is not None else "")
-        lines.append(f"rtt         {link['rtt_ms']} ms{ack}")
+        lines.append(f"rtt         {link['rtt_ms']} ms, measured "
+                     f"{_duration(now['rtt_measured_s_ago'])} ago (the last time the status "
+                     f"changed)" if now["rtt_measured_s_ago"] is not None
+                     else f"rtt         {link['rtt_ms']} ms")
     skew = link.get("clock_skew_s")
     if isinstance(skew, (int, float)) and abs(skew) >= NOTABLE_SKEW_S:
         lines.append(f"clock       {abs(skew):.0f} s {'behind' if skew > 0 else 'ahead of'} "
@@ -197,7 +198,11 @@ def render(doc: dict, running: bool) -> str:
                      f"{unwritten.get('failed_attempts')} failed writes): in use from memory, "
                      f"written when the card takes it")
     if link.get("proof"):
-        lines.append(f"proof       {link['proof']}")
+        within = now["proof_within_s"]
+        every = link.get("heartbeat_interval_s") if link.get("proof") != "ping" else None
+        lines.append(f"proof       {link['proof']}" + (
+            f", {'ACKed every ' + format(every, 'g') + ' s, ' if every else ''}the last "
+            f"within {within:g} s" if within is not None else ""))
     uploads = doc.get("uploads") if isinstance(doc.get("uploads"), dict) else None
     if uploads and "items" in uploads:
         lines.append(f"uploads     {uploads['items']} queued ({uploads.get('bytes', 0)} bytes), "
@@ -226,9 +231,10 @@ def render(doc: dict, running: bool) -> str:
             + (f"; fault: {hours['fault']}" if hours.get("fault") else "")))
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if settings:
-        lines.append(f"settings    {_settings_text(settings)}")
-    if link.get("next_attempt_in_s") is not None:
-        lines.append(f"next try    in {link['next_attempt_in_s']} s (attempt {link.get('attempts')})")
+        lines.append(f"settings    {_settings_text(settings, now['file_age_s'])}")
+    if now["next_attempt_in_s"] is not None:
+        lines.append(f"next try    in {_duration(now['next_attempt_in_s'])} "
+                     f"(attempt {link.get('attempts')})")
     losses = link.get("losses_last_hour") or []
     if isinstance(losses, list):
         counts: dict = {}
@@ -249,28 +255,59 @@ def _storage(doc: dict) -> dict:
     return storage if isinstance(storage.get("state"), str) else {"state": "unknown"}
 
 
+def as_read(doc: dict, running: bool) -> dict:
+    """The board's times as they are now, not as they were when the file was written
+    (it is written on changes only: no write per heartbeat). An age grows by the
+    file's age, a countdown shrinks by it, and the last proof of a link still online
+    and proven is bounded by what would have ended it (and rewritten the file). What
+    cannot be known now says how old it is. None where the file has nothing to say."""
+    elapsed = _elapsed_since(doc.get("updated_at"))
+    link = _link(doc)
+    online = running and link.get("state") == "online"
+
+    def grown(value):
+        return round(value + elapsed, 1) if _number(value) else None
+
+    def left(value):
+        return round(max(0.0, value - elapsed), 1) if _number(value) and running else None
+
+    pairing = doc.get("pairing") if isinstance(doc.get("pairing"), dict) else {}
+    proven = online and link.get("proven_live") is True and _number(link.get("proof_within_s"))
+    return {"file_age_s": round(elapsed, 1),
+            "link_since_s": grown(link.get("since_s")) if running else None,
+            "proof_within_s": link["proof_within_s"] if proven else None,
+            "rtt_measured_s_ago": grown(link.get("last_ack_age_s"))
+            if link.get("rtt_ms") is not None else None,
+            "next_attempt_in_s": left(link.get("next_attempt_in_s")),
+            "pairing_expires_in_s": left(pairing.get("expires_in_s"))}
+
+
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
 def _elapsed_since(updated_at) -> float:
-    if isinstance(updated_at, bool) or not isinstance(updated_at, (int, float)):
+    if not _number(updated_at):
         return 0.0
     return max(0.0, time.time() - updated_at)
 
 
-def _age(seconds, elapsed: float) -> str:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+def _duration(seconds) -> str:
+    if not _number(seconds):
         return "?"
-    total = seconds + elapsed
-    if total < 120:
-        return f"{total:.0f} s"
-    if total < 7200:
-        return f"{total / 60:.0f} min"
-    return f"{total / 3600:.1f} h"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _link(doc: dict) -> dict:
     return doc.get("link") if isinstance(doc.get("link"), dict) else {}
 
 
-def _pairing_text(p: dict) -> str:
+def _pairing_text(p: dict, expires_in_s=None) -> str:
     if p.get("code"):
-        return f"code {p['code']} (enter it on the fleet server; expires in {p.get('expires_in_s')} s)"
+        expiry = f"; expires in {_duration(expires_in_s)}" if expires_in_s is not None else ""
+        return f"code {p['code']} (enter it on the fleet server{expiry})"
     return str(p.get("state"))

@@ -226,7 +226,7 @@ def test_status_says_the_revision_where_values_come_from_and_the_last_rollback(t
     assert snap["origins"] == {"link.missed_acks": "env", "log.level": "fleet"}
     doc = {"settings": snap, "link": {"state": "online"}}
     text = render(doc, True)
-    assert ("settings    fleet revision 7 trial (proof due in 30 s): log.level=debug for 600 s "
+    assert ("settings    fleet revision 7 trial (proof due in 30 s): log.level=debug for 10 min "
             "more; the environment overrides the fleet's link.missed_acks") in text
 
 

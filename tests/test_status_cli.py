@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from agent import status
 from agent.status import line as status_line
 
@@ -35,7 +37,7 @@ def test_exit_codes(tmp_path):
     put(tmp_path, {"state": "waiting", "reason": "ack-timeout", "next_attempt_in_s": 7.0,
                    "attempts": 3})
     r = run_status(tmp_path)
-    assert r.returncode == 1 and "in 7.0 s" in r.stdout
+    assert r.returncode == 1 and "in 7 s" in r.stdout
     r = run_status(tmp_path, "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["link"]["state"] == "waiting"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -60,15 +62,28 @@ def test_status_lines_for_systemd():
     assert status_line({"state": "connecting"}) == "connecting"
 
 
-def test_ages_count_from_when_the_status_file_was_written(tmp_path):
-    """The file is rewritten on changes only: a link up for a minute is not '0.0 s'."""
+def test_every_figure_is_true_when_read_or_says_how_old_it_is(tmp_path):
+    """The file is rewritten on changes only (no write per heartbeat): a link up for a
+    minute is not '0 s', a countdown does not stand still, and an ACK the file last saw
+    65 s ago is not 'the last ack 65 s ago' on a link ACKed every 2 s (online and
+    proven, it had one within the bound, or the file would say otherwise)."""
     import time
     status.write(str(tmp_path / "status.json"),
                  {"pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1",
                   "server": "http://127.0.0.1:1", "updated_at": time.time() - 65,
-                  "link": {"state": "online", "since_s": 0.0, "rtt_ms": 3.0, "last_ack_age_s": 0.0}})
+                  "pairing": {"state": "pairing", "code": "493-463", "expires_in_s": 600},
+                  "link": {"state": "online", "since_s": 0.0, "rtt_ms": 3.0,
+                           "last_ack_age_s": 0.5, "proven_live": True, "proof": "heartbeat-ack",
+                           "proof_within_s": 3.0, "heartbeat_interval_s": 2.0}})
     out = run_status(tmp_path).stdout
-    assert "since       65 s in this state" in out and "last ack 65 s ago" in out, out
+    assert "since       65 s in this state" in out, out
+    assert "proof       heartbeat-ack, ACKed every 2 s, the last within 3 s" in out, out
+    assert "rtt         3.0 ms, measured 66 s ago" in out, out
+    assert "expires in 9 min" in out and "last ack" not in out, out
+    now = json.loads(run_status(tmp_path, "--json").stdout)["as_read"]
+    assert 64 < now["file_age_s"] < 70 and now["proof_within_s"] == 3.0
+    assert 64 < now["link_since_s"] < 70 and 65 < now["rtt_measured_s_ago"] < 71
+    assert 530 < now["pairing_expires_in_s"] < 536
 
 
 def test_the_status_file_says_what_the_link_does_before_any_other_thread_runs(tmp_path, monkeypatch):
@@ -175,3 +190,36 @@ def test_a_bug_is_one_line_at_priority_err_never_a_traceback(tmp_path, monkeypat
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("<3>edge-agent status: crashed: KeyError: 'a key the code expected' "
                           "(at agent/cli.py:"), err
+
+
+@pytest.mark.netns
+def test_a_healthy_links_status_read_long_after_the_last_write_is_true(fleet, spawn_agent,
+                                                                       agent_python, tmp_path):
+    """A real link heartbeating every 2 s: the status file stops changing once the link
+    is stable, and `status` read 10 s later says what the server saw."""
+    import time
+
+    from devtools.harness import REPO, agent_config, wait_for
+    server = fleet()
+    cfg = agent_config(server, tmp_path)
+    agent = spawn_agent(agent_python, cfg)
+    agent.wait_live(15)
+    written = wait_for(lambda: (lambda d: d if d.get("link", {}).get("rtt_ms") else None)(
+        agent.status()), 10, what="a status with an RTT")["updated_at"]
+    time.sleep(10)
+    assert agent.status()["updated_at"] == written, "the file was rewritten: no age to test"
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+           "RUNTIME_DIRECTORY": str(tmp_path / "run")}
+    r = subprocess.run([agent_python, "-m", "agent", "status", "--json", "--config", str(cfg)],
+                       capture_output=True, text=True, env=env, timeout=30)
+    now = json.loads(r.stdout)["as_read"]
+    text = subprocess.run([agent_python, "-m", "agent", "status", "--config", str(cfg)],
+                          capture_output=True, text=True, env=env, timeout=30).stdout
+    seen = server.device()
+    connected_ago = time.time() - seen["connect_times"][-1]
+    last_heartbeat_ago = time.time() - seen["heartbeat_times"][-1]
+    assert now["file_age_s"] >= 10
+    assert abs(now["link_since_s"] - connected_ago) < 2.0, (now, connected_ago)
+    assert last_heartbeat_ago <= now["proof_within_s"] == 3.0, (now, last_heartbeat_ago)
+    assert now["rtt_measured_s_ago"] >= 10
+    assert "ACKed every 2 s, the last within 3 s" in text and "last ack" not in text, text

@@ -300,6 +300,9 @@ class LinkCore:
                                if online and wd.last_ack_at is not None else None),
             "proven_live": online and wd.proven_live(now),
             "proof": wd.proof if online else None,
+            # while the file says online and proven, the last proof is at most this old
+            "proof_within_s": (round(wd.proof_within_s(self.idle.interval_s), 1)
+                               if online and wd.proof else None),
             "connection": cur.n if cur else None,
             "local_addr": cur.local_addr if cur else None,
             "connect_ms": cur.connect_ms if cur else None,

@@ -204,6 +204,16 @@ class LivenessWatchdog:
         return (self.last_ping_at is not None
                 and now - self.last_ping_at <= self._server_ping_interval_s + p.ack_timeout_s)
 
+    def proof_within_s(self, interval_s: float) -> float:
+        """How recent the last proof is for as long as this connection stays online and
+        proven live (heartbeats every ``interval_s``): an older one would have ended it
+        (``check``) or its proof (``proven_live``), and the status file is rewritten on
+        either. What `edge-agent status` says without a write per heartbeat."""
+        p = self.policy
+        if self.armed or self.kernel_armed:
+            return min(p.missed_acks * interval_s + p.ack_timeout_s, heal_window_s(p))
+        return self._server_ping_interval_s + p.ack_timeout_s
+
     @property
     def proof(self) -> str | None:
         """What proves this connection, for the status: the server's ACKs, the kernel's
