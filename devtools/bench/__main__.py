@@ -202,7 +202,7 @@ def main(argv=None) -> int:
             ("netback", NB.compare, nb_trials, outage_s, work),
             ("footprint", FP.measure, fp_window, work / "footprint", fp_warmup),
             ("idle_reap", IR.compare, 150.0 if quick else 600.0, work)]
-    if not quick:   # about 20 s a trial: the full run's
+    if not quick:   # about 20 s a trial and 40 s for the frozen server: the full run's
         jobs.append(("hung", HN.compare, 3, work / "hung"))
     threads = [threading.Thread(target=job, args=j) for j in jobs]
     for t in threads:

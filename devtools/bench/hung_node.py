@@ -5,17 +5,19 @@ node is frozen with SIGSTOP; for each agent it served, the time from the freeze 
 first connection accepted by the healthy node."""
 from __future__ import annotations
 
+import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from devtools.cluster import Cluster
-from devtools.harness import REPO, agent_config, terminate, wait_for
+from devtools.harness import REPO, FleetServerProcess, agent_config, terminate, wait_for
 from devtools.netns import NetNS
 
 MODES = {"race": (), "no-race": ("--no-race",)}
@@ -139,14 +141,23 @@ def summarize(trials: list[Trial], mode: str) -> dict:
             "over_4s": sum(1 for v in done if v > 4.0)}
 
 
-def compare(trials: int, work: Path) -> list[Trial]:
-    return [trial(work / f"hung-{n}") for n in range(trials)]
+@dataclass
+class Result:
+    trials: list
+    frozen: "FrozenStorm"
 
 
-def section(trials: list[Trial]) -> list[str]:
+def compare(trials: int, work: Path) -> Result:
+    return Result([trial(work / f"hung-{n}") for n in range(trials)],
+                  frozen_storm(work / "frozen"))
+
+
+def section(result: Result) -> list[str]:
+    trials = result.trials
     lines = ["## Hung fleet node behind a load balancer", "",
-             "Two reference fleet servers behind haproxy (round robin, HTTP health check on",
-             "/healthz every 1 s, out after 2 failures); 10 agents of each kind connect",
+             "Two reference fleet servers (python-socketio's Redis adapter between them) behind",
+             "haproxy (round robin, HTTP health check on /healthz every 1 s, out after 2",
+             "failures); 10 agents of each kind connect",
              "through it, heartbeat 2 s, ACK 1 s, backoff from 0.5 s. One node is frozen",
              "(SIGSTOP): its kernel still completes TCP handshakes. Time from the freeze to",
              "the healthy node's accepting each agent the frozen node served.", "",
@@ -157,13 +168,126 @@ def section(trials: list[Trial]) -> list[str]:
         lines.append(f"| {LABELS[mode]} | {len(trials)} | {s['back']}/{s['agents']} | "
                      f"{s['median']} | {s['max']} | {s['over_4s']} |")
     errors = [f"- trial {n}: {t.error}" for n, t in enumerate(trials) if t.error]
+    f = result.frozen
+    lines += ["", f"The one storm a device cannot tell from a hung node: the only server frozen "
+              f"for everyone ({f.freeze_s:g} s; {f.agents} agents of each kind, each kind on a "
+              f"server of its own), then thawed. Dials: TCP SYNs the server's port saw, "
+              f"retransmissions included.", "",
+              "| agents | dials while frozen | dials in all | Socket.IO connects/s at the thaw, peak | all back after the thaw s |",
+              "|---|---|---|---|---|"]
+    for mode in MODES:
+        lines.append(f"| {LABELS[mode]} | {f.dials_frozen.get(mode)} | {f.dials_total.get(mode)} | "
+                     f"{f.peak_per_s.get(mode)} | {f.to_100_s.get(mode)} |")
+    if f.error:
+        errors.append(f"- frozen server: {f.error}")
     return lines + (["", "Errors:", *errors] if errors else [])
 
 
+# -- the whole server frozen: a storm the race must not feed ---------------------------
+
+@dataclass
+class FrozenStorm:
+    """The only server frozen for everyone, then thawed: per kind, the dials (TCP SYNs)
+    its agents sent while it was frozen and after, and the peak of Socket.IO connects
+    per second once it was thawed."""
+    agents: int = 0
+    freeze_s: float = 0.0
+    dials_frozen: dict = field(default_factory=dict)
+    dials_total: dict = field(default_factory=dict)
+    peak_per_s: dict = field(default_factory=dict)
+    to_100_s: dict = field(default_factory=dict)
+    error: str = ""
+
+
+def _syn_counters(ns: NetNS, ports: dict) -> None:
+    ns.nft("".join(f"add rule inet {ns.TABLE} input tcp dport {port} "
+                   f"tcp flags & (syn | ack) == syn counter comment \"{mode}\"\n"
+                   for mode, port in ports.items()))
+
+
+def _syns(ns: NetNS) -> dict:
+    out = subprocess.run(["nft", "list", "chain", "inet", ns.TABLE, "input"],
+                         capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines():
+        if "counter packets" in line and "comment" in line:
+            packets = int(line.split("counter packets", 1)[1].split()[0])
+            found[line.rsplit('"', 2)[-2]] = packets
+    return found
+
+
+def frozen_storm(work: Path, agents: int = 50, freeze_s: float = 10.0, hb: float = 2.0,
+                 ack: float = 1.0) -> FrozenStorm:
+    """Each kind on a server of its own, both frozen at once: a silent loss for every
+    agent (so nothing but the slow handshakes keeps the race from firing)."""
+    work.mkdir(parents=True, exist_ok=True)
+    r = FrozenStorm(agents, freeze_s)
+    with NetNS() as ns:
+        servers, procs = {}, []
+        try:
+            log = open(work / "clients.log", "ab")
+            for mode, extra in MODES.items():
+                (work / mode).mkdir(exist_ok=True)
+                server = servers[mode] = FleetServerProcess(work / mode, "--accept-any").start()
+                cfg = agent_config(server, work / mode, server={"connect_timeout_s": 10.0},
+                                   link={"heartbeat_interval_s": hb, "ack_timeout_s": ack,
+                                         "stable_after_s": 60.0,
+                                         "backoff": {"base_s": 1.0, "cap_s": 60.0}},
+                                   log={"level": "error"})
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "devtools.storm_client", "--config", str(cfg),
+                     "--first", "0", "--count", str(agents), "--ramp-s", str(hb),
+                     "--prefix", f"{mode}-", *extra],
+                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+            for mode, server in servers.items():
+                wait_for(lambda: sum(1 for d in _devices(server).values() if d["online"])
+                         >= agents, 60, interval=0.5, what=f"{agents} {mode} agents online")
+            time.sleep(2 * hb)
+            _syn_counters(ns, {mode: s.port for mode, s in servers.items()})
+            t_freeze = time.time()
+            for server in servers.values():
+                server.proc.send_signal(signal.SIGSTOP)
+            time.sleep(freeze_s)
+            r.dials_frozen = _syns(ns)
+            for server in servers.values():
+                server.proc.send_signal(signal.SIGCONT)
+            t_up = time.time()
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                if all(sum(1 for d in _devices(s).values()
+                           if any(c > t_freeze for c in d["connect_times"])) >= agents
+                       for s in servers.values()):
+                    break
+                time.sleep(1.0)
+            r.dials_total = _syns(ns)
+            for mode, server in servers.items():
+                devs = _devices(server)
+                firsts = sorted(min(c for c in d["connect_times"] if c > t_freeze) - t_up
+                                for d in devs.values()
+                                if any(c > t_freeze for c in d["connect_times"]))
+                after = [c - t_up for d in devs.values() for c in d["connect_times"]
+                         if c > t_freeze]
+                bins = Counter(int(max(0.0, c)) for c in after)
+                r.peak_per_s[mode] = max(bins.values(), default=0)
+                r.to_100_s[mode] = round(firsts[-1], 2) if len(firsts) >= agents else None
+        except Exception as e:
+            r.error = str(e)[:300]
+        finally:
+            for server in servers.values():
+                if server.proc is not None and server.proc.poll() is None:
+                    server.proc.send_signal(signal.SIGCONT)
+            for p in procs:
+                terminate(p, 5)
+            for server in servers.values():
+                server.stop()
+    return r
+
+
 if __name__ == "__main__":
+    import dataclasses
     import json
     import os
-    ts = compare(int(sys.argv[1]) if len(sys.argv) > 1 else 1,
-                 Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-agent-hung-{os.getpid()}")
-    print("\n".join(section(ts)))
-    print(json.dumps([t.__dict__ for t in ts]))
+    res = compare(int(sys.argv[1]) if len(sys.argv) > 1 else 1,
+                  Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-agent-hung-{os.getpid()}")
+    print("\n".join(section(res)))
+    print(json.dumps(dataclasses.asdict(res)))
