@@ -2,7 +2,8 @@
 connect with no answer by one second dial, and N that never do (the behaviour before),
 side by side on the same two-node cluster (devtools/cluster.py) in the same run. One
 node is frozen with SIGSTOP; for each agent it served, the time from the freeze to its
-first connection accepted by the healthy node."""
+first connection accepted by the healthy node. And the only server frozen for everyone,
+the storm a device cannot tell from a hung node: the dials each kind makes there."""
 from __future__ import annotations
 
 import signal
