@@ -10,7 +10,7 @@ import sys
 
 from . import __version__, config as cfgmod, crashes, logs, status
 from .fsutil import UnsafePath, drop_to_owner
-from .identity.credentials import Credentials
+from .identity.credentials import Credentials, CredentialsUnreadable
 from .link.profiles import PROFILES, uncarried
 from .settings.service import FleetSettings
 from .upload_kinds import KINDS
@@ -98,6 +98,12 @@ def cmd_run(args) -> int:
     except QueueUnavailable as e:
         # not a configuration error: systemd restarts the agent, the queue is untouched
         logging.getLogger("edge_agent").error("upload queue unavailable: %s", e)
+        return EXIT_DEGRADED
+    except CredentialsUnreadable as e:
+        # a failing card, not an unpaired screen: no new code, no pairing lost; systemd
+        # starts the agent again (RestartSec) and the read is tried again
+        logging.getLogger("edge_agent").error("%s: the card is failing; not pairing again, "
+                                              "trying again at the next start", e.strerror)
         return EXIT_DEGRADED
     return agent.run()
 

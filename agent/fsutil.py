@@ -116,6 +116,24 @@ def read_bounded(path: str, max_bytes: int, follow_links: bool = False,
     return raw
 
 
+# what a failing card answers a read with, now and perhaps not the next time
+CARD_ERRORS = frozenset({errno.EIO, errno.EAGAIN, errno.EBUSY, errno.ENOMEM, errno.ETIMEDOUT,
+                         errno.EUCLEAN})
+
+
+def retrying(read, tries: int = 3, pause_s: float = 0.2):
+    """``read()``, again after an I/O error (a card that failed one read may take the
+    next); the last error raised. A read error is never an answer ("no file", "empty"):
+    the callers raise or report it as what it is."""
+    for attempt in range(tries):
+        try:
+            return read()
+        except OSError as e:
+            if e.errno not in CARD_ERRORS or attempt == tries - 1:
+                raise
+            time.sleep(pause_s * (attempt + 1))
+
+
 def read_json(path: str, max_bytes: int, follow_links: bool = False,
               dir_fd: int | None = None):
     """The JSON document in ``path``, read as ``read_bounded`` does; ValueError (of

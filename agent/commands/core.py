@@ -132,7 +132,8 @@ class Entry:
                       bool(d.get("acked", False)),
                       float(expires) if expires is not None else None,
                       bool(d.get("admitted", True)))
-        except (KeyError, TypeError, ValueError, AttributeError):
+        # ArithmeticError: a number no float holds (400 digits) on a damaged card
+        except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):
             return None
         return e if e.state in ("running", "done") and e.id else None
 

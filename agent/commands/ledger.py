@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..fsutil import FileTooLarge, atomic_write, read_bounded, set_aside
+from ..fsutil import FileTooLarge, atomic_write, read_bounded, retrying, set_aside
 from .core import Entry
 
 log = logging.getLogger("edge_agent.commands")
@@ -48,12 +48,15 @@ class Loaded:
 def load(path: str, now: float) -> Loaded:
     """``now``: wall time, for the hold after damage."""
     try:
-        raw = read_bounded(path, MIGRATE_MAX_BYTES)
+        raw = retrying(lambda: read_bounded(path, MIGRATE_MAX_BYTES))
     except FileNotFoundError:
         return Loaded()
     except OSError as e:
-        log.error("cannot read the command ledger %s (%s): refusing commands that may be "
-                  "in it", path, e.strerror)
+        # a read error is not an empty ledger: the hold refuses what may be in it, and the
+        # file is kept aside (a rename needs no read) rather than written over
+        aside = set_aside(path, "unreadable")
+        log.error("cannot read the command ledger %s (%s)%s: refusing commands that may be "
+                  "in it", path, e.strerror, f", kept aside as {aside}" if aside else "")
         return _lost(Loaded(rewrite=True), now)
     except FileTooLarge:
         log.error("command ledger %s is over %d bytes: refusing commands that may be in it",
@@ -102,8 +105,8 @@ def _apply(out: Loaded, line: bytes) -> bool:
                 out.floor = floor if out.floor is None else max(out.floor, floor)
             out.closed = out.closed or bool(rec.get("closed"))
         return True
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-        return False
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError):
+        return False    # UnicodeDecodeError is a ValueError
 
 
 def _load_v1(path: str, raw: bytes, now: float) -> Loaded:
@@ -114,7 +117,7 @@ def _load_v1(path: str, raw: bytes, now: float) -> Loaded:
             e = Entry.from_dict(d) if isinstance(d, dict) else None
             if e is not None:
                 out.entries[e.id] = e
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError):
         aside = set_aside(path, "corrupt")
         log.error("command ledger %s is corrupt%s; refusing commands that may be in it", path,
                   f", kept aside as {aside}" if aside else "")

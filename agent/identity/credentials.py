@@ -12,21 +12,39 @@ import logging
 import os
 import time
 
-from ..fsutil import atomic_write, read_json, set_aside
+from ..fsutil import atomic_write, read_json, retrying, set_aside
 from .rules import token_problem, usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
 MAX_BYTES = 64 * 1024
 
 
+class CredentialsUnreadable(OSError):
+    """The card would not give the credentials file (an I/O error, a denied read): not
+    the same as no file. Taken for "unpaired", it would show a new code and need the
+    screen paired again by hand; the agent stops instead, and systemd tries again."""
+
+
 class Credentials:
     def __init__(self, state_dir: str):
         self.path = os.path.join(state_dir, "credentials.json")
 
+    def _read(self):
+        """The file's document (read again after an I/O error); FileNotFoundError when
+        there is none, CredentialsUnreadable when the card will not give it, ValueError
+        when it is not JSON."""
+        try:
+            return retrying(lambda: read_json(self.path, MAX_BYTES, follow_links=True))
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise CredentialsUnreadable(e.errno, f"cannot read {self.path}: "
+                                                 f"{e.strerror or type(e).__name__}") from None
+
     def _field(self, name: str):
         try:
-            return read_json(self.path, MAX_BYTES, follow_links=True).get(name)
-        except (OSError, ValueError, AttributeError):
+            return self._read().get(name)
+        except (FileNotFoundError, ValueError, AttributeError):
             return None
 
     def server_device_id(self) -> str | None:
@@ -44,15 +62,13 @@ class Credentials:
         return self._field("claimed") is True
 
     def load(self, device_id: str) -> str | None:
-        """The stored token for ``device_id``, or None (absent, corrupt or another id's)."""
+        """The stored token for ``device_id``, or None (absent, corrupt or another id's);
+        CredentialsUnreadable when the card will not give the file."""
         try:
-            doc = read_json(self.path, MAX_BYTES, follow_links=True)
+            doc = self._read()     # CredentialsUnreadable: not "unpaired"
             problem = (token_problem("token", doc["token"]) if isinstance(doc, dict)
                        else "not a JSON object")
         except FileNotFoundError:
-            return None
-        except OSError as e:
-            log.warning("cannot read %s: %s", self.path, e.strerror)
             return None
         except (ValueError, KeyError, TypeError) as e:
             problem = "token: missing" if isinstance(e, KeyError) else "not JSON"

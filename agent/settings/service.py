@@ -78,6 +78,13 @@ class FleetSettings:
         """Stages a revision (the configure command's checked arguments) for the next
         start. ``check(values)`` raises with a one-line reason (config's rules);
         ValueError here says why it is refused."""
+        if isinstance(self.problem, store.Unreadable):
+            # a read error is not an empty overlay: read again, and write nothing over a
+            # file the card may give back (its revisions, the highest seen) while it fails
+            self.overlay, self.problem = store.read(self.state_dir)
+            if isinstance(self.problem, store.Unreadable):
+                raise ValueError(f"the settings overlay cannot be read ({self.problem}); "
+                                 "nothing staged until the card reads again")
         values = args["values"]
         current = self.overlay.current
         outcome = self.overlay.outcome or {}

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from ..fsutil import atomic_write, read_json
+from ..fsutil import atomic_write, read_json, retrying
 from . import rules
 from .rules import Expiry
 
@@ -116,8 +116,14 @@ class Overlay:
                 "highest": self.seen()}
 
 
+class Unreadable(str):
+    """Why the overlay was not used, when the card would not give it (an I/O error): the
+    file alone runs meanwhile, but the file on the card is not to be written over."""
+
+
 def read(state_dir: str) -> tuple[Overlay, str | None]:
-    """(the overlay, None) or (an empty overlay, why the file was not used)."""
+    """(the overlay, None) or (an empty overlay, why the file was not used: Unreadable
+    when the card would not give it)."""
     try:
         dfd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -126,11 +132,13 @@ def read(state_dir: str) -> tuple[Overlay, str | None]:
         return Overlay(), f"{state_dir}: {e.strerror}"
     path = os.path.join(state_dir, FILE)
     try:
-        doc = read_json(FILE, MAX_BYTES, dir_fd=dfd)
+        doc = retrying(lambda: read_json(FILE, MAX_BYTES, dir_fd=dfd))
     except FileNotFoundError:
         return Overlay(), None
-    except (OSError, ValueError) as e:
-        return Overlay(), f"{path}: {getattr(e, 'strerror', None) or e}"
+    except OSError as e:
+        return Overlay(), Unreadable(f"{path}: {e.strerror or type(e).__name__}")
+    except ValueError as e:
+        return Overlay(), f"{path}: {e}"
     finally:
         os.close(dfd)
     try:
