@@ -63,6 +63,7 @@ class _Balancer:
         self.port = self.listener.getsockname()[1]
         self.count = 0
         self.closed_at: dict[int, float] = {}
+        self.forwarded: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -76,6 +77,7 @@ class _Balancer:
                 threading.Thread(target=self._hang, args=(conn, self.count), daemon=True).start()
                 continue
             upstream = socket.create_connection(("127.0.0.1", self.server_port))
+            self.forwarded += [conn, upstream]
             for a, b in ((conn, upstream), (upstream, conn)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -86,6 +88,14 @@ class _Balancer:
         except OSError:
             pass
         self.closed_at[n] = time.monotonic()
+
+    def cut(self) -> None:
+        """Closes every forwarded connection, as a server that goes away does."""
+        for s in self.forwarded:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     @staticmethod
     def _pipe(a: socket.socket, b: socket.socket) -> None:
@@ -108,11 +118,7 @@ def test_the_second_dial_answers_and_the_unanswered_first_is_closed_at_once(
     aborted then, not left to the 4 s bound."""
     server = fleet()
     box = _Balancer(server.port, hung={2})
-    cfg = agent_config(server, tmp_path, server={"url": f"http://127.0.0.1:{box.port}",
-                                                 "connect_timeout_s": 10.0},
-                       link={"heartbeat_interval_s": HB, "ack_timeout_s": ACK,
-                             "backoff": {"base_s": BASE, "cap_s": 2.0}})
-    agent = spawn_agent(agent_python, cfg)
+    agent = _agent_behind(box, server, spawn_agent, agent_python, tmp_path)
     link = agent.wait_live(15, connection=1)
     netns.drop_flow(int(link["local_addr"].rsplit(":", 1)[1]), box.port)
     dropped = time.monotonic()
@@ -127,3 +133,45 @@ def test_the_second_dial_answers_and_the_unanswered_first_is_closed_at_once(
     assert sampler.max_seen <= 3, sampler.worst   # the dropped one, the race's two
     assert len(agent.sockets(box.port)) == 1
     assert "after a race won by the second dial" in agent.log_text()
+
+
+def _agent_behind(box, server, spawn_agent, agent_python, tmp_path):
+    cfg = agent_config(server, tmp_path, server={"url": f"http://127.0.0.1:{box.port}",
+                                                 "connect_timeout_s": 10.0},
+                       link={"heartbeat_interval_s": HB, "ack_timeout_s": ACK,
+                             "backoff": {"base_s": BASE, "cap_s": 2.0}})
+    return spawn_agent(agent_python, cfg)
+
+
+def test_a_race_unanswered_on_both_dials_is_no_single_node_the_next_connect_dials_once(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """Both dials of the race land where nothing answers: not one hung node but the
+    server struggling, as far as the device can tell; the retry, unanswered too, waits
+    its bound (doubled: 8 s) alone, and only the dial after it answers."""
+    server = fleet()
+    box = _Balancer(server.port, hung={2, 3, 4})
+    agent = _agent_behind(box, server, spawn_agent, agent_python, tmp_path)
+    link = agent.wait_live(15, connection=1)
+    netns.drop_flow(int(link["local_addr"].rsplit(":", 1)[1]), box.port)
+    agent.wait_live(HB + ACK + 4.0 + 8.0 + 3 * 2 * BASE + 4, connection=2)
+    log = agent.log_text()
+    assert log.count("racing a second dial") == 1, log[-2000:]
+    assert box.count == 5, box.count    # the race's two, the retry alone, the answered one
+    assert "; a second dial: connected, then no answer" in log
+    assert {2, 3} <= set(box.closed_at), box.closed_at
+
+
+def test_after_a_loss_every_device_saw_a_connect_is_not_raced(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """The server went away (its connections closed): every device on it is
+    reconnecting, so a connect with no answer waits its bound alone."""
+    server = fleet()
+    box = _Balancer(server.port, hung={2})
+    agent = _agent_behind(box, server, spawn_agent, agent_python, tmp_path)
+    agent.wait_live(15, connection=1)
+    box.cut()
+    agent.wait_live(BASE + 4.0 + 2 * BASE + 4, connection=2)
+    log = agent.log_text()
+    assert box.count == 3, box.count
+    assert "racing a second dial" not in log, log[-2000:]
+    assert "failed (no-answer: connected, then no answer to the websocket upgrade in 4" in log
