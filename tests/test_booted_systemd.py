@@ -660,6 +660,7 @@ def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     assert doc["device_id"] == site.device_id and doc["uploads"]["items"] == 2, doc
     assert conf.read_text() == edited
     assert_new_defaults_under_the_operators(s)
+    assert_dpkg_content(s)
     server.admin("/admin/behaviour", {"upload_mode": "ok"})
     wait_for(lambda: server.device(site.device_id).get("uploads") == stored_before + 2, 20,
              interval=0.2, what="the queued uploads delivered after the upgrade")
