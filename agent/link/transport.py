@@ -30,6 +30,13 @@ polling), so the websocket is the one door to guard.
 The websocket's socket is dialed by the agent (``dialer.py``), not by websocket-client:
 each failed connect gets its reason, the proxy is the one ``Egress`` names, and a
 redirect or a page answering the upgrade is a captive portal, never followed.
+
+A dial whose upgrade has no answer after ``race_after_s`` (the connect bound decides
+when, and whether: ``connect_bound.py``) is raced by one second dial within the same
+deadline, each on a thread of its own, so a balancer may send it to a node that
+answers; the first answered wins, the other is aborted at once. The race covers the
+dial and the upgrade: a frozen node answers neither. What follows (Engine.IO's open,
+the namespace's connect) runs on the winner alone.
 """
 from __future__ import annotations
 
