@@ -267,9 +267,81 @@ def cmd_unpair(args) -> int:
 def cmd_check_config(args) -> int:
     config = _load(args.config)
     print(f"{config.source}: ok (device {config.device_id or 'derived'}, server {config.server_display})")
+    code = _say_in_force(config)
     for adjusted in config.adjusted:
         print(f"{config.source}: adjusted: {cfgmod.adjustment_text(*adjusted)} "
               f"(a value an earlier release took; set it within today's bounds)")
+    if config.fleet_problem:
+        # the file is fine and runs alone; the overlay's damage is said, not a failure
+        print(f"fleet settings not applied: {config.fleet_problem}; the local file alone "
+              f"is in force")
+    return code
+
+
+def _say_in_force(config: cfgmod.Config) -> int:
+    """What is in force and where each value comes from; then whether the agent's user
+    can read every file named. EXIT_OK or EXIT_USAGE."""
+    origins = config.origins
+
+    def came(key: str) -> str:
+        return cfgmod.ORIGINS[origins.get(key, "default")]
+
+    egress = config.egress
+    proxy = egress.proxy
+    if proxy is None:
+        proxy_text = "none: every connection goes direct"
+    elif origins.get("network.proxy") not in (None, "default"):
+        proxy_text = f"{proxy.display} ({came('network.proxy')}, network.proxy)"
+    else:   # in no file: the environment the agent was started with
+        proxy_text = f"{proxy.display} (the environment, {proxy.source.split(' ')[0]})"
+    if proxy is not None and egress.no_proxy:
+        proxy_text += f"; direct to {', '.join(egress.no_proxy)}"
+    if egress.ca_file:
+        count = cfgmod.ca_certificates(egress.ca_file)
+        ca_text = (f"{egress.ca_file} ({came('server.ca_file')}): {count} PEM "
+                   f"certificate{'s' if count != 1 else ''}, in place of the system's CA "
+                   f"store for every connection the agent makes")
+    else:
+        ca_text = "the system's CA store (server.ca_file unset)"
+    print(f"  profile   {config.profile} ({came('server.profile')})")
+    print(f"  server    {config.server_display} ({came('server.url')})")
+    print(f"  proxy     {proxy_text}")
+    print(f"  ca        {ca_text}")
+    if egress.client_cert:
+        print(f"  client    {egress.client_cert}"
+              + (f" with {egress.client_key}" if egress.client_key else "")
+              + f" ({came('network.client_cert')})")
+    set_here: dict[str, list[str]] = {}
+    for key, origin in sorted(origins.items()):
+        set_here.setdefault(origin, []).append(key)
+    for origin in ("package", "file", "fleet", "env"):
+        if set_here.get(origin):
+            print(f"  from {cfgmod.ORIGINS[origin]}: {', '.join(set_here[origin])}")
+    print(f"  every other key: its {cfgmod.ORIGINS['default']}")
+    return _check_readable(config)
+
+
+def _check_readable(config: cfgmod.Config) -> int:
+    """Every file the configuration names, as the agent's user opens it."""
+    from . import access
+    named = {key: path for key, path in (
+        ("the configuration", config.source),
+        ("server.ca_file", config.egress.ca_file),
+        ("network.client_cert", config.egress.client_cert),
+        ("network.client_key", config.egress.client_key)) if path and path != "-"}
+    if os.path.exists(cfgmod.VENDOR_PATH):
+        named["the package's defaults"] = cfgmod.VENDOR_PATH
+    try:
+        how, problems = access.check(named)
+    except LookupError as e:
+        print(f"  readable  not checked: {e} (the package makes the user {access.AGENT_USER})")
+        return EXIT_OK
+    for key, why in problems.items():
+        sys.stderr.write(f"edge-agent: config error: {key}: {named[key]}: {why} "
+                         f"(checked {how})\n")
+    if problems:
+        return EXIT_USAGE
+    print(f"  readable  by {access.AGENT_USER}: every file named here (checked {how})")
     return EXIT_OK
 
 

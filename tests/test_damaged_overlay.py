@@ -128,6 +128,8 @@ def test_the_root_entry_points_run_on_a_damaged_overlay(tmp_path, name, text):
         out = r.stdout + r.stderr
         assert "Traceback" not in out, f"{what} on {name}:\n{out[-3000:]}"
         assert r.returncode == 0, f"{what} on {name} exited {r.returncode}:\n{out[-3000:]}"
+        if what == "check-config":
+            assert "fleet settings not applied" in r.stdout, out
 
 
 # -- revisions only go up ------------------------------------------------------------------

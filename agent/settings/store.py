@@ -137,8 +137,8 @@ def read(state_dir: str) -> tuple[Overlay, str | None]:
         return Overlay(), None
     except OSError as e:
         return Overlay(), Unreadable(f"{path}: {e.strerror or type(e).__name__}")
-    except ValueError as e:
-        return Overlay(), f"{path}: {e}"
+    except ValueError as e:   # its text names the file relative to the directory
+        return Overlay(), f"{path}: {str(e).split(': ', 1)[-1]}"
     finally:
         os.close(dfd)
     try:
