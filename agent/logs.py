@@ -115,7 +115,7 @@ class RepeatFilter(logging.Filter):
 
     MAX_KINDS = 256
     INFO_BURST = 10
-    LINES_PER_WINDOW = 600
+    LINES_PER_WINDOW = 120
 
     def __init__(self, window_s: float = 60.0, clock=time.monotonic):
         super().__init__()
