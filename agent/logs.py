@@ -42,7 +42,10 @@ LINE_CHARS = 1000
 # starts a new entry at NUL as well as at LF (the next one's "<N>" taken as its
 # priority, emergency included), CR rewrites a terminal's line, ESC starts a terminal
 # escape (a clipboard write, a title), C1 controls do the same on some terminals.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Invisible and bidirectional controls too: a server's words must not reorder or hide
+# what an operator reads (U+202E turns the rest of a line around).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069"
+                      "\ufeff\ufff9-\ufffb]")
 
 
 def clean(text: str, limit: int = LINE_CHARS) -> str:
@@ -110,8 +113,10 @@ class RepeatFilter(logging.Filter):
     per kind of info line: a flapping link, or a server repeating itself, must not
     write thousands of lines to the SD card. The next line that passes says how many
     of its kind were held back. Kinds a server can vary without end (each line its
-    own text) meet a budget of ``LINES_PER_WINDOW`` lines in all. Debug lines pass:
-    they are on only when someone asked for them, for a bounded time."""
+    own text) meet a budget of ``LINES_PER_WINDOW`` lines a window, one budget per
+    level (debug, info, warning, error and worse), so a flood of one level never holds
+    back the lines of another: the agent's own errors are still written when a server
+    has spent the info budget."""
 
     MAX_KINDS = 256
     INFO_BURST = 10
@@ -123,11 +128,12 @@ class RepeatFilter(logging.Filter):
         self.clock = clock
         # kind -> [window began at, held back since, level, text for held_back(), passed]
         self._seen: dict[tuple, list] = {}
-        self._budget = [-math.inf, 0, 0]   # [window began at, lines passed, held back]
+        # level class -> [window began at, lines passed, held back]
+        self._budgets: dict[int, list] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.INFO:
-            return True
+            return self._within_budget(record.levelno, self.clock())
         first = record.args[0] if isinstance(record.args, tuple) and record.args else None
         # the first argument names the kind ("link lost: <why>"), its numbers do not
         # (a sequence number in every line made every line a kind of its own); a
@@ -144,21 +150,22 @@ class RepeatFilter(logging.Filter):
         entry = self._seen.get(kind)
         if entry is not None and now - entry[0] < self.window_s:
             allowance = 1 if record.levelno >= logging.WARNING else self.INFO_BURST
-            if entry[4] >= allowance or not self._within_budget(now):
+            if entry[4] >= allowance or not self._within_budget(record.levelno, now):
                 entry[1] += 1
                 return False
             entry[4] += 1
             return True
-        if not self._within_budget(now):
+        if not self._within_budget(record.levelno, now):
             return False
         text = _message(record)
         notes = []
         if entry is not None and entry[1]:
             notes.append(f"{entry[1]} more like this in the last {now - entry[0]:.0f}s")
-        if self._budget[2] and self._budget[1] == 1:
-            notes.append(f"{self._budget[2]} lines of other kinds held back in the last "
+        budget = self._budgets[_level_class(record.levelno)]
+        if budget[2] and budget[1] == 1:
+            notes.append(f"{budget[2]} lines of other kinds held back in the last "
                          f"window: over {self.LINES_PER_WINDOW} a window")
-            self._budget[2] = 0
+            budget[2] = 0
         if notes:
             record.msg, record.args = f"{text} ({'; '.join(notes)})", ()
         if entry is None and len(self._seen) >= self.MAX_KINDS:
@@ -167,10 +174,10 @@ class RepeatFilter(logging.Filter):
         self._seen[kind] = [now, 0, record.levelno, sample[:LIBRARY_LINE_CHARS], 1]
         return True
 
-    def _within_budget(self, now: float) -> bool:
-        """Counts a line against the window's budget; False (and counted as held back)
-        once it is spent."""
-        budget = self._budget
+    def _within_budget(self, level: int, now: float) -> bool:
+        """Counts a line against its level's budget for the window; False (and counted
+        as held back) once it is spent."""
+        budget = self._budgets.setdefault(_level_class(level), [-math.inf, 0, 0])
         if now - budget[0] >= self.window_s:
             budget[0], budget[1] = now, 0
         if budget[1] >= self.LINES_PER_WINDOW:
@@ -186,13 +193,22 @@ class RepeatFilter(logging.Filter):
         lines = [(name, entry[2], f"held back {entry[1]} more like this in the last "
                                   f"{now - entry[0]:.0f}s: {entry[3]}")
                  for (name, *_), entry in self._seen.items() if entry[1]]
-        if self._budget[2]:
-            lines.append(("edge_agent", logging.WARNING,
-                          f"held back {self._budget[2]} lines over the budget of "
-                          f"{self.LINES_PER_WINDOW} a window"))
+        for level, budget in sorted(self._budgets.items()):
+            if budget[2]:
+                lines.append(("edge_agent", max(level, logging.INFO),
+                              f"held back {budget[2]} {logging.getLevelName(level).lower()} "
+                              f"lines over the budget of {self.LINES_PER_WINDOW} a window"))
         self._seen.clear()
-        self._budget = [-math.inf, 0, 0]
+        self._budgets.clear()
         return lines
+
+
+def _level_class(level: int) -> int:
+    """The budget a line counts against: debug, info, warning, or error and worse."""
+    for bound in (logging.ERROR, logging.WARNING, logging.INFO):
+        if level >= bound:
+            return bound
+    return logging.DEBUG
 
 
 class LibraryLines(logging.Filter):

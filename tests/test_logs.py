@@ -175,3 +175,32 @@ def test_a_library_line_is_one_kind_whatever_the_server_put_in_it():
         # letters, not numbers: the agent's own kinds already ignore numbers
         log.warning("Unknown namespace %s", "/" + "".join(chr(97 + int(d)) for d in str(i)))
     assert len(stream.getvalue().splitlines()) == 1
+
+
+def test_a_flood_at_one_level_never_holds_back_the_agents_own_errors():
+    """A server varying a name in an info line (a device id per device:registered) spends
+    the info budget; the agent's own warnings and errors are written all the same."""
+    clock = FakeClock()
+    log, out = make_logger(clock)
+    for i in range(700):
+        log.info("%s", f"registered with the server as st-{'abcdefghij'[i % 10] * (1 + i // 10)}")
+    log.error("the link thread died: %s", "a bug of ours")
+    log.warning("link lost: %s", "silence")
+    lines = out.getvalue().splitlines()
+    assert sum(l.startswith("<6>") for l in lines) == RepeatFilter.LINES_PER_WINDOW
+    assert "<3>the link thread died: a bug of ours" in lines
+    assert "<4>link lost: silence" in lines
+
+
+def test_debug_lines_meet_a_budget_of_their_own():
+    clock = FakeClock()
+    log, out = make_logger(clock)
+    log.setLevel(logging.DEBUG)
+    for i in range(1000):
+        log.debug("link news: %s", f"kind-{i}")
+    assert len(out.getvalue().splitlines()) == RepeatFilter.LINES_PER_WINDOW
+
+
+def test_no_bidirectional_or_invisible_character_reaches_a_line():
+    text = logs.clean("name \u202eredliated\u202c \u200b\ufeff\u2066x\u2069")
+    assert text == "name \\u202eredliated\\u202c \\u200b\\ufeff\\u2066x\\u2069"
