@@ -203,3 +203,22 @@ def test_a_token_the_disk_refuses_stays_in_use_and_is_written_again_on_a_capped_
     core.handle(C.WriteFailed(store, "Input/output error", t))
     assert core.next_write_at == t + 1
 
+
+
+def test_a_pairing_is_never_held_back_and_a_held_token_is_written_at_the_stop(tmp_path):
+    """Four registrations spend the budget, then the operator claims the screen and the
+    agent stops: the claim and the latest token are on the card when it starts again
+    (a held write lost at the stop left the screen unpaired)."""
+    creds = Credentials(str(tmp_path))
+    clock = FakeClock()
+    service = IdentityService(screentinker(), creds, clock=clock)
+    for i in range(4):
+        service.handle(C.Registered(f"tok{i:02d}" + "x" * 27, "srv-1", "123456"))
+    assert service.core.unwritten is not None, "the fourth was held back"
+    service.handle(C.Claimed("Lobby"))
+    again = IdentityService.load("local-1", creds, None, False, pairs_in_link=True)
+    assert again.current.claimed, "the claim waited for the budget"
+    service.handle(C.Registered("tok09" + "x" * 27, "srv-1", "123456"))
+    service.flush()
+    again = IdentityService.load("local-1", creds, None, False, pairs_in_link=True)
+    assert again.current.token == "tok09" + "x" * 27

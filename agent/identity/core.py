@@ -173,7 +173,9 @@ class IdentityCore:
         ``now`` (monotonic) holds the writes to the budget; without it (a test of the
         disk's answers) every write goes at once."""
         effects = self._handle(event)
-        if now is None:
+        # only a server's re-registrations are held to the budget: a pairing, an
+        # enrollment or the operator's unpair is written at once, whatever the card did
+        if now is None or not isinstance(event, Registered):
             return effects
         out = []
         for effect in effects:
@@ -267,6 +269,14 @@ class IdentityCore:
             self.write_retry_at = now + (1.0 - self._budget) * WRITE_EVERY_S
             return []
         self.write_retry_at = math.inf   # one attempt at a time
+        return [self.unwritten]
+
+    def flush(self) -> list:
+        """The agent stops: a write held back for the budget goes now (a power cut
+        before it loses only a token the server re-issues at the next registration)."""
+        if self.unwritten is None or self.write_error != HELD_BACK:
+            return []
+        self.write_retry_at = math.inf
         return [self.unwritten]
 
     @property

@@ -83,6 +83,11 @@ class IdentityService:
         with self._lock:
             self._apply(self.core.handle(event, self.clock.monotonic()))
 
+    def flush(self) -> None:
+        """At the agent's stop: credentials held back for the card's budget are written."""
+        with self._lock:
+            self._apply(self.core.flush())
+
     # -- what the parts that talk to the server read and report (any thread) ------------
     def device_id(self) -> str:
         return self.current.device_id
