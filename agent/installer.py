@@ -101,8 +101,10 @@ def proof(status_path: str, installed_at_us: int) -> rules.Proof:
 
 
 def down_for_outage(link: dict) -> bool:
-    """A status file's link says it is down for the network's or the server's reason."""
-    return link.get("state") != "online" and link.get("reason") in OUTAGE_REASONS
+    """A status file's link says it is down for the network's or the server's reason.
+    The file is the agent user's: any other shape says nothing."""
+    reason = link.get("reason")
+    return link.get("state") != "online" and isinstance(reason, str) and reason in OUTAGE_REASONS
 
 
 def site_down(status_path: str) -> bool:

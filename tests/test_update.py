@@ -633,3 +633,11 @@ def test_the_sites_outage_does_not_count_against_a_release():
     # where the link was up before the update, the new version's outage is its own
     healthy = rules.ProofClock(start=0.0, proof_s=180.0, site_down=False)
     assert healthy.deadline_at(500.0, outage=True) == 180.0
+
+
+def test_root_reads_the_agents_status_file_without_trusting_its_shapes():
+    from agent.installer import down_for_outage
+    assert down_for_outage({"state": "waiting", "reason": "dns-failed"})
+    for link in ({"state": "waiting", "reason": ["dns-failed"]}, {"reason": {"x": 1}},
+                 {"state": "online", "reason": "dns-failed"}, {"state": None, "reason": 7}):
+        assert down_for_outage(link) is False
