@@ -81,7 +81,15 @@ class Range:
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(f"{name}: must be a finite number")
         if not self.lo <= v <= self.hi:
-            raise ConfigError(f"{name}: must be between {self.lo:g} and {self.hi:g}, got {v:g}")
+            raise ConfigError(f"{name}: must be between {self.lo:g} and {self.hi:g}, "
+                              f"got {shown_number(v)}")
+
+
+def shown_number(v) -> str:
+    """A number as an error says it: an integer of 400 digits has no float to show."""
+    if isinstance(v, int) and abs(v) >= 10 ** 15:
+        return f"a number of {len(str(abs(v)))} digits"
+    return f"{v:g}"
 
 
 @dataclass(frozen=True)
@@ -398,7 +406,11 @@ def _coerce(name: str, typ: type, value: Any, from_env: bool) -> Any:
             raise ConfigError(f"{name}: expected a {typ.__name__}, got {value!r}") from None
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:   # TOML's integers have no bound; a float does
+            raise ConfigError(f"{name}: must be a finite number, got {shown_number(value)}") \
+                from None
     if not isinstance(value, typ) or isinstance(value, bool):
         raise ConfigError(f"{name}: expected a {typ.__name__}, got {type(value).__name__}")
     return value
@@ -521,9 +533,9 @@ _ORDERED = (("uploads.base_s", "uploads.cap_s"), ("link.backoff.base_s", "link.b
 def adjustment_text(key: str, given, used) -> str:
     """One adjusted value, as the journal, status, check-config and the server say it."""
     if used is None:
-        return f"{key} = {given:g} no longer fits the heartbeat's: using its default"
+        return f"{key} = {shown_number(given)} no longer fits the heartbeat's: using its default"
     way = "over" if used < given else "under"
-    return f"{key} = {given:g} is {way} what this release takes: using {used:g}"
+    return f"{key} = {shown_number(given)} is {way} what this release takes: using {used:g}"
 
 
 def _adjust(values: dict, origins: dict) -> tuple:
@@ -536,7 +548,8 @@ def _adjust(values: dict, origins: dict) -> tuple:
             v, earlier = values[name], EARLIER_SIGN_ONLY.get(name)
             if earlier is None or origins.get(name) not in ADJUSTABLE_ORIGINS \
                     or not isinstance(spec.rule, Range) or isinstance(v, bool) \
-                    or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or not isinstance(v, (int, float)) \
+                    or isinstance(v, float) and not math.isfinite(v) \
                     or v < 0 or (v == 0 and earlier == "> 0"):
                 continue
             used = min(max(v, spec.rule.lo), spec.rule.hi)

@@ -542,6 +542,7 @@ class Agent:
         if self.hours is not None:
             self.hours.stop()
         self.commands.stop()
+        self.ids.flush()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.stop()
         self.uploads.join(3.0)

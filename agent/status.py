@@ -283,7 +283,10 @@ def as_read(doc: dict, running: bool) -> dict:
 
 
 def _number(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
+    """A figure the board can do sums with: the file is read as the agent's user wrote
+    it, and a 400-digit integer or an infinity is no age."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and abs(value) < 1e12 and value == value)
 
 
 def _elapsed_since(updated_at) -> float:

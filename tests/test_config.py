@@ -493,3 +493,18 @@ count = 200
 def test_the_fleets_values_are_never_adjusted(tmp_path):
     with pytest.raises(C.ConfigError, match=r"^link.stable_after_s \(from the fleet\): must be"):
         C.load(write(tmp_path, GOOD), env={}, fleet={"link.stable_after_s": 0.5})
+
+
+def test_a_number_of_four_hundred_digits_is_a_line_never_an_overflow(tmp_path):
+    """Root's installer loads this file too: an OverflowError there stopped it finishing
+    a rollback."""
+    path = write(tmp_path, GOOD)
+    cfg = C.load(path, env={"EDGE_AGENT_LINK_MISSED_ACKS": "9" * 400})
+    assert cfg.liveness.missed_acks == 10
+    assert "a number of 400 digits is over what this release takes: using 10" in \
+        C.adjustment_text(*cfg.adjusted[0])
+    with pytest.raises(C.ConfigError, match=r"^link.adapt_probe_after_s: must be a finite"):
+        C.load(path, env={"EDGE_AGENT_LINK_ADAPT_PROBE_AFTER_S": "9" * 400})
+    with pytest.raises(C.ConfigError, match=r"^commands.timeout_s: must be a finite number, "
+                                            r"got a number of 400 digits$"):
+        C.load(write(tmp_path, GOOD + "[commands]\ntimeout_s = -" + "9" * 400 + "\n"), env={})

@@ -192,6 +192,16 @@ def test_a_bug_is_one_line_at_priority_err_never_a_traceback(tmp_path, monkeypat
                           "(at agent/cli.py:"), err
 
 
+def test_figures_no_age_can_hold_are_no_crash(tmp_path):
+    status.write(str(tmp_path / "status.json"), {
+        "pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1", "updated_at": 10 ** 400,
+        "server": "x", "link": {"state": "online", "since_s": 10 ** 400, "rtt_ms": 1.0,
+                                "last_ack_age_s": 10 ** 400, "next_attempt_in_s": 10 ** 400}})
+    for extra in ((), ("--json",)):
+        r = run_status(tmp_path, *extra)
+        assert r.returncode in (0, 1) and "Traceback" not in r.stderr and "crashed" not in r.stderr
+
+
 @pytest.mark.netns
 def test_a_healthy_links_status_read_long_after_the_last_write_is_true(fleet, spawn_agent,
                                                                        agent_python, tmp_path):
