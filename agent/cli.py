@@ -16,6 +16,14 @@ from .settings.service import FleetSettings
 from .upload_kinds import KINDS
 
 EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
+# status: running, and no operator has claimed the screen yet (it shows a pairing code)
+EXIT_UNCLAIMED = 4
+STATUS_EXITS = """exit status:
+  0  online and claimed
+  1  degraded: claimed, but the link is not online, or storage is read-only or failed,
+     or the token is only in memory
+  3  not running (or no status file)
+  4  running but unclaimed: waiting for an operator to enter the pairing code"""
 EXIT_CRASHED = 70   # EX_SOFTWARE: a bug; systemd restarts the agent (Restart=always)
 
 
@@ -36,8 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the agent in the foreground (what systemd starts)")
     run.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
 
-    st = sub.add_parser("status", help="show the running agent's link state; "
-                                       "exit 0 online, 1 degraded, 3 not running")
+    st = sub.add_parser("status", help="show the running agent's link state and whether the "
+                                       "screen is claimed; exit 0 online, 1 degraded, "
+                                       "3 not running, 4 unclaimed",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog=STATUS_EXITS)
     st.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
     st.add_argument("--json", action="store_true", help="print the raw status as JSON")
 
@@ -57,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
 
-    chk = sub.add_parser("check-config", help="validate the configuration and exit")
+    chk = sub.add_parser("check-config", help="validate the configuration, say what is in force "
+                                              "(profile, proxy, CA) and where each value comes "
+                                              "from, and check that the agent's user can read "
+                                              "every file it names; exit 0 ok, 2 not")
     chk.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
 
     cnd = sub.add_parser("configured", help="exit 0 if a fleet server url is set, 1 if not "
@@ -144,12 +158,14 @@ def cmd_status(args) -> int:
     running, online = status.verdict(doc)
     if args.json:
         # the file's own figures are as of its updated_at; as_read, as of now
-        print(json.dumps({**doc, "running": running, "as_read": status.as_read(doc, running)},
-                         indent=1, sort_keys=True))
+        print(json.dumps({**doc, "running": running, "claimed": status.claimed(doc),
+                          "as_read": status.as_read(doc, running)}, indent=1, sort_keys=True))
     else:
         print(status.render(doc, running))
     if not running:
         return EXIT_NOT_RUNNING
+    if status.claimed(doc) is False:
+        return EXIT_UNCLAIMED
     return EXIT_OK if online else EXIT_DEGRADED
 
 

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shlex
+import ssl
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -319,7 +320,8 @@ class Config:
     fleet_manage_commands_allow: bool = False
     fleet_manage_server_url: bool = False
     source: str = ""
-    # where each key's value came from: default, file, fleet or env
+    # where each key's value came from: default (SCHEMA), package (the package's file),
+    # file (the operator's), fleet or env; ORIGINS says each in words
     origins: dict = field(default_factory=dict, compare=False, repr=False)
     fleet_revision: int | None = None      # the fleet's revision in force, if any
     fleet_problem: str | None = None       # why the overlay in the state directory was not used
@@ -347,6 +349,12 @@ class Config:
     @property
     def schedule_path(self) -> str:
         return os.path.join(self.runtime_dir, "backoff.json")
+
+
+# where a value came from, as check-config and the docs say it
+ORIGINS = {"default": "built-in default", "package": f"the package's defaults ({VENDOR_PATH})",
+           "file": "this screen's file", "fleet": "the fleet's settings",
+           "env": "the environment"}
 
 
 def redact_url(url: str) -> str:
@@ -487,7 +495,7 @@ def load(path: str | None = None, env: dict[str, str] | None = None,
                 raise ConfigMissing(name, f"{name}: required (set it in {path} or {ename})")
             else:
                 values[name] = default
-                origins[name] = "default"
+                origins[name] = "package" if key in packaged.get(section, {}) else "default"
     _check_overrides(env)
     adjusted = _adjust(values, origins)
     if fleet is not None:
@@ -681,6 +689,8 @@ def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None
     for key in ("server.ca_file", "network.client_cert", "network.client_key"):
         if v[key] is not None and not os.path.isfile(v[key]):
             raise ConfigError(f"{key}: no such file: {v[key]}")
+    if v["server.ca_file"] is not None:
+        ca_certificates(v["server.ca_file"])
     _check_client_key(v["network.client_cert"], v["network.client_key"])
     if v["identity.device_id"] is not None and not usable_device_id(v["identity.device_id"]):
         raise ConfigError(f"identity.device_id: {DEVICE_ID_RULE}")
@@ -727,6 +737,27 @@ def _check_hours(v: dict) -> None:
                                 and v["commands.display_off_command"]):
         raise ConfigError("hours.week: needs [commands] display_on_command and "
                           "display_off_command (the README has recipes)")
+
+
+def ca_certificates(path: str) -> int:
+    """How many CA certificates ``server.ca_file`` holds, read as the agent reads it
+    (PEM, by OpenSSL); anything else is this key's ConfigError. The file replaces the
+    system's store for every TLS connection the agent makes (egress.Egress)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        ctx.load_verify_locations(cafile=path)
+    except PermissionError:
+        raise ConfigError(f"server.ca_file: permission denied: {path}") from None
+    except ssl.SSLError as e:
+        raise ConfigError(f"server.ca_file: not PEM certificates: {path} "
+                          f"({e.reason or 'a certificate OpenSSL cannot decode'})") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"server.ca_file: cannot be read: {path} "
+                          f"({getattr(e, 'strerror', None) or e})") from None
+    count = ctx.cert_store_stats()["x509"]
+    if not count:
+        raise ConfigError(f"server.ca_file: no certificate in {path}")
+    return count
 
 
 def _check_client_key(cert: str | None, key: str | None) -> None:

@@ -85,6 +85,12 @@ class Agent:
                 on_change=self._refresh_status,
                 show_on_console=config.show_code_on_console, gate=self.gate,
                 paired_with=self.token)
+        # a code made inside the link (ScreenTinker) is shown where the enroller shows
+        # its own: the file and the journal, as well as status
+        self.code_board = (pairing_code.Board(
+            config.runtime_dir, PROFILES[config.profile].CLAIM_WHERE,
+            PROFILES[config.profile].CODE_EXPIRY)
+            if self.profile_pairs and not self.preprovisioned else None)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
         self._telemetry = TelemetrySource(config.state_dir, config.debug_sysfs_root or "/sys")
         self._telemetry_due = 0.0
@@ -394,7 +400,8 @@ class Agent:
                 return {"state": "paired"}
             code = self.profile.pairing_code
             return {"state": "registered-waiting-for-pairing" if current.token else "waiting-for-pairing",
-                    "code": pairing_code.shown(code)}
+                    "code": pairing_code.shown(code), "expires_in_s": None,
+                    "expiry": self.profile.CODE_EXPIRY, "where": self.profile.CLAIM_WHERE}
         return self.enroller.pairing() if self.enroller is not None else None
 
     def _on_link_status(self, link: dict) -> None:
@@ -413,6 +420,11 @@ class Agent:
         self.runner.network_up()
 
     def _refresh_status(self) -> None:
+        if self.code_board is not None:
+            pairing = self._pairing()
+            # shown once the server holds it (registered), until it is claimed
+            self.code_board.show(pairing.get("code") if pairing.get("state")
+                                 == "registered-waiting-for-pairing" else None)
         self._say_status(self._last_link)
         self._write_status(self._last_link)
 

@@ -309,8 +309,28 @@ def _link(doc: dict) -> dict:
     return doc.get("link") if isinstance(doc.get("link"), dict) else {}
 
 
+def claimed(doc: dict) -> bool | None:
+    """Whether an operator has claimed this screen: paired, or given its token in the
+    configuration. A screen with a code to show, or still asking for one, is not; a
+    file without the pairing part says nothing (None)."""
+    pairing = doc.get("pairing")
+    if not isinstance(pairing, dict):
+        return None
+    return pairing.get("state") in CLAIMED_STATES
+
+
+# the pairing states (identity/enrollment.py, daemon._pairing) of a claimed screen
+CLAIMED_STATES = ("paired", "pre-provisioned")
+
+
 def _pairing_text(p: dict, expires_in_s=None) -> str:
     if p.get("code"):
-        expiry = f"; expires in {_duration(expires_in_s)}" if expires_in_s is not None else ""
-        return f"code {p['code']} (enter it on the fleet server{expiry})"
-    return str(p.get("state"))
+        if expires_in_s is not None:
+            expiry = f"expires in {_duration(expires_in_s)}"
+        else:   # a server that sets no deadline says so; a file without either: unknown
+            expiry = str(p.get("expiry") or "expiry unknown")
+        where = p.get("where") or "the fleet server"
+        return f"unclaimed: code {p['code']} (enter it on {where}; {expiry})"
+    if p.get("state") in CLAIMED_STATES:
+        return f"claimed ({p['state']})"
+    return f"unclaimed ({p.get('state')}" + (f": {p['error']}" if p.get("error") else "") + ")"

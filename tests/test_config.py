@@ -213,9 +213,8 @@ def test_a_url_with_credentials_never_reaches_logs_or_the_status_file(tmp_path):
 def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
     """One declaration per key: a key whose ``into`` were wrong or missing would not
     change the Config it is declared to change."""
-    ca = tmp_path / "ca.pem"
-    ca.write_text("x")
     cert, key = _client_certificate(tmp_path)
+    ca = tmp_path / "client.crt"   # a PEM certificate: what ca_file must hold
     special = {"server.url": "http://127.0.0.1:9999", "server.ca_file": str(ca),
                "identity.device_id": "screen-9", "identity.token": "another-token",
                "identity.state_dir": "/var/lib/other", "runtime.dir": "/run/other",
@@ -386,7 +385,7 @@ def test_the_package_defaults_are_under_the_operators_file_and_the_environment(t
     cfg = C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_LINK_MISSED_ACKS": "3"},
                  vendor=str(vendor))
     assert cfg.liveness.heartbeat_interval_s == 15.0 and cfg.origins["link.heartbeat_interval_s"] == "file"
-    assert cfg.liveness.ack_timeout_s == 3.0 and cfg.origins["link.ack_timeout_s"] == "default"
+    assert cfg.liveness.ack_timeout_s == 3.0 and cfg.origins["link.ack_timeout_s"] == "package"
     assert cfg.log_level == "debug"
     assert cfg.liveness.missed_acks == 3 and cfg.origins["link.missed_acks"] == "env"
     assert C.load(write(tmp_path, GOOD), env={}, vendor=None).liveness.ack_timeout_s == 5.0

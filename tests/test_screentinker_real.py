@@ -133,6 +133,35 @@ def test_register_by_code_pair_over_the_api_heartbeats_and_telemetry_land(
     assert "ignoring unknown server event" not in agent.log_text()  # playlist-update is the player's
 
 
+def test_the_code_is_in_the_file_the_journal_and_status_until_claimed_and_status_says_so(
+        st, spawn_agent, agent_python, tmp_path):
+    """As under the native protocol: the file a player's UI reads, one journal line, and
+    `status`, which says unclaimed with exit 4 until the operator enters the code, then
+    claimed; the expiry is what the server gives it: none while the screen is connected."""
+    cfg = st_config(st, tmp_path)
+    agent = spawn_agent(agent_python, cfg)
+    code_file = tmp_path / "run" / "pairing-code"
+    code = wait_for(lambda: code_file.exists() and code_file.read_text().strip(), 15,
+                    what="the pairing code file")
+    # the code in the file is one the server holds, unclaimed
+    row = st.wait_row("SELECT * FROM devices WHERE pairing_code = ?", code.replace("-", ""))[0]
+    assert row["user_id"] is None and code_file.stat().st_mode & 0o777 == 0o644
+    where, expiry = ("the ScreenTinker dashboard (Add display)",
+                     "no expiry while this screen stays connected")
+    assert f"pairing code {code}: enter it on {where} ({expiry})" in agent.log_text()
+    r = cli(agent_python, cfg, "status")
+    out = r.stdout.decode()
+    assert r.returncode == 4, out
+    assert f"pairing     unclaimed: code {code} (enter it on {where}; {expiry})" in out, out
+    assert "None" not in out
+    st.pair(code)
+    wait_for(lambda: not code_file.exists(), 10, interval=0.2, what="the file gone once claimed")
+    r = wait_for(lambda: (lambda r: r if r.returncode == 0 else None)(cli(agent_python, cfg, "status")),
+                 15, interval=0.5, what="status online and claimed")
+    assert "pairing     claimed (paired)" in r.stdout.decode(), r.stdout.decode()
+    assert agent.log_text().count(f"pairing code {code}:") == 1
+
+
 def test_proof_of_play_and_screenshots_land_only_after_pairing_and_only_once(
         st, spawn_agent, agent_python, tmp_path):
     cfg = st_config(st, tmp_path)

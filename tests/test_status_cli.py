@@ -233,3 +233,39 @@ def test_a_healthy_links_status_read_long_after_the_last_write_is_true(fleet, sp
     assert last_heartbeat_ago <= now["proof_within_s"] == 3.0, (now, last_heartbeat_ago)
     assert now["rtt_measured_s_ago"] >= 10
     assert "ACKed every 2 s, the last within 3 s" in text and "last ack" not in text, text
+
+
+@pytest.mark.parametrize("pairing, code, said", [
+    # the native profile: the server's code and its deadline
+    ({"state": "waiting-for-pairing", "code": "493-463", "expires_in_s": 600, "error": None},
+     4, "unclaimed: code 493-463 (enter it on the fleet server; expires in 10 min)"),
+    # ScreenTinker: the device makes the code and the server sets no deadline on it
+    ({"state": "registered-waiting-for-pairing", "code": "493-463", "expires_in_s": None,
+      "expiry": "no expiry while this screen stays connected",
+      "where": "the ScreenTinker dashboard (Add display)"},
+     4, "unclaimed: code 493-463 (enter it on the ScreenTinker dashboard (Add display); "
+        "no expiry while this screen stays connected)"),
+    ({"state": "need-code", "error": "HTTP 503"}, 4, "unclaimed (need-code: HTTP 503)"),
+    ({"state": "paired", "error": None}, 0, "claimed (paired)"),
+    ({"state": "pre-provisioned"}, 0, "claimed (pre-provisioned)"),
+])
+def test_status_says_claimed_or_unclaimed_and_its_exit_code_tells_them_apart(
+        tmp_path, pairing, code, said):
+    status.write(str(tmp_path / "status.json"),
+                 {"pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1",
+                  "server": "http://127.0.0.1:1", "pairing": pairing,
+                  "link": {"state": "online", "proof": "tcp-ack+ping"}})
+    r = run_status(tmp_path)
+    assert r.returncode == code, r.stdout
+    assert f"pairing     {said}\n" in r.stdout, r.stdout
+    assert "None" not in r.stdout
+    assert json.loads(run_status(tmp_path, "--json").stdout)["claimed"] is (code == 0)
+
+
+def test_status_help_names_every_exit_code():
+    r = subprocess.run([sys.executable, "-m", "agent", "status", "--help"], capture_output=True,
+                       text=True, env={"PYTHONPATH": REPO}, timeout=30)
+    for code, meaning in (("0", "online and claimed"), ("1", "degraded"), ("3", "not running"),
+                          ("4", "running but unclaimed")):
+        assert f"  {code}  {meaning}" in r.stdout, r.stdout
+

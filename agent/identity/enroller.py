@@ -24,7 +24,7 @@ from ..hardware import hardware_facts
 from ..loop import Loop
 from ..watchdog_gate import WatchdogGate
 from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
-from .pairing_code import shown
+from .pairing_code import remove_file, shown, write_file
 from .rules import token_problem
 
 log = logging.getLogger("edge_agent.identity")
@@ -227,8 +227,7 @@ class Enroller:
                  code.display, (code.expires_at - self.clock.monotonic()) / 60)
         try:
             # for a signage player's UI to read and display
-            atomic_write(os.path.join(self.runtime_dir, "pairing-code"),
-                         (code.display + "\n").encode(), 0o644, durable=False)
+            write_file(self.runtime_dir, code.display)
             # for this agent's next start: same code until it expires
             atomic_write(os.path.join(self.runtime_dir, "pairing.json"), json.dumps(
                 {"code": code.code, "poll_secret": code.poll_secret,
@@ -246,10 +245,7 @@ class Enroller:
         """Paired: the code leaves the screen, but the poll secret stays (tmpfs) until the
         token is on the card (credentials_stored): an agent restarted before a full or
         failing card took the token asks the server again instead of losing the pairing."""
-        try:
-            os.unlink(os.path.join(self.runtime_dir, "pairing-code"))
-        except OSError:
-            pass
+        remove_file(self.runtime_dir)
         if code is None:
             return
         try:

@@ -36,6 +36,12 @@ class ScreenTinkerProfile:
     name = "screentinker"
     supports_events = False  # device:event exists only in newer servers, typed by them
     pairs_in_link = True     # an unclaimed device registers with its pairing code
+    # where the operator claims the code, and how long it lasts: the device makes the
+    # code and the server sets no deadline on it (1.9 refuses a code whose screen it has
+    # not seen for 15 min, server/lib/pair-lockout.js, and deletes a registration still
+    # unclaimed a day after it was made; the screen then registers with a new code)
+    CLAIM_WHERE = "the ScreenTinker dashboard (Add display)"
+    CODE_EXPIRY = "no expiry while this screen stays connected"
     namespace = "/device"
     transports = ["websocket", "polling"]
     MAX_HOLD_S = 300.0
