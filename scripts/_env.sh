@@ -17,10 +17,11 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # and signed releases for the self-update (gnupg to sign, gpgv to check); working
 # hours' X11 recipe on a real X server (Xvfb, xset); a fleet of two nodes behind a load
 # balancer, one of them hung (haproxy; redis-server shares the nodes' Socket.IO emits).
+# A signed APT repository of the releases, as scripts/release makes it (reprepro).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
            build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
-           haproxy redis-server)
+           haproxy redis-server reprepro)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)
