@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import __version__ as V
 from agent.commands import ledger
 from devtools.booted import SUITES, BootedDebian, ensure_rootfs, package_depends
 from devtools.harness import REPO, FleetServerProcess, wait_for
@@ -80,6 +81,8 @@ LEFT_ALIASED_DIRS = re.compile(r"dpkg: warning: unable to delete old directory "
 # the landed state screens in the field were installed from, as 0.1.0-1: its
 # /etc/edge-agent/agent.toml was a conffile, its units were under /lib/systemd/system
 FIELD_RELEASE = "1eaf24a"
+# today's version V: the tree builds V-1 (and V-2); the releases the tests make of it are
+# V-2 and up, every one above the field's 0.1.0-1
 # what the next release changes in its shipped defaults (/usr/lib/edge-agent/agent.toml):
 # a key the operator's file sets too, and one it does not
 NEW_DEFAULTS = {"# stable_after_s": "stable_after_s = 90",
@@ -313,7 +316,7 @@ def test_fresh_install_waits_for_its_configuration_instead_of_failing(site):
     versions = dict(line.split(" ", 1) for line in s.run(
         "dpkg-query", "-W", "-f=${Package} ${Version}\n", "edge-agent", *stack).stdout.splitlines())
     print(f"\n[{site.release}] the stack the agent runs on: {versions}")
-    assert versions["edge-agent"] == "0.1.0-1", versions
+    assert versions["edge-agent"] == f"{V}-1", versions
     wrong = {p: v for p, v in versions.items() if p in stack and not re.match(stack[p], v)}
     assert not wrong, (site.release, wrong)
     where = s.run("python3", "-c", "import socketio, engineio, websocket, requests; "
@@ -552,7 +555,7 @@ def test_journal_priorities_and_status_lines(site):
     by_priority: dict[str, list[str]] = {}
     for e in lines:
         by_priority.setdefault(e["PRIORITY"], []).append(e["MESSAGE"])
-    assert any(m.startswith("edge-agent 0.1.0 starting") for m in by_priority.get("6", []))
+    assert any(m.startswith(f"edge-agent {V} starting") for m in by_priority.get("6", []))
     assert any("withholding pets" in m for m in by_priority.get("4", []))
     assert any("config error" in m for m in by_priority.get("3", []))
     # the <N> prefix is read by journald, never shown
@@ -595,7 +598,7 @@ def test_a_logs_command_returns_the_agents_journal_lines_with_their_priorities(s
     lines = [json.loads(x) for x in gzip.decompress(data).decode().splitlines()]
     priorities = {x["priority"] for x in lines}
     assert {3, 4, 6} <= priorities, priorities  # the config error, the withheld pets, starts
-    assert any(x["message"].startswith("edge-agent 0.1.0 starting") for x in lines
+    assert any(x["message"].startswith(f"edge-agent {V} starting") for x in lines
                if x["priority"] == 6)
     assert not [x for x in lines if re.match(r"<\d>", x["message"])]
     # read for the agent by a helper instance of the socket's, not by the agent itself
@@ -605,12 +608,12 @@ def test_a_logs_command_returns_the_agents_journal_lines_with_their_priorities(s
 
 
 def next_release(site) -> Path:
-    """0.1.0-2 from today's tree whose shipped defaults differ from 0.1.0-1's, as the
+    """Revision 2 of today's version, whose shipped defaults differ from 0.1.0-1's, as the
     next release's would: in /root/ of the screen."""
     deb = site.work / "next" / site.debs[1].name
     if not deb.exists():
         deb.parent.mkdir(exist_ok=True)
-        reversioned(site.debs[1], "0.1.0-2", deb.parent, defaults=NEW_DEFAULTS)
+        reversioned(site.debs[1], f"{V}-2", deb.parent, defaults=NEW_DEFAULTS)
     shutil.copy(deb, site.screen.path("/root/"))
     return deb
 
@@ -627,7 +630,7 @@ def assert_new_defaults_under_the_operators(screen) -> None:
 def assert_dpkg_content(screen) -> None:
     r = screen.run("dpkg", "--audit", check=False)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
-    assert package_version(screen) == "0.1.0-2 ii"
+    assert package_version(screen) == f"{V}-2 ii"
 
 
 @step(test_enrolls_and_pairs_under_systemd)
@@ -654,7 +657,7 @@ def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
         wait_for(lambda: s.show(UNIT, "InvocationID")["InvocationID"] != before["InvocationID"],
                  20, interval=0.2, what="the agent restarted by the upgrade")
         doc = wait_online(s)
-    assert s.run("dpkg-query", "-W", "-f=${Version}", "edge-agent").stdout == "0.1.0-2"
+    assert s.run("dpkg-query", "-W", "-f=${Version}", "edge-agent").stdout == f"{V}-2"
     assert main_pid(s) != int(before["MainPID"])
     assert {p: s.path(p).read_bytes() for p in ids} == ids, "device id or credentials changed"
     assert doc["device_id"] == site.device_id and doc["uploads"]["items"] == 2, doc
@@ -804,11 +807,11 @@ def releases(site) -> dict:
         work = site.work / "releases"
         work.mkdir(exist_ok=True)
         r = {"key": SigningKey(work / "key"), "stranger": SigningKey(work / "stranger", "stranger"),
-             "good": reversioned(site.debs[1], "0.1.0-3", work),
-             "broken": reversioned(site.debs[1], "0.1.0-4", work, never_proves=True),
-             "hangs": reversioned(site.debs[1], "0.1.0-5", work,
+             "good": reversioned(site.debs[1], f"{V}-3", work),
+             "broken": reversioned(site.debs[1], f"{V}-4", work, never_proves=True),
+             "hangs": reversioned(site.debs[1], f"{V}-5", work,
                                   postinst_first='[ "$1" = configure ] && sleep 600'),
-             "later": reversioned(site.debs[1], "0.1.0-6", work)}
+             "later": reversioned(site.debs[1], f"{V}-6", work)}
         for name in ("good", "broken", "hangs", "later"):
             r[f"{name}.sig"] = r["key"].sign(r[name])
         site.releases = r
@@ -852,23 +855,23 @@ def test_a_first_update_that_never_proves_its_link_goes_back_to_the_version_apt_
     s.run("systemctl", "restart", UNIT)
     wait_online(s)
     assert exists(s, UPDATE_GRANT)
-    assert package_version(s) == "0.1.0-2 ii"
+    assert package_version(s) == f"{V}-2 ii"
 
     rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"])
-    assert rc == 2 and result["error"].startswith("rolled back from 0.1.0-4 to 0.1.0-2"), result
+    assert rc == 2 and result["error"].startswith(f"rolled back from {V}-4 to {V}-2"), result
     print(f"\n[{site.release}] fleet-server update (a release that never proves its link) -> "
           f"rolled back to the version apt installed: {took:.1f}s ({result['error']})")
-    # apt kept no copy of 0.1.0-2: the way back was rebuilt from dpkg's record, with the
+    # apt kept no copy of {V}-2: the way back was rebuilt from dpkg's record, with the
     # configuration file as the package shipped it, so the operator's file is still theirs
     assert "rebuilt from dpkg's record" in update_lines(s)
-    assert package_version(s) == "0.1.0-2 ii"
+    assert package_version(s) == f"{V}-2 ii"
     assert conf.read_text() == configured
     doc = wait_online(s)
     assert doc["update"]["last"]["outcome"] == "rolled-back", doc["update"]
     # the same version again, not asked explicitly: refused at once, nothing installed
     rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"])
     assert rc == 2 and "was rolled back here" in result["error"], result
-    assert package_version(s) == "0.1.0-2 ii"
+    assert package_version(s) == f"{V}-2 ii"
 
 
 @step(test_a_first_update_that_never_proves_its_link_goes_back_to_the_version_apt_installed)
@@ -878,19 +881,19 @@ def test_the_fleet_updates_the_screen_and_the_version_is_kept_once_its_link_is_p
     configured = s.path(CONF).read_text()
     rc, result, took = fleet_update(site, rel["good"], rel["good.sig"])
     assert rc == 0 and result["ok"], result
-    assert result["output"].startswith("updated from 0.1.0-2 to 0.1.0-3"), result
-    print(f"\n[{site.release}] fleet-server update -> committed 0.1.0-3: {took:.1f}s")
-    assert package_version(s) == "0.1.0-3 ii"
+    assert result["output"].startswith(f"updated from {V}-2 to {V}-3"), result
+    print(f"\n[{site.release}] fleet-server update -> committed {V}-3: {took:.1f}s")
+    assert package_version(s) == f"{V}-3 ii"
     # a rollback to a rebuilt package and an update after it kept the operator's file
     assert s.path(CONF).read_text() == configured
     doc = wait_online(s)
-    assert doc["update"]["installed"] == "0.1.0-3"
+    assert doc["update"]["installed"] == f"{V}-3"
     assert doc["update"]["last"]["outcome"] == "committed", doc["update"]
     said = s.run("edge-agent", "status").stdout
-    assert "last committed 0.1.0-2 -> 0.1.0-3" in said, said
+    assert f"last committed {V}-2 -> {V}-3" in said, said
     # the committed version's own package is what the next rollback reinstalls
     kept = s.run("dpkg-deb", "-f", "/var/lib/edge-agent-update/installed.deb", "Version").stdout
-    assert kept.strip() == "0.1.0-3"
+    assert kept.strip() == f"{V}-3"
     # the agent is still the unprivileged user in its sandbox
     assert s.run("stat", "-c", "%U", f"/proc/{main_pid(s)}").stdout.strip() == "edge-agent"
     assert not s.run("ls", "-A", f"{STATE}/update").stdout.strip(), "staged files left"
@@ -901,11 +904,11 @@ def test_a_broken_release_asked_for_again_is_rolled_back_to_the_committed_one(si
     s = site.screen
     rel = releases(site)
     rc, result, took = fleet_update(site, rel["broken"], rel["broken.sig"], "--retry")
-    assert rc == 2 and result["error"].startswith("rolled back from 0.1.0-4 to 0.1.0-3"), result
+    assert rc == 2 and result["error"].startswith(f"rolled back from {V}-4 to {V}-3"), result
     print(f"\n[{site.release}] fleet-server update --retry (never proves its link) -> rolled "
-          f"back to 0.1.0-3: {took:.1f}s ({result['error']})")
+          f"back to {V}-3: {took:.1f}s ({result['error']})")
     assert took < PROOF_S + 30
-    assert package_version(s) == "0.1.0-3 ii"
+    assert package_version(s) == f"{V}-3 ii"
     wait_online(s)
 
 
@@ -918,7 +921,7 @@ def test_a_package_not_signed_by_an_installed_key_or_not_the_ordered_one_is_refu
     # back an old release
     older_deb = Path(shutil.copy(site.debs[1], site.work / "releases"))
     rc, result, _ = fleet_update(site, older_deb, rel["key"].sign(older_deb))
-    assert rc == 2 and "older than the installed 0.1.0-3" in result["error"], result
+    assert rc == 2 and f"older than the installed {V}-3" in result["error"], result
     # signed, but by a key the screen does not have
     stranger_sig = rel["stranger"].sign(rel["hangs"])
     rc, result, _ = fleet_update(site, rel["hangs"], stranger_sig)
@@ -926,7 +929,7 @@ def test_a_package_not_signed_by_an_installed_key_or_not_the_ordered_one_is_refu
     rel["key"].sign(rel["hangs"])   # the good signature back beside it
     # the server's checksum is not the package's
     published = json.loads(urllib_post(server.url + "/api/v1/releases", rel["hangs"].read_bytes()))
-    args = {"version": "0.1.0-5", "url": published["url"], "size": published["size"],
+    args = {"version": f"{V}-5", "url": published["url"], "size": published["size"],
             "sha256": "0" * 64, "signature": base64.b64encode(rel["hangs.sig"].read_bytes()).decode()}
     result = command(site, "update", args, timeout=60)
     assert not result["ok"] and "SHA-256 is not the order's" in result["error"], result
@@ -949,7 +952,7 @@ def test_a_package_not_signed_by_an_installed_key_or_not_the_ordered_one_is_refu
         "/var/lib/edge-agent-update/history.json").read_text()) if h["id"] == "planted"],
         30, interval=0.2, what="the root side's verdict on the planted package")
     assert history[0]["outcome"] == "refused" and "bad signature" in history[0]["reason"], history
-    assert package_version(s) == "0.1.0-3 ii"
+    assert package_version(s) == f"{V}-3 ii"
     assert s.show(UNIT, "MainPID")["MainPID"] == before, "the agent was restarted"
     s.run("rm", "-rf", stage)
     # polkit gives the edge-agent user that one start and nothing else
@@ -979,25 +982,25 @@ def test_a_power_cut_in_the_middle_of_dpkg_boots_into_a_working_version(site):
                                                                     rel["hangs.sig"], wait=240)))
     cli.start()
     # the new package unpacked, its postinst hanging: dpkg is in the middle of it
-    wait_for(lambda: package_version(s) == "0.1.0-5 iF", 60, interval=0.2,
-             what="dpkg configuring 0.1.0-5")
+    wait_for(lambda: package_version(s) == f"{V}-5 iF", 60, interval=0.2,
+             what=f"dpkg configuring {V}-5")
     s.power_cut()
     # the boot finishes what was cut: the install is undone
-    wait_for(lambda: package_version(s) == "0.1.0-3 ii", 90, interval=0.5,
-             what="0.1.0-3 installed again at boot")
+    wait_for(lambda: package_version(s) == f"{V}-3 ii", 90, interval=0.5,
+             what=f"{V}-3 installed again at boot")
     wait_online(s, 60)
     cli.join(240)
     rc, result, took = done["r"]
-    assert rc == 2 and result["error"].startswith("rolled back from 0.1.0-5 to 0.1.0-3"), result
+    assert rc == 2 and result["error"].startswith(f"rolled back from {V}-5 to {V}-3"), result
     assert "interrupted while installing" in result["error"], result
-    print(f"\n[{site.release}] power cut during dpkg -> back on 0.1.0-3, reported: {took:.1f}s")
+    print(f"\n[{site.release}] power cut during dpkg -> back on {V}-3, reported: {took:.1f}s")
 
 
 @step(test_a_power_cut_in_the_middle_of_dpkg_boots_into_a_working_version)
 def test_a_power_cut_before_the_proof_gives_the_new_version_its_proof_time_again(site):
     s, server = site.screen, site.server
     rel = releases(site)
-    # the connected agent stays; a new connection is held: 0.1.0-6 cannot prove its link
+    # the connected agent stays; a new connection is held: {V}-6 cannot prove its link
     server.admin("/admin/behaviour", {"connect_delay_s": 600})
     done = {}
     cli = threading.Thread(target=lambda: done.update(r=fleet_update(site, rel["later"],
@@ -1010,18 +1013,18 @@ def test_a_power_cut_before_the_proof_gives_the_new_version_its_proof_time_again
             return json.loads(transaction.read_text()).get("phase") == "proving"
         except (OSError, ValueError):
             return False
-    wait_for(proving, 60, interval=0.1, what="0.1.0-6 installed, waiting for its proof")
-    assert package_version(s) == "0.1.0-6 ii"
+    wait_for(proving, 60, interval=0.1, what=f"{V}-6 installed, waiting for its proof")
+    assert package_version(s) == f"{V}-6 ii"
     s.power_cut()
     # the boot resumes the proof; the server lets the new connection in
     server.admin("/admin/behaviour", {"connect_delay_s": 0})
     cli.join(240)
     rc, result, took = done["r"]
-    assert rc == 0 and result["output"].startswith("updated from 0.1.0-3 to 0.1.0-6"), result
-    assert package_version(s) == "0.1.0-6 ii"
+    assert rc == 0 and result["output"].startswith(f"updated from {V}-3 to {V}-6"), result
+    assert package_version(s) == f"{V}-6 ii"
     doc = wait_online(s)
     assert doc["update"]["last"]["outcome"] == "committed", doc["update"]
-    print(f"\n[{site.release}] power cut before the proof -> 0.1.0-6 proven after the boot, "
+    print(f"\n[{site.release}] power cut before the proof -> {V}-6 proven after the boot, "
           f"committed: {took:.1f}s from the command")
 
 
@@ -1073,7 +1076,7 @@ def test_a_screen_installed_from_the_field_release_upgrades_unattended_and_keeps
     t0 = time.monotonic()
     out = apt(s, "install", f"/root/{next_release(site).name}", expected=LEFT_ALIASED_DIRS)
     took = time.monotonic() - t0
-    assert "Setting up edge-agent (0.1.0-2)" in out, out
+    assert f"Setting up edge-agent ({V}-2)" in out, out
     # The field release's units were under /lib/systemd/system, the next release's are
     # in /usr/lib/systemd/system: on merged /usr the same files, moved within one
     # package, which dpkg keeps (it does not remove an old path that is a new file).
@@ -1101,7 +1104,7 @@ def test_a_screen_installed_from_the_field_release_upgrades_unattended_and_keeps
     assert_dpkg_content(s)
     assert_new_defaults_under_the_operators(s)
     print(f"\n[{site.release}] 0.1.0-1 ({FIELD_RELEASE}, agent.toml a conffile, edited) -> "
-          f"0.1.0-2 with apt, unattended: no question, edits kept, online; apt took {took:.1f}s")
+          f"{V}-2 with apt, unattended: no question, edits kept, online; apt took {took:.1f}s")
     apt(s, "purge", "edge-agent")
     assert not exists(s, "/etc/edge-agent"), s.run("ls", "-la", "/etc/edge-agent", check=False).stdout
 

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from agent import __version__ as agent_version
 from agent.commands import ledger
 from devtools.harness import REPO, agent_config, wait_for
 
@@ -141,7 +142,7 @@ def test_logs_outside_journald_come_from_the_agents_memory_through_the_queue(
                       what="the bundle through the upload queue")
     lines = [json.loads(x) for x in gzip.decompress(bundle).decode().splitlines()]
     assert len(lines) == result["lines"] > 0
-    assert any(x["message"].startswith("edge-agent 0.1.0 starting") and x["priority"] == 6
+    assert any(x["message"].startswith(f"edge-agent {agent_version} starting") and x["priority"] == 6
                for x in lines)
 
 

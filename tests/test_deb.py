@@ -5,7 +5,7 @@ import subprocess
 
 
 def test_deb_lints_clean(built_debs):
-    assert [d.name for d in built_debs] == ["edge-agent_0.1.0-1_all.deb", "edge-agent_0.1.0-2_all.deb"]
+    assert [d.name for d in built_debs] == ["edge-agent_0.2.0-1_all.deb", "edge-agent_0.2.0-2_all.deb"]
     for deb in built_debs:
         r = subprocess.run(["lintian", "--fail-on", "error,warning", str(deb)],
                            capture_output=True, text=True, timeout=600)

@@ -22,6 +22,7 @@ import time
 import pytest
 import socketio
 
+from agent import __version__ as agent_version
 from devtools import screentinker_peer as peer
 from devtools.harness import REPO, FakeSystemd, agent_config, wait_for
 from tests.test_inventory import edid
@@ -118,7 +119,7 @@ def test_register_by_code_pair_over_the_api_heartbeats_and_telemetry_land(
         assert creds["token"] not in text, "the token leaked"
     row = st.device(device_id)
     assert row["status"] == "online" and row["user_id"] and row["name"] == "Lobby screen"
-    assert row["app_version"] == "edge-agent 0.1.0" and row["android_version"]  # the OS
+    assert row["app_version"] == f"edge-agent {agent_version}" and row["android_version"]  # the OS
     telemetry = st.wait_row("SELECT * FROM device_telemetry WHERE device_id = ? AND "
                             "ram_total_mb IS NOT NULL", device_id)[-1]
     assert telemetry["uptime_seconds"] > 0 and telemetry["storage_total_mb"] > 0
