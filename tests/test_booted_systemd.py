@@ -634,6 +634,86 @@ def assert_dpkg_content(screen) -> None:
 
 
 @step(test_enrolls_and_pairs_under_systemd)
+def test_the_journal_takes_words_from_outside_as_one_entry_at_their_own_priority(site):
+    """journald splits a stream at NUL as well as LF and takes a new <N> as the next
+    entry's priority: a command id or a ScreenTinker refusal text made entries at
+    emergency priority credited to the agent. The agent's own logging, under the real
+    journald, with the words a hostile fleet sends."""
+    s = site.screen
+    ident = f"edge-agent-forgery-{os.getpid()}"
+    code = ("import logging; from agent import logs; logs.setup('info'); "
+            "logging.getLogger('edge_agent').warning('refused: %s', "
+            "'x\\x00<0>forged emergency\\n<1>forged alert\\r<2>crit \\x1b]52;c;eA==\\x07')")
+    s.run("systemd-run", "--wait", "--quiet", "-p", "User=edge-agent",
+          "-p", "StandardOutput=journal", "-p", "StandardError=journal",
+          "-p", "SyslogLevelPrefix=yes", "-p", f"SyslogIdentifier={ident}",
+          "/usr/bin/python3", "-I", "-c", code)
+    entries = wait_for(lambda: s.journal("-t", ident) or None, 10, interval=0.2,
+                       what="the line in the journal")
+    assert len(entries) == 1, [(e.get("PRIORITY"), e.get("MESSAGE")) for e in entries]
+    assert entries[0]["PRIORITY"] == "4"
+    assert entries[0]["MESSAGE"].startswith("refused: x\\x00<0>forged emergency\\n<1>forged")
+
+
+@step(test_enrolls_and_pairs_under_systemd)
+def test_nothing_the_agents_user_writes_runs_at_the_next_start(site):
+    """The agent's user owns its home (the state directory, $HOME under systemd): hooks
+    planted there, where Python looks for a user's own, are never imported by the
+    agent or by `edge-agent status` run as that user."""
+    s = site.screen
+    site_dir = f"{STATE}/.local/lib/{PYTHON[site.release]}/site-packages"
+    planted = []
+    for name, body in (("usercustomize.py", "usercustomize"), ("sitecustomize.py", "sitecustomize"),
+                       ("planted.pth", "pth")):
+        hook = f"open('{STATE}/ran-{body}', 'w').close()\n"
+        planted.append((f"{site_dir}/{name}", ("import os; " + hook) if name.endswith(".pth")
+                        else hook))
+    planted.append((f"{STATE}/sitecustomize.py", f"open('{STATE}/ran-cwd', 'w').close()\n"))
+    s.run(*as_user("edge-agent", "edge-agent", "mkdir", "-p", site_dir))
+    for path, body in planted:
+        s.run(*as_user("edge-agent", "edge-agent", "sh", "-c", f'cat > "$1"', "-", path),
+              input=body)
+    try:
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        s.run(*as_user("edge-agent", "edge-agent", "env", f"HOME={STATE}", "sh", "-c",
+                       f"cd {STATE} && edge-agent status"), check=False)
+        ran = s.run("sh", "-c", f"ls {STATE}/ran-* 2>/dev/null", check=False).stdout.split()
+        assert ran == [], f"planted hooks ran: {ran}"
+        # the same hooks with the same interpreter, not isolated: they run (the test can fail)
+        s.run(*as_user("edge-agent", "edge-agent", "env", f"HOME={STATE}",
+                       PYTHON[site.release], "-c", "pass"))
+        assert exists(s, f"{STATE}/ran-usercustomize")
+    finally:
+        s.run("sh", "-c", f"rm -rf {STATE}/.local {STATE}/sitecustomize.py {STATE}/ran-*")
+
+
+@step(test_enrolls_and_pairs_under_systemd)
+def test_a_long_outage_restarts_the_agent_less_and_less_often_and_heals_as_fast(site):
+    """While the server cannot be reached (connect-timeout: the network's reason), each
+    watchdog restart in the outage comes later than the last (1, 2, 4 x WatchdogSec);
+    once the path is back the agent is online as fast as before."""
+    s, server = site.screen, site.server
+    wait_online(s)
+    before = int(s.show(UNIT, "NRestarts")["NRestarts"])
+    site.ns.drop_port(server.port)   # silent: connects time out
+    window = 8 * WATCHDOG_S + 2      # without the patience: a restart every ~7 s
+    try:
+        time.sleep(window)
+        restarts = int(s.show(UNIT, "NRestarts")["NRestarts"]) - before
+    finally:
+        site.ns.restore()
+    t0 = time.monotonic()
+    wait_online(s, 30)
+    back_s = time.monotonic() - t0
+    print(f"\n[{site.release}] {window} s of outage with WatchdogSec={WATCHDOG_S}s: {restarts} "
+          f"restarts (every WatchdogSec: {window // (WATCHDOG_S + 1)}); online {back_s:.1f}s "
+          f"after the path came back")
+    assert 1 <= restarts <= 3, restarts
+    assert back_s < 10, back_s
+
+
+@step(test_enrolls_and_pairs_under_systemd)
 def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     s, server = site.screen, site.server
     server.admin("/admin/behaviour", {"upload_mode": "500"})  # queued items stay queued
