@@ -337,3 +337,57 @@ def test_a_hostile_screentinker_cannot_spawn_threads_or_flood_the_card_and_the_j
     assert len(inodes) <= 6, f"{len(inodes)} credential writes seen (sampled)"
     assert written < 200_000, agent.log_text()[-3000:]
     assert "Traceback" not in agent.log_text()
+
+
+WAITING_HANDLER = r"""
+import json, sys, threading, time
+from agent.egress import Egress
+from agent.link import protocol
+from agent.link.sockopts import KeepalivePolicy
+from agent.link.transport import SocketIOTransport
+handled = []
+def slow_command(_t, data=None, *_):
+    # a command's receipt waits for the ledger: a card slow to sync
+    handled.append(time.monotonic())
+    time.sleep(3.0)
+    return {"ok": True}
+t = SocketIOTransport(url=sys.argv[1], auth=protocol.connect_auth("screen-1", sys.argv[2], "t"),
+                      namespace="/", keepalive=KeepalivePolicy(), connect_timeout_s=5,
+                      egress=Egress(), generation=1, sink=lambda *a: None,
+                      handlers={protocol.COMMAND: slow_command})
+t.open()
+print("connected", flush=True)
+delays, start = [], time.monotonic()
+while time.monotonic() - start < 6.0:
+    sent, got = time.monotonic(), threading.Event()
+    t.emit(protocol.HEARTBEAT, protocol.heartbeat(len(delays) + 1, time.time(), 1.0),
+           lambda *a: got.set())
+    got.wait(5.0)
+    delays.append(round(time.monotonic() - sent, 3) if got.is_set() else None)
+    time.sleep(0.2)
+threads = threading.active_count()
+t.close()
+print(json.dumps({"handled": len(handled), "delays": delays, "threads": threads}), flush=True)
+"""
+
+
+@pytest.mark.netns
+def test_a_handler_that_waits_never_holds_a_heartbeats_ack_back(fleet, agent_python, tmp_path):
+    """The server's events are taken in on one thread of the connection, ACKs on the
+    read loop: a command whose receipt waits 3 s for the card does not delay the proof
+    of the link (with ACKs behind it, a 1 s ACK timeout would end a healthy link)."""
+    server = fleet(devices={"screen-1": "t0ken-screen-1"})
+    proc = subprocess.Popen([agent_python, "-c", WAITING_HANDLER, server.url, "t0ken-screen-1"],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout.readline().strip() == "connected"
+        time.sleep(0.5)
+        server.admin("/api/v1/commands", {"device_id": "screen-1", "name": "diagnostics",
+                                          "args": {}})
+        out = json.loads(proc.stdout.readline())
+    finally:
+        terminate(proc)
+    assert out["handled"] == 1, out
+    assert None not in out["delays"] and max(out["delays"]) < 0.5, out
+    assert out["threads"] <= 6, out

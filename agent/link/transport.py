@@ -466,6 +466,8 @@ class SocketIOTransport:
         self.server_pings = 0  # Engine.IO pings from the server on this connection
         self.last_server_ping: float | None = None
         self._dialing = DialContext(egress, race_after_s)
+        self._handlers_lock = threading.Lock()
+        self._event_handlers: EventHandlers | None = None   # started by the first event
         # The websocket is dialed from the Egress (dialer.py); the session carries the
         # same settings for a polling handshake (the screentinker profile's fallback).
         self.client = socketio.Client(
@@ -597,7 +599,18 @@ class SocketIOTransport:
             pass
 
     # -- internals --------------------------------------------------------------
+    def _handlers_thread(self) -> "EventHandlers":
+        with self._handlers_lock:
+            if self._event_handlers is None:
+                self._event_handlers = EventHandlers(f"link-events-{self.generation}")
+                self._event_handlers.start()
+            return self._event_handlers
+
     def _release(self) -> None:
+        with self._handlers_lock:
+            handlers, self._event_handlers = self._event_handlers, None
+        if handlers is not None:
+            handlers.stop()
         sock, self._sock = self._sock or self.raw_socket(), None
         # engineio keeps the websocket only after the Engine.IO OPEN: before it, the
         # dialed socket is this connect's alone to close
@@ -651,16 +664,22 @@ class SocketIOTransport:
         eio._receive_packet = receive_packet
         trigger = eio._trigger_event
 
-        def trigger_inline(event, *args, **kwargs):
+        def trigger_event(event, *args, **kwargs):
             # engineio starts a thread for each message it takes in: a server sending
-            # 2,000 at once made 2,000 threads, and the one that met the unit's TasksMax
-            # killed the read loop. The handlers here hand news to the link thread and
-            # return, so they run on the read loop itself, one message after another.
-            if event == "message":
+            # 2,000 at once made 1,650 threads, and the one that met the unit's TasksMax
+            # killed the read loop. An ACK (a heartbeat's proof) is taken in on the read
+            # loop at once; the server's events go to this connection's one handler
+            # thread, in order, where a handler may wait (a command's receipt waits for
+            # the ledger) without holding an ACK back.
+            if event == "message" and kwargs.get("run_async"):
+                data = args[0] if args else None
+                if isinstance(data, str) and data[:1] == _SIO_EVENT:
+                    self._handlers_thread().put(lambda: trigger(event, *args))
+                    return None
                 kwargs["run_async"] = False
             return trigger(event, *args, **kwargs)
 
-        eio._trigger_event = trigger_inline
+        eio._trigger_event = trigger_event
         ns = self.namespace
 
         def on_connect_error(data=None, *_):
@@ -688,6 +707,50 @@ class SocketIOTransport:
         self.client.on("connect_error", on_connect_error, namespace=ns)
         self.client.on("disconnect", on_disconnect, namespace=ns)
         self.client.on("*", on_any, namespace=ns)
+
+
+_SIO_EVENT = "2"   # the Socket.IO packet type of an event (an ACK is "3")
+
+
+class EventHandlers(threading.Thread):
+    """The server's events on one connection, one after another, on one thread: never
+    a thread per message, never a handler on the read loop. Its queue is bounded: a
+    server that sends faster than the handlers take them in waits on its own TCP
+    window, as it would for a slow reader."""
+
+    QUEUE = 256
+
+    def __init__(self, name: str):
+        super().__init__(name=name, daemon=True)
+        self._queue: queue.Queue = queue.Queue(self.QUEUE)
+        self._stopped = False
+
+    def put(self, handle: Callable[[], Any]) -> None:
+        if not self._stopped:
+            self._queue.put(handle)
+
+    def stop(self) -> None:
+        """After the connection: what is queued is dropped, as its news would be."""
+        self._stopped = True
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+
+    def run(self) -> None:
+        while True:
+            handle = self._queue.get()
+            if handle is None or self._stopped:
+                return
+            try:
+                handle()
+            except Exception:   # the library logs a handler's error itself; this is a bug
+                log.exception("a server event's handler failed")
 
 
 def _is_goodbye(pkt) -> bool:
