@@ -412,11 +412,15 @@ def read_capped(response, limit: int) -> bytes:
 
 
 def body_chunks(response, chunk: int):
-    """The body in chunks of at most ``chunk`` bytes, as sent."""
-    for data in response.raw.stream(chunk, decode_content=False):
+    """The body in chunks of at most ``chunk`` bytes, as sent. Read through http.client's
+    parser, whose chunk-size lines are bounded: urllib3 1.26's own chunked reader
+    (``stream()``) reads one whole, 2.7 GB of a line that never ends in 6 s."""
+    while True:
+        data = response.raw.read(chunk, decode_content=False)
         _check_deadline()
+        if not data:
+            return
         yield data
-    _check_deadline()
 
 
 def fleet_url(url: str, server_url: str) -> str:

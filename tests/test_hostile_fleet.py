@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from devtools.harness import REPO
-from devtools.hostile_http import bomb_server, gzip_bomb, trickle_server
+from devtools.hostile_http import bomb_server, endless_chunk_server, gzip_bomb, trickle_server
 
 TARGETS = ("update", "upload", "enroll")
 
@@ -206,3 +206,13 @@ def test_a_partial_download_no_order_came_back_for_is_cleaned_at_start(tmp_path)
     os.utime(old, (two_days, two_days))
     u.recover([])
     assert sorted(os.listdir(u.staging)) == [os.path.basename(fresh)]   # resumable still
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_chunk_size_line_that_never_ends_is_never_held(agent_python, target):
+    """urllib3 1.26 reads a chunked body's size line with no bound in its own reader:
+    2.7 GB in 6 s on the update's download (a review found it). Every body is read
+    through http.client's parser, whose lines are bounded."""
+    with endless_chunk_server() as url:
+        out = drive(agent_python, target, url)
+    assert out.get("raised") != "MemoryError" and out["rss_growth_mb"] < 16, out
