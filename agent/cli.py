@@ -12,6 +12,7 @@ from . import __version__, config as cfgmod, crashes, logs, status
 from .fsutil import UnsafePath, drop_to_owner
 from .identity.credentials import Credentials, CredentialsUnreadable
 from .link.profiles import PROFILES, uncarried
+from .settings import store as fleet_store
 from .settings.service import FleetSettings
 from .upload_kinds import KINDS
 
@@ -262,6 +263,9 @@ def cmd_unpair(args) -> int:
         # as the agent's user: root deletes nothing there that it could not
         drop_to_owner(config.state_dir)
         Credentials(config.state_dir).clear()
+        # the fleet's settings, and the revision numbers that are their floor, go with the
+        # pairing: a number someone sent in the fleet's name cannot lock out the next fleet
+        fleet_store.remove(config.state_dir)
     except UnsafePath as e:
         sys.stderr.write(f"edge-agent: {e}; nothing was removed\n")
         return EXIT_UNAVAILABLE
@@ -272,11 +276,12 @@ def cmd_unpair(args) -> int:
         pid = status.read(config.status_path).get("pid")
         if status.pid_alive(pid):
             os.kill(pid, signal.SIGUSR2)
-            print("credentials removed; the agent is requesting a new pairing code")
+            print("credentials and the fleet's settings removed; the agent is requesting a "
+                  "new pairing code (the fleet's settings leave it at its next start)")
             return EXIT_OK
     except (status.StatusFileError, OSError):
         pass
-    print("credentials removed; the agent will enroll when it starts")
+    print("credentials and the fleet's settings removed; the agent will enroll when it starts")
     return EXIT_OK
 
 

@@ -170,3 +170,26 @@ def test_revisions_only_go_up_across_a_rollback_to_the_file_alone_and_an_expiry(
     with pytest.raises(ValueError):
         settings().propose(args(7, **{"log.level": "info"}), lambda v: None)
     assert store.read(str(tmp_path))[0].seen() == 51
+
+
+def test_a_revision_sent_in_the_fleets_name_at_the_last_number_locks_nothing_for_good(tmp_path):
+    """A review found one revision of 2**53 refused every later one of the real fleet,
+    and a push without a number then staged 2**53 + 1, which the next start read as
+    damage. The next number is refused in words, and unpairing the screen forgets the
+    fleet's revisions with its settings."""
+    from agent.settings import rules
+    conf = tmp_path / "agent.toml"
+    conf.write_text(f'[server]\nurl = "http://127.0.0.1:1"\n[identity]\nstate_dir = '
+                    f'"{tmp_path}"\n')
+    FleetSettings(str(tmp_path), 30.0).propose(rules.revision_args(
+        {"revision": rules.MAX_REVISION, "settings": {"log.level": "debug"}}), lambda v: None)
+    with pytest.raises(ValueError, match="the last there is; `edge-agent unpair` forgets"):
+        FleetSettings(str(tmp_path), 30.0).propose(
+            rules.revision_args({"settings": {"log.level": "info"}}), lambda v: None)
+    r = subprocess.run([sys.executable, "-m", "agent", "unpair", "--config", str(conf)],
+                       capture_output=True, text=True, timeout=30,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    staged = FleetSettings(str(tmp_path), 30.0).propose(
+        rules.revision_args({"revision": 2, "settings": {"log.level": "info"}}), lambda v: None)
+    assert staged.revision == 2

@@ -89,6 +89,9 @@ class FleetSettings:
         current = self.overlay.current
         outcome = self.overlay.outcome or {}
         seen = self.overlay.seen()
+        if args["revision"] is None and seen >= rules.MAX_REVISION:
+            raise ValueError(f"revision: this screen has seen revision {seen}, the last there "
+                             f"is; `edge-agent unpair` forgets the fleet's revisions")
         revision = args["revision"] or 1 + seen
         if outcome.get("revision") == revision and outcome.get("result") == rules.ROLLED_BACK:
             raise ValueError(f"revision {revision} was rolled back here "
