@@ -215,7 +215,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "telemetry_every_s": Key(float, 300.0, "telemetry_every_s", Range(1, DAY), fleet=True),
     },
     "watchdog": {
-        # Pet systemd's watchdog only while the link is proven live (see README).
+        # Pet systemd's watchdog only while the link is proven live (docs/operate.md).
         "require_link": Key(bool, True, "watchdog_require_link"),
     },
     "commands": {
@@ -736,7 +736,7 @@ def _check_hours(v: dict) -> None:
     if v["hours.week"] and not (v["commands.display_on_command"]
                                 and v["commands.display_off_command"]):
         raise ConfigError("hours.week: needs [commands] display_on_command and "
-                          "display_off_command (the README has recipes)")
+                          "display_off_command (recipes: docs/operate.md, \"Working hours\")")
 
 
 def ca_certificates(path: str) -> int:

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 # Why a connection ended, or why an attempt failed: the vocabulary of status, the
-# journal and the report (README, "Why the link is down"). The library says
+# journal and the report (docs/troubleshooting.md). The library says
 # "Connection error" for every failed connect; the dialer finds which of these it was.
 # -- a connection that ended
 ACK_TIMEOUT = "ack-timeout"

@@ -1,0 +1,373 @@
+"""The configuration reference, made from the schema (agent/config.py SCHEMA): the
+package's defaults file (debian/agent.toml, installed as /usr/lib/edge-agent/agent.toml)
+and docs/configure.md. Each key's type, default, bounds, environment variable and
+whether the fleet may set it come from SCHEMA; only what a key does is written here,
+once. tests/test_config_reference.py holds both files to what this makes, and this
+table to SCHEMA: a key added, removed or changed in the schema fails it until
+`python -m devtools.configref --write` is run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+from agent import config as C
+from agent.commands.core import COMMANDS
+
+REPO = Path(__file__).resolve().parent.parent
+TOML_PATH = REPO / "debian" / "agent.toml"
+MD_PATH = REPO / "docs" / "configure.md"
+MAN_PATH = REPO / "debian" / "edge-agent.1"
+MAN_BEGIN = '.\\" CONFIGURATION: made from the schema by python -m devtools.configref --write\n'
+MAN_END = '.\\" end of CONFIGURATION\n'
+
+# What each section is for (a line above its keys).
+SECTIONS = {
+    "server": "Where the fleet server is, and how it is spoken to.",
+    "network": "The way out of the site: a proxy, hosts that go direct, a client certificate.",
+    "identity": "Who this screen is to the server, and where it keeps that.",
+    "runtime": "The runtime directory (tmpfs): status, pairing code, backoff schedule.",
+    "link": "The live link: heartbeats, their ACKs, and when a link counts as dead.",
+    "link.backoff": "The wait between reconnect attempts.",
+    "link.keepalive": "TCP keepalive and TCP_USER_TIMEOUT on the link's socket.",
+    "uploads": "The upload queue (screenshots, logs, proof-of-play) in the state directory.",
+    "events": "Hardware and network events, and telemetry.",
+    "watchdog": "systemd's watchdog (WatchdogSec=5min in the unit).",
+    "commands": "What the fleet server may ask of this screen (remote operations).",
+    "hours": "Working hours: the display off outside them, offline, through the display "
+             "commands.",
+    "update": "Self-update from the fleet (\"update\" in [commands] allow, a release key in "
+              "/etc/edge-agent/update-keys/).",
+    "fleet": "Settings from the fleet (\"configure\" in [commands] allow).",
+    "log": "The journal.",
+    "debug": "Test hooks: never set on a screen.",
+}
+
+# What each key does. Facts only the code can vouch for: read it before changing one.
+DOCS = {
+    "server.url": "The fleet server: https://host[:port] or http://host[:port] (a self-hosted "
+                  "ScreenTinker is http://host:3001). Required: until it is set systemd skips "
+                  "starting the agent (ExecCondition), without a failure.",
+    "server.ca_file": "A PEM file of CA certificates (a TLS-inspecting box's CA) that REPLACES "
+                      "the system's CA store for every TLS connection the agent makes: the "
+                      "link, enrollment, uploads and the update download. To add a CA to the "
+                      "system's store instead, use update-ca-certificates and leave this unset. "
+                      "check-config and the start refuse a file holding no PEM certificate.",
+    "server.profile": "The server's protocol: \"edge-agent\" (this project's fleet server, "
+                      "PROTOCOL.md) or \"screentinker\" (ScreenTinker 1.2 and 1.9, "
+                      "/usr/share/doc/edge-agent/docs/screentinker.md).",
+    "server.connect_timeout_s": "The ceiling of the connect bound. The bound in use is learnt: "
+                                "four times the slowest of the last 8 connects, never below "
+                                "4 s, never above this.",
+    "network.proxy": "http://[user:password@]host:port: an HTTP proxy reached with CONNECT "
+                     "(Basic authentication; user and password percent-encoded), used by "
+                     "enrollment, the link, uploads and updates. Unset: the environment's "
+                     "https_proxy (then HTTPS_PROXY, http_proxy, HTTP_PROXY) for an https:// "
+                     "server, http_proxy (then HTTP_PROXY) for an http:// one; a systemd "
+                     "service has none unless a drop-in sets it. The password is never "
+                     "shown (http://***@host:port).",
+    "network.no_proxy": "Comma-separated hosts that go direct: *, an address or network "
+                        "(10.0.0.0/8, fd00::/8), or a domain covering the names under it "
+                        "(.site.example and site.example alike), each with an optional :port. "
+                        "Unset: none when proxy is set here, else the environment's no_proxy.",
+    "network.client_cert": "Mutual TLS: a PEM certificate (with its key, unless client_key is "
+                           "given) presented to the server and to the update download.",
+    "network.client_key": "The client certificate's key, when not in client_cert; refused if "
+                          "every user may read it (0600 or 0640).",
+    "identity.device_id": "This screen's id (1-128 of A-Z a-z 0-9 . _ : -). Unset: derived once "
+                          "from /etc/machine-id and the board serial, hashed, and kept in "
+                          "state_dir/device_id.",
+    "identity.token": "A pre-provisioned bearer token (needs device_id): the screen skips "
+                      "pairing. Unset: the agent pairs and keeps its token in "
+                      "state_dir/credentials.json (0600).",
+    "identity.state_dir": "The state directory: device id, credentials, upload queue, "
+                          "dead letters, command ledger, settings from the fleet.",
+    "identity.show_code_on_console": "Also write the native profile's pairing code to "
+                                     "/dev/console.",
+    "runtime.dir": "Unset: $RUNTIME_DIRECTORY (systemd's RuntimeDirectory=), else "
+                   "/run/edge-agent.",
+    "link.heartbeat_interval_s": "A heartbeat every this many seconds; the server ACKs each.",
+    "link.ack_timeout_s": "How long an ACK may take; must be less than heartbeat_interval_s.",
+    "link.missed_acks": "Missed ACKs in a row that end the link.",
+    "link.silence_timeout_s": "Nothing received for this long ends the link. Unset: "
+                              "max(heartbeat_interval_s, the server's ping interval) plus "
+                              "ack_timeout_s.",
+    "link.stable_after_s": "A link must live this long before the reconnect backoff resets.",
+    "link.wake_min_interval_s": "The network coming back wakes the link at once, at most once "
+                                "per this many seconds.",
+    "link.adapt_heartbeat": "Learn a site's idle limit from connections it reaps after the "
+                            "same idle gap, and heartbeat at half of it on that network.",
+    "link.adapt_probe_after_s": "After this long without a reap, step the learnt heartbeat "
+                                "back up by half.",
+    "link.backoff.base_s": "The first wait after a failed connect; it doubles per attempt.",
+    "link.backoff.cap_s": "The longest wait between attempts (the agent never gives up).",
+    "link.backoff.jitter": "full (a random wait up to the step), equal (half fixed, half "
+                           "random) or none.",
+    "link.keepalive.idle_s": "TCP_KEEPIDLE: idle seconds before the first keepalive probe.",
+    "link.keepalive.interval_s": "TCP_KEEPINTVL: seconds between probes.",
+    "link.keepalive.count": "TCP_KEEPCNT: unanswered probes that end the connection.",
+    "link.keepalive.user_timeout_s": "TCP_USER_TIMEOUT: unacknowledged data older than this "
+                                     "ends the connection.",
+    "uploads.base_s": "An item's first retry wait; it doubles per failure, each item on its "
+                      "own schedule.",
+    "uploads.cap_s": "An item's longest retry wait.",
+    "uploads.max_items": "Items the queue holds at most; past it, screenshots go before "
+                         "proof-of-play.",
+    "uploads.max_bytes": "Bytes the queue holds at most.",
+    "uploads.max_age_days": "An item older than this is dropped (never while the clock is not "
+                            "synchronised).",
+    "uploads.dedupe_window_s": "An item whose idempotency key (enqueue --key, or a "
+                               "proof-of-play record's \"play_id\") is queued or was sent "
+                               "within this window is a duplicate (enqueue exits 7); equal "
+                               "content alone never is: two plays of one clip are two "
+                               "records.",
+    "events.enabled": "Watch udev and rtnetlink for hardware and network events.",
+    "events.settle_s": "One event per kind per settle window, with a count.",
+    "events.fallback_interval_s": "Where netlink is unavailable, read sysfs this often.",
+    "events.udev_source": "auto (udev when udevd runs, else kernel uevents), udev or kernel.",
+    "events.telemetry_every_s": "Telemetry (CPU, memory, disk, temperature, uptime) goes when "
+                                "it moved, and at least this often.",
+    "watchdog.require_link": "Pet systemd's watchdog only while the link is proven live; "
+                             "false: only while the agent's loops make progress (a screen "
+                             "offline for long stretches).",
+    "commands.allow": "The commands the fleet may run here, of: "
+                      + ", ".join(sorted(COMMANDS)) + ". Each is logged with the server's "
+                      "command id. reboot is also gated by polkit, update by polkit and the "
+                      "release keys; configure takes settings from the fleet.",
+    "commands.screenshot_command": "Prints a JPEG or PNG on stdout, e.g. \"grim -t jpeg -\" "
+                                   "(split into words, no shell).",
+    "commands.display_on_command": "Turns the display on, e.g. \"wlr-randr --output HDMI-A-1 "
+                                   "--on\" (split into words, no shell).",
+    "commands.display_off_command": "Turns the display off, e.g. \"wlr-randr --output "
+                                    "HDMI-A-1 --off\".",
+    "commands.timeout_s": "A command running longer is ended (its whole process group).",
+    "hours.week": "[\"mon-fri 08:00-18:00\", \"sat 10:00-14:00\"]: the display on within these, "
+                  "off outside; days not listed are off; empty: no schedule. Needs both "
+                  "display commands.",
+    "hours.exceptions": "[\"2026-12-25 off\", \"2026-12-24 08:00-12:00\"]: dates that differ "
+                        "from the week.",
+    "hours.timezone": "An IANA zone (Europe/Berlin). Unset: the system's local time.",
+    "hours.clock": "synchronised: act only once NTP (systemd-timesyncd) set the clock; "
+                   "trusted: a board with an RTC, or chrony/ntpsec.",
+    "update.proof_timeout_s": "After a self-update the new version must prove its link live "
+                              "within this, or the version it replaced is reinstalled.",
+    "update.allow_downgrade": "Take an older version than the installed one. Off, so that "
+                              "whoever holds the fleet server cannot bring back an old "
+                              "signed release with a known hole.",
+    "fleet.proof_timeout_s": "Settings from the fleet are kept only if the link is proven live "
+                             "with them within this, else the last good ones return.",
+    "fleet.manage_commands_allow": "true: the fleet may set [commands] allow too.",
+    "fleet.manage_server_url": "true: the fleet may move this screen to another server.",
+    "log.level": "debug, info, warning or error.",
+    "debug.stall_link_after_s": "The link thread wedges itself this long after start.",
+    "debug.link_max_wait_s": "The link loop's longest wait (30 s), shortened.",
+    "debug.sysfs_root": "Read display, power and network state from this tree, not /sys.",
+}
+
+# Values shown for keys that are unset by default (not defaults: examples).
+EXAMPLES = {
+    "server.url": "https://fleet.example.com",
+    "server.ca_file": "/etc/edge-agent/site-ca.pem",
+    "network.proxy": "http://user:password@proxy.site.example:3128",
+    "network.no_proxy": "10.0.0.0/8, .site.example",
+    "network.client_cert": "/etc/edge-agent/client.pem",
+    "network.client_key": "/etc/edge-agent/client.key",
+    "identity.device_id": "lobby-screen-3",
+    "identity.token": "...",
+    "runtime.dir": "/run/edge-agent",
+    "link.silence_timeout_s": 20,
+    "commands.screenshot_command": "grim -t jpeg -",
+    "commands.display_on_command": "wlr-randr --output HDMI-A-1 --on",
+    "commands.display_off_command": "wlr-randr --output HDMI-A-1 --off",
+    "hours.timezone": "Europe/Berlin",
+}
+# Not for an operator's file (test hooks): in docs/configure.md, not in agent.toml.
+HIDDEN_SECTIONS = ("debug",)
+
+
+def keys() -> list[tuple[str, str, C.Key]]:
+    return [(section, key, spec) for section, ks in C.SCHEMA.items() for key, spec in ks.items()]
+
+
+def unset(spec: C.Key) -> bool:
+    return spec.default is None or spec.default is C.REQUIRED
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(value)   # strings and lists of strings: TOML's basic strings
+
+
+def rule_text(spec: C.Key) -> str:
+    rule = spec.rule
+    if isinstance(rule, C.Range):
+        return f"{rule.lo:g} to {rule.hi:g}"
+    if isinstance(rule, tuple):
+        return " | ".join(rule)
+    if isinstance(rule, C.Text):
+        return rule.what
+    return ""
+
+
+def fleet_text(name: str, spec: C.Key) -> str:
+    if not spec.fleet:
+        return "no"
+    gate = C.FLEET_GATES.get(name)
+    return f"if {gate} = true" if gate else "yes"
+
+
+HEADER = """\
+# edge-agent: the package's defaults, /usr/lib/edge-agent/agent.toml. Every upgrade
+# replaces this file: do not edit it. This screen's settings go in
+# /etc/edge-agent/agent.toml, which the agent reads over this one, key by key, and
+# which no upgrade touches: copy a line there, uncommented, under its [section].
+# Every key can also be set in the environment as EDGE_AGENT_<SECTION>_<KEY> (dots as
+# underscores), e.g. EDGE_AGENT_SERVER_URL.
+# After editing: edge-agent check-config && systemctl restart edge-agent
+# Every key with its bounds: /usr/share/doc/edge-agent/docs/configure.md, man edge-agent.
+#
+# Made from the configuration schema by python -m devtools.configref --write.
+# Below, each key commented out at its built-in default ("unset" where it has none: the
+# value shown is an example); a line uncommented here is the package's default in its
+# place.
+#
+# Until [server] url is set, systemd skips starting the agent (a condition, not a
+# failure); set it, then systemctl restart edge-agent. Any other error in either file
+# stops the agent with one line in the journal (priority err) and exit status 2,
+# which systemd does not restart (RestartPreventExitStatus=2). With only the url set, it
+# derives a device id, enrolls and shows a pairing code (journalctl -u edge-agent,
+# edge-agent status, /run/edge-agent/pairing-code); enter the code on the server.
+"""
+
+
+def render_toml() -> str:
+    out = [HEADER]
+    for section, ks in C.SCHEMA.items():
+        if section in HIDDEN_SECTIONS:
+            continue
+        out.append(f"\n[{section}]\n")
+        out.extend(f"# {line}\n"
+                   for line in textwrap.wrap(SECTIONS[section], 86, break_on_hyphens=False))
+        for key, spec in ks.items():
+            name = f"{section}.{key}"
+            for line in textwrap.wrap(DOCS[name], 84, break_on_hyphens=False):
+                out.append(f"#   {line}\n")
+            if unset(spec):
+                what = "required" if spec.default is C.REQUIRED else "unset"
+                out.append(f"# {key} = {toml_value(EXAMPLES[name])}   # {what} by default; "
+                           f"an example\n")
+            else:
+                out.append(f"# {key} = {toml_value(spec.default)}\n")
+    return "".join(out)
+
+
+def render_markdown() -> str:
+    out = ["""\
+# Configuring a screen
+
+<!-- Made from the configuration schema (agent/config.py SCHEMA) by
+     `python -m devtools.configref --write`; tests/test_config_reference.py fails when
+     this page and the schema differ. Edit devtools/configref.py, not this page. -->
+
+One TOML file, `/etc/edge-agent/agent.toml` (root:edge-agent, 0640; made by the package at
+its first install and never changed by an upgrade), read key by key over the package's
+defaults in `/usr/lib/edge-agent/agent.toml` (every key below, commented out at its
+default). Every key can be set in the environment as `EDGE_AGENT_<SECTION>_<KEY>` (dots as
+underscores), which wins over both files and over the fleet's settings. Where each value
+in force comes from, layer by layer (built-in default, the package's defaults, this
+screen's file, the fleet's settings, the environment): `edge-agent check-config`, and
+`edge-agent status --json` under `settings.origins`.
+
+A bad value stops the agent at start with one line naming the key (`journalctl -p err -u
+edge-agent`) and exit status 2, which systemd does not restart; `edge-agent check-config`
+applies the very same rules, says what is in force (profile, proxy with its password
+hidden, CA), and checks that the `edge-agent` user can read every file the configuration
+names. `EDGE_AGENT_` variables that name no section are not configuration and are left
+alone; one a letter away from a real override is refused with the name it was close to.
+"Fleet" says whether settings from the fleet may set the key (docs/PROTOCOL.md,
+"configure"; `[fleet]` below).
+
+After editing: `edge-agent check-config && systemctl restart edge-agent`.
+"""]
+    for section, ks in C.SCHEMA.items():
+        out.append(f"\n## [{section}]\n\n{SECTIONS[section]}\n\n")
+        out.append("| key | default | allowed | fleet | environment | what it does |\n")
+        out.append("|---|---|---|---|---|---|\n")
+        for key, spec in ks.items():
+            name = f"{section}.{key}"
+            if spec.default is C.REQUIRED:
+                default = "required"
+            elif spec.default is None:
+                default = "unset"
+            else:
+                default = f"`{toml_value(spec.default)}`"
+            allowed = rule_text(spec) or spec.type.__name__
+            if spec.type is list:
+                allowed = "list of strings"
+            out.append(f"| `{key}` | {default} | {allowed.replace('|', '&#124;')} | "
+                       f"{fleet_text(name, spec)} | `{C.env_name(section, key)}` | "
+                       f"{DOCS[name].replace('|', '&#124;')} |\n")
+    return "".join(out)
+
+
+def _roff(text: str) -> str:
+    text = text.replace("\\", "\\e").replace("-", "\\-")
+    return "\\&" + text if text.startswith((".", "'")) else text
+
+
+def render_man() -> str:
+    """The man page's CONFIGURATION section: every key an operator may set, its default
+    and what it does (bounds and the rest: configure.md)."""
+    out = [MAN_BEGIN, ".SH CONFIGURATION\n",
+           _roff("Keys of /etc/edge-agent/agent.toml, by [section], with their built-in "
+                 "defaults; each can be set in the environment as EDGE_AGENT_<SECTION>_<KEY>. "
+                 "Bounds, the environment variables and what the fleet may set: "
+                 "/usr/share/doc/edge-agent/docs/configure.md.") + "\n"]
+    for section, ks in C.SCHEMA.items():
+        if section in HIDDEN_SECTIONS:
+            continue
+        out.append(f".SS [{_roff(section)}]\n")
+        for key, spec in ks.items():
+            name = f"{section}.{key}"
+            if spec.default is C.REQUIRED:
+                default = "required"
+            elif spec.default is None:
+                default = "unset"
+            else:
+                default = toml_value(spec.default)
+            out.append(f".TP\n.B {_roff(key)}\n{_roff('(' + default + ') ' + DOCS[name])}\n")
+    out.append(MAN_END)
+    return "".join(out)
+
+
+def with_man_section(page: str) -> str:
+    """The man page with its CONFIGURATION section as render_man() makes it."""
+    start, end = page.index(MAN_BEGIN), page.index(MAN_END) + len(MAN_END)
+    return page[:start] + render_man() + page[end:]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--write", action="store_true",
+                   help="write debian/agent.toml, docs/configure.md and the man page's "
+                        "CONFIGURATION section")
+    args = p.parse_args(argv)
+    if not args.write:
+        sys.stdout.write(render_toml())
+        return 0
+    TOML_PATH.write_text(render_toml())
+    MD_PATH.write_text(render_markdown())
+    MAN_PATH.write_text(with_man_section(MAN_PATH.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
