@@ -370,7 +370,8 @@ def test_enrolls_and_pairs_under_systemd(site):
     assert said[0]["PRIORITY"] == "6", said
     assert s.show(UNIT, "StatusText")["StatusText"] == f"waiting for pairing code {code}"
     rc, doc = status(s)
-    assert rc == 1 and doc["pairing"]["code"] == code, doc
+    # unclaimed: its own exit status, apart from a degraded screen's 1
+    assert rc == 4 and doc["claimed"] is False and doc["pairing"]["code"] == code, doc
 
     r = server.pair(code)
     assert r.returncode == 0, r.stderr
@@ -618,13 +619,15 @@ def next_release(site) -> Path:
     return deb
 
 
-def assert_new_defaults_under_the_operators(screen) -> None:
+def assert_new_defaults_under_the_operators(screen, stable_after_s: str = "30.0") -> None:
     """The configuration as the installed agent reads it: the new release's default
-    where the operator set nothing, the operator's value where they did."""
+    where the operator set nothing, the operator's value where they did (as this
+    release takes it: ``stable_after_s``)."""
     out = screen.run("python3", "-I", "-c", "from agent import config; c = config.load(); "
                      "print(c.stable_after_s, c.origins['link.stable_after_s'], "
                      "c.idle.probe_after_s, c.origins['link.adapt_probe_after_s'])").stdout
-    assert out.split() == ["30.0", "file", "3600.0", "default"], out
+    # the release's shipped defaults file says "package", the code's own "default"
+    assert out.split() == [stable_after_s, "file", "3600.0", "package"], out
 
 
 def assert_dpkg_content(screen) -> None:
@@ -1108,17 +1111,19 @@ def test_a_power_cut_before_the_proof_gives_the_new_version_its_proof_time_again
           f"committed: {took:.1f}s from the command")
 
 
-@step(test_fresh_install_waits_for_its_configuration_instead_of_failing)
-def test_purge_removes_what_the_package_created(site):
+def assert_purge_leaves_nothing(site) -> None:
+    """`apt purge edge-agent`: nothing the package made is left, but its system user."""
     s = site.screen
     apt(s, "purge", "edge-agent")
     assert s.show(UNIT, "LoadState")["LoadState"] == "not-found"
     survivors = s.run("find", "/proc", "-maxdepth", "1", "-user", "edge-agent").stdout
     assert not survivors.strip(), f"an agent survived: {survivors}"
-    for gone in ("/run/edge-agent", os.path.dirname(GRANT), LOGS_SOCKET):
+    for gone in ("/run/edge-agent", os.path.dirname(GRANT), LOGS_SOCKET, "/etc/edge-agent"):
         assert not exists(s, gone), gone
-    # the test's own files, and the system's records of an install that happened
-    ours = (f"/etc/systemd/system/{UNIT}.d", "/root/edge-agent_")
+    # the test's own files (the drop-in, the packages it copied in, the operator's
+    # repository and its sources entry), and the system's records of an install
+    ours = (f"/etc/systemd/system/{UNIT}.d", "/root/edge-agent_", APT_REPO, APT_KEYRING,
+            APT_SOURCE)
     records = ("/var/lib/dpkg/", "/var/cache/apt/", "/var/cache/debconf/", "/var/log/",
                "/var/lib/apt/", "/etc/passwd", "/etc/group", "/etc/shadow",
                "/etc/gshadow", "/etc/subuid", "/etc/subgid", "/etc/.pwd.lock",
@@ -1130,31 +1135,143 @@ def test_purge_removes_what_the_package_created(site):
     assert s.run("getent", "passwd", "edge-agent", check=False).returncode == 0
 
 
+@step(test_fresh_install_waits_for_its_configuration_instead_of_failing)
+def test_purge_removes_what_the_package_created(site):
+    assert_purge_leaves_nothing(site)
+
+
+# -- the operator's APT repository (scripts/release) --------------------------------------
+APT_REPO = "/srv/edge-agent-apt"                  # on the screen, served as file:
+APT_KEYRING = "/etc/apt/keyrings/edge-agent.gpg"
+APT_SOURCE = "/etc/apt/sources.list.d/edge-agent.list"
+# `apt-get update` of that source alone: the screen has no Debian mirror to reach (its
+# Debian lists stay as they are)
+ONLY_ITS_SOURCE = ("-o", f"Dir::Etc::sourcelist={APT_SOURCE}", "-o", "Dir::Etc::sourceparts=-",
+                   "-o", "APT::Get::List-Cleanup=0")
+# values 0.1.0 took that today's bounds do not (1 s, 0.5 s, 0.1 s): used at the bound, said
+AT_EARLIER_BOUNDS = [("stable_after_s = 30", "stable_after_s = 0.5"),
+                     ("connect_timeout_s = 2", "connect_timeout_s = 0.4"),
+                     ("base_s = 0.5", "base_s = 0.05")]
+ADJUSTED = ("link.stable_after_s = 0.5 is under what this release takes: using 1",
+            "server.connect_timeout_s = 0.4 is under what this release takes: using 0.5",
+            "link.backoff.base_s = 0.05 is under what this release takes: using 0.1")
+
+
+def publish(site, deb: Path) -> tuple[Path, Path]:
+    """``deb`` published as the operator does it, with scripts/release, into the site's
+    repository signed by the release key (the one the self-update tests put in
+    update-keys), and the repository copied to APT_REPO on the screen: (the package in
+    the pool, its detached signature)."""
+    key = releases(site)["key"]
+    repo = site.work / "apt-repo"
+    r = subprocess.run([str(REPO / "scripts" / "release"), "--gnupghome", str(key.home),
+                        "--deb", str(deb), str(repo), "release@edge-agent.invalid"],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    pooled, sig = (Path(p) for p in r.stdout.split())
+    inside = site.screen.path(APT_REPO)
+    shutil.rmtree(inside, ignore_errors=True)
+    shutil.copytree(repo, inside, ignore=shutil.ignore_patterns("conf", "db"))
+    return pooled, sig
+
+
+def point_at_the_repository(site) -> None:
+    """What the operator's image does once: the repository's key, and its entry naming
+    that key alone as the one to trust for it."""
+    s = site.screen
+    s.path(os.path.dirname(APT_KEYRING)).mkdir(parents=True, exist_ok=True)
+    shutil.copy(site.work / "apt-repo" / "edge-agent-archive-keyring.gpg", s.path(APT_KEYRING))
+    s.path(APT_SOURCE).write_text(f"deb [signed-by={APT_KEYRING}] file:{APT_REPO} stable main\n")
+    s.run("chmod", "0644", APT_KEYRING, APT_SOURCE)
+
+
+def queue_two_uploads(site) -> None:
+    """Two uploads the server refuses for now: queued across what follows."""
+    s, server = site.screen, site.server
+    server.admin("/admin/behaviour", {"upload_mode": "500"})
+    tried = len(server.device(site.device_id).get("upload_requests", []))
+    for i in range(2):
+        s.run(*as_user("edge-agent", "edge-agent", "edge-agent", "enqueue", "--kind", "log", "-"),
+              input=f"log line {i}\n")
+    wait_for(lambda: len(server.device(site.device_id).get("upload_requests", [])) >= tried + 2,
+             15, interval=0.2, what="uploads tried and refused")
+
+
+def deliver_the_queue(site, stored_before: int) -> None:
+    site.server.admin("/admin/behaviour", {"upload_mode": "ok"})
+    wait_for(lambda: site.server.device(site.device_id).get("uploads", 0) == stored_before + 2,
+             30, interval=0.2, what="the queued uploads delivered after the upgrade")
+
+
+def kept_state(screen) -> dict:
+    """What an upgrade must keep byte for byte: identity, credentials, the operator's file."""
+    return {p: screen.path(p).read_bytes()
+            for p in (f"{STATE}/device_id", f"{STATE}/credentials.json", CONF)}
+
+
+def ledger_entries(screen) -> dict:
+    """The command ledger, read as this release's agent reads it."""
+    return ledger.load(str(screen.path(f"{STATE}/commands.json")), time.time()).entries
+
+
+def assert_adjusted_and_said(site, cursor: str) -> None:
+    """The values 0.1.0 took, used at today's bounds: said once at the start (warning),
+    in `edge-agent status`, and to the fleet."""
+    s = site.screen
+    said = wait_for(lambda: [e for e in agent_lines(s, cursor) if "configuration: " in
+                             e["MESSAGE"] and "earlier release took" in e["MESSAGE"]] or None,
+                    10, interval=0.2, what="the adjustments in the journal")
+    assert {e["PRIORITY"] for e in said} == {"4"}, said
+    for line in ADJUSTED:
+        assert any(line in e["MESSAGE"] for e in said), (line, text(said))
+    shown = s.run("edge-agent", "status").stdout
+    assert "adjusted: " in shown and all(line in shown for line in ADJUSTED), shown
+    events = wait_for(lambda: [e for e in site.server.device(site.device_id).get("events", [])
+                               if e.get("type") == "config.adjusted"] or None, 20, interval=0.2,
+                      what="config.adjusted at the server")
+    assert {e.get("key") for e in events} >= {"link.stable_after_s", "server.connect_timeout_s",
+                                              "link.backoff.base_s"}, events
+
+
 @step(test_purge_removes_what_the_package_created)
 def test_a_screen_installed_from_the_field_release_upgrades_unattended_and_keeps_its_edits(site):
     """The screen as operators have it: 0.1.0-1 as the landed state built it (its
-    agent.toml a conffile, edited, as every screen's is), then the next release with
-    apt as an unattended upgrade runs it: no question, the edits kept byte for byte,
-    the new version online, dpkg content."""
+    agent.toml a conffile, edited, as every screen's is), installed from the fleet's own
+    APT repository (scripts/release: signed, its key the entry's signed-by), with values
+    0.1.0 took that today's bounds do not, paired, uploads queued and a command in its
+    ledger. The next release published there, and `apt-get upgrade` as an unattended
+    upgrade runs it: no question, the edits kept byte for byte, the same device and
+    credentials (no new pairing), the queue and the ledger kept, the values adjusted and
+    said, the new version online, dpkg content."""
     s, server = site.screen, site.server
-    old = built_at(FIELD_RELEASE)
-    shutil.copy(old, s.path("/root/edge-agent-field.deb"))
-    apt(s, "install", "/root/edge-agent-field.deb")
+    publish(site, built_at(FIELD_RELEASE))
+    point_at_the_repository(site)
+    apt(s, "update", *ONLY_ITS_SOURCE)
+    apt(s, "install", "edge-agent")
     assert package_version(s) == "0.1.0-1 ii"
     assert s.run("dpkg-query", "-W", "-f=${Conffiles}", "edge-agent").stdout.split()[:1] == [CONF]
-    write_config(s, server)   # the operator's edit: the url, and the link's keys
+    # the operator's edit: the url, the link's keys, values 0.1.0 took, a comment
+    write_config(s, server, replace=AT_EARLIER_BOUNDS)
     conf = s.path(CONF)
     conf.write_text(conf.read_text() + '[log]\nlevel = "info"   # edited on this screen\n')
-    edited = conf.read_text()
     s.run("systemctl", "restart", UNIT)
     code = wait_for(lambda: s.run("cat", "/run/edge-agent/pairing-code", check=False).stdout.strip(),
                     20, interval=0.2, what="the field release's pairing code")
     assert server.pair(code).returncode == 0
-    wait_online(s)
+    site.device_id = wait_online(s)["device_id"]
+    assert command(site, "diagnostics")["ok"]
+    entries = ledger_entries(s)
+    assert entries and all(e.state == "done" for e in entries.values()), entries
+    queue_two_uploads(site)
+    stored_before = server.device(site.device_id).get("uploads", 0)
+    kept = kept_state(s)
     before = s.show(UNIT, "InvocationID")["InvocationID"]
+    cursor = s.cursor()
 
+    deb, _ = publish(site, next_release(site))
     t0 = time.monotonic()
-    out = apt(s, "install", f"/root/{next_release(site).name}", expected=LEFT_ALIASED_DIRS)
+    apt(s, "update", *ONLY_ITS_SOURCE)
+    out = apt(s, "upgrade", expected=LEFT_ALIASED_DIRS)
     took = time.monotonic() - t0
     assert f"Setting up edge-agent ({V}-2)" in out, out
     # The field release's units were under /lib/systemd/system, the next release's are
@@ -1173,20 +1290,83 @@ def test_a_screen_installed_from_the_field_release_upgrades_unattended_and_keeps
         "LoadState": "loaded", "UnitFileState": "enabled", "NeedDaemonReload": "no"}
     wait_for(lambda: s.show(UNIT, "InvocationID")["InvocationID"] != before, 20, interval=0.2,
              what="the agent restarted by the upgrade")
+    t1 = time.monotonic()
     doc = wait_online(s)
+    online_s = time.monotonic() - t1
     assert "update" in doc, "the status is the field release's, not the new version's"
-    assert conf.read_text() == edited
+    assert doc["device_id"] == site.device_id and doc["uploads"]["items"] == 2, doc
+    assert kept_state(s) == kept, "device id, credentials or the operator's file changed"
+    assert not [e for e in agent_lines(s, cursor) if "pairing code" in e["MESSAGE"]], \
+        "paired again"
+    assert ledger_entries(s).keys() == entries.keys()
     assert s.run("stat", "-c", "%a %U:%G", CONF).stdout.strip() == "640 root:edge-agent"
     # dpkg keeps the file it no longer ships where it is, as an obsolete conffile
     # (removed on purge), and asks nothing about it
     assert s.run("dpkg-query", "-W", "-f=${Conffiles}", "edge-agent").stdout.split()[::2] == \
         [CONF, "obsolete"]
+    assert_adjusted_and_said(site, cursor)
     assert_dpkg_content(s)
-    assert_new_defaults_under_the_operators(s)
-    print(f"\n[{site.release}] 0.1.0-1 ({FIELD_RELEASE}, agent.toml a conffile, edited) -> "
-          f"{V}-2 with apt, unattended: no question, edits kept, online; apt took {took:.1f}s")
-    apt(s, "purge", "edge-agent")
-    assert not exists(s, "/etc/edge-agent"), s.run("ls", "-la", "/etc/edge-agent", check=False).stdout
+    assert_new_defaults_under_the_operators(s, stable_after_s="1.0")
+    deliver_the_queue(site, stored_before)
+    print(f"\n[{site.release}] 0.1.0-1 ({FIELD_RELEASE}, agent.toml a conffile, edited, values "
+          f"at 0.1.0's bounds) from the repository -> {V}-2 by apt-get upgrade, unattended: "
+          f"no question, edits, identity, queue and ledger kept, values adjusted and said; "
+          f"apt took {took:.1f}s, online {online_s:.1f}s after the restart")
+
+
+@step(test_a_screen_installed_from_the_field_release_upgrades_unattended_and_keeps_its_edits)
+def test_the_fleet_updates_that_screen_to_the_repositorys_signed_package_and_purge_leaves_nothing(
+        site):
+    """The same screen, now on the repository's release, taking fleet settings and
+    updates: the next release published with scripts/release, and the very package and
+    signature it put in the pool named in `fleet-server update`. Committed, with the
+    identity, the queue, the ledger, the settings revision and the operator's file kept,
+    the adjusted values still said; apt then finds nothing newer; purge leaves nothing."""
+    s, server = site.screen, site.server
+    # the repository's key is the release key: the same one signs the update order's package
+    s.path(f"{KEYS_DIR}/release.gpg").write_bytes(
+        (site.work / "apt-repo" / "edge-agent-archive-keyring.gpg").read_bytes())
+    conf = s.path(CONF)
+    conf.write_text(conf.read_text() + '[commands]\nallow = ["diagnostics", "logs", "update", '
+                    f'"configure"]\n[update]\nproof_timeout_s = {PROOF_S}\n')
+    s.run("systemctl", "restart", UNIT)
+    wait_online(s)
+    pid = main_pid(s)
+    r = command(site, "configure", {"revision": 3, "settings": {"log.level": "debug"}})
+    assert r["ok"], r
+    wait_for(lambda: main_pid(s) not in (0, pid), 30, what="systemd starting the agent again")
+    wait_for(lambda: status(s)[1].get("settings", {}).get("state") == "kept", 30,
+             what="the fleet's revision kept")
+    queue_two_uploads(site)
+    stored_before = server.device(site.device_id).get("uploads", 0)
+    entries = ledger_entries(s)
+    kept = kept_state(s)
+    cursor = s.cursor()
+
+    deb, sig = publish(site, releases(site)["good"])
+    rc, result, took = fleet_update(site, deb, sig)
+    assert rc == 0 and result["output"].startswith(f"updated from {V}-2 to {V}-3"), result
+    assert package_version(s) == f"{V}-3 ii"
+    doc = wait_online(s)
+    assert doc["update"]["last"]["outcome"] == "committed", doc["update"]
+    assert doc["device_id"] == site.device_id and doc["uploads"]["items"] == 2, doc
+    assert doc["settings"]["revision"] == 3 and doc["settings"]["state"] == "kept", doc["settings"]
+    assert doc["settings"]["origins"]["log.level"] == "fleet", doc["settings"]
+    assert kept_state(s) == kept, "device id, credentials or the operator's file changed"
+    after = ledger_entries(s)   # the configure and diagnostics kept, and the update order
+    assert entries.keys() < after.keys() and len(after) == len(entries) + 1, (entries, after)
+    assert all(after[k].state == e.state for k, e in entries.items()), (entries, after)
+    assert not [e for e in agent_lines(s, cursor) if "pairing code" in e["MESSAGE"]], \
+        "paired again"
+    assert_adjusted_and_said(site, cursor)
+    # the package the fleet installed is the repository's: apt has nothing to add
+    apt(s, "update", *ONLY_ITS_SOURCE)
+    policy = s.run("apt-cache", "policy", "edge-agent").stdout
+    assert f"Installed: {V}-3" in policy and f"Candidate: {V}-3" in policy, policy
+    deliver_the_queue(site, stored_before)
+    print(f"\n[{site.release}] fleet-server update with the repository's signed package -> "
+          f"committed {V}-3, everything kept: {took:.1f}s")
+    assert_purge_leaves_nothing(site)
 
 
 @step()
