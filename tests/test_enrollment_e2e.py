@@ -1,6 +1,7 @@
 """From a fresh agent to a paired, online screen, on loopback, against the reference server."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,7 +37,10 @@ def test_code_shown_then_paired_then_online_then_revoked_and_re_enrolled(
     wait_for(lambda: agent.link().get("state") == "unpaired", 5, what="the link unpaired")
     status = subprocess.run([agent_python, "-m", "agent", "status", "--config", str(cfg)],
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert code in status.stdout and status.returncode == 1
+    # unclaimed, with the code and its deadline: exit 4, apart from a degraded screen's 1
+    assert status.returncode == 4, status.stdout
+    assert re.search(rf"pairing     unclaimed: code {code} \(enter it on the fleet server; "
+                     rf"expires in \d+ min\)", status.stdout), status.stdout
     time.sleep(6)
     assert pairing_code(agent) == code, "the same code stays until used or expired"
 

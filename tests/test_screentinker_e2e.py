@@ -55,6 +55,32 @@ def enqueue(agent_python, cfg, kind, payload: bytes):
                           cwd=cfg.parent, timeout=30)
 
 
+def test_the_code_is_in_the_file_the_journal_and_status_until_claimed(
+        fleet, spawn_agent, agent_python, tmp_path):
+    """The emulation, as the real servers (tests/test_screentinker_real.py): the code in
+    the player's file, one journal line and status (exit 4) until claimed, no expiry."""
+    server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path)
+    code_file = tmp_path / "run" / "pairing-code"
+    code = wait_for(lambda: code_file.exists() and code_file.read_text().strip(), 15,
+                    what="the pairing code file")
+    assert code.replace("-", "") in tables(server)["pending"]
+    assert (f"pairing code {code}: enter it on the ScreenTinker dashboard (Add display) "
+            f"(no expiry while this screen stays connected)") in agent.log_text()
+    cfg = tmp_path / "agent.toml"
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([agent_python, "-m", "agent", "status", "--json", "--config", str(cfg)],
+                       capture_output=True, text=True, env=env, timeout=30)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 4 and doc["claimed"] is False, r.stdout
+    assert doc["pairing"]["expires_in_s"] is None and doc["pairing"]["code"] == code
+    paired(server, agent)
+    assert not code_file.exists()
+    r = subprocess.run([agent_python, "-m", "agent", "status", "--config", str(cfg)],
+                       capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0 and "pairing     claimed (paired)" in r.stdout, r.stdout
+    assert agent.log_text().count(f"pairing code {code}:") == 1
+
+
 def test_registered_then_claimed_then_reconnects_register_with_the_token_without_a_storm(
         netns, fleet, spawn_agent, agent_python, tmp_path):
     server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path)
