@@ -19,6 +19,20 @@ pytestmark = pytest.mark.skipif(shutil.which("reprepro") is None,
                                 reason="reprepro is not installed (scripts/_env.sh TEST_DEBS)")
 
 
+@pytest.fixture
+def keys(tmp_path):
+    """Throwaway signing keys; their gpg-agents stopped after the test."""
+    made = []
+
+    def make(name: str = "edge-agent release") -> SigningKey:
+        made.append(SigningKey(tmp_path / name.replace(" ", "-"), name))
+        return made[-1]
+    yield make
+    for key in made:
+        subprocess.run(["gpgconf", "--homedir", str(key.home), "--kill", "all"],
+                       capture_output=True, timeout=30)
+
+
 def release(repo: Path, key: SigningKey, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(REPO / "scripts" / "release"), "--gnupghome", str(key.home),
                            *extra, str(repo), "release@edge-agent.invalid"],
@@ -40,8 +54,8 @@ def apt_root(tmp: Path, repo: Path, keyring: Path) -> list[str]:
             "-o", "APT::Sandbox::User=root"]
 
 
-def test_a_release_is_built_signed_and_published_into_an_apt_repository_screens_verify(tmp_path):
-    key = SigningKey(tmp_path / "key")
+def test_a_release_is_built_signed_and_published_into_an_apt_repository_screens_verify(tmp_path, keys):
+    key = keys()
     repo = tmp_path / "repo"
     r = release(repo, key)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -56,7 +70,7 @@ def test_a_release_is_built_signed_and_published_into_an_apt_repository_screens_
         v = subprocess.run(["gpgv", "--keyring", str(public), *args], capture_output=True,
                            cwd=repo / "dists" / "stable", timeout=30)
         assert v.returncode == 0, v.stderr
-    stranger = SigningKey(tmp_path / "stranger", "stranger")
+    stranger = keys("stranger")
     v = subprocess.run(["gpgv", "--keyring", str(stranger.keyring), "InRelease"],
                        capture_output=True, cwd=repo / "dists" / "stable", timeout=30)
     assert v.returncode != 0, "gpgv took a key that did not sign it: the check proves nothing"
@@ -101,10 +115,10 @@ def test_a_release_is_built_signed_and_published_into_an_apt_repository_screens_
         up.stdout + up.stderr
 
 
-def test_a_later_release_replaces_the_earlier_one_and_its_signature(tmp_path, built_debs):
+def test_a_later_release_replaces_the_earlier_one_and_its_signature(tmp_path, built_debs, keys):
     """The next version published: the repository offers it, the earlier package and its
     signature leave the pool; an older one than the repository's is refused."""
-    key = SigningKey(tmp_path / "key")
+    key = keys()
     repo = tmp_path / "repo"
     first = release(repo, key, "--deb", str(built_debs[0]))
     assert first.returncode == 0, first.stderr
@@ -120,8 +134,8 @@ def test_a_later_release_replaces_the_earlier_one_and_its_signature(tmp_path, bu
     assert older.returncode != 0 and "release:" in older.stderr, older.stdout + older.stderr
 
 
-def test_release_without_a_usable_key_says_so_and_publishes_nothing(tmp_path, built_debs):
-    key = SigningKey(tmp_path / "key")
+def test_release_without_a_usable_key_says_so_and_publishes_nothing(tmp_path, built_debs, keys):
+    key = keys()
     r = subprocess.run([str(REPO / "scripts" / "release"), "--gnupghome", str(key.home),
                         "--deb", str(built_debs[0]), str(tmp_path / "repo"), "nobody@invalid"],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
