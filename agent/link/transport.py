@@ -668,15 +668,21 @@ class SocketIOTransport:
             # engineio starts a thread for each message it takes in: a server sending
             # 2,000 at once made 1,650 threads, and the one that met the unit's TasksMax
             # killed the read loop. An ACK (a heartbeat's proof) is taken in on the read
-            # loop at once; the server's events go to this connection's one handler
-            # thread, in order, where a handler may wait (a command's receipt waits for
-            # the ledger) without holding an ACK back.
+            # loop at once; everything else the server says goes to this connection's
+            # one handler thread, in the order it was said (a device:throttled and the
+            # disconnect after it), where a handler may wait (a command's receipt waits
+            # for the ledger) without holding an ACK back.
             if event == "message" and kwargs.get("run_async"):
                 data = args[0] if args else None
-                if isinstance(data, str) and data[:1] == _SIO_EVENT:
-                    self._handlers_thread().put(lambda: trigger(event, *args))
-                    return None
-                kwargs["run_async"] = False
+                if isinstance(data, str) and data[:1] == _SIO_ACK:
+                    kwargs["run_async"] = False
+                    return trigger(event, *args, **kwargs)
+                self._handlers_thread().put(lambda: trigger(event, *args))
+                return None
+            if event == "disconnect" and self._event_handlers is not None:
+                # after the messages before it
+                self._event_handlers.put(lambda: trigger(event, *args, **kwargs))
+                return None
             return trigger(event, *args, **kwargs)
 
         eio._trigger_event = trigger_event
@@ -709,7 +715,7 @@ class SocketIOTransport:
         self.client.on("*", on_any, namespace=ns)
 
 
-_SIO_EVENT = "2"   # the Socket.IO packet type of an event (an ACK is "3")
+_SIO_ACK = "3"   # the Socket.IO packet type of an ACK
 
 
 class EventHandlers(threading.Thread):
