@@ -175,3 +175,28 @@ def test_after_a_loss_every_device_saw_a_connect_is_not_raced(
     assert box.count == 3, box.count
     assert "racing a second dial" not in log, log[-2000:]
     assert "failed (no-answer: connected, then no answer to the websocket upgrade in 4" in log
+
+
+@pytest.mark.netns
+def test_a_dial_the_network_has_not_answered_is_never_raced(netns):
+    """A review found a DNS outage (and a SYN drop) raced too: the resolver or the
+    network asked twice. A second dial is made only once the first's TCP handshake is
+    answered, as a hung node's kernel answers it."""
+    import socket as socket_mod
+
+    from agent.egress import Egress
+    from agent.link.dialer import DialError
+    from agent.link.transport import DialContext, _race
+    listener = socket_mod.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    netns.drop_port(port)   # SYNs go unanswered
+    try:
+        context = DialContext(Egress(), race_after_s=0.3)
+        with pytest.raises(DialError) as e:
+            _race(f"ws://127.0.0.1:{port}/socket.io/", context, 1.5, {})
+        assert e.value.reason == "connect-timeout" and context.raced is False
+    finally:
+        netns.restore()
+        listener.close()

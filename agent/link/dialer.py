@@ -100,15 +100,17 @@ class Dialed:
     via: str = "direct"                                      # or the proxy, for a person
 
 
-def dial(url: str, egress: Egress, timeout: float) -> Dialed:
+def dial(url: str, egress: Egress, timeout: float, phases: dict | None = None) -> Dialed:
     """Connects to ``url``'s host through the proxy ``egress`` names for it, within
-    ``timeout`` seconds overall; raises DialError with the reason."""
+    ``timeout`` seconds overall; raises DialError with the reason. ``phases`` (the
+    seconds each took, ``dns_s``, ``tcp_s``, ...) fills in as they finish, for a caller
+    on another thread to watch."""
     parts = urlsplit(url)
     secure = parts.scheme in ("wss", "https")
     host = parts.hostname or ""
     port = parts.port or default_port(parts.scheme)
     deadline = time.monotonic() + timeout
-    phases: dict[str, float] = {}
+    phases = {} if phases is None else phases
     proxy = egress.proxy_for(host, port)
     if proxy is not None:
         sock = _tcp(proxy.host, proxy.port, deadline, phases, proxy=proxy)

@@ -208,11 +208,12 @@ class _Upgraded:
 
 
 def _dial_and_upgrade(url: str, egress: Egress, timeout: float, options: dict,
-                      on_dialed: Callable[[Dialed], None] | None = None) -> _Upgraded:
+                      on_dialed: Callable[[Dialed], None] | None = None,
+                      phases: dict | None = None) -> _Upgraded:
     """Dials ``url`` and asks for the websocket upgrade, within ``timeout``; raises
     DialError. ``on_dialed`` is told the socket as soon as it is dialed (a race's loser
-    is aborted through it)."""
-    dialed = dial(url, egress, timeout)
+    is aborted through it); ``phases`` fills in as the dial goes (dialer.dial)."""
+    dialed = dial(url, egress, timeout, phases)
     if on_dialed is not None:
         on_dialed(dialed)
     options = {k: v for k, v in options.items() if k not in _LIBRARY_DIAL_OPTIONS}
@@ -249,12 +250,14 @@ class _RacingDial:
         self._lock = threading.Lock()
         self._lost = False
         self._args = (url, egress, max(0.05, deadline - time.monotonic()), options)
+        self._phases: dict = {}   # the dial's, filled in on its thread as they finish
         self._done = done
         threading.Thread(target=self._run, daemon=True, name="link-dial").start()
 
     def _run(self) -> None:
         try:
-            answer = _dial_and_upgrade(*self._args, on_dialed=self._dialed_now)
+            answer = _dial_and_upgrade(*self._args, on_dialed=self._dialed_now,
+                                       phases=self._phases)
         except DialError as e:
             self.error = e
         except Exception as e:   # a bug must not leave the race waiting forever
@@ -273,6 +276,11 @@ class _RacingDial:
             lost = self._lost
         if lost:   # lost while its TCP handshake was under way: the upgrade fails at once
             sockopts.abort(dialed.sock)
+
+    def connected(self) -> bool:
+        """Its name resolved and its TCP handshake answered (a hung node's kernel still
+        answers it): what has not answered is beyond, the server's side."""
+        return "tcp_s" in self._phases
 
     def lose(self) -> None:
         """The other dial won: this one is aborted (an RST), whatever phase it is in."""
@@ -303,15 +311,23 @@ def _race(url: str, context: DialContext, timeout: float, options: dict) -> _Upg
     done: queue.Queue[_RacingDial] = queue.Queue()
     dials = [_RacingDial(url, context.egress, deadline, dict(options), 0.0, done)]
     failed: list[_RacingDial] = []
+    may_race = True
     while True:
-        if len(dials) == 1:
+        if len(dials) == 1 and may_race:
             wait = max(0.0, start + context.race_after_s - time.monotonic())
         else:   # each dial ends by the deadline; the margin is for its thread to say so
             wait = max(0.0, deadline - time.monotonic()) + ABORT_JOIN_S
         try:
             finished = done.get(timeout=wait)
         except queue.Empty:
-            if len(dials) == 1:
+            if len(dials) == 1 and may_race and not dials[0].connected():
+                # still resolving the name or waiting for the TCP handshake: the resolver
+                # or the network is what is slow, and a second dial would only ask it
+                # twice (a DNS outage raced doubled the queries); a hung node completes
+                # the handshake and then says nothing
+                may_race = False
+                continue
+            if len(dials) == 1 and may_race:
                 context.raced = True
                 log.info("connect: no answer in %.1fs, racing a second dial",
                          time.monotonic() - start)
