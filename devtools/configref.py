@@ -303,12 +303,7 @@ After editing: `edge-agent check-config && systemctl restart edge-agent`.
         out.append("|---|---|---|---|---|---|\n")
         for key, spec in ks.items():
             name = f"{section}.{key}"
-            if spec.default is C.REQUIRED:
-                default = "required"
-            elif spec.default is None:
-                default = "unset"
-            else:
-                default = f"`{toml_value(spec.default)}`"
+            default = default_text(spec, "`{}`")
             allowed = rule_text(spec) or spec.type.__name__
             if spec.type is list:
                 allowed = "list of strings"
@@ -316,6 +311,16 @@ After editing: `edge-agent check-config && systemctl restart edge-agent`.
                        f"{fleet_text(name, spec)} | `{C.env_name(section, key)}` | "
                        f"{DOCS[name].replace('|', '&#124;')} |\n")
     return "".join(out)
+
+
+def default_text(spec, shown: str = "{}") -> str:
+    """A key's built-in default in words: required, unset, or its TOML value (in
+    ``shown``)."""
+    if spec.default is C.REQUIRED:
+        return "required"
+    if spec.default is None:
+        return "unset"
+    return shown.format(toml_value(spec.default))
 
 
 def _roff(text: str) -> str:
@@ -337,12 +342,7 @@ def render_man() -> str:
         out.append(f".SS [{_roff(section)}]\n")
         for key, spec in ks.items():
             name = f"{section}.{key}"
-            if spec.default is C.REQUIRED:
-                default = "required"
-            elif spec.default is None:
-                default = "unset"
-            else:
-                default = toml_value(spec.default)
+            default = default_text(spec)
             out.append(f".TP\n.B {_roff(key)}\n{_roff('(' + default + ') ' + DOCS[name])}\n")
     out.append(MAN_END)
     return "".join(out)

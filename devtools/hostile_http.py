@@ -33,10 +33,10 @@ def gzip_bomb(decoded: int, layers: int = 2) -> bytes:
 
 
 @contextlib.contextmanager
-def bomb_server(body: bytes, encoding: str):
-    """Every request answered 200 with ``body`` and ``Content-Encoding: encoding``,
-    whatever the client asked for."""
-    class Bomb(http.server.BaseHTTPRequestHandler):
+def answering_server(body: bytes, headers: dict | None = None):
+    """Every request answered 200 with ``body`` and ``headers``, whatever it asked for;
+    yields the server's base URL."""
+    class Answer(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def _answer(self):
@@ -44,8 +44,8 @@ def bomb_server(body: bytes, encoding: str):
             if n:
                 self.rfile.read(n)
             self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Encoding", encoding)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             try:
@@ -58,7 +58,7 @@ def bomb_server(body: bytes, encoding: str):
         def log_message(self, *a):
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bomb)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
@@ -66,6 +66,13 @@ def bomb_server(body: bytes, encoding: str):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def bomb_server(body: bytes, encoding: str):
+    """Every request answered 200 with ``body`` and ``Content-Encoding: encoding``,
+    whatever the client asked for."""
+    return answering_server(body, {"Content-Type": "application/json",
+                                   "Content-Encoding": encoding})
 
 
 @contextlib.contextmanager

@@ -719,15 +719,9 @@ def test_a_long_outage_restarts_the_agent_less_and_less_often_and_heals_as_fast(
 @step(test_enrolls_and_pairs_under_systemd)
 def test_upgrade_keeps_identity_credentials_and_queue_and_restarts(site):
     s, server = site.screen, site.server
-    server.admin("/admin/behaviour", {"upload_mode": "500"})  # queued items stay queued
     # counted from here: the logs command's journal bundle went before
     stored_before = server.device(site.device_id).get("uploads", 0)
-    tried_before = len(server.device(site.device_id).get("upload_requests", []))
-    for i in range(2):
-        s.run(*as_user("edge-agent", "edge-agent", "edge-agent", "enqueue", "--kind", "log", "-"),
-              input=f"log line {i}\n")
-    wait_for(lambda: len(server.device(site.device_id).get("upload_requests", [])) >= tried_before + 2,
-             15, interval=0.2, what="uploads tried and refused")
+    queue_two_uploads(site)   # queued items stay queued
     assert status(s)[1]["uploads"]["items"] == 2
     before = s.show(UNIT, "MainPID", "InvocationID")
     ids = {p: s.path(p).read_bytes() for p in (f"{STATE}/device_id", f"{STATE}/credentials.json")}

@@ -14,7 +14,8 @@ import subprocess
 import pytest
 
 from devtools.harness import REPO
-from devtools.hostile_http import bomb_server, endless_chunk_server, gzip_bomb, trickle_server
+from devtools.hostile_http import (answering_server, bomb_server, endless_chunk_server, gzip_bomb,
+                                   trickle_server)
 
 TARGETS = ("update", "upload", "enroll")
 
@@ -111,28 +112,6 @@ def test_an_order_url_two_parsers_read_differently_sends_the_screen_nowhere(tmp_
 
 
 # -- nothing left on the card by a failed download -------------------------------------
-def _package_server(body: bytes):
-    import http.server
-    import threading
-
-    class Package(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            try:
-                self.wfile.write(body)
-            except OSError:
-                pass
-
-        def log_message(self, *a):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Package)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
-
-
 def _order(size: int):
     import base64
 
@@ -166,31 +145,23 @@ def _updater(url, state, tmp_path):
 def test_a_download_the_card_cannot_take_leaves_nothing_on_it(small_card, tmp_path):
     """Before: the .part stayed, filling the card (0 KiB free afterwards)."""
     from agent.update.service import NotStaged
-    httpd = _package_server(os.urandom(3 << 20))
-    try:
-        u = _updater(f"http://127.0.0.1:{httpd.server_port}", small_card, tmp_path)
+    with answering_server(os.urandom(3 << 20)) as url:
+        u = _updater(url, small_card, tmp_path)
         with pytest.raises(NotStaged) as e:
-            u._download(_order(3 << 20), f"http://127.0.0.1:{httpd.server_port}/x.deb")
-        assert "No space left" in str(e.value)
-        assert os.listdir(u.staging) == []
-        assert os.statvfs(small_card).f_bfree > 200
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+            u._download(_order(3 << 20), f"{url}/x.deb")
+    assert "No space left" in str(e.value)
+    assert os.listdir(u.staging) == []
+    assert os.statvfs(small_card).f_bfree > 200
 
 
 def test_a_body_longer_than_the_order_leaves_nothing_on_the_card(tmp_path):
     from agent.update.service import NotStaged
-    httpd = _package_server(os.urandom(300_000))
-    try:
-        u = _updater(f"http://127.0.0.1:{httpd.server_port}", tmp_path / "state", tmp_path)
+    with answering_server(os.urandom(300_000)) as url:
+        u = _updater(url, tmp_path / "state", tmp_path)
         with pytest.raises(NotStaged) as e:
-            u._download(_order(100_000), f"http://127.0.0.1:{httpd.server_port}/x.deb")
-        assert "larger than the order" in str(e.value)
-        assert os.listdir(u.staging) == []
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+            u._download(_order(100_000), f"{url}/x.deb")
+    assert "larger than the order" in str(e.value)
+    assert os.listdir(u.staging) == []
 
 
 def test_a_partial_download_no_order_came_back_for_is_cleaned_at_start(tmp_path):
