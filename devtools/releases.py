@@ -23,8 +23,10 @@ class SigningKey:
     """``key = SigningKey(dir); key.keyring`` goes into /etc/edge-agent/update-keys/."""
 
     def __init__(self, directory: Path, name: str = "edge-agent release"):
-        self.home = directory / "gnupg"
-        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # gpg-agent's sockets live in its home, and a Unix socket's path has 108 bytes:
+        # under a test's deep temporary directory key generation failed (exit 2)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.home = Path(tempfile.mkdtemp(prefix="gpg-", dir="/tmp"))
         self._gpg("--quick-gen-key", f"{name} <release@edge-agent.invalid>", "ed25519",
                   "sign", "never")
         self.keyring = directory / f"{name.replace(' ', '-')}.gpg"
