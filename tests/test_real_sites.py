@@ -172,7 +172,11 @@ def test_behind_a_box_that_reaps_idle_flows_the_agent_learns_its_limit_and_keeps
                            link={"heartbeat_interval_s": 4.0, "ack_timeout_s": 1.0,
                                  "stable_after_s": 5.0})
         agent = spawn_agent(agent_python, cfg)
-        wait_for(lambda: agent.link().get("heartbeat_interval_s") == 2.0, 40,
+        # half the idle gap the box reaped at, as measured: 4 s, give or take the time
+        # the loop took to notice (2.001 s on a loaded machine)
+        def learnt(value) -> bool:
+            return isinstance(value, (int, float)) and abs(value - 2.0) <= 0.05
+        wait_for(lambda: learnt(agent.link().get("heartbeat_interval_s")), 40,
                  what=f"the learnt heartbeat (see {agent.log_path})")
         reaps = agent.log_text().count("link lost")
         assert reaps <= 3 and "link lost: idle-reap" in agent.log_text()
@@ -181,10 +185,10 @@ def test_behind_a_box_that_reaps_idle_flows_the_agent_learns_its_limit_and_keeps
         assert agent.log_text().count("link lost") == reaps, agent.log_text()[-1500:]
         agent.stop()
         kept = json.loads((tmp_path / "state" / "idle-limits.json").read_text())
-        assert [v["interval_s"] for v in kept.values()] == [2.0]
+        assert len(kept) == 1 and all(learnt(v["interval_s"]) for v in kept.values())
         again = spawn_agent(agent_python, cfg)   # restarted: what was learnt holds
         again.wait_live(15)
-        assert again.link()["heartbeat_interval_s"] == 2.0
+        assert again.link()["heartbeat_interval_s"] == next(iter(kept.values()))["interval_s"]
         before = again.log_text().count("link lost")
         time.sleep(9)
         assert again.log_text().count("link lost") == before
