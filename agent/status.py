@@ -141,11 +141,11 @@ def _settings_text(settings: dict, elapsed: float = 0.0) -> str:
     if settings.get("revision") is not None:
         fleet = settings.get("fleet") if isinstance(settings.get("fleet"), dict) else {}
         values = ", ".join(
-            f"{k}={v.get('value')}" + (f" for {_duration(max(0.0, v['expires_in_s'] - elapsed))} more"
+            f"{k}={v.get('value')}" + (f" for {_duration(_run_down(v['expires_in_s'], elapsed))} more"
                                        if _number(v.get("expires_in_s")) else "")
             for k, v in fleet.items() if isinstance(v, dict))
         said.append(f"fleet revision {settings['revision']} {settings.get('state')}"
-                    + (f" (proof due in {_duration(max(0.0, settings['proof_due_in_s'] - elapsed))})"
+                    + (f" (proof due in {_duration(_run_down(settings['proof_due_in_s'], elapsed))})"
                        if _number(settings.get("proof_due_in_s")) else "")
                     + (f": {values}" if values else ""))
     else:
@@ -168,12 +168,12 @@ def _settings_text(settings: dict, elapsed: float = 0.0) -> str:
 def render(doc: dict, running: bool) -> str:
     link = _link(doc)
     state = link.get("state", "unknown") if running else "not running"
+    now = as_read(doc, running)
     lines = [f"edge-agent {doc.get('version', '?')}  device {doc.get('device_id', '?')}",
              f"server      {doc.get('server', '?')}",
-             *([f"pairing     {_pairing_text(doc['pairing'], as_read(doc, running)['pairing_expires_in_s'])}"]
+             *([f"pairing     {_pairing_text(doc['pairing'], now['pairing_expires_in_s'])}"]
                if isinstance(doc.get("pairing"), dict) else []),
              f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
-    now = as_read(doc, running)
     if now["link_since_s"] is not None:
         lines.append(f"since       {_duration(now['link_since_s'])} in this state")
     if link.get("detail") and state != "online":
@@ -269,7 +269,7 @@ def as_read(doc: dict, running: bool) -> dict:
         return round(value + elapsed, 1) if _number(value) else None
 
     def left(value):
-        return round(max(0.0, value - elapsed), 1) if _number(value) and running else None
+        return _run_down(value, elapsed) if _number(value) and running else None
 
     pairing = doc.get("pairing") if isinstance(doc.get("pairing"), dict) else {}
     proven = online and link.get("proven_live") is True and _number(link.get("proof_within_s"))
@@ -280,6 +280,11 @@ def as_read(doc: dict, running: bool) -> dict:
             if link.get("rtt_ms") is not None else None,
             "next_attempt_in_s": left(link.get("next_attempt_in_s")),
             "pairing_expires_in_s": left(pairing.get("expires_in_s"))}
+
+
+def _run_down(seconds: float, elapsed: float) -> float:
+    """A countdown the file holds, as it stands ``elapsed`` seconds after the writing."""
+    return round(max(0.0, seconds - elapsed), 1)
 
 
 def _number(value) -> bool:
