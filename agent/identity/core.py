@@ -195,11 +195,15 @@ class IdentityCore:
             return True
         return False
 
+    def _budget_back_at(self, now: float) -> float:
+        """When the budget holds a whole write again (monotonic)."""
+        return now + (1.0 - self._budget) * WRITE_EVERY_S
+
     def _hold_back(self, effect, now: float) -> list:
         """The latest write waits for the budget; said once per hold."""
         first = self.unwritten is None or self.write_error != HELD_BACK
         self.unwritten, self.write_error = effect, HELD_BACK
-        self.write_retry_at = now + (1.0 - self._budget) * WRITE_EVERY_S
+        self.write_retry_at = self._budget_back_at(now)
         if not first:
             return []
         return [Note(logging.WARNING, f"credentials {HELD_BACK}: in use from memory, the "
@@ -266,7 +270,7 @@ class IdentityCore:
             return []
         # a write the disk refused has its own backoff; one held back waits for the budget
         if self.write_error == HELD_BACK and not self._spend(now):
-            self.write_retry_at = now + (1.0 - self._budget) * WRITE_EVERY_S
+            self.write_retry_at = self._budget_back_at(now)
             return []
         self.write_retry_at = math.inf   # one attempt at a time
         return [self.unwritten]
