@@ -76,52 +76,54 @@ def bomb_server(body: bytes, encoding: str):
 
 
 @contextlib.contextmanager
+def raw_server(serve, backlog: int = 16):
+    """A socket server on loopback handing each connection to ``serve(conn, stop)`` on a
+    thread of its own; ``stop`` is set when the block ends. Yields the base URL."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(backlog)
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn, stop), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+
+
 def endless_chunk_server(for_s: float = 10.0):
     """Every request answered 200, ``Transfer-Encoding: chunked``, then a chunk-size line
     that never ends (a megabyte of digits at a time, for ``for_s``): urllib3 1.26's own
     chunked reader reads such a line whole."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-
-    def serve(conn):
+    def serve(conn, stop):
         with conn:
             try:
                 conn.recv(65536)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
                              b"Transfer-Encoding: chunked\r\n\r\n")
                 t0 = time.monotonic()
-                while time.monotonic() - t0 < for_s:
+                while time.monotonic() - t0 < for_s and not stop.is_set():
                     conn.sendall(b"0" * (1 << 20))
             except OSError:
                 pass
 
-    def accept():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.close()
+    return raw_server(serve, backlog=8)
 
 
-@contextlib.contextmanager
 def trickle_server(every_s: float = 0.2):
     """A raw socket server that accepts, reads the request, and sends its status line and
     headers one byte per ``every_s``, for ever: every read of the client is answered well
     within any read timeout, and the headers never end."""
-    lsock = socket.socket()
-    lsock.bind(("127.0.0.1", 0))
-    lsock.listen(16)
-    stop = threading.Event()
-
-    def serve(conn):
+    def serve(conn, stop):
         with conn:
             conn.settimeout(1.0)
             with contextlib.suppress(OSError):
@@ -135,20 +137,7 @@ def trickle_server(every_s: float = 0.2):
                 except OSError:
                     return
 
-    def accept():
-        while not stop.is_set():
-            try:
-                conn, _ = lsock.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{lsock.getsockname()[1]}"
-    finally:
-        stop.set()
-        lsock.close()
+    return raw_server(serve)
 
 
 # -- the driver, run under the stack being tested -------------------------------------
