@@ -8,13 +8,17 @@ import os
 import signal
 import sys
 
-from . import __version__, config as cfgmod, crashes, logs, status
-from .fsutil import UnsafePath, drop_to_owner
+from . import __version__
+from .config import load as cfgmod
+from .runtime import crashes
+from .base import logs
+from .app import status
+from .base.fsutil import UnsafePath, drop_to_owner
 from .identity.credentials import Credentials, CredentialsUnreadable
 from .link.profiles import PROFILES, uncarried
 from .settings import store as fleet_store
 from .settings.service import FleetSettings
-from .upload_kinds import KINDS
+from .base.upload_kinds import KINDS
 
 EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
 # status: running, and no operator has claimed the screen yet (it shows a pairing code)
@@ -106,7 +110,7 @@ def cmd_run(args) -> int:
     except OSError as e:   # the count is lost, the deadline still holds
         logging.getLogger("edge_agent").error("cannot count this start on fleet settings "
                                               "on trial: %s", e.strerror)
-    from .daemon import Agent  # imports socketio; keep `status` light
+    from .app.daemon import Agent  # imports socketio; keep `status` light
     from .uploads.store import QueueUnavailable  # likewise
     try:
         agent = Agent(config, settings=settings)
@@ -344,7 +348,7 @@ def _say_in_force(config: cfgmod.Config) -> int:
 
 def _check_readable(config: cfgmod.Config) -> int:
     """Every file the configuration names, as the agent's user opens it."""
-    from . import access
+    from .base import access
     named = {key: path for key, path in (
         ("the configuration", config.source),
         ("server.ca_file", config.egress.ca_file),

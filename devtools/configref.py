@@ -1,4 +1,4 @@
-"""The configuration reference, made from the schema (agent/config.py SCHEMA): the
+"""The configuration reference, made from the schema (agent/config/load.py SCHEMA): the
 package's defaults file (debian/agent.toml, installed as /usr/lib/edge-agent/agent.toml)
 and docs/configure.md. Each key's type, default, bounds, environment variable and
 whether the fleet may set it come from SCHEMA; only what a key does is written here,
@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from agent import config as C
+from agent.config import load as C
 from agent.commands.core import COMMANDS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -273,7 +273,7 @@ def render_markdown() -> str:
     out = ["""\
 # Configuring a screen
 
-<!-- Made from the configuration schema (agent/config.py SCHEMA) by
+<!-- Made from the configuration schema (agent/config/load.py SCHEMA) by
      `python -m devtools.configref --write`; tests/test_config_reference.py fails when
      this page and the schema differ. Edit devtools/configref.py, not this page. -->
 

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.watchdog_gate import WatchdogGate
+from agent.runtime.watchdog_gate import WatchdogGate
 from devtools import netns
 
 REPO = Path(__file__).resolve().parent.parent

@@ -160,7 +160,7 @@ def main(argv) -> int:
     import tempfile
 
     target, url, headroom_mb, bound_s = argv[0], argv[1], int(argv[2]), float(argv[3])
-    from agent.egress import Egress
+    from agent.base.egress import Egress
     from agent.identity import enroller as enroller_mod
     from agent.update import rules
     from agent.update import service as service_mod

@@ -15,7 +15,7 @@ import time
 
 from agent.uploads.schedule import UploadPolicy
 from agent.uploads.sender import UploadSender
-from agent.upload_kinds import LOG
+from agent.base.upload_kinds import LOG
 from agent.uploads.store import QueueStore
 from agent.uploads.worker import UploadWorker
 

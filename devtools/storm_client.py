@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from agent import config as cfgmod
+from agent.config import load as cfgmod
 from agent.link.runner import LinkRunner
 
 

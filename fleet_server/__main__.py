@@ -14,9 +14,9 @@ import time
 import urllib.error
 import urllib.request
 
-from .behaviour import Behaviour
-from .server import FleetServer
-from .serving import serve_until_stopped
+from fleet_server.behaviour import Behaviour
+from fleet_server.server import FleetServer
+from fleet_server.serving import serve_until_stopped
 
 
 def parse_args(argv=None):

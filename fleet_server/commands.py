@@ -11,8 +11,8 @@ import socketio
 
 from agent.link.protocol import COMMAND
 
-from .behaviour import Behaviour
-from .devices import Device, Registry
+from fleet_server.behaviour import Behaviour
+from fleet_server.devices import Device, Registry
 
 FLOOD_PREFIX = "flood-"
 

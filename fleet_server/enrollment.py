@@ -11,9 +11,9 @@ import time
 
 from aiohttp import web
 
-from .behaviour import Behaviour
-from .devices import Registry
-from .serving import read_json
+from fleet_server.behaviour import Behaviour
+from fleet_server.devices import Registry
+from fleet_server.serving import read_json
 
 log = logging.getLogger("fleet_server")
 

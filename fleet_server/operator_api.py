@@ -12,10 +12,10 @@ from aiohttp import web
 
 from agent.link.protocol import THROTTLE
 
-from . import screentinker
-from .devices import Device
-from .enrollment import PAIR_WINDOW_S
-from .serving import read_json
+from fleet_server import screentinker
+from fleet_server.devices import Device
+from fleet_server.enrollment import PAIR_WINDOW_S
+from fleet_server.serving import read_json
 
 log = logging.getLogger("fleet_server")
 

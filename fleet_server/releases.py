@@ -9,7 +9,7 @@ import re
 
 from aiohttp import web
 
-from .behaviour import Behaviour
+from fleet_server.behaviour import Behaviour
 
 MAX_RELEASE_BYTES = 64 << 20
 _RANGE = re.compile(r"^bytes=(\d+)-$")

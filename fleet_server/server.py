@@ -15,15 +15,15 @@ from aiohttp import web
 
 from agent.link.protocol import COMMAND_RESULT, EVENT, HEARTBEAT, REPORT
 
-from . import screentinker
-from .behaviour import Behaviour
-from .commands import Commands
-from .devices import Registry
-from .enrollment import Enrollment
-from .operator_api import OperatorApi
-from .releases import Releases
-from .sessions import Sessions
-from .uploads import MAX_UPLOAD_BYTES, Uploads
+from fleet_server import screentinker
+from fleet_server.behaviour import Behaviour
+from fleet_server.commands import Commands
+from fleet_server.devices import Registry
+from fleet_server.enrollment import Enrollment
+from fleet_server.operator_api import OperatorApi
+from fleet_server.releases import Releases
+from fleet_server.sessions import Sessions
+from fleet_server.uploads import MAX_UPLOAD_BYTES, Uploads
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 

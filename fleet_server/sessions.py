@@ -13,9 +13,9 @@ import socketio
 
 from agent.link.protocol import RECONNECT_WINDOW, THROTTLE
 
-from .behaviour import Behaviour
-from .commands import Commands
-from .devices import Registry
+from fleet_server.behaviour import Behaviour
+from fleet_server.commands import Commands
+from fleet_server.devices import Registry
 
 log = logging.getLogger("fleet_server")
 

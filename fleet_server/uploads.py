@@ -10,8 +10,8 @@ import time
 
 from aiohttp import web
 
-from .behaviour import Behaviour
-from .devices import Device, Registry
+from fleet_server.behaviour import Behaviour
+from fleet_server.devices import Device, Registry
 
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024
 LOG_BUNDLES_KEPT = 20

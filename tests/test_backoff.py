@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from agent.backoff import Backoff, BackoffPolicy
+from agent.base.backoff import Backoff, BackoffPolicy
 
 
 def test_ceiling_doubles_up_to_cap():

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from agent.clock import FakeClock
+from agent.base.clock import FakeClock
 from agent.uploads.schedule import UploadPolicy
 from agent.uploads.sender import UploadSender
 from agent.uploads.store import QueueStore

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from agent import fsutil
+from agent.base import fsutil
 from agent.commands import ledger
 from agent.identity.credentials import Credentials, CredentialsUnreadable
 from agent.identity.service import IdentityService

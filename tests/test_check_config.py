@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
-from agent import access, cli, config as C
-from agent.egress import Egress
+from agent.base import access
+from agent import cli
+from agent.config import load as C
+from agent.base.egress import Egress
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

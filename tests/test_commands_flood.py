@@ -15,8 +15,7 @@ import time
 import pytest
 
 from agent.commands import ledger
-from agent.commands.core import (BURST, MAX_ENTRIES, MAX_PENDING, RATE_PER_S, CommandCore,
-                                 Report, Run)
+from agent.commands.core import BURST, MAX_ENTRIES, MAX_PENDING, RATE_PER_S, CommandCore, Report, Run
 from devtools.card import SdCard
 from devtools.harness import agent_config, wait_for
 
@@ -355,8 +354,8 @@ def test_the_screentinker_profile_forgets_its_own_ids_without_a_horizon(tmp_path
     """The agent wires the rule from its profile: ScreenTinker's commands carry no id."""
     from types import SimpleNamespace
 
-    from agent import config as cfgmod
-    from agent.daemon import Agent
+    from agent.config import load as cfgmod
+    from agent.app.daemon import Agent
     from devtools.harness import agent_config
 
     server = SimpleNamespace(url="http://127.0.0.1:9", devices={"screen-1": "t" * 32})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import config as C
+from agent.config import load as C
 
 GOOD = """
 [server]

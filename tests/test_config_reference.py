@@ -1,4 +1,4 @@
-"""The configuration as an operator reads it, held to the schema (agent/config.py
+"""The configuration as an operator reads it, held to the schema (agent/config/load.py
 SCHEMA): the package's defaults file (debian/agent.toml), docs/configure.md and the man
 page's CONFIGURATION section are made from it by devtools/configref.py, and each is read
 back here on its own terms: every key present once, its default the schema's, no key
@@ -6,7 +6,7 @@ that does not exist (issue #43)."""
 import re
 import tomllib
 
-from agent import config as C
+from agent.config import load as C
 from devtools import configref as ref
 
 OPERATOR_KEYS = {f"{s}.{k}" for s, k, _ in ref.keys() if s not in ref.HIDDEN_SECTIONS}

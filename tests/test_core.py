@@ -3,11 +3,10 @@ import random
 
 import pytest
 
-from agent.clock import FakeClock
+from agent.base.clock import FakeClock
 from agent.link import journal as J
-from agent.backoff import BackoffPolicy
-from agent.link.core import (Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat,
-                             SendReport)
+from agent.base.backoff import BackoffPolicy
+from agent.link.core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
 from agent.link.liveness import LivenessPolicy
 
 HB, ACK = 2.0, 1.0

@@ -15,7 +15,7 @@ import pytest
 from agent.identity import core as C
 from agent.identity.credentials import Credentials
 from agent.identity.enroller import BadAnswer, Enroller
-from agent.identity.rules import TOKEN_RULE, token_problem, usable_device_id, usable_token
+from agent.base.identifiers import TOKEN_RULE, token_problem, usable_device_id, usable_token
 from agent.identity.service import IdentityService
 from agent.link.inbox import Malformed
 from agent.link.profiles import ProfileContext, ScreenTinkerProfile

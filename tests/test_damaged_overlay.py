@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from agent import config as config_mod
+from agent.config import load as config_mod
 from agent.settings import store
 from agent.settings.service import FleetSettings
 from devtools.harness import REPO
@@ -111,14 +111,14 @@ ROOT_CASES = [c for c in CASES if c[0].startswith(("current.received_at=10", "cu
 
 @pytest.mark.parametrize("name,text", ROOT_CASES, ids=[c[0][:40] for c in ROOT_CASES])
 def test_the_root_entry_points_run_on_a_damaged_overlay(tmp_path, name, text):
-    """As root's units run them: ``python3 -I -m agent.grants`` and the installer,
+    """As root's units run them: ``python3 -I -m agent.programs.grants`` and the installer,
     against a temporary grants directory and root directory; one line, no traceback."""
     state, conf = _setup(tmp_path, text)
     env = {"PATH": os.environ["PATH"]}
     runs = {
-        "grants": [sys.executable, "-I", "-m", "agent.grants", "--config", str(conf),
+        "grants": [sys.executable, "-I", "-m", "agent.programs.grants", "--config", str(conf),
                    "--dir", str(tmp_path / "grants")],
-        "installer": [sys.executable, "-I", "-m", "agent.installer", "--config", str(conf),
+        "installer": [sys.executable, "-I", "-m", "agent.programs.installer", "--config", str(conf),
                       "--root-dir", str(tmp_path / "root"), "--keys-dir", str(tmp_path / "keys")],
         "check-config": [sys.executable, "-I", "-m", "agent", "check-config", "--config",
                          str(conf)],
@@ -136,7 +136,7 @@ def test_the_root_entry_points_run_on_a_damaged_overlay(tmp_path, name, text):
 def test_revisions_only_go_up_across_a_rollback_to_the_file_alone_and_an_expiry(tmp_path):
     """Before: after revision 50 was rolled back to the file alone, revision 3 was staged
     (only the revision in force was compared, and there was none)."""
-    from agent.clock import FakeClock
+    from agent.base.clock import FakeClock
     from agent.settings import rules
     clock = FakeClock()
 

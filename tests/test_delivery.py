@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent import config as C
+from agent.config import load as C
 from agent.events.model import Event
 from agent.events.outbox import Outbox
 from agent.link.cargo import Cargo

@@ -1,11 +1,10 @@
 """The way out (issue #28): one proxy rule for the link, the uploads and enrollment."""
 import pytest
 
-from agent import config as C
-from agent.egress import (Egress, EgressError, bypasses, no_proxy_from_env, parse_no_proxy,
-                          parse_proxy, proxy_from_env)
+from agent.config import load as C
+from agent.base.egress import Egress, EgressError, bypasses, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
 
-from .test_config import GOOD, write
+from tests.test_config import GOOD, write
 
 
 @pytest.mark.parametrize("entries, host, port, direct", [
@@ -89,7 +88,7 @@ def test_config_takes_the_network_section_first_then_the_environment(tmp_path):
 
 
 def test_a_client_key_others_can_read_is_refused(tmp_path):
-    from .test_config import _client_certificate
+    from tests.test_config import _client_certificate
     cert, key = _client_certificate(tmp_path)
     path = write(tmp_path, GOOD)
     env = {"EDGE_AGENT_NETWORK_CLIENT_CERT": str(cert), "EDGE_AGENT_NETWORK_CLIENT_KEY": str(key)}

@@ -9,12 +9,11 @@ import time
 
 import pytest
 
-from agent.clock import FakeClock
+from agent.base.clock import FakeClock
 from agent.identity import device
 from agent.identity.credentials import Credentials
 from agent.identity.enroller import BadAnswer, CodeGone, Enroller
-from agent.identity.enrollment import (NEED_CODE, PAIRED, WAITING, EnrollmentCore, PairingCode,
-                                       PollPairing, RequestCode)
+from agent.identity.enrollment import NEED_CODE, PAIRED, WAITING, EnrollmentCore, PairingCode, PollPairing, RequestCode
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -212,7 +212,7 @@ def test_telemetry_is_sampled_at_most_once_a_minute_and_optional(tmp_path, monke
 
 def test_repeated_warnings_with_changing_numbers_are_one_kind():
     import logging
-    from agent.logs import RepeatFilter
+    from agent.base.logs import RepeatFilter
     now = [0.0]
     f = RepeatFilter(window_s=60.0, clock=lambda: now[0])
 

@@ -1,4 +1,4 @@
-"""polkit's flag for reboot follows [commands] allow: agent/grants.py, as the unit's
+"""polkit's flag for reboot follows [commands] allow: agent/programs/grants.py, as the unit's
 root-side ExecStartPre/ExecStopPost run it (a real process, as root, under the unit's
 UMask=0077), on real directories, with links planted by a real unprivileged user.
 What polkit makes of the flag is proven under real systemd and polkitd
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import grants
+from agent.programs import grants
 from agent.settings import store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,10 +42,10 @@ def as_user(*cmd):
 
 
 def step(base: Path, *args, allow='["diagnostics", "logs"]', config_text=None):
-    """`python3 -m agent.grants`, as root, with the unit's umask."""
+    """`python3 -m agent.programs.grants`, as root, with the unit's umask."""
     cfg = base / "agent.toml"
     cfg.write_text(config_text if config_text is not None else CONFIG.format(allow=allow))
-    return subprocess.run([sys.executable, "-m", "agent.grants", "--config", str(cfg),
+    return subprocess.run([sys.executable, "-m", "agent.programs.grants", "--config", str(cfg),
                            "--dir", str(base / "grants"), *args],
                           capture_output=True, text=True, timeout=60, cwd=REPO, umask=0o077,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
@@ -116,7 +116,7 @@ def test_a_directory_someone_else_made_is_refused(ground):
     # and the CLI says so in one line at priority err, and leaves the agent to run
     cfg = base / "agent.toml"
     cfg.write_text(CONFIG.format(allow='["reboot"]'))
-    r = subprocess.run([sys.executable, "-m", "agent.grants", "--config", str(cfg),
+    r = subprocess.run([sys.executable, "-m", "agent.programs.grants", "--config", str(cfg),
                         "--dir", str(theirs / "grants")], capture_output=True, text=True,
                        timeout=60, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 1, r
@@ -148,8 +148,8 @@ def test_the_polkit_rule_and_the_unit_name_the_flag_this_module_writes():
     assert rule.count("polkit.Result.YES") == len(grants.GRANTABLE)
     assert 'action.lookup("unit") == "edge-agent-update.service"' in rule
     unit = (REPO / "systemd" / "edge-agent.service").read_text()
-    assert "ExecStartPre=-+/usr/bin/python3 -I -m agent.grants --config /etc/edge-agent/agent.toml" in unit
-    assert "ExecStopPost=-+/usr/bin/python3 -I -m agent.grants --revoke" in unit
+    assert "ExecStartPre=-+/usr/bin/python3 -I -m agent.programs.grants --config /etc/edge-agent/agent.toml" in unit
+    assert "ExecStopPost=-+/usr/bin/python3 -I -m agent.programs.grants --revoke" in unit
     assert grants.wanted(frozenset({"diagnostics", "logs"})) == frozenset()
     assert grants.wanted(frozenset({"logs", "reboot"})) == frozenset({"reboot"})
     assert grants.wanted(frozenset({"update"})) == frozenset({"update"})

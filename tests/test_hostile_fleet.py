@@ -80,7 +80,7 @@ def test_an_order_url_two_parsers_read_differently_sends_the_screen_nowhere(tmp_
     import http.server
     import threading
 
-    from agent.egress import Egress
+    from agent.base.egress import Egress
     from agent.update.service import NotStaged, Updater
 
     hits = []
@@ -134,7 +134,7 @@ def small_card(tmp_path):
 
 
 def _updater(url, state, tmp_path):
-    from agent.egress import Egress
+    from agent.base.egress import Egress
     from agent.update.service import Updater
     u = Updater(url, Egress(), str(state), 2.0, settled=lambda *a: None,
                 root_dir=str(tmp_path))

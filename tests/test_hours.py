@@ -8,7 +8,7 @@ from datetime import datetime
 
 import pytest
 
-from agent import config as cfgmod
+from agent.config import load as cfgmod
 from agent.hours.rules import Schedule, ScheduleError
 from agent.hours.service import RETRY_S, WorkingHours
 from devtools.harness import agent_config, wait_for

@@ -184,7 +184,7 @@ def test_a_dial_the_network_has_not_answered_is_never_raced(netns):
     answered, as a hung node's kernel answers it."""
     import socket as socket_mod
 
-    from agent.egress import Egress
+    from agent.base.egress import Egress
     from agent.link.dialer import DialError
     from agent.link.transport import DialContext, _race
     listener = socket_mod.socket()

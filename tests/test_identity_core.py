@@ -5,7 +5,7 @@ import random
 import threading
 import time
 
-from agent.clock import FakeClock
+from agent.base.clock import FakeClock
 from agent.identity import core as C
 from agent.identity.credentials import Credentials
 from agent.identity.service import Hooks, IdentityService

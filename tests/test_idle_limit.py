@@ -7,7 +7,7 @@ from agent.link.core import Abort, Connect, LinkCore, LinkPolicy, SendHeartbeat
 from agent.link.idle_limit import IdleLimit, IdlePolicy
 from agent.link.idle_memory import IdleMemory, network_key
 from agent.link.liveness import LivenessPolicy
-from agent.backoff import BackoffPolicy
+from agent.base.backoff import BackoffPolicy
 
 
 class ReapingSite:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import inventory
+from agent.inventory import collect as inventory
 from devtools.harness import agent_config, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The journal gate (agent/journal_gate.py): the request the helper takes, the reply the
+"""The journal gate (agent/programs/journal_gate.py): the request the helper takes, the reply the
 agent reads, over a real UNIX socket, with the helper's real process (`python3 -m
 agent.journal_gate`, the connection as its stdin and stdout, as systemd's Accept=yes
 gives it) running a journalctl that prints what it was asked. The real journalctl,
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import journal_gate as gate
+from agent.programs import journal_gate as gate
 
 REPO = Path(__file__).resolve().parent.parent
 # stands in for journalctl: one JSON line per argument, and a failure when asked
@@ -45,7 +45,7 @@ def helper(tmp_path):
             except OSError:
                 return
             with conn:
-                procs.append(subprocess.Popen([sys.executable, "-m", "agent.journal_gate"],
+                procs.append(subprocess.Popen([sys.executable, "-m", "agent.programs.journal_gate"],
                                               stdin=conn, stdout=conn, cwd=REPO, env=env,
                                               stderr=subprocess.PIPE))
 
@@ -143,7 +143,7 @@ def test_the_socket_unit_listens_where_the_agent_connects():
                       "SocketMode=0600", "RemoveOnStop=yes"):
         assert directive + "\n" in unit, directive
     helper_unit = (REPO / "systemd" / "edge-agent-logs@.service").read_text()
-    assert "ExecStart=/usr/bin/python3 -I -m agent.journal_gate\n" in helper_unit
+    assert "ExecStart=/usr/bin/python3 -I -m agent.programs.journal_gate\n" in helper_unit
 
 
 BIG_JOURNALCTL = """#!/bin/sh

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +52,7 @@ def _own(target: str) -> str | None:
 
 
 def _unit(name: str) -> str:
-    """agent.link.core -> link/, agent.fsutil -> fsutil, agent -> __init__."""
+    """agent.link.core -> link/, agent.cli -> cli, agent -> __init__."""
     first = (name.split(".")[1:] or ["__init__"])[0]
     return f"{first}/" if (ROOT / "agent" / first).is_dir() else first
 
@@ -70,45 +72,111 @@ def _dotted(path: str) -> str:
 
 
 ROWS = _rows()
-FLOOR = {unit: int(key) for key, units in ROWS.items() if key.isdigit() for unit in units}
+
+
+def _wings() -> tuple[dict[str, str], dict[str, set[str]]]:
+    """From the wings table: unit -> its wing, and wing -> the wings it may import."""
+    wing_of, may = {}, {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and re.fullmatch(r"[a-z]+", cells[0]) and "`" in cells[1]:
+            for unit in re.findall(r"`([^`]+)`", cells[1]):
+                wing_of[unit] = cells[0]
+            may[cells[0]] = {"cores" if w.strip().startswith("the cores of") else w.strip()
+                             for w in cells[2].split(",")} - {"nothing of the agent"}
+    return wing_of, may
+
+
+WING, MAY = _wings()
 CORES = {_dotted(p) for p in ROWS.get("cores", [])}
 PURE = CORES | {_dotted(p) for p in ROWS.get("pure helpers", [])}
+SPOKEN = PURE | {_dotted(p) for p in ROWS.get("what a part says", [])}
 NO_IO = ROWS.get("never imported by either", [])
 SERVER_TAKES = {_dotted(p) for p in ROWS.get("`fleet_server/`", []) if p.endswith(".py")}
+ROOT_PROGRAMS = [name for name in AGENT if name.startswith("agent.programs.")
+                 and not name.endswith("__init__") and name != "agent.programs"]
+RUNNING_PARTS = ("link", "uploads", "commands", "identity", "events", "hours", "inventory")
 
 
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
-def test_the_doc_gives_every_unit_of_the_agent_one_floor():
+def test_the_doc_gives_every_unit_of_the_agent_one_wing():
     units = {_unit(name) for name in AGENT}
-    listed = [unit for units in (v for k, v in ROWS.items() if k.isdigit()) for unit in units]
-    assert len(FLOOR) > 10 and len(CORES) > 5 and NO_IO and SERVER_TAKES, "docs/LAYERS.md: tables not found"
-    assert len(listed) == len(set(listed)), "docs/LAYERS.md places a unit on two floors"
-    missing, gone = sorted(units - FLOOR.keys()), sorted(FLOOR.keys() - units)
-    assert not missing, f"no floor in docs/LAYERS.md for {missing}"
+    assert len(WING) > 10 and len(CORES) > 5 and NO_IO and SERVER_TAKES, \
+        "docs/LAYERS.md: tables not found"
+    assert {"base", "runtime", "config", "parts", "app", "programs"} <= set(MAY)
+    missing, gone = sorted(units - WING.keys()), sorted(WING.keys() - units)
+    assert not missing, f"no wing in docs/LAYERS.md for {missing}"
     assert not gone, f"docs/LAYERS.md places units that are gone: {gone}"
-    gone = sorted((PURE | SERVER_TAKES) - AGENT.keys())
+    gone = sorted((SPOKEN | SERVER_TAKES) - AGENT.keys())
     assert not gone, f"docs/LAYERS.md names modules that are gone: {gone}"
 
 
-def test_no_import_runs_up_a_floor_or_sideways():
+def _crossing(name: str, target: str) -> str | None:
+    """Why `name` may not import `target` (both of the agent), or None."""
+    here, there = _unit(name), _unit(target)
+    mine, theirs = WING[here], WING[there]
+    if here == there or (mine == theirs and mine != "parts"):
+        return None
+    if theirs == "parts":
+        if "parts" in MAY[mine] or ("cores" in MAY[mine] and target in SPOKEN):
+            return None
+        if "cores" in MAY[mine]:
+            return f"the {mine} wing reaches a part ({there}) only through its cores, " \
+                   f"never its shell"
+        return f"the {mine} wing may not import the parts"
+    if theirs not in MAY[mine]:
+        return f"the {mine} wing may not import the {theirs} wing"
+    return None
+
+
+def test_every_import_stays_within_what_its_wing_may_take():
     bad, seen = [], 0
     for name, path in AGENT.items():
-        here = _unit(name)
         for target in _imports(name, path):
             top = target.split(".")[0]
             if top in ("fleet_server", "devtools"):
                 bad.append(f"{_rel(path)} imports {target}: the agent never imports {top}")
             elif top == "agent":
                 seen += 1
-                there = _unit(target)
-                if there != here and FLOOR[there] >= FLOOR[here]:
-                    bad.append(f"{_rel(path)} imports {target}: floor {FLOOR[here]} ({here}) "
-                               f"may not import floor {FLOOR[there]} ({there})")
+                why = _crossing(name, target)
+                if why:
+                    bad.append(f"{_rel(path)} imports {target}: {why}")
     assert seen > 100, "the scan found almost no imports: it is broken"
     assert not bad, "\n".join(bad)
+
+
+def test_the_parts_import_each_other_in_no_circle():
+    edges: dict[str, set[str]] = {}
+    for name, path in AGENT.items():
+        if WING[_unit(name)] == "parts":
+            edges.setdefault(_unit(name), set()).update(
+                _unit(t) for t in _imports(name, path)
+                if t.startswith("agent.") and WING[_unit(t)] == "parts" and _unit(t) != _unit(name))
+
+    def reach(start: str, seen: set) -> set:
+        for nxt in edges.get(start, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                reach(nxt, seen)
+        return seen
+    circles = sorted(p for p in edges if p in reach(p, set()))
+    assert not circles, f"parts that import each other round in a circle: {circles}"
+
+
+def test_the_root_programs_load_none_of_the_running_parts():
+    assert len(ROOT_PROGRAMS) >= 3, ROOT_PROGRAMS
+    script = ("import sys, importlib; importlib.import_module(sys.argv[1]); "
+              "print(' '.join(m for m in sys.modules if m.startswith('agent.')))")
+    for program in ROOT_PROGRAMS:
+        loaded = subprocess.run([sys.executable, "-I", "-c", script, program], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.split()
+        assert any(m.startswith("agent.programs") for m in loaded), "the probe is broken"
+        running = sorted(m for m in loaded if m.split(".")[1] in RUNNING_PARTS)
+        assert not running, f"{program} loads {len(running)} modules of the running agent: " \
+                            f"{running}"
 
 
 def test_the_sans_io_cores_import_no_io():

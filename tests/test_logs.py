@@ -7,9 +7,9 @@ import threading
 import pytest
 import socketio
 
-from agent import logs
-from agent.clock import FakeClock
-from agent.logs import JournalFormatter, RepeatFilter
+from agent.base import logs
+from agent.base.clock import FakeClock
+from agent.base.logs import JournalFormatter, RepeatFilter
 
 
 def make_logger(clock):

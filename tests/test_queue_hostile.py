@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.fsutil import atomic_write
+from agent.base.fsutil import atomic_write
 from agent.uploads.schedule import UploadPolicy
 from agent.uploads.store import QueueStore, QueueUnsafe
 
@@ -170,8 +170,8 @@ def test_an_agent_starting_on_a_planted_queue_file_keeps_its_link_and_says_why(g
     """A queue file the user made a link (or gave a second name) is refused, and the
     agent starts without its queue, degraded, like on a failed card: it does not die in
     its constructor and restart forever without a link."""
-    from agent import config as cfgmod
-    from agent.daemon import Agent
+    from agent.config import load as cfgmod
+    from agent.app.daemon import Agent
     base, state, precious, cfg = ground
     queue = state / "queue"
     as_user("mkdir", "-m", "700", str(queue))

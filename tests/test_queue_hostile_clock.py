@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agent.clock import FakeClock
+from agent.base.clock import FakeClock
 from agent.uploads.schedule import UploadPolicy, expired
 from agent.uploads.store import QueueStore
 

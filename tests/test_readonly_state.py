@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from agent import config as cfgmod
-from agent.status import line as status_line
-from agent.storage import READ_ONLY, StorageHealth, card_failure
+from agent.config import load as cfgmod
+from agent.app.status import line as status_line
+from agent.app.storage import READ_ONLY, StorageHealth, card_failure
 from agent.uploads.store import QueueStorageFailed, QueueStore
 from devtools.card import SdCard
 from devtools.harness import REPO, agent_config, wait_for

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from agent import config as cfgmod
-from agent.boot import boot_id
-from agent.clock import FakeClock
+from agent.config import load as cfgmod
+from agent.base.boot import boot_id
+from agent.base.clock import FakeClock
 from agent.settings import rules, store
 from agent.settings.service import FleetSettings
-from agent.status import render
+from agent.app.status import render
 from devtools.harness import REPO, agent_config, wait_for
 from tests.test_commands_e2e import ask, result_of
 

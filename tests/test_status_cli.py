@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from agent import status
-from agent.status import line as status_line
+from agent.app import status
+from agent.app.status import line as status_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,8 +91,8 @@ def test_the_status_file_says_what_the_link_does_before_any_other_thread_runs(tm
     must carry the link's state before the first of them starts, not an empty link."""
     from types import SimpleNamespace
 
-    from agent import config as cfgmod
-    from agent.daemon import Agent
+    from agent.config import load as cfgmod
+    from agent.app.daemon import Agent
     from devtools.harness import agent_config
 
     server = SimpleNamespace(url="http://127.0.0.1:9", devices={"screen-1": "t" * 32})
@@ -176,7 +176,8 @@ def test_status_prints_no_terminal_escape_a_server_chose(tmp_path):
 def test_a_bug_is_one_line_at_priority_err_never_a_traceback(tmp_path, monkeypatch, capsys):
     """The traceback reached the journal at priority 6, as Python's own print: `journalctl
     -p warning` showed only systemd's "Failed", and the fleet heard no cause."""
-    from agent import cli, logs
+    from agent import cli
+    from agent.base import logs
     put(tmp_path, {"state": "online"})
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path))
 

@@ -58,14 +58,14 @@ def test_the_journal_helper_is_sandboxed_tighter_than_the_agent(analyze, tmp_pat
 def test_the_agent_is_not_in_the_journal_group_and_grants_follow_its_configuration():
     """systemd-journal would let the network-facing process read every service's
     journal; its own lines come through edge-agent-logs.socket instead. The reboot
-    grant is set and removed by root-side steps around each run (agent/grants.py)."""
+    grant is set and removed by root-side steps around each run (agent/programs/grants.py)."""
     text = UNIT.read_text()
     assert not re.search(r"^\s*(SupplementaryGroups|Group)=.*systemd-journal", text, re.M)
     assert not re.search(r"^\s*SupplementaryGroups=", text, re.M)
     assert "Wants=network-online.target edge-agent-logs.socket" in text
     assert "After=network-online.target edge-agent-logs.socket" in text
-    assert text.index("ExecStartPre=-+/usr/bin/python3 -I -m agent.grants") < text.index("ExecStart=")
-    assert "ExecStopPost=-+/usr/bin/python3 -I -m agent.grants --revoke" in text
+    assert text.index("ExecStartPre=-+/usr/bin/python3 -I -m agent.programs.grants") < text.index("ExecStart=")
+    assert "ExecStopPost=-+/usr/bin/python3 -I -m agent.programs.grants --revoke" in text
 
 
 def test_security_exposure_is_at_most_the_target(analyze):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.commands.core import CommandCore
-from agent.egress import Egress, fleet_url
+from agent.base.egress import Egress, fleet_url
 from agent.update import rules
 from agent.update.service import NotStaged, Updater
 from agent.update.signature import SignatureError, verify
@@ -129,10 +129,10 @@ def test_a_crash_loop_tells_the_fleet_the_new_agents_last_error(monkeypatch):
     version's errors before it, and the lines of other boots, are not the new one's."""
     import subprocess as sp
 
-    import agent.installer as inst
+    import agent.programs.installer as inst
     lines = [{"__MONOTONIC_TIMESTAMP": "900", "MESSAGE": "an old version's error"},
              {"__MONOTONIC_TIMESTAMP": "2000", "MESSAGE": "edge-agent run: crashed: "
-              "ImportError: cannot import name 'x' (at agent/daemon.py:12 in <module>)\x1b[2J"},
+              "ImportError: cannot import name 'x' (at agent/app/daemon.py:12 in <module>)\x1b[2J"},
              {"__MONOTONIC_TIMESTAMP": "2100", "MESSAGE": [1, 2]}]
     seen = []
 
@@ -143,7 +143,7 @@ def test_a_crash_loop_tells_the_fleet_the_new_agents_last_error(monkeypatch):
     monkeypatch.setattr(inst.subprocess, "run", journalctl)
     said = inst.last_error(since_us=1000)
     assert said.startswith("edge-agent run: crashed: ImportError: cannot import name 'x' "
-                           "(at agent/daemon.py:12 in <module>)") and "\x1b" not in said
+                           "(at agent/app/daemon.py:12 in <module>)") and "\x1b" not in said
     assert "--boot" in seen[0] and "--priority=err" in seen[0]
     action, why = rules.verdict("0.2.0-1", proof(proven_live=False, restarts=3,
                                                  last_error=said), 20, 180)
@@ -380,7 +380,7 @@ def test_a_second_order_is_refused_while_the_root_side_has_one(tmp_path, keys):
 def test_a_cut_after_the_commit_was_kept_only_tidies_up(tmp_path):
     """Power lost between the outcome and the tidying: the next run neither proves nor
     rolls back again; the committed package becomes the one to go back to."""
-    from agent.installer import INCOMING, Installer
+    from agent.programs.installer import INCOMING, Installer
     root = tmp_path / "root"
     root.mkdir()
     (root / INCOMING).write_bytes(b"the new package")
@@ -486,7 +486,7 @@ def test_root_runs_gpgv_as_nobody_and_still_reads_keys_only_root_may(keys, tmp_p
 
 
 def test_a_transaction_no_run_can_finish_is_given_up_and_said(tmp_path):
-    from agent.installer import Installer
+    from agent.programs.installer import Installer
     root = tmp_path / "root"
     root.mkdir()
     (root / rules.TRANSACTION_FILE).write_text(json.dumps(
@@ -504,7 +504,7 @@ def test_a_transaction_no_run_can_finish_is_given_up_and_said(tmp_path):
 
 def test_an_error_after_an_outcome_never_records_a_second_one(tmp_path, monkeypatch):
     """A failure in the tidying after a commit must not be reported as a refusal."""
-    import agent.installer as inst
+    import agent.programs.installer as inst
     root, state = tmp_path / "root", tmp_path / "state"
     root.mkdir()
     (state / rules.STAGING).mkdir(parents=True)
@@ -534,7 +534,7 @@ def stage(tmp_path, order_id="g1", **over):
 
 
 def root_installer(tmp_path, state, allowed, monkeypatch):
-    import agent.installer as inst
+    import agent.programs.installer as inst
     root = tmp_path / "root"
     root.mkdir(exist_ok=True)
     monkeypatch.setattr(inst, "installed_version", lambda: "0.1.0-1")
@@ -548,7 +548,7 @@ def test_root_installs_nothing_while_its_configuration_does_not_allow_update(tmp
                                                                             monkeypatch):
     """Code running as the agent's user stages an order and starts the unit (or waits
     for the next boot, when the unit starts on its own): root reads its own gate."""
-    import agent.installer as inst
+    import agent.programs.installer as inst
     installer = root_installer(tmp_path, stage(tmp_path), None, monkeypatch)
     inst.run(installer)
     [entry] = installer.history()
@@ -557,7 +557,7 @@ def test_root_installs_nothing_while_its_configuration_does_not_allow_update(tmp
 
 def test_root_refuses_a_version_rolled_back_here_unless_the_order_says_retry(tmp_path,
                                                                              monkeypatch):
-    import agent.installer as inst
+    import agent.programs.installer as inst
     state = stage(tmp_path, "again")
     installer = root_installer(tmp_path, state, "agent.toml", monkeypatch)
     installer._write(rules.HISTORY_FILE, [{"id": "first", "from": "0.1.0-1", "to": "0.2.0-1",
@@ -578,7 +578,7 @@ def test_root_refuses_a_version_rolled_back_here_unless_the_order_says_retry(tmp
 
 @pytest.mark.parametrize("how", ["hard link", "another owner"])
 def test_root_takes_only_the_agents_own_file_linked_once(tmp_path, how):
-    import agent.installer as inst
+    import agent.programs.installer as inst
     staging = tmp_path / "staging"
     staging.mkdir()
     if how == "hard link":
@@ -598,7 +598,7 @@ def test_root_takes_only_the_agents_own_file_linked_once(tmp_path, how):
 
 
 def test_roots_gate_is_read_from_roots_copy_of_the_configuration(tmp_path, monkeypatch):
-    import agent.installer as inst
+    import agent.programs.installer as inst
     state = stage(tmp_path)
     seen = []
     monkeypatch.setattr(inst, "run", lambda installer: seen.append(installer.update_allowed))
@@ -636,7 +636,7 @@ def test_the_sites_outage_does_not_count_against_a_release():
 
 
 def test_root_reads_the_agents_status_file_without_trusting_its_shapes():
-    from agent.installer import down_for_outage
+    from agent.programs.installer import down_for_outage
     assert down_for_outage({"state": "waiting", "reason": "dns-failed"})
     for link in ({"state": "waiting", "reason": ["dns-failed"]}, {"reason": {"x": 1}},
                  {"state": "online", "reason": "dns-failed"}, {"state": None, "reason": 7}):

@@ -6,10 +6,8 @@ import time
 
 import pytest
 
-from agent.clock import FakeClock
-from agent.uploads.schedule import (AUTH, OK, PERMANENT, SLOW_DOWN, TRANSIENT, UNAVAILABLE,
-                                    UNREACHABLE, Outcome, UploadPolicy, UploadScheduler,
-                                    classify, parse_retry_after)
+from agent.base.clock import FakeClock
+from agent.uploads.schedule import AUTH, OK, PERMANENT, SLOW_DOWN, TRANSIENT, UNAVAILABLE, UNREACHABLE, Outcome, UploadPolicy, UploadScheduler, classify, parse_retry_after
 from agent.uploads.store import Duplicate, QueueStore
 from agent.uploads.worker import UploadWorker
 from devtools.harness import TurnRecorder
@@ -386,7 +384,7 @@ def test_a_round_holds_a_byte_budget_of_payloads_whatever_the_backlog(tmp_path):
 
 
 def test_an_unexpected_exception_restarts_the_loop_and_one_that_keeps_dying_stops(caplog):
-    from agent import supervise as sv
+    from agent.runtime import supervise as sv
     calls, pauses = [], []
 
     def loop():

@@ -1,4 +1,4 @@
-from agent.watchdog_gate import WatchdogGate
+from agent.runtime.watchdog_gate import WatchdogGate
 
 
 def test_pets_only_while_link_live_and_all_loops_tick():
@@ -38,8 +38,8 @@ def test_a_watchdog_shorter_than_one_self_heal_is_named_at_start(tmp_path, monke
     import logging
     from types import SimpleNamespace
 
-    from agent import config as cfgmod
-    from agent.daemon import Agent
+    from agent.config import load as cfgmod
+    from agent.app.daemon import Agent
     from devtools.harness import FakeSystemd, agent_config
 
     server = SimpleNamespace(url="http://127.0.0.1:9", devices={"screen-1": "t" * 32})
@@ -76,7 +76,7 @@ def test_an_idle_loop_is_no_stall_until_its_next_turn_and_the_turn_counts_from_t
 
 def test_a_loop_is_on_the_gate_from_its_start_and_one_that_keeps_dying_stays_stalled():
     import threading
-    from agent.loop import Loop
+    from agent.runtime.loop import Loop
     gate, ended = WatchdogGate(), threading.Event()
     hung = threading.Event()
     slow = Loop("slow", lambda: hung.wait(5), max_silence_s=2.0, gate=gate,
@@ -101,7 +101,7 @@ def test_a_loop_is_on_the_gate_from_its_start_and_one_that_keeps_dying_stays_sta
 
 
 # -- long outages: each restart in one outage later than the last ---------------------------
-from agent.watchdog_gate import OutagePatience  # noqa: E402
+from agent.runtime.watchdog_gate import OutagePatience  # noqa: E402
 from devtools.bench.outage_restarts import simulate  # noqa: E402
 
 

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import urlparse
 
-from .. import children, journal_gate
-from ..logs import RECENT, under_journal
+from ..base import children
+from ..programs import journal_gate
+from ..base.logs import RECENT, under_journal
 from ..update.service import NotStaged, Updater
-from ..upload_kinds import LOG, SCREENSHOT
+from ..base.upload_kinds import LOG, SCREENSHOT
 
 log = logging.getLogger("edge_agent.commands")
 
@@ -104,7 +105,7 @@ class Actions:
             return self._queue_bundle(bundle, "this process's memory (not running under "
                                               "journald)")
         # not journalctl itself: the agent is not in systemd-journal, the gate reads
-        # this unit's lines and no other's (agent/journal_gate.py); its reply is read a
+        # this unit's lines and no other's (agent/programs/journal_gate.py); its reply is read a
         # line at a time into the compressed bundle, never held whole
         try:
             request = journal_gate.Request(int(since), args["priority"], journal_gate.MAX_LINES)

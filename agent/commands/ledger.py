@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..fsutil import FileTooLarge, atomic_write, read_bounded, retrying, set_aside
+from ..base.fsutil import FileTooLarge, atomic_write, read_bounded, retrying, set_aside
 from .core import Entry
 
 log = logging.getLogger("edge_agent.commands")

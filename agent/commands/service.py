@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from ..boot import boot_token
+from ..base.boot import boot_token
 from . import ledger
 from .actions import LATER, Actions, Outcome
 from .core import CommandCore, Report, Run

@@ -18,8 +18,8 @@ import struct
 import time
 from typing import Callable
 
-from ..loop import Loop
-from ..watchdog_gate import WatchdogGate
+from ..runtime.loop import Loop
+from ..runtime.watchdog_gate import WatchdogGate
 from .debounce import Debouncer
 from .model import Event, NetworkState, UndervoltageLatch, display_event
 from .outbox import Outbox

@@ -18,9 +18,9 @@ from datetime import datetime
 from typing import Callable
 from zoneinfo import ZoneInfo
 
-from .. import children
-from ..clock import wall_synced
-from ..hardware import connectors
+from ..base import children
+from ..base.clock import wall_synced
+from ..base.hardware import connectors
 from .rules import Schedule
 
 log = logging.getLogger("edge_agent.hours")

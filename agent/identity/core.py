@@ -24,7 +24,7 @@ import logging
 import math
 from dataclasses import dataclass, replace
 
-from ..backoff import Backoff, BackoffPolicy
+from ..base.backoff import Backoff, BackoffPolicy
 
 # Retries of a credentials write the disk refused: 1 s doubling to 5 minutes. No jitter:
 # the disk is this device's own, nobody else retries against it.

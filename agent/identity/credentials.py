@@ -12,8 +12,8 @@ import logging
 import os
 import time
 
-from ..fsutil import atomic_write, read_json, retrying, set_aside
-from .rules import token_problem, usable_device_id
+from ..base.fsutil import atomic_write, read_json, retrying, set_aside
+from ..base.identifiers import token_problem, usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
 MAX_BYTES = 64 * 1024

@@ -11,9 +11,9 @@ import logging
 import os
 import secrets
 
-from ..fsutil import atomic_write
-from ..hardware import board_serial, machine_id
-from .rules import usable_device_id
+from ..base.fsutil import atomic_write
+from ..base.hardware import board_serial, machine_id
+from ..base.identifiers import usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
 

@@ -17,15 +17,15 @@ from typing import Callable
 import requests
 import urllib3
 
-from ..clock import SystemClock
-from ..egress import Egress, HostileAnswer, deadline, read_capped
-from ..fsutil import atomic_write, read_json
-from ..hardware import hardware_facts
-from ..loop import Loop
-from ..watchdog_gate import WatchdogGate
-from .enrollment import (PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode)
+from ..base.clock import SystemClock
+from ..base.egress import Egress, HostileAnswer, deadline, read_capped
+from ..base.fsutil import atomic_write, read_json
+from ..base.hardware import hardware_facts
+from ..runtime.loop import Loop
+from ..runtime.watchdog_gate import WatchdogGate
+from .enrollment import PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode
 from .pairing_code import remove_file, shown, write_file
-from .rules import token_problem
+from ..base.identifiers import token_problem
 
 log = logging.getLogger("edge_agent.identity")
 

@@ -7,7 +7,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from ..backoff import Backoff, BackoffPolicy
+from ..base.backoff import Backoff, BackoffPolicy
 
 NEED_CODE, WAITING, PAIRED = "need-code", "waiting-for-pairing", "paired"
 

@@ -9,7 +9,7 @@ import os
 import secrets
 import threading
 
-from ..fsutil import atomic_write
+from ..base.fsutil import atomic_write
 
 log = logging.getLogger("edge_agent.identity")
 

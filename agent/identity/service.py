@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from ..clock import Clock, SystemClock
+from ..base.clock import Clock, SystemClock
 from . import core as C
 from .credentials import Credentials
 

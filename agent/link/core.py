@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from . import journal as J
-from ..backoff import Backoff, BackoffPolicy
+from ..base.backoff import Backoff, BackoffPolicy
 from .idle_limit import IdleLimit, IdlePolicy
 from .journal import ConnectionJournal
 from .liveness import LivenessPolicy, LivenessWatchdog

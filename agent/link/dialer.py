@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
-from ..egress import Egress, Proxy, default_port
+from ..base.egress import Egress, Proxy, default_port
 from . import journal as J
 
 # a proxy's answer to CONNECT, the server's to the upgrade: a status line and headers

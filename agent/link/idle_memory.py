@@ -14,7 +14,7 @@ import json
 import logging
 import os
 
-from ..fsutil import atomic_write, read_json
+from ..base.fsutil import atomic_write, read_json
 
 log = logging.getLogger("edge_agent.link")
 

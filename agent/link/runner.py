@@ -14,17 +14,16 @@ import threading
 import time
 from typing import Callable
 
-from ..clock import NOTABLE_SKEW_S, Clock, SystemClock
-from ..loop import Loop
-from ..watchdog_gate import WatchdogGate
+from ..base.clock import NOTABLE_SKEW_S, Clock, SystemClock
+from ..runtime.loop import Loop
+from ..runtime.watchdog_gate import WatchdogGate
 from . import journal as J
 from . import inbox, protocol, tcpinfo
 from .cargo import Cargo
 from .connect_bound import ConnectBound
 from .idle_memory import IdleMemory, network_key
 from .delivery import LOST
-from .core import (Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport,
-                   VerifyDelivery)
+from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport, VerifyDelivery
 from .profiles import PROFILES, ProfileContext
 from .schedule_store import ScheduleStore
 from .transport import ABORT_JOIN_S, SocketIOTransport, TransportError

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import logging
 
-from ..boot import boot_id
-from ..fsutil import atomic_write, read_json
+from ..base.boot import boot_id
+from ..base.fsutil import atomic_write, read_json
 
 log = logging.getLogger("edge_agent.link")
 

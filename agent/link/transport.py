@@ -57,7 +57,7 @@ from engineio import packet
 import socketio
 import websocket
 
-from ..egress import Egress
+from ..base.egress import Egress
 from . import journal as J
 from . import inbox, sockopts
 from .dialer import MAX_HEADER_BYTES, DialError, Dialed, dial

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..boot import boot_id
+from ..base.boot import boot_id
 from . import rules, store
 
 log = logging.getLogger("edge_agent.settings")

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from ..fsutil import atomic_write, read_json, retrying
+from ..base.fsutil import atomic_write, read_json, retrying
 from . import rules
 from .rules import Expiry
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..fsutil import read_json
+from ..base.fsutil import read_json
 from . import rules
 
 

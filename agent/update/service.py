@@ -25,8 +25,8 @@ from typing import Callable
 import requests
 import urllib3
 
-from ..egress import HostileAnswer, body_chunks, deadline, fleet_url
-from ..fsutil import atomic_write, read_json
+from ..base.egress import HostileAnswer, body_chunks, deadline, fleet_url
+from ..base.fsutil import atomic_write, read_json
 from . import records, rules
 from .signature import KEYS_DIR, SignatureError, verify
 

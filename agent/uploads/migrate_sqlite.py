@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..upload_kinds import KINDS
+from ..base.upload_kinds import KINDS
 from . import deadletter
 
 log = logging.getLogger("edge_agent.uploads")

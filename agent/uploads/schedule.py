@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..backoff import ceiling
+from ..base.backoff import ceiling
 
 OK, TRANSIENT, PERMANENT = "ok", "transient", "permanent"
 # queue-wide: the item is not at fault

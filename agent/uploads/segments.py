@@ -23,7 +23,7 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from ..upload_kinds import LOG, PROOF_OF_PLAY, SCREENSHOT
+from ..base.upload_kinds import LOG, PROOF_OF_PLAY, SCREENSHOT
 
 log = logging.getLogger("edge_agent.uploads")
 

@@ -21,8 +21,8 @@ import re
 import requests
 import urllib3
 
-from ..egress import Egress, HostileAnswer, deadline, read_capped
-from ..identity.rules import token_problem, usable_device_id
+from ..base.egress import Egress, HostileAnswer, deadline, read_capped
+from ..base.identifiers import token_problem, usable_device_id
 from .schedule import AUTH, OK, PERMANENT, TRANSIENT, UNREACHABLE, Outcome, classify
 from .store import Item
 

@@ -53,9 +53,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..clock import wall_synced
-from ..storage import READ_ONLY, card_failure
-from ..upload_kinds import KINDS, LOG, PROOF_OF_PLAY, SCREENSHOT
+from ..base.clock import wall_synced
+from ..app.storage import READ_ONLY, card_failure
+from ..base.upload_kinds import KINDS, LOG, PROOF_OF_PLAY, SCREENSHOT
 from . import deadletter, migrate_sqlite, segments
 from .schedule import UploadPolicy, expired
 from .segments import CLOCK, DEAD, DROPPED, FAILED, SENT

@@ -12,13 +12,12 @@ import math
 import threading
 from typing import Callable
 
-from ..clock import Clock, SystemClock
-from ..loop import Loop
-from ..storage import card_failure
-from ..upload_kinds import PROOF_OF_PLAY
-from ..watchdog_gate import WatchdogGate
-from .schedule import (OK, PERMANENT, QUEUE_WIDE, SLOW_DOWN, UploadPolicy,
-                       UploadScheduler)
+from ..base.clock import Clock, SystemClock
+from ..runtime.loop import Loop
+from ..app.storage import card_failure
+from ..base.upload_kinds import PROOF_OF_PLAY
+from ..runtime.watchdog_gate import WatchdogGate
+from .schedule import OK, PERMANENT, QUEUE_WIDE, SLOW_DOWN, UploadPolicy, UploadScheduler
 from .sender import UploadSender
 from .store import Item, QueueStorageFailed, QueueStore, QueueUnavailable
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from devtools.harness import REPO
 
-from . import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, outage_restarts as OR, silent_drop as SD, storm as ST, timeline
-from .common import ACK_DEFAULT, HB_DEFAULT
-from .uploads import upload_queue, uploads_section
+from devtools.bench import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, outage_restarts as OR, silent_drop as SD, storm as ST, timeline
+from devtools.bench.common import ACK_DEFAULT, HB_DEFAULT
+from devtools.bench.uploads import upload_queue, uploads_section
 
 
 def _med(values):

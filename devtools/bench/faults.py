@@ -21,7 +21,7 @@ from devtools.harness import REPO, FleetServerProcess, wait_for
 from devtools.netns import NetNS
 from devtools.reaping_proxy import reap_times
 
-from .common import DEVICE, HB_DEFAULT, StockProcess, agent_log_times, edge_agent, held
+from devtools.bench.common import DEVICE, HB_DEFAULT, StockProcess, agent_log_times, edge_agent, held
 
 FAULTS = {
     "outage-30s": "everything to and from the server dropped for 30 s, then restored",

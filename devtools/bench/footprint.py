@@ -11,7 +11,7 @@ from pathlib import Path
 from devtools.harness import FleetServerProcess, wait_for
 from devtools.netns import NetNS
 
-from .common import DEVICE, StockProcess, edge_agent
+from devtools.bench.common import DEVICE, StockProcess, edge_agent
 
 
 def _sample(pid: int) -> dict:

@@ -14,7 +14,7 @@ from devtools.harness import REPO, FleetServerProcess, wait_for
 from devtools.netns import NetNS
 from devtools.reaping_proxy import reap_times
 
-from .common import DEVICE, edge_agent
+from devtools.bench.common import DEVICE, edge_agent
 
 REAP_IDLE_S = 10.0
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from devtools.harness import FleetServerProcess, wait_for
 from devtools.netns import NetNS
 
-from .common import DEVICE, edge_agent
-from .faults import _ip
+from devtools.bench.common import DEVICE, edge_agent
+from devtools.bench.faults import _ip
 
 
 @dataclass

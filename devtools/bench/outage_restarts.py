@@ -1,5 +1,5 @@
 """Watchdog restarts through a long outage of the network, on a fake clock: the real
-gate (agent/watchdog_gate.py) asked every half period, as the agent's petter asks it,
+gate (agent/runtime/watchdog_gate.py) asked every half period, as the agent's petter asks it,
 and systemd's watchdog played as it acts (no pet for WatchdogSec: a restart,
 RestartSec later a new process, which reads the outage's count its predecessor kept).
 Side by side with the gate as it was before the outage's patience: every WatchdogSec."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.watchdog_gate import OutagePatience, WatchdogGate
+from agent.runtime.watchdog_gate import OutagePatience, WatchdogGate
 
 HOUR = 3600.0
 

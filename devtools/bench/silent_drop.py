@@ -18,7 +18,7 @@ from pathlib import Path
 from devtools.harness import FleetServerProcess, wait_for
 from devtools.netns import NetNS, tcp_sockets
 
-from .common import ACK_DEFAULT, HB_DEFAULT, StockProcess, edge_agent
+from devtools.bench.common import ACK_DEFAULT, HB_DEFAULT, StockProcess, edge_agent
 
 
 @dataclass

@@ -11,11 +11,10 @@ import sqlite3
 import time
 import uuid
 
-from agent.upload_kinds import KINDS
+from agent.base.upload_kinds import KINDS
 from agent.uploads.schedule import UploadPolicy
 # What the spool kept from this design: its errors, items and free-space rule.
-from agent.uploads.store import (Item, QueueDiskFull, QueueUnavailable,  # noqa: F401
-                                 QueueStore as SpoolStore, free_bytes)
+from agent.uploads.store import Item, QueueDiskFull, QueueUnavailable, QueueStore as SpoolStore, free_bytes
 
 log = logging.getLogger("edge_agent.uploads")
 

@@ -14,10 +14,10 @@ import time
 from typing import Callable
 
 from ... import __version__
-from ...hardware import board_serial, machine_id
+from ...base.hardware import board_serial, machine_id
 from ...identity.pairing_code import new_code
-from ...identity.rules import usable_device_id, usable_token
-from ...upload_kinds import PROOF_OF_PLAY, SCREENSHOT
+from ...base.identifiers import usable_device_id, usable_token
+from ...base.upload_kinds import PROOF_OF_PLAY, SCREENSHOT
 from .. import inbox
 from .contract import Post, ProfileContext
 

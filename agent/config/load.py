@@ -27,18 +27,18 @@ from typing import Any
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .identity.rules import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
-from .backoff import JITTER_MODES, BackoffPolicy
-from .boot import boot_id
-from .commands.core import COMMANDS
-from .egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
-from .hours.rules import Schedule, ScheduleError
-from .link.idle_limit import IdlePolicy
-from .link.liveness import LivenessPolicy
-from .link.profiles import PROFILES
-from .link.sockopts import KeepalivePolicy
-from .settings import rules as fleet_rules, store as fleet_store
-from .uploads.schedule import UploadPolicy
+from ..base.identifiers import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
+from ..base.backoff import JITTER_MODES, BackoffPolicy
+from ..base.boot import boot_id
+from ..commands.core import COMMANDS
+from ..base.egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
+from ..hours.rules import Schedule, ScheduleError
+from ..link.idle_limit import IdlePolicy
+from ..link.liveness import LivenessPolicy
+from ..link.profiles import PROFILES
+from ..link.sockopts import KeepalivePolicy
+from ..settings import rules as fleet_rules, store as fleet_store
+from ..uploads.schedule import UploadPolicy
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
 # the package's defaults, under whichever file the operator's is: the systemd layout

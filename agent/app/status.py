@@ -12,10 +12,10 @@ import json
 import os
 import time
 
-from . import __version__
-from .clock import NOTABLE_SKEW_S
-from .fsutil import FileTooLarge, NotRegularFile, atomic_write, read_json
-from .logs import clean
+from .. import __version__
+from ..base.clock import NOTABLE_SKEW_S
+from ..base.fsutil import FileTooLarge, NotRegularFile, atomic_write, read_json
+from ..base.logs import clean
 
 MAX_STATUS_BYTES = 1 << 20
 STATUS_LINE_CHARS = 2000

@@ -7,38 +7,41 @@ import signal
 import threading
 import time
 
-from . import __version__, config as config_mod, inventory, status
-from .boot import first_start_of_boot
-from .commands.actions import Actions, NotQueued, Outcome
-from .commands.service import CommandService
-from .config import Config, ConfigError
-from .events.model import Event
-from .events.outbox import Outbox
-from .events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, TelemetrySource
-from .events.watcher import EventWatcher, SysfsState
-from .hardware import hardware_facts
-from .identity import device, pairing_code
-from .identity.credentials import Credentials
-from .identity.enroller import Enroller
-from .identity.service import Hooks, IdentityService
-from .link.idle_memory import IdleMemory
-from .link.liveness import heal_window_s
-from .link.profiles import PROFILES, ProfileContext, uncarried
-from .link.runner import LinkRunner
-from .link.schedule_store import ScheduleStore
-from .hours.rules import Schedule
-from .hours.service import WorkingHours
-from .mainwait import MainThreadWait
-from .settings import rules as settings_rules
-from .settings.service import Ended, FleetSettings
+from .. import __version__
+from ..config import load as config_mod
+from ..inventory import collect as inventory
+from . import status
+from ..base.boot import first_start_of_boot
+from ..commands.actions import Actions, NotQueued, Outcome
+from ..commands.service import CommandService
+from ..config.load import Config, ConfigError
+from ..events.model import Event
+from ..events.outbox import Outbox
+from ..events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, TelemetrySource
+from ..events.watcher import EventWatcher, SysfsState
+from ..base.hardware import hardware_facts
+from ..identity import device, pairing_code
+from ..identity.credentials import Credentials
+from ..identity.enroller import Enroller
+from ..identity.service import Hooks, IdentityService
+from ..link.idle_memory import IdleMemory
+from ..link.liveness import heal_window_s
+from ..link.profiles import PROFILES, ProfileContext, uncarried
+from ..link.runner import LinkRunner
+from ..link.schedule_store import ScheduleStore
+from ..hours.rules import Schedule
+from ..hours.service import WorkingHours
+from ..runtime.mainwait import MainThreadWait
+from ..settings import rules as settings_rules
+from ..settings.service import Ended, FleetSettings
 from .storage import StorageHealth, card_failure
-from .systemd import Notifier, WatchdogPetter, watchdog_period_s
-from .update.service import Updater
-from .uploads.link_sender import LinkUploadSender
-from .uploads.sender import UploadSender
-from .uploads.store import QueueRefused, QueueStore, QueueUnavailable
-from .uploads.worker import UploadWorker
-from .watchdog_gate import OutagePatience, WatchdogGate
+from ..runtime.systemd import Notifier, WatchdogPetter, watchdog_period_s
+from ..update.service import Updater
+from ..uploads.link_sender import LinkUploadSender
+from ..uploads.sender import UploadSender
+from ..uploads.store import QueueRefused, QueueStore, QueueUnavailable
+from ..uploads.worker import UploadWorker
+from ..runtime.watchdog_gate import OutagePatience, WatchdogGate
 
 log = logging.getLogger("edge_agent")
 

@@ -10,7 +10,7 @@ import glob
 import os
 import platform
 
-from . import __version__
+from .. import __version__
 
 MACHINE_ID = "/etc/machine-id"
 OS_RELEASE = "/etc/os-release"

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .events.model import Event, storage_failed
+from ..events.model import Event, storage_failed
 
 READ_ONLY, FAILED, UNAVAILABLE = "read-only", "failed", "unavailable"
 # What the card says when it is the card, not us: read-only after an ext4 error, an I/O

@@ -4,7 +4,7 @@ The agent's privileged acts are asked of root services: logind for a reboot, sys
 for edge-agent-update.service (a self-update). polkit allows each
 (/usr/share/polkit-1/rules.d/50-edge-agent.rules) only while its flag file exists in
 GRANTS_DIR. The unit's root-side steps keep that flag in step with the configuration:
-``ExecStartPre=-+/usr/bin/python3 -I -m agent.grants`` before every start, ``--revoke``
+``ExecStartPre=-+/usr/bin/python3 -I -m agent.programs.grants`` before every start, ``--revoke``
 after every stop (systemd runs ExecStopPost after a skipped ExecCondition too), so the grant
 exists only while an agent runs on a configuration that allows reboot.
 
@@ -24,8 +24,8 @@ import os
 import stat
 import sys
 
-from . import config as config_mod
-from .logs import early
+from ..config import load as config_mod
+from ..base.logs import early
 
 GRANTS_DIR = "/run/edge-agent-grants"
 # grant name -> the command in [commands] allow that needs it
@@ -109,7 +109,7 @@ def _is_own_file(fd: int, name: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m agent.grants",
+        prog="python3 -m agent.programs.grants",
         description="Bring polkit's grants for edge-agent in step with [commands] allow.")
     parser.add_argument("--config", default=config_mod.DEFAULT_PATH)
     parser.add_argument("--revoke", action="store_true", help="remove every grant")

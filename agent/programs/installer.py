@@ -1,6 +1,6 @@
-"""The root side of a self-update: ``python3 -I -m agent.installer``, the one thing
+"""The root side of a self-update: ``python3 -I -m agent.programs.installer``, the one thing
 edge-agent-update.service runs (polkit lets the edge-agent user start that unit, and
-only while [commands] allow lists ``update``: agent/grants.py).
+only while [commands] allow lists ``update``: agent/programs/grants.py).
 
 It takes the package the agent staged, trusts nothing the agent says about it (its
 own copy's SHA-256, signature and control fields are checked again here), keeps a
@@ -29,14 +29,15 @@ import subprocess
 import sys
 import time
 
-from . import config as config_mod, status
-from .commands.core import MAX_ID
-from .fsutil import atomic_write, read_bounded, read_json
-from .link.journal import OUTAGE_REASONS
-from .logs import clean, early
-from .update import records, rules
-from .update.repack import RepackError, repack
-from .update.signature import KEYS_DIR, SignatureError, verify
+from ..config import load as config_mod
+from ..app import status
+from ..commands.core import MAX_ID
+from ..base.fsutil import atomic_write, read_bounded, read_json
+from ..link.journal import OUTAGE_REASONS
+from ..base.logs import clean, early
+from ..update import records, rules
+from ..update.repack import RepackError, repack
+from ..update.signature import KEYS_DIR, SignatureError, verify
 
 AGENT_UNIT = "edge-agent.service"
 DPKG_TIMEOUT_S = 900
@@ -453,7 +454,7 @@ def _dpkg_arch() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m agent.installer",
+        prog="python3 -m agent.programs.installer",
         description="Install the update edge-agent staged, or finish one a power cut left.")
     parser.add_argument("--config", default=config_mod.DEFAULT_PATH)
     parser.add_argument("--root-dir", default=rules.ROOT_DIR, help=argparse.SUPPRESS)

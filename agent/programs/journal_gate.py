@@ -30,8 +30,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
-from . import children
-from .logs import early
+from ..base import children
+from ..base.logs import early
 
 SOCKET = "/run/edge-agent-logs.sock"
 UNIT = "edge-agent.service"

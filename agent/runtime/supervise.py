@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Callable
 
-from .backoff import ceiling
+from ..base.backoff import ceiling
 
 log = logging.getLogger("edge_agent")
 
