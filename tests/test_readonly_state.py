@@ -15,7 +15,8 @@ import pytest
 
 from agent.config import load as cfgmod
 from agent.app.status import line as status_line
-from agent.app.storage import READ_ONLY, StorageHealth, card_failure
+from agent.app.storage import StorageHealth
+from agent.base.card import READ_ONLY, card_failure
 from agent.uploads.store import QueueStorageFailed, QueueStore
 from devtools.card import SdCard
 from devtools.harness import REPO, agent_config, wait_for

@@ -34,7 +34,8 @@ from ..hours.service import WorkingHours
 from ..runtime.mainwait import MainThreadWait
 from ..settings import rules as settings_rules
 from ..settings.service import Ended, FleetSettings
-from .storage import StorageHealth, card_failure
+from ..base.card import card_failure
+from .storage import StorageHealth
 from ..runtime.systemd import Notifier, WatchdogPetter, watchdog_period_s
 from ..update.service import Updater
 from ..uploads.link_sender import LinkUploadSender

@@ -54,7 +54,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..base.clock import wall_synced
-from ..app.storage import READ_ONLY, card_failure
+from ..base.card import READ_ONLY, card_failure
 from ..base.upload_kinds import KINDS, LOG, PROOF_OF_PLAY, SCREENSHOT
 from . import deadletter, migrate_sqlite, segments
 from .schedule import UploadPolicy, expired

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..base.clock import Clock, SystemClock
 from ..runtime.loop import Loop
-from ..app.storage import card_failure
+from ..base.card import card_failure
 from ..base.upload_kinds import PROOF_OF_PLAY
 from ..runtime.watchdog_gate import WatchdogGate
 from .schedule import OK, PERMANENT, QUEUE_WIDE, SLOW_DOWN, UploadPolicy, UploadScheduler
