@@ -16,7 +16,7 @@ from .app import status
 from .base.fsutil import UnsafePath, drop_to_owner
 from .identity.credentials import Credentials, CredentialsUnreadable
 from .link.profiles import PROFILES, uncarried
-from .settings import store as fleet_store
+from .config import overlay as fleet_store
 from .settings.service import FleetSettings
 from .base.upload_kinds import KINDS
 

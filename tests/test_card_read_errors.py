@@ -15,7 +15,9 @@ from agent.base import fsutil
 from agent.commands import ledger
 from agent.identity.credentials import Credentials, CredentialsUnreadable
 from agent.identity.service import IdentityService
-from agent.settings import rules, store
+from agent.settings import rules
+from agent.config import revision as revision_rules
+from agent.config import overlay as overlay_file
 from agent.settings.service import FleetSettings
 
 TOKEN = "a" * 40
@@ -98,19 +100,19 @@ def test_an_overlay_the_card_will_not_give_is_not_written_over(tmp_path, monkeyp
     """Before: the read error gave an empty overlay, and the next revision wrote over the
     file (its revisions and the highest seen gone)."""
     s = FleetSettings(str(tmp_path), 30.0)
-    s.propose(rules.revision_args({"revision": 40, "settings": {"log.level": "debug"}}),
+    s.propose(revision_rules.revision_args({"revision": 40, "settings": {"log.level": "debug"}}),
               lambda v: None)
-    before = (tmp_path / store.FILE).read_bytes()
-    failing_reads(monkeypatch, fsutil, store.FILE, 2)
-    assert store.read(str(tmp_path))[0].current.revision == 40     # read again
-    failing_reads(monkeypatch, fsutil, store.FILE, None)
+    before = (tmp_path / overlay_file.FILE).read_bytes()
+    failing_reads(monkeypatch, fsutil, overlay_file.FILE, 2)
+    assert overlay_file.read(str(tmp_path))[0].current.revision == 40     # read again
+    failing_reads(monkeypatch, fsutil, overlay_file.FILE, None)
     s = FleetSettings(str(tmp_path), 30.0)
     assert s.overlay.current is None and "Input/output error" in s.problem
     with pytest.raises(ValueError) as e:
-        s.propose(rules.revision_args({"revision": 3, "settings": {"log.level": "info"}}),
+        s.propose(revision_rules.revision_args({"revision": 3, "settings": {"log.level": "info"}}),
                   lambda v: None)
     assert "cannot be read" in str(e.value)
-    assert (tmp_path / store.FILE).read_bytes() == before
+    assert (tmp_path / overlay_file.FILE).read_bytes() == before
 
 
 def test_a_ledger_line_with_a_number_no_float_holds_is_a_damaged_line(tmp_path):

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from agent.config import load as config_mod
-from agent.settings import store
+from agent.config import overlay as overlay_file
 from agent.settings.service import FleetSettings
 from devtools.harness import REPO
 
@@ -75,7 +75,7 @@ CASES = damaged()
 def _setup(tmp_path, text: str):
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
-    (state / store.FILE).write_text(text)
+    (state / overlay_file.FILE).write_text(text)
     conf = tmp_path / "agent.toml"
     conf.write_text(f'[server]\nurl = "http://127.0.0.1:9"\n[identity]\nstate_dir = "{state}"\n'
                     f'[commands]\nallow = ["diagnostics"]\n'
@@ -86,7 +86,7 @@ def _setup(tmp_path, text: str):
 def test_every_damage_is_a_reason_never_an_exception(tmp_path):
     for name, text in CASES:
         state, conf = _setup(tmp_path, text)
-        overlay, problem = store.read(str(state))
+        overlay, problem = overlay_file.read(str(state))
         if overlay.current is None and overlay.good is None and problem is None:
             pytest.fail(f"{name}: read as nothing, without a reason")
         cfg = config_mod.load(str(conf), env={}, vendor=None)   # never raises for the overlay
@@ -138,6 +138,7 @@ def test_revisions_only_go_up_across_a_rollback_to_the_file_alone_and_an_expiry(
     (only the revision in force was compared, and there was none)."""
     from agent.base.clock import FakeClock
     from agent.settings import rules
+    from agent.config import revision as revision_rules
     clock = FakeClock()
 
     def settings():
@@ -147,7 +148,7 @@ def test_revisions_only_go_up_across_a_rollback_to_the_file_alone_and_an_expiry(
     def args(revision, expires=None, **values):
         settings_ = {k: ({"value": v, "expires_in_s": expires} if expires else v)
                      for k, v in values.items()}
-        return rules.revision_args({"revision": revision, "settings": settings_})
+        return revision_rules.revision_args({"revision": revision, "settings": settings_})
 
     settings().propose(args(50, **{"log.level": "debug"}), lambda v: None)
     for _ in range(rules.MAX_TRIAL_STARTS):
@@ -159,7 +160,7 @@ def test_revisions_only_go_up_across_a_rollback_to_the_file_alone_and_an_expiry(
         s.propose(args(3, **{"log.level": "info"}), lambda v: None)
     assert "not newer than revision 50" in str(e.value)
     # the next one without a number is 51; an expiry that empties it keeps the memory
-    staged = settings().propose(rules.revision_args({"settings": {"log.level": {
+    staged = settings().propose(revision_rules.revision_args({"settings": {"log.level": {
         "value": "info", "expires_in_s": 10}}}), lambda v: None)
     assert staged.revision == 51
     s = settings()
@@ -169,7 +170,7 @@ def test_revisions_only_go_up_across_a_rollback_to_the_file_alone_and_an_expiry(
     assert settings().expired().result == rules.EXPIRED
     with pytest.raises(ValueError):
         settings().propose(args(7, **{"log.level": "info"}), lambda v: None)
-    assert store.read(str(tmp_path))[0].seen() == 51
+    assert overlay_file.read(str(tmp_path))[0].seen() == 51
 
 
 def test_a_revision_sent_in_the_fleets_name_at_the_last_number_locks_nothing_for_good(tmp_path):
@@ -178,18 +179,19 @@ def test_a_revision_sent_in_the_fleets_name_at_the_last_number_locks_nothing_for
     damage. The next number is refused in words, and unpairing the screen forgets the
     fleet's revisions with its settings."""
     from agent.settings import rules
+    from agent.config import revision as revision_rules
     conf = tmp_path / "agent.toml"
     conf.write_text(f'[server]\nurl = "http://127.0.0.1:1"\n[identity]\nstate_dir = '
                     f'"{tmp_path}"\n')
-    FleetSettings(str(tmp_path), 30.0).propose(rules.revision_args(
-        {"revision": rules.MAX_REVISION, "settings": {"log.level": "debug"}}), lambda v: None)
+    FleetSettings(str(tmp_path), 30.0).propose(revision_rules.revision_args(
+        {"revision": revision_rules.MAX_REVISION, "settings": {"log.level": "debug"}}), lambda v: None)
     with pytest.raises(ValueError, match="the last there is; `edge-agent unpair` forgets"):
         FleetSettings(str(tmp_path), 30.0).propose(
-            rules.revision_args({"settings": {"log.level": "info"}}), lambda v: None)
+            revision_rules.revision_args({"settings": {"log.level": "info"}}), lambda v: None)
     r = subprocess.run([sys.executable, "-m", "agent", "unpair", "--config", str(conf)],
                        capture_output=True, text=True, timeout=30,
                        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     staged = FleetSettings(str(tmp_path), 30.0).propose(
-        rules.revision_args({"revision": 2, "settings": {"log.level": "info"}}), lambda v: None)
+        revision_rules.revision_args({"revision": 2, "settings": {"log.level": "info"}}), lambda v: None)
     assert staged.revision == 2

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.programs import grants
-from agent.settings import store
+from agent.config import overlay as overlay_file
 
 REPO = Path(__file__).resolve().parent.parent
 USER, GROUP = "nobody", "nogroup"
@@ -187,9 +187,9 @@ def test_a_fleet_managed_allow_list_grants_only_where_the_file_lets_the_fleet_ma
     step: it grants reboot only where the operator's file says the fleet manages the
     list, and it says whose list it was."""
     base, theirs = ground
-    overlay = store.Overlay(store.Revision(7, {"commands.allow": ["diagnostics", "reboot"]}))
-    (theirs / store.FILE).write_text(json.dumps(overlay.to_dict()))
-    shutil.chown(theirs / store.FILE, USER, GROUP)
+    overlay = overlay_file.Overlay(overlay_file.Revision(7, {"commands.allow": ["diagnostics", "reboot"]}))
+    (theirs / overlay_file.FILE).write_text(json.dumps(overlay.to_dict()))
+    shutil.chown(theirs / overlay_file.FILE, USER, GROUP)
     state = f'[identity]\nstate_dir = "{theirs}"\n'
     r = step(base, config_text=CONFIG.format(allow='["diagnostics"]') + state)
     assert r.returncode == 0 and not (base / "grants").exists(), r   # not the fleet's to set

@@ -12,7 +12,9 @@ import pytest
 from agent.config import load as cfgmod
 from agent.base.boot import boot_id
 from agent.base.clock import FakeClock
-from agent.settings import rules, store
+from agent.settings import rules
+from agent.config import revision as revision_rules
+from agent.config import overlay as overlay_file
 from agent.settings.service import FleetSettings
 from agent.app.status import render
 from devtools.harness import REPO, agent_config, wait_for
@@ -28,7 +30,7 @@ def base_file(tmp_path, extra=""):
 
 
 def test_a_revision_malformed_in_any_field_is_refused_naming_it():
-    ok = rules.revision_args({"revision": 3, "settings": {
+    ok = revision_rules.revision_args({"revision": 3, "settings": {
         "log.level": "debug", "link.heartbeat_interval_s": {"value": 10, "expires_in_s": 60}}})
     assert ok == {"revision": 3, "values": {"log.level": "debug", "link.heartbeat_interval_s": 10},
                   "expires_in_s": {"link.heartbeat_interval_s": 60.0}}
@@ -45,7 +47,7 @@ def test_a_revision_malformed_in_any_field_is_refused_naming_it():
                       ({"revision": 1, "settings": {f"a.k{i}": 1 for i in range(65)}}, "at most"),
                       ({"revision": 1, "settings": {}, "sudo": 1}, "unknown argument")):
         with pytest.raises(ValueError, match=why):
-            rules.revision_args(args)
+            revision_rules.revision_args(args)
 
 
 def test_the_fleets_values_obey_the_files_rules_and_the_environment_still_wins(tmp_path):
@@ -75,32 +77,32 @@ def test_the_fleets_values_obey_the_files_rules_and_the_environment_still_wins(t
 
 
 def stage(tmp_path, values, until=None, revision=4):
-    store.write(str(tmp_path / "state"), store.Overlay(
-        store.Revision(revision, values, until or {}), None, None))
+    overlay_file.write(str(tmp_path / "state"), overlay_file.Overlay(
+        overlay_file.Revision(revision, values, until or {}), None, None))
 
 
 def test_the_overlay_on_disk_applies_and_a_damaged_one_leaves_the_file_alone(tmp_path):
     path = base_file(tmp_path)
     stage(tmp_path, {"log.level": "debug", "link.stable_after_s": 5},
-          {"log.level": rules.Expiry(boot_id(), time.monotonic() + 600),
-           "link.stable_after_s": rules.Expiry(boot_id(), time.monotonic() - 1)})
+          {"log.level": revision_rules.Expiry(boot_id(), time.monotonic() + 600),
+           "link.stable_after_s": revision_rules.Expiry(boot_id(), time.monotonic() - 1)})
     c = cfgmod.load(path, {})
     assert c.fleet_revision == 4 and c.log_level == "debug" and c.origins["log.level"] == "fleet"
     assert c.stable_after_s == 60.0   # its time is over
-    stage(tmp_path, {"log.level": "debug"}, {"log.level": rules.Expiry("another-boot", 1e12)})
+    stage(tmp_path, {"log.level": "debug"}, {"log.level": revision_rules.Expiry("another-boot", 1e12)})
     assert cfgmod.load(path, {}).log_level == "info"   # a reboot ends what expires
     stage(tmp_path, {"link.ack_timeout_s": 50})   # the file changed under it, or tampering
     c = cfgmod.load(path, {})
     assert c.fleet_revision is None and "revision 4 not applied: link.ack_timeout_s" in c.fleet_problem
-    overlay = tmp_path / "state" / store.FILE
+    overlay = tmp_path / "state" / overlay_file.FILE
     for damage in (b"{", b"[]", json.dumps({"current": {"revision": "x", "values": {}}}).encode(),
-                   b"x" * (store.MAX_BYTES + 1)):
+                   b"x" * (overlay_file.MAX_BYTES + 1)):
         overlay.write_bytes(damage)
         c = cfgmod.load(path, {})
         assert c.fleet_revision is None and c.fleet_problem and c.log_level == "info"
     overlay.unlink()
-    (tmp_path / "elsewhere.json").write_text(json.dumps(store.Overlay(
-        store.Revision(9, {"log.level": "debug"}), None, None).to_dict()))
+    (tmp_path / "elsewhere.json").write_text(json.dumps(overlay_file.Overlay(
+        overlay_file.Revision(9, {"log.level": "debug"}), None, None).to_dict()))
     overlay.symlink_to(tmp_path / "elsewhere.json")   # never followed, root reads this too
     c = cfgmod.load(path, {})
     assert c.log_level == "info" and "Too many levels of symbolic links" in c.fleet_problem
@@ -118,14 +120,14 @@ class Clocked:
     def on_trial(self, state_dir, revision, settings):
         """A revision staged by one process, on trial in the next."""
         self.settings(state_dir).propose(
-            rules.revision_args({"revision": revision, "settings": settings}), lambda v: None)
+            revision_rules.revision_args({"revision": revision, "settings": settings}), lambda v: None)
         started = self.settings(state_dir)
         started.begin()
         return started
 
 
 def args(revision, **values):
-    return rules.revision_args({"revision": revision, "settings": values})
+    return revision_rules.revision_args({"revision": revision, "settings": values})
 
 
 def test_a_revision_is_on_trial_until_proven_and_rolled_back_to_the_last_good_one(tmp_path):
@@ -175,13 +177,13 @@ def test_a_revision_is_on_trial_until_proven_and_rolled_back_to_the_last_good_on
 def test_a_switch_flipped_to_where_it_is_changes_nothing_and_restarts_nothing(tmp_path):
     t = Clocked()
     s = t.settings(str(tmp_path))
-    off = s.propose(rules.revision_args({"settings": {}}), lambda v: None)
+    off = s.propose(revision_rules.revision_args({"settings": {}}), lambda v: None)
     assert not off.restart and "already in force" in off.text
-    assert not (tmp_path / store.FILE).exists()
+    assert not (tmp_path / overlay_file.FILE).exists()
     s = t.on_trial(str(tmp_path), None, {"log.level": "debug"})
     s.proven()
     assert s.overlay.current.revision == 1   # no revision given: the next one
-    again = s.propose(rules.revision_args({"settings": {"log.level": "debug"}}), lambda v: None)
+    again = s.propose(revision_rules.revision_args({"settings": {"log.level": "debug"}}), lambda v: None)
     assert not again.restart and s.overlay.current.revision == 1
 
 
@@ -210,7 +212,7 @@ def test_an_expiring_setting_leaves_on_time_and_a_reboot_ends_it(tmp_path):
     after = t.settings(str(tmp_path))
     assert after.overlay.current.values == {"link.missed_acks": 3} and after.next_expiry() is None
     s = t.settings(str(tmp_path))
-    s.propose(rules.revision_args({"revision": 2, "settings": {
+    s.propose(revision_rules.revision_args({"revision": 2, "settings": {
         "log.level": {"value": "debug", "expires_in_s": 3600}}}), lambda v: None)
     t.boot = "boot-2"
     assert t.settings(str(tmp_path)).expired().keys == ("log.level",)
@@ -305,8 +307,8 @@ def test_a_rollback_the_card_cannot_write_removes_the_overlay_instead(tmp_path, 
 
     def full(*_):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(store, "write", full)
+    monkeypatch.setattr(overlay_file, "write", full)
     ended = s.due()
     assert ended.result == rules.ROLLED_BACK and "could not be written (No space left" in ended.why
-    assert not (tmp_path / store.FILE).exists()
-    assert store.read(str(tmp_path))[0].current is None   # the next start: the file alone
+    assert not (tmp_path / overlay_file.FILE).exists()
+    assert overlay_file.read(str(tmp_path))[0].current is None   # the next start: the file alone

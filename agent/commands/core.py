@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..settings.rules import revision_args
+from ..config.revision import revision_args
 from ..update.rules import order_args
 
 MAX_ID = 64

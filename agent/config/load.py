@@ -37,7 +37,8 @@ from ..link.idle_limit import IdlePolicy
 from ..link.liveness import LivenessPolicy
 from ..link.profiles import PROFILES
 from ..link.sockopts import KeepalivePolicy
-from ..settings import rules as fleet_rules, store as fleet_store
+from . import revision as fleet_rules
+from . import overlay as fleet_store
 from ..uploads.schedule import UploadPolicy
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..base.boot import boot_id
-from . import rules, store
+from . import rules
+from ..config import overlay as overlay_file, revision as revision_rules
 
 log = logging.getLogger("edge_agent.settings")
 
@@ -55,7 +56,7 @@ class FleetSettings:
         self.state_dir = state_dir
         self.proof_timeout_s = proof_timeout_s
         self.monotonic, self.wall, self.boot = monotonic, wall, boot
-        self.overlay, self.problem = store.read(state_dir)
+        self.overlay, self.problem = overlay_file.read(state_dir)
         self.deadline: float | None = None
         self._trying: int | None = None    # the revision this process runs on trial
         # the command thread stages, the link thread keeps, timers roll back and expire
@@ -78,18 +79,18 @@ class FleetSettings:
         """Stages a revision (the configure command's checked arguments) for the next
         start. ``check(values)`` raises with a one-line reason (config's rules);
         ValueError here says why it is refused."""
-        if isinstance(self.problem, store.Unreadable):
+        if isinstance(self.problem, overlay_file.Unreadable):
             # a read error is not an empty overlay: read again, and write nothing over a
             # file the card may give back (its revisions, the highest seen) while it fails
-            self.overlay, self.problem = store.read(self.state_dir)
-            if isinstance(self.problem, store.Unreadable):
+            self.overlay, self.problem = overlay_file.read(self.state_dir)
+            if isinstance(self.problem, overlay_file.Unreadable):
                 raise ValueError(f"the settings overlay cannot be read ({self.problem}); "
                                  "nothing staged until the card reads again")
         values = args["values"]
         current = self.overlay.current
         outcome = self.overlay.outcome or {}
         seen = self.overlay.seen()
-        if args["revision"] is None and seen >= rules.MAX_REVISION:
+        if args["revision"] is None and seen >= revision_rules.MAX_REVISION:
             raise ValueError(f"revision: this screen has seen revision {seen}, the last there "
                              f"is; `edge-agent unpair` forgets the fleet's revisions")
         revision = args["revision"] or 1 + seen
@@ -113,10 +114,10 @@ class FleetSettings:
         now = self.monotonic()
         overlay = self.overlay
         good = overlay.good if self._pending() else current
-        staged = store.Revision(revision, values,
-                                rules.expiries(args["expires_in_s"], self.boot(), now),
+        staged = overlay_file.Revision(revision, values,
+                                revision_rules.expiries(args["expires_in_s"], self.boot(), now),
                                 round(self.wall(), 3))
-        self._save(store.Overlay(staged, good, 0, overlay.outcome))
+        self._save(overlay_file.Overlay(staged, good, 0, overlay.outcome))
         return Staged(revision, f"revision {revision} staged ({len(values)} settings): the "
                       f"agent restarts with it and keeps it if its link is proven live within "
                       f"{self.proof_timeout_s:g} s, else goes back to "
@@ -145,7 +146,7 @@ class FleetSettings:
         if not self.on_trial:
             return None
         current = self.overlay.current
-        return self._end(store.Overlay(current, None, None),
+        return self._end(overlay_file.Overlay(current, None, None),
                          Ended(rules.KEPT, current.revision))
 
     @_locked
@@ -160,7 +161,7 @@ class FleetSettings:
         current = self.overlay.current
         if current is None:
             return None
-        return rules.next_expiry(current.values, current.until, self.boot(), self.monotonic())
+        return revision_rules.next_expiry(current.values, current.until, self.boot(), self.monotonic())
 
     @_locked
     def expired(self) -> Ended | None:
@@ -169,14 +170,14 @@ class FleetSettings:
         current = self.overlay.current
         if current is None:
             return None
-        values, over = rules.live(current.values, current.until, self.boot(), self.monotonic())
+        values, over = revision_rules.live(current.values, current.until, self.boot(), self.monotonic())
         if not over:
             return None
-        left = store.Revision(current.revision, values,
+        left = overlay_file.Revision(current.revision, values,
                               {k: e for k, e in current.until.items() if k in values},
                               current.received_at)
         ended = Ended(rules.EXPIRED, current.revision, "its time is over", tuple(over))
-        self._save(store.Overlay(left, self.overlay.good, self.overlay.trial_starts,
+        self._save(overlay_file.Overlay(left, self.overlay.good, self.overlay.trial_starts,
                                  self._outcome(ended)))
         return ended
 
@@ -221,19 +222,19 @@ class FleetSettings:
         good = self.overlay.good
         ended = Ended(rules.ROLLED_BACK, failed.revision, why)
         try:
-            return self._end(store.Overlay(good, None, None), ended)
+            return self._end(overlay_file.Overlay(good, None, None), ended)
         except OSError as e:
             # a full or failing card must not keep a revision that failed: without the
             # file the next start runs on the local file alone (an unlink needs no space)
-            store.remove(self.state_dir)
+            overlay_file.remove(self.state_dir)
             # remembered while this process runs; the file that kept it is gone
-            self.overlay = store.Overlay(highest=self.overlay.seen())
+            self.overlay = overlay_file.Overlay(highest=self.overlay.seen())
             self.deadline = None
             return Ended(rules.ROLLED_BACK, failed.revision,
                          f"{why}; the overlay could not be written ({e.strerror}) and was "
                          f"removed: the local file alone")
 
-    def _end(self, overlay: store.Overlay, ended: Ended) -> Ended:
+    def _end(self, overlay: overlay_file.Overlay, ended: Ended) -> Ended:
         overlay.outcome = self._outcome(ended)
         self._save(overlay)
         self.deadline = None
@@ -243,7 +244,7 @@ class FleetSettings:
         return {"revision": ended.revision, "result": ended.result, "why": ended.why,
                 "keys": list(ended.keys), "at": round(self.wall(), 3)}
 
-    def _save(self, overlay: store.Overlay) -> None:
+    def _save(self, overlay: overlay_file.Overlay) -> None:
         overlay.highest = max(overlay.highest, self.overlay.seen())
-        store.write(self.state_dir, overlay)   # OSError: the caller reports it
+        overlay_file.write(self.state_dir, overlay)   # OSError: the caller reports it
         self.overlay, self.problem = overlay, None

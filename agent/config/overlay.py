@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 
 from ..base.fsutil import atomic_write, read_json, retrying
-from . import rules
-from .rules import Expiry
+from . import revision as revision_rules
+from .revision import Expiry
 
 FILE = "fleet-settings.json"
 MAX_BYTES = 256 * 1024
@@ -41,9 +41,9 @@ class Revision:
         if not isinstance(d, dict):
             raise ValueError("a revision is not an object")
         rev, until = d["revision"], d.get("until", {})
-        if not _count(rev, rules.MAX_REVISION):
+        if not _count(rev, revision_rules.MAX_REVISION):
             raise ValueError("revision")
-        values = rules.stored_values(d["values"])
+        values = revision_rules.stored_values(d["values"])
         if not isinstance(until, dict) or set(until) - set(values):
             raise ValueError("until")
         expiries = {}
@@ -78,10 +78,10 @@ def _outcome(doc):
         return None
     if not isinstance(doc, dict):
         raise ValueError("outcome")
-    checks = {"revision": lambda v: _count(v, rules.MAX_REVISION),
+    checks = {"revision": lambda v: _count(v, revision_rules.MAX_REVISION),
               "result": lambda v: isinstance(v, str) and len(v) <= 64,
               "why": lambda v: isinstance(v, str) and len(v) <= 4096,
-              "keys": lambda v: isinstance(v, list) and len(v) <= rules.MAX_SETTINGS
+              "keys": lambda v: isinstance(v, list) and len(v) <= revision_rules.MAX_SETTINGS
               and all(isinstance(k, str) and len(k) <= 200 for k in v),
               "at": lambda v: _finite(v) is not None,
               "announced": lambda v: isinstance(v, bool)}
@@ -105,7 +105,7 @@ class Overlay:
         """The highest revision this overlay knows of, in force, kept or ended."""
         revisions = [self.highest, self.current.revision if self.current else 0,
                      self.good.revision if self.good else 0]
-        if self.outcome and _count(self.outcome.get("revision"), rules.MAX_REVISION):
+        if self.outcome and _count(self.outcome.get("revision"), revision_rules.MAX_REVISION):
             revisions.append(self.outcome["revision"])
         return max(revisions)
 
@@ -148,7 +148,7 @@ def read(state_dir: str) -> tuple[Overlay, str | None]:
         if starts is not None and not _count(starts, 1 << 30):
             raise ValueError("trial_starts")
         highest = doc.get("highest", 0)
-        if not _count(highest, rules.MAX_REVISION):
+        if not _count(highest, revision_rules.MAX_REVISION):
             raise ValueError("highest")
         overlay = Overlay(Revision.from_dict(doc.get("current")),
                           Revision.from_dict(doc.get("good")), starts,
