@@ -623,7 +623,7 @@ def assert_new_defaults_under_the_operators(screen, stable_after_s: str = "30.0"
     """The configuration as the installed agent reads it: the new release's default
     where the operator set nothing, the operator's value where they did (as this
     release takes it: ``stable_after_s``)."""
-    out = screen.run("python3", "-I", "-c", "from agent import config; c = config.load(); "
+    out = screen.run("python3", "-I", "-c", "from agent.config import load as config; c = config.load(); "
                      "print(c.stable_after_s, c.origins['link.stable_after_s'], "
                      "c.idle.probe_after_s, c.origins['link.adapt_probe_after_s'])").stdout
     # the release's shipped defaults file says "package", the code's own "default"
@@ -644,7 +644,7 @@ def test_the_journal_takes_words_from_outside_as_one_entry_at_their_own_priority
     journald, with the words a hostile fleet sends."""
     s = site.screen
     ident = f"edge-agent-forgery-{os.getpid()}"
-    code = ("import logging; from agent import logs; logs.setup('info'); "
+    code = ("import logging; from agent.base import logs; logs.setup('info'); "
             "logging.getLogger('edge_agent').warning('refused: %s', "
             "'x\\x00<0>forged emergency\\n<1>forged alert\\r<2>crit \\x1b]52;c;eA==\\x07')")
     s.run("systemd-run", "--wait", "--quiet", "-p", "User=edge-agent",

@@ -23,7 +23,7 @@ PROBE = """
 import sys
 sys.path.insert(0, "/opt/edge-agent")
 import socket, ssl
-from agent.egress import Egress
+from agent.base.egress import Egress
 url = sys.argv[1]
 e = Egress()   # no ca_file: the system's store
 said = []

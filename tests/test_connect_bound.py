@@ -1,5 +1,5 @@
 """The connect bound learnt from the link's own handshakes (issue #28), on numbers."""
-from agent.link import journal as J
+from agent.base import reasons as J
 from agent.link.connect_bound import FLOOR_S, RACE_FLOOR_S, ConnectBound
 from agent.link.core import LinkCore, LinkPolicy
 

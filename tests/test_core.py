@@ -4,7 +4,7 @@ import random
 import pytest
 
 from agent.base.clock import FakeClock
-from agent.link import journal as J
+from agent.base import reasons as J
 from agent.base.backoff import BackoffPolicy
 from agent.link.core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
 from agent.link.liveness import LivenessPolicy

@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 
-from agent.link import journal as J
+from agent.base import reasons as J
 from devtools.harness import REPO
 
 
@@ -33,7 +33,7 @@ def _peer(answer):
 
 SCRIPT = """
 import sys, time
-from agent.egress import Egress
+from agent.base.egress import Egress
 from agent.link.sockopts import KeepalivePolicy
 from agent.link.transport import SocketIOTransport, TransportError
 t = SocketIOTransport(url=sys.argv[1], auth=None, namespace="/", keepalive=KeepalivePolicy(),

@@ -4,7 +4,7 @@ the link can give and no reason it cannot, and the README keeps to a newcomer's 
 import re
 from pathlib import Path
 
-from agent.link import journal
+from agent.base import reasons as journal
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -2,7 +2,7 @@
 it reaps, on a fake clock, against a simulated reaping box."""
 import random
 
-from agent.link import journal as J
+from agent.base import reasons as J
 from agent.link.core import Abort, Connect, LinkCore, LinkPolicy, SendHeartbeat
 from agent.link.idle_limit import IdleLimit, IdlePolicy
 from agent.link.idle_memory import IdleMemory, network_key

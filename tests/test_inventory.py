@@ -380,7 +380,7 @@ ip route add default via 192.0.2.10 dev eth0 table 1000
 ip -6 route add default via 2001:db8::1 dev eth0
 exec "$0" -c "$1"
 """
-COLLECT = ("import json; from agent import inventory; "
+COLLECT = ("import json; from agent.inventory import collect as inventory; "
            "print(json.dumps(inventory.collect(run=lambda argv: None)))")
 
 

@@ -188,7 +188,7 @@ def test_a_handshake_that_opens_with_a_40_mb_frame_is_refused_unread(
     server = threading.Thread(target=serve, daemon=True)
     server.start()
     script = ("import sys\n"
-              "from agent.egress import Egress\n"
+              "from agent.base.egress import Egress\n"
               "from agent.link.sockopts import KeepalivePolicy\n"
               "from agent.link.transport import SocketIOTransport, TransportError\n"
               "t = SocketIOTransport(url=sys.argv[1], auth=None, namespace='/',\n"
@@ -341,7 +341,7 @@ def test_a_hostile_screentinker_cannot_spawn_threads_or_flood_the_card_and_the_j
 
 WAITING_HANDLER = r"""
 import json, sys, threading, time
-from agent.egress import Egress
+from agent.base.egress import Egress
 from agent.link import protocol
 from agent.link.sockopts import KeepalivePolicy
 from agent.link.transport import SocketIOTransport

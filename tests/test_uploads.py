@@ -227,9 +227,9 @@ def test_an_enqueue_syncs_once_and_settling_an_item_never_waits_for_the_card(sto
 
 
 def test_segments_rotate_and_settled_ones_are_deleted_after_the_dedupe_window(tmp_path, monkeypatch):
-    import agent.uploads.store as store_mod
+    import agent.uploads.spool as spool_mod
     from agent.uploads.segments import PAGE
-    monkeypatch.setattr(store_mod, "SEGMENT_BYTES", 3 * PAGE)
+    monkeypatch.setattr(spool_mod, "SEGMENT_BYTES", 3 * PAGE)
     path = str(tmp_path / "queue")
     s = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))
     reader = QueueStore(path, UploadPolicy(dedupe_window_s=100.0))  # another process

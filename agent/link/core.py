@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from enum import Enum
 
-from . import journal as J
+from ..base import reasons as J
 from ..base.backoff import Backoff, BackoffPolicy
 from .idle_limit import IdleLimit, IdlePolicy
 from .journal import ConnectionJournal

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
 from ..base.egress import Egress, Proxy, default_port
-from . import journal as J
+from ..base import reasons as J
 
 # a proxy's answer to CONNECT, the server's to the upgrade: a status line and headers
 MAX_HEADER_BYTES = 16 * 1024

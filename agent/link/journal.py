@@ -9,44 +9,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-# Why a connection ended, or why an attempt failed: the vocabulary of status, the
-# journal and the report (docs/troubleshooting.md). The library says
-# "Connection error" for every failed connect; the dialer finds which of these it was.
-# -- a connection that ended
-ACK_TIMEOUT = "ack-timeout"
-SILENCE = "silence"
-TRANSPORT_ERROR = "transport-error"
-SERVER_DISCONNECT = "server-disconnect"
-THROTTLE = "throttle"
-MESSAGE_TOO_LARGE = "message-too-large"  # the server sent more than the agent takes
-MESSAGE_REFUSED = "message-refused"  # the server sent binary: the protocols are JSON text
-SHUTDOWN = "shutdown"
-IDLE_REAP = "idle-reap"   # lost after the same idle gap as before: a box reaps idle flows
-# -- an attempt that failed, in the order a connect meets them
-DNS_FAILED = "dns-failed"                    # the server's name does not resolve
-NETWORK_UNREACHABLE = "network-unreachable"  # no route: the device is not on a network
-CONNECT_TIMEOUT = "connect-timeout"          # the TCP handshake got no answer
-CONNECTION_REFUSED = "connection-refused"    # the server's host answered with a reset
-PROXY_UNREACHABLE = "proxy-unreachable"      # the configured proxy cannot be reached
-PROXY_AUTH = "proxy-auth"                    # the proxy wants (other) credentials: 407
-PROXY_REFUSED = "proxy-refused"              # the proxy would not CONNECT to the server
-TLS_UNTRUSTED = "tls-untrusted"              # a certificate the device does not trust
-CLOCK_BEHIND = "clock-behind"                # a certificate not valid yet by this clock
-TLS_EXPIRED = "tls-expired"                  # expired, or this clock is ahead
-TLS_FAILED = "tls-failed"                    # any other TLS handshake failure
-CAPTIVE_PORTAL = "captive-portal"            # something else answered: a page, a redirect
-HTTP_ERROR = "http-error"                    # an HTTP error status instead of the upgrade
-NO_ANSWER = "no-answer"                      # connected, then silence: a hung server
-REFUSED = "refused"                          # the server refused the device's credentials
-CONNECT_FAILED = "connect-failed"            # none of the above
-# The network or the server is out: a fresh process mends none of these, so while the
-# link is down for one of them the watchdog's restarts grow further apart
-# (watchdog_gate.OutagePatience).
-OUTAGE_REASONS = frozenset({DNS_FAILED, NETWORK_UNREACHABLE, CONNECT_TIMEOUT,
-                            CONNECTION_REFUSED, NO_ANSWER, PROXY_UNREACHABLE,
-                            CAPTIVE_PORTAL})
-
-
 @dataclass
 class ConnectionRecord:
     n: int                      # connection number since start

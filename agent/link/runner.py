@@ -17,7 +17,7 @@ from typing import Callable
 from ..base.clock import NOTABLE_SKEW_S, Clock, SystemClock
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
-from . import journal as J
+from ..base import reasons as J
 from . import inbox, protocol, tcpinfo
 from .cargo import Cargo
 from .connect_bound import ConnectBound

@@ -58,7 +58,7 @@ import socketio
 import websocket
 
 from ..base.egress import Egress
-from . import journal as J
+from ..base import reasons as J
 from . import inbox, sockopts
 from .dialer import MAX_HEADER_BYTES, DialError, Dialed, dial
 from .sockopts import KeepalivePolicy

@@ -33,7 +33,7 @@ from ..config import load as config_mod
 from ..app import status
 from ..commands.core import MAX_ID
 from ..base.fsutil import atomic_write, read_bounded, read_json
-from ..link.journal import OUTAGE_REASONS
+from ..base.reasons import OUTAGE_REASONS
 from ..base.logs import clean, early
 from ..update import records, rules
 from ..update.repack import RepackError, repack
