@@ -21,6 +21,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import quote, unquote, urlsplit
 
 import requests
@@ -256,7 +257,8 @@ class Deadline:
     """One bound over an exchange from its first byte: the connect, the request, the
     headers and the body. A read timeout bounds each read alone, and a server that
     trickles a byte within every one holds the exchange for ever; at the deadline a
-    timer shuts down every socket the exchange used, which wakes a read blocked in it."""
+    timer (the one deadline() is given) shuts down every socket the exchange used, which
+    wakes a read blocked in it."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
@@ -311,20 +313,29 @@ def _check_deadline() -> None:
 _current = threading.local()
 
 
+# arm(seconds, cut): cut() is called in ``seconds`` unless the returned cancel() is first
+Arm = Callable[[float, Callable[[], None]], Callable[[], None]]
+
+
 @contextlib.contextmanager
-def deadline(seconds: float):
+def deadline(seconds: float, arm: Arm):
     """Every exchange this thread makes inside is over ``seconds`` after it began
-    (the exchange fails with a connection error; ``Deadline.expired`` says why)."""
+    (the exchange fails with a connection error; ``Deadline.expired`` says why).
+
+    ``arm`` sets the timer that cuts. It is the caller's, and required: base starts no
+    thread (it imports nothing of the agent, and every thread of the agent is started
+    in runtime/), and a deadline with no cut would look bounded and wait for ever on a
+    trickle. The parts use runtime/deadline.py's deadline(), which passes the agent's.
+    Not socket timeouts instead: one bounds each read alone, and a TLS socket reads
+    through OpenSSL, never through a method that could be given what is left."""
     d = Deadline(seconds)
     before = getattr(_current, "deadline", None)
     _current.deadline = d
-    timer = threading.Timer(seconds, d.cut)
-    timer.daemon = True
-    timer.start()
+    cancel = arm(seconds, d.cut)
     try:
         yield d
     finally:
-        timer.cancel()
+        cancel()
         _current.deadline = before
 
 

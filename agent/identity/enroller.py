@@ -18,9 +18,10 @@ import requests
 import urllib3
 
 from ..base.clock import SystemClock
-from ..base.egress import Egress, HostileAnswer, deadline, read_capped
+from ..base.egress import Egress, HostileAnswer, read_capped
 from ..base.fsutil import atomic_write, read_json
 from ..base.hardware import hardware_facts
+from ..runtime.deadline import deadline
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from .enrollment import PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode

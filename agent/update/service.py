@@ -25,8 +25,10 @@ from typing import Callable
 import requests
 import urllib3
 
-from ..base.egress import HostileAnswer, body_chunks, deadline, fleet_url
+from ..base.egress import HostileAnswer, body_chunks, fleet_url
 from ..base.fsutil import atomic_write, read_json
+from ..runtime.deadline import deadline
+from ..runtime.threads import start_worker
 from . import records, rules
 from .signature import KEYS_DIR, SignatureError, verify
 
@@ -41,6 +43,10 @@ POLL_S = 2.0
 # hour); then the command says so rather than run for ever
 OUTCOME_LIMIT_S = 2 * 3600.0   # per phase of the root side's transaction
 CHUNK = 1 << 16
+# Why an order's thread is neither restarted nor on the watchdog gate (runtime/threads.py)
+ORDER_THREAD = ("one order, run at most once: it settles itself on any error, so a restart "
+                "would run it twice; its waits have bounds of their own (the rollout "
+                "window, DOWNLOAD_LIMIT_S, OUTCOME_LIMIT_S a phase)")
 # a partial download kept for a resend of its order to resume; one older than this at a
 # start is the leftover of an order that never came back, and only takes the card's room
 PART_KEEP_S = 86400.0
@@ -157,8 +163,7 @@ class Updater:
             self._pending[cid] = f"waiting {delay:.0f}s in the rollout window"
         log.info("update to %s: installing in %.0fs (a random moment in a %ds window)",
                  order.version, delay, order.window_s)
-        threading.Thread(target=self._run, args=(cid, order, url, delay),
-                         name="update", daemon=True).start()
+        start_worker("update", lambda: self._run(cid, order, url, delay), reason=ORDER_THREAD)
 
     def _run(self, cid: str, order: rules.Order, url: str, delay: float) -> None:
         try:
@@ -323,7 +328,7 @@ class Updater:
     def _follow(self, cid: str) -> None:
         with self._lock:
             self._pending[cid] = "installing"
-        threading.Thread(target=self._resume, args=(cid,), name="update", daemon=True).start()
+        start_worker("update", lambda: self._resume(cid), reason=ORDER_THREAD)
 
     def _resume(self, cid: str) -> None:
         """An order staged before a restart: the root side may never have been asked
