@@ -1,4 +1,5 @@
-"""The command core's shell: the ledger on disk, and one executor thread.
+"""The command core's shell: the ledger on disk, and one executor thread (a Loop:
+supervised, and on the watchdog gate while a command runs, idle while none is queued).
 
 Everything that touches the core runs on the link thread (the runner calls in): a
 command received, one finished (the executor posts it back), a result confirmed. The
@@ -15,11 +16,25 @@ import time
 from typing import Callable
 
 from ..base.boot import boot_token
+from ..runtime.loop import Loop
+from ..runtime.watchdog_gate import WatchdogGate
 from . import ledger
 from .actions import LATER, Actions, Outcome
 from .core import CommandCore, Report, Run
 
 log = logging.getLogger("edge_agent.commands")
+
+# The longest command_timeout_s the configuration takes: the bound assumed for actions
+# that do not say their own.
+LONGEST_TIMEOUT_S = 3600.0
+
+
+def max_silence_s(timeout_s: float) -> float:
+    """What the watchdog gate allows the executor for one command. Each command's own
+    bound is the configured timeout (a configured command, the journal gate's reply);
+    the rest (a DNS lookup's 3 s, a bundle queued on the card) takes seconds. Twice the
+    timeout and a minute past it is a wedge, not a slow command."""
+    return 2 * timeout_s + 60.0
 
 
 class CommandService:
@@ -27,12 +42,14 @@ class CommandService:
                  on_finished: Callable[[str, Outcome, float], None], runtime_dir: str,
                  clock: Callable[[], float] = time.time,
                  mono: Callable[[], float] = time.monotonic, ids_ours: bool = False,
-                 on_storage_error: Callable[[str, OSError], None] | None = None):
+                 on_storage_error: Callable[[str, OSError], None] | None = None,
+                 gate: WatchdogGate | None = None):
         """``ids_ours``: the server's protocol has no command ids (ScreenTinker), the
         profile mints a random one per message, which nothing can send again, so
         forgetting one needs no horizon (core.py). ``on_finished(id, outcome, started)``
         hands a finished command to the link thread, whose finished() records it.
-        ``on_storage_error(path, error)``: the ledger could not be written."""
+        ``on_storage_error(path, error)``: the ledger could not be written. ``gate``: the
+        executor is on the watchdog gate while a command runs."""
         self.path = path
         loaded = ledger.load(path, clock())
         self._ledger = ledger.Ledger(path, loaded)
@@ -45,7 +62,10 @@ class CommandService:
         self._boot, self._pid = boot_token(runtime_dir), os.getpid()
         self._jobs: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._work, name="commands", daemon=True)
+        self.loop = Loop("commands", self._work, gate=gate,
+                         max_silence_s=max_silence_s(getattr(actions, "timeout_s",
+                                                             LONGEST_TIMEOUT_S)),
+                         pause=self._stopping.wait, stopping=self._stopping.is_set)
 
     # -- on the link thread --------------------------------------------------------
     def start(self) -> list[Report]:
@@ -56,7 +76,7 @@ class CommandService:
         for r in reports:
             log.info("command %s (%s) from before this start: %s", r.result["id"],
                      r.result["name"], r.result.get("output") or r.result.get("error"))
-        self._thread.start()
+        self.loop.start()
         return reports
 
     def received(self, raw) -> list[Report]:
@@ -145,10 +165,14 @@ class CommandService:
                 ((result.get("output") if result["ok"] else result.get("error")) or "")[:300])
 
     def _work(self) -> None:
+        """The executor's body: a bug here (outside a command's own run) restarts it,
+        seen, and what is queued runs after the restart."""
         while True:
+            self.loop.idle()   # waiting for a command: nothing to be stuck on
             job = self._jobs.get()
             if job is None or self._stopping.is_set():
                 return  # queued ones stay "running" in the ledger: reported, never run
+            self.loop.turn()
             started = self._clock()
             try:
                 outcome = self.actions.run(job.name, job.args, job.id)
