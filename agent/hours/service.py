@@ -6,6 +6,10 @@ before NTP answers (or with ``[hours] clock = "trusted"``, for a board with an R
 display is left as it is: a screen lit out of hours costs less than one dark in them.
 A command that fails (CEC not answered, no output) is a fault, tried again each minute;
 an "off" the schedule asked for is not.
+
+The thread is a Loop: a bug in a look at the clock restarts it after a backoff, seen in
+the journal, and it is on the watchdog gate (it looks at least every TICK_S, and one
+look is bounded by the display command's timeout and the connect grace).
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from zoneinfo import ZoneInfo
 from ..base import children
 from ..base.clock import wall_synced
 from ..base.hardware import connectors
+from ..runtime.loop import Loop
+from ..runtime.watchdog_gate import WatchdogGate
 from .rules import Schedule
 
 log = logging.getLogger("edge_agent.hours")
@@ -31,13 +37,21 @@ RETRY_S = 60.0         # a failed command, again
 CONNECT_GRACE_S = 15.0
 
 
+def max_silence_s(timeout_s: float, connect_grace_s: float) -> float:
+    """What the watchdog gate allows between two looks: the wait, a command that ran to
+    its timeout (and was killed), the connect grace, and a margin for the rest."""
+    return TICK_S + timeout_s + connect_grace_s + 30.0
+
+
 class WorkingHours:
     def __init__(self, schedule: Schedule, zone: str | None, on_command: str, off_command: str,
                  timeout_s: float, trust_clock: bool, on_fault: Callable[[dict], None],
                  on_change: Callable[[dict], None], sysfs_root: str = "/sys",
                  now: Callable[[], float] = time.time, synced: Callable[[], bool] = wall_synced,
                  monotonic: Callable[[], float] = time.monotonic,
-                 connect_grace_s: float = CONNECT_GRACE_S):
+                 connect_grace_s: float = CONNECT_GRACE_S,
+                 gate: WatchdogGate | None = None):
+        """``gate``: the thread is on the watchdog gate (the daemon's)."""
         self.schedule = schedule
         self.zone = ZoneInfo(zone) if zone else None   # None: the system's local time
         self.commands = {True: shlex.split(on_command), False: shlex.split(off_command)}
@@ -56,7 +70,9 @@ class WorkingHours:
         self.fault: str | None = None
         self._retry_at = 0.0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hours", daemon=True)
+        self.loop = Loop("hours", self._run, gate=gate,
+                         max_silence_s=max_silence_s(timeout_s, connect_grace_s),
+                         pause=self._stop.wait, stopping=self._stop.is_set)
 
     def local_now(self) -> datetime:
         return datetime.fromtimestamp(self.now(), self.zone).replace(tzinfo=None)
@@ -75,7 +91,10 @@ class WorkingHours:
         return self.wanted() is False
 
     def start(self) -> None:
-        self._thread.start()
+        self.loop.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.loop.join(timeout)
 
     def stop(self) -> None:
         self._stop.set()
@@ -118,13 +137,12 @@ class WorkingHours:
 
     # -- internals -----------------------------------------------------------------
     def _run(self) -> None:
+        """The loop's body. A bug in step() raises out of it: supervise.py logs it,
+        restarts the body after a backoff, and leaves it stopped (the pets stop with it)
+        if it keeps dying, where a catch-all here hid it in a retry every minute."""
         while not self._stop.is_set():
-            try:
-                wait = self.step()
-            except Exception:   # a bug here must not end working hours for good
-                log.exception("working hours: unexpected error")
-                wait = RETRY_S
-            self._stop.wait(wait)
+            self.loop.turn()
+            self._stop.wait(self.step())
 
     def _apply(self, on: bool) -> None:
         state = "on" if on else "off"
