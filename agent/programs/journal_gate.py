@@ -32,6 +32,7 @@ from typing import Iterator
 
 from ..base import children
 from ..base.logs import early
+from ..runtime.threads import Timers
 
 SOCKET = "/run/edge-agent-logs.sock"
 UNIT = "edge-agent.service"
@@ -141,11 +142,11 @@ def _newest(argv: list[str], popen) -> tuple[bytes, int]:
         expired.set()
         proc.kill()
 
-    timer = threading.Timer(JOURNALCTL_TIMEOUT_S, expire)
-    timer.start()
     kept: deque[bytes] = deque()
     size = dropped = 0
-    try:
+    # stopped (the alarm cancelled, its thread ended) however the reading ends
+    with Timers("journalctl-timeout") as timers:
+        timers.after(JOURNALCTL_TIMEOUT_S, expire, name="journalctl")
         for line in _lines(proc.stdout):
             kept.append(line)
             size += len(line)
@@ -154,8 +155,6 @@ def _newest(argv: list[str], popen) -> tuple[bytes, int]:
                 dropped += 1
         err = proc.stderr.read(MAX_HEADER * 4)
         proc.wait()
-    finally:
-        timer.cancel()
     if expired.is_set():
         raise GateError(children.failure(argv, timeout_s=JOURNALCTL_TIMEOUT_S))
     if proc.returncode != 0:
