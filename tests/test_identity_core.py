@@ -133,7 +133,7 @@ def settle(service, clock):
     clock.advance(C.WRITE_EVERY_S * C.WRITE_BURST)
     deadline = time.monotonic() + 5
     while service.core.unwritten is not None and time.monotonic() < deadline:
-        service._wake.set()
+        service._timers.poke()
         time.sleep(0.01)
     assert service.core.unwritten is None
 

@@ -6,8 +6,9 @@ readers; the other effects follow, still in order. The effects' callbacks only p
 other threads or take their own short locks: none calls back into this one.
 
 A write the disk refuses (full, read-only, failing) is reported to the core, which
-keeps the identity in use and says when to try again; a thread of this shell, started
-only while such a write waits, tries it then. It ends once the disk has taken it.
+keeps the identity in use and says when to try again; an alarm of this shell's (its
+Timers thread, started at the first refusal) tries it then, and is set again at each
+change of the core's time. None is set once the disk has taken it.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..base.clock import Clock, SystemClock
+from ..runtime.threads import Alarm, Timers
+from ..runtime.watchdog_gate import WatchdogGate
 from . import core as C
 from .credentials import Credentials
 
@@ -38,7 +41,8 @@ class Hooks:
 
 class IdentityService:
     def __init__(self, core: C.IdentityCore, credentials: Credentials, hooks: Hooks | None = None,
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, gate: WatchdogGate | None = None):
+        """``gate``: the retries' thread is on the watchdog gate while it writes."""
         self.core = core
         self.credentials = credentials
         self.hooks = hooks or Hooks()
@@ -46,12 +50,13 @@ class IdentityService:
         self.current: C.Identity = core.current
         self._storage: dict | None = None    # the core's, replaced whole: read without the lock
         self._lock = threading.RLock()
-        self._retrier: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._timers = Timers("credentials", gate=gate, clock=self.clock.monotonic)
+        self._retry: Alarm | None = None   # set while a write waits for the disk
 
     @classmethod
     def load(cls, local_device_id: str, credentials: Credentials, configured_token: str | None,
-             device_id_configured: bool, pairs_in_link: bool) -> "IdentityService":
+             device_id_configured: bool, pairs_in_link: bool,
+             gate: WatchdogGate | None = None) -> "IdentityService":
         """What this device was when it last ran: agent.toml's token, or the stored one."""
         preprovisioned = configured_token is not None
         token = configured_token or credentials.load(local_device_id)
@@ -63,7 +68,7 @@ class IdentityService:
         code = credentials.pairing_code() if token else None
         identity = C.Identity(device_id, token, claimed, code)
         return cls(C.IdentityCore(local_device_id, identity, preprovisioned, pairs_in_link),
-                   credentials)
+                   credentials, gate=gate)
 
     @property
     def preprovisioned(self) -> bool:
@@ -134,8 +139,7 @@ class IdentityService:
         self._storage = self.core.storage()
         for effect in effects + answers:
             self._run(effect)
-        if self.core.next_write_at is not None:
-            self._arm()
+        self._arm()
 
     def _write(self, effect):
         try:
@@ -153,27 +157,20 @@ class IdentityService:
 
     # -- retries ------------------------------------------------------------------
     def _arm(self) -> None:
-        """Under the lock: a write waits; the retry thread runs (or is told of a change)."""
-        if self._retrier is None:
-            self._retrier = threading.Thread(target=self._retry_loop, name="credentials",
-                                             daemon=True)
-            self._retrier.start()
-        else:
-            self._wake.set()
+        """Under the lock: the alarm at the core's time for the write that waits, or
+        none when nothing waits."""
+        at, alarm = self.core.next_write_at, self._retry
+        if alarm is not None and not alarm.done and alarm.at == at:
+            return
+        if alarm is not None:
+            alarm.cancel()
+        self._retry = None if at is None else self._timers.at(at, self._retry_due,
+                                                               name="credentials write")
 
-    def _retry_loop(self) -> None:
-        while True:
-            with self._lock:
-                at = self.core.next_write_at
-                if at is None:
-                    self._retrier = None   # under the lock: a later write starts a new one
-                    return
-                now = self.clock.monotonic()
-                if now >= at:
-                    self._apply(self.core.due(now))
-                    continue
-            self._wake.wait(at - now)
-            self._wake.clear()
+    def _retry_due(self) -> None:
+        """On the alarm's thread: the writes due now, tried; _apply sets the next alarm."""
+        with self._lock:
+            self._apply(self.core.due(self.clock.monotonic()))
 
     def _run(self, effect) -> None:
         h = self.hooks
