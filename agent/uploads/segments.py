@@ -9,7 +9,7 @@ next good one on a later page and counted, never silently; so is an EAQ1 record 
 length (its checksum does not cover it) points where no record starts.
 
 This module knows the bytes; which records are live, and when to write them, is the
-store's (store.py). Readers run under the store's lock, where nobody is mid-append, so
+spool's (spool.py). Readers run under the store's lock, where nobody is mid-append, so
 an incomplete record at the end of a file is the remains of a writer that died (or of a
 power cut) and is cut off.
 """
