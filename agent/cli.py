@@ -9,7 +9,9 @@ import signal
 import sys
 
 from . import __version__
+from .app import checks
 from .config import load as cfgmod
+from .config.model import Config
 from .runtime import crashes
 from .base import logs
 from .app import status
@@ -86,9 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(path: str) -> cfgmod.Config:
+def _load(path: str) -> Config:
     try:
-        return cfgmod.load(path)
+        return checks.load(path)
     except cfgmod.ConfigError as e:
         logs.early(f"edge-agent: config error: {e}")
         raise SystemExit(EXIT_USAGE)
@@ -96,9 +98,9 @@ def _load(path: str) -> cfgmod.Config:
 
 def cmd_run(args) -> int:
     config = _load(args.config)
-    logs.setup(config.log_level)
+    logs.setup(config.log.level)
     crashes.prepare()
-    settings = FleetSettings(config.state_dir, config.fleet_proof_timeout_s)
+    settings = FleetSettings(config.identity.state_dir, config.fleet.proof_timeout_s)
     try:
         ended = settings.begin()
         if ended is not None:   # a revision the agent keeps dying on
@@ -193,7 +195,7 @@ ENQUEUE_EXITS = """exit status:
 
 def cmd_enqueue(args) -> int:
     config = _load(args.config)
-    refusal = uncarried(PROFILES[config.profile], args.kind)
+    refusal = uncarried(PROFILES[config.server.profile], args.kind)
     if refusal:
         sys.stderr.write(f"edge-agent: --kind: {refusal}\n")
         return EXIT_USAGE
@@ -212,16 +214,16 @@ def cmd_enqueue(args) -> int:
         sys.stderr.write(f"edge-agent: {args.file}: {e.strerror}\n")
         return EXIT_USAGE
     try:
-        problem = PROFILES[config.profile].enqueue_problem(args.kind, payload)
+        problem = PROFILES[config.server.profile].enqueue_problem(args.kind, payload)
     except RecursionError:   # JSON nested thousands deep: one line, not a traceback
         problem = "a JSON record nested too deeply to read"
     if problem:
-        sys.stderr.write(f"edge-agent: {args.kind}: {problem} (the {config.profile} server "
+        sys.stderr.write(f"edge-agent: {args.kind}: {problem} (the {config.server.profile} server "
                          f"would drop it unread); nothing was queued\n")
         return EXIT_USAGE
     try:
         # root writes nothing in the agent's directory that the agent's user could not
-        drop_to_owner(config.state_dir)
+        drop_to_owner(config.identity.state_dir)
     except (UnsafePath, OSError) as e:
         sys.stderr.write(f"edge-agent: {e}; nothing was queued\n")
         return EXIT_UNAVAILABLE
@@ -259,22 +261,22 @@ def cmd_enqueue(args) -> int:
 
 def cmd_unpair(args) -> int:
     config = _load(args.config)
-    if config.token is not None:
+    if config.identity.token is not None:
         sys.stderr.write("edge-agent: this device has a pre-provisioned token in the "
                          "configuration ([identity] token); remove it to enroll\n")
         return EXIT_USAGE
     try:
         # as the agent's user: root deletes nothing there that it could not
-        drop_to_owner(config.state_dir)
-        Credentials(config.state_dir).clear()
+        drop_to_owner(config.identity.state_dir)
+        Credentials(config.identity.state_dir).clear()
         # the fleet's settings, and the revision numbers that are their floor, go with the
         # pairing: a number someone sent in the fleet's name cannot lock out the next fleet
-        fleet_store.remove(config.state_dir)
+        fleet_store.remove(config.identity.state_dir)
     except UnsafePath as e:
         sys.stderr.write(f"edge-agent: {e}; nothing was removed\n")
         return EXIT_UNAVAILABLE
     except OSError as e:
-        sys.stderr.write(f"edge-agent: {config.state_dir}: {e.strerror}\n")
+        sys.stderr.write(f"edge-agent: {config.identity.state_dir}: {e.strerror}\n")
         return EXIT_USAGE
     try:
         pid = status.read(config.status_path).get("pid")
@@ -291,7 +293,7 @@ def cmd_unpair(args) -> int:
 
 def cmd_check_config(args) -> int:
     config = _load(args.config)
-    print(f"{config.source}: ok (device {config.device_id or 'derived'}, server {config.server_display})")
+    print(f"{config.source}: ok (device {config.identity.device_id or 'derived'}, server {config.server.display})")
     code = _say_in_force(config)
     for adjusted in config.adjusted:
         print(f"{config.source}: adjusted: {cfgmod.adjustment_text(*adjusted)} "
@@ -311,7 +313,7 @@ def _say_in_force(config: cfgmod.Config) -> int:
     def came(key: str) -> str:
         return cfgmod.ORIGINS[origins.get(key, "default")]
 
-    egress = config.egress
+    egress = config.server.egress
     proxy = egress.proxy
     if proxy is None:
         proxy_text = "none: every connection goes direct"
@@ -328,8 +330,8 @@ def _say_in_force(config: cfgmod.Config) -> int:
                    f"store for every connection the agent makes")
     else:
         ca_text = "the system's CA store (server.ca_file unset)"
-    print(f"  profile   {config.profile} ({came('server.profile')})")
-    print(f"  server    {config.server_display} ({came('server.url')})")
+    print(f"  profile   {config.server.profile} ({came('server.profile')})")
+    print(f"  server    {config.server.display} ({came('server.url')})")
     print(f"  proxy     {proxy_text}")
     print(f"  ca        {ca_text}")
     if egress.client_cert:
@@ -351,9 +353,9 @@ def _check_readable(config: cfgmod.Config) -> int:
     from .base import access
     named = {key: path for key, path in (
         ("the configuration", config.source),
-        ("server.ca_file", config.egress.ca_file),
-        ("network.client_cert", config.egress.client_cert),
-        ("network.client_key", config.egress.client_key)) if path and path != "-"}
+        ("server.ca_file", config.server.egress.ca_file),
+        ("network.client_cert", config.server.egress.client_cert),
+        ("network.client_key", config.server.egress.client_key)) if path and path != "-"}
     if os.path.exists(cfgmod.VENDOR_PATH):
         named["the package's defaults"] = cfgmod.VENDOR_PATH
     try:

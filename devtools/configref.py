@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from agent.config import load as C
+from agent.config import load as C, schema as S
 from agent.commands.core import COMMANDS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -188,12 +188,12 @@ EXAMPLES = {
 HIDDEN_SECTIONS = ("debug",)
 
 
-def keys() -> list[tuple[str, str, C.Key]]:
-    return [(section, key, spec) for section, ks in C.SCHEMA.items() for key, spec in ks.items()]
+def keys() -> list[tuple[str, str, S.Key]]:
+    return [(section, key, spec) for section, ks in S.SCHEMA.items() for key, spec in ks.items()]
 
 
-def unset(spec: C.Key) -> bool:
-    return spec.default is None or spec.default is C.REQUIRED
+def unset(spec: S.Key) -> bool:
+    return spec.default is None or spec.default is S.REQUIRED
 
 
 def toml_value(value) -> str:
@@ -206,18 +206,18 @@ def toml_value(value) -> str:
     return json.dumps(value)   # strings and lists of strings: TOML's basic strings
 
 
-def rule_text(spec: C.Key) -> str:
+def rule_text(spec: S.Key) -> str:
     rule = spec.rule
-    if isinstance(rule, C.Range):
+    if isinstance(rule, S.Range):
         return f"{rule.lo:g} to {rule.hi:g}"
     if isinstance(rule, tuple):
         return " | ".join(rule)
-    if isinstance(rule, C.Text):
+    if isinstance(rule, S.Text):
         return rule.what
     return ""
 
 
-def fleet_text(name: str, spec: C.Key) -> str:
+def fleet_text(name: str, spec: S.Key) -> str:
     if not spec.fleet:
         return "no"
     gate = C.FLEET_GATES.get(name)
@@ -250,7 +250,7 @@ HEADER = """\
 
 def render_toml() -> str:
     out = [HEADER]
-    for section, ks in C.SCHEMA.items():
+    for section, ks in S.SCHEMA.items():
         if section in HIDDEN_SECTIONS:
             continue
         out.append(f"\n[{section}]\n")
@@ -261,7 +261,7 @@ def render_toml() -> str:
             for line in textwrap.wrap(DOCS[name], 84, break_on_hyphens=False):
                 out.append(f"#   {line}\n")
             if unset(spec):
-                what = "required" if spec.default is C.REQUIRED else "unset"
+                what = "required" if spec.default is S.REQUIRED else "unset"
                 out.append(f"# {key} = {toml_value(EXAMPLES[name])}   # {what} by default; "
                            f"an example\n")
             else:
@@ -297,7 +297,7 @@ alone; one a letter away from a real override is refused with the name it was cl
 
 After editing: `edge-agent check-config && systemctl restart edge-agent`.
 """]
-    for section, ks in C.SCHEMA.items():
+    for section, ks in S.SCHEMA.items():
         out.append(f"\n## [{section}]\n\n{SECTIONS[section]}\n\n")
         out.append("| key | default | allowed | fleet | environment | what it does |\n")
         out.append("|---|---|---|---|---|---|\n")
@@ -316,7 +316,7 @@ After editing: `edge-agent check-config && systemctl restart edge-agent`.
 def default_text(spec, shown: str = "{}") -> str:
     """A key's built-in default in words: required, unset, or its TOML value (in
     ``shown``)."""
-    if spec.default is C.REQUIRED:
+    if spec.default is S.REQUIRED:
         return "required"
     if spec.default is None:
         return "unset"
@@ -336,7 +336,7 @@ def render_man() -> str:
                  "defaults; each can be set in the environment as EDGE_AGENT_<SECTION>_<KEY>. "
                  "Bounds, the environment variables and what the fleet may set: "
                  "/usr/share/doc/edge-agent/docs/configure.md.") + "\n"]
-    for section, ks in C.SCHEMA.items():
+    for section, ks in S.SCHEMA.items():
         if section in HIDDEN_SECTIONS:
             continue
         out.append(f".SS [{_roff(section)}]\n")

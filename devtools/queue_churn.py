@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from agent.uploads.schedule import UploadPolicy
+from agent.config.policies import UploadPolicy
 from agent.uploads.sender import UploadSender
 from agent.base.upload_kinds import LOG
 from agent.uploads.store import QueueStore

@@ -34,13 +34,14 @@ def main(argv=None) -> int:
     base = cfgmod.load(args.config, env={})
     runners = []
     for i in range(args.first, args.first + args.count):
-        cfg = dataclasses.replace(base, device_id=f"{args.prefix}{i:04d}", token="t")
+        cfg = dataclasses.replace(base, identity=dataclasses.replace(
+            base.identity, device_id=f"{args.prefix}{i:04d}", token="t"))
         runners.append(LinkRunner(cfg, race=not args.no_race))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     for n, runner in enumerate(runners):
         threading.Thread(target=runner.run, daemon=True,
-                         name=runner.config.device_id).start()
+                         name=runner.config.identity.device_id).start()
         time.sleep(args.ramp_s / max(1, len(runners)))
     stop.wait()
     return 0

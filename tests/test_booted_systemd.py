@@ -624,8 +624,8 @@ def assert_new_defaults_under_the_operators(screen, stable_after_s: str = "30.0"
     where the operator set nothing, the operator's value where they did (as this
     release takes it: ``stable_after_s``)."""
     out = screen.run("python3", "-I", "-c", "from agent.config import load as config; c = config.load(); "
-                     "print(c.stable_after_s, c.origins['link.stable_after_s'], "
-                     "c.idle.probe_after_s, c.origins['link.adapt_probe_after_s'])").stdout
+                     "print(c.link.stable_after_s, c.origins['link.stable_after_s'], "
+                     "c.link.idle.probe_after_s, c.origins['link.adapt_probe_after_s'])").stdout
     # the release's shipped defaults file says "package", the code's own "default"
     assert out.split() == [stable_after_s, "file", "3600.0", "package"], out
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from agent.base.clock import FakeClock
-from agent.uploads.schedule import UploadPolicy
+from agent.config.policies import UploadPolicy
 from agent.uploads.sender import UploadSender
 from agent.uploads.store import QueueStore
 from agent.uploads.worker import UploadWorker

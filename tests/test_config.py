@@ -43,14 +43,14 @@ def write(tmp_path, text):
 
 def test_defaults_and_values(tmp_path):
     cfg = C.load(write(tmp_path, GOOD), env={})
-    assert cfg.liveness.heartbeat_interval_s == 15.0
-    assert cfg.liveness.ack_timeout_s == 5.0
-    assert cfg.liveness.missed_acks == 1
-    assert cfg.liveness.silence_timeout_s is None
-    assert cfg.stable_after_s == 60.0
-    assert cfg.backoff.base_s == 2.0 and cfg.backoff.cap_s == 60.0 and cfg.backoff.jitter == "full"
-    assert cfg.keepalive.idle_s == 10
-    assert cfg.runtime_dir == "/run/edge-agent"
+    assert cfg.link.liveness.heartbeat_interval_s == 15.0
+    assert cfg.link.liveness.ack_timeout_s == 5.0
+    assert cfg.link.liveness.missed_acks == 1
+    assert cfg.link.liveness.silence_timeout_s is None
+    assert cfg.link.stable_after_s == 60.0
+    assert cfg.link.backoff.base_s == 2.0 and cfg.link.backoff.cap_s == 60.0 and cfg.link.backoff.jitter == "full"
+    assert cfg.link.keepalive.idle_s == 10
+    assert cfg.runtime.dir == "/run/edge-agent"
     assert "t0ken" not in repr(cfg)  # never in a log line by accident
 
 
@@ -58,9 +58,9 @@ def test_env_overrides_win(tmp_path):
     env = {"EDGE_AGENT_LINK_BACKOFF_BASE_S": "0.5", "EDGE_AGENT_SERVER_URL": "https://fleet.example:9443",
            "EDGE_AGENT_LINK_MISSED_ACKS": "2", "RUNTIME_DIRECTORY": "/run/edge-agent"}
     cfg = C.load(write(tmp_path, GOOD), env=env)
-    assert cfg.backoff.base_s == 0.5
-    assert cfg.server_url == "https://fleet.example:9443"
-    assert cfg.liveness.missed_acks == 2
+    assert cfg.link.backoff.base_s == 0.5
+    assert cfg.server.url == "https://fleet.example:9443"
+    assert cfg.link.liveness.missed_acks == 2
 
 
 BASE = {"server": {"url": "http://127.0.0.1:8470"},
@@ -128,7 +128,7 @@ def test_missing_required_and_bad_env(tmp_path):
     with pytest.raises(C.ConfigError, match=r"^identity.token: a pre-provisioned token needs"):
         C.load(write(tmp_path, GOOD.replace('device_id = "screen-1"\n', "")), env={})
     enrolling = C.load(write(tmp_path, GOOD.replace('device_id = "screen-1"\ntoken = "t0ken"\n', "")), env={})
-    assert enrolling.device_id is None and enrolling.token is None
+    assert enrolling.identity.device_id is None and enrolling.identity.token is None
     with pytest.raises(C.ConfigError, match=r"^link.ack_timeout_s \(from EDGE_AGENT_LINK_ACK_TIMEOUT_S\)"):
         C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_LINK_ACK_TIMEOUT_S": "soon"})
     with pytest.raises(C.ConfigError, match=r"^EDGE_AGENT_LINK_TYPO: unknown"):
@@ -205,9 +205,9 @@ def test_errors_before_logging_carry_their_priority_to_the_journal(tmp_path):
 def test_a_url_with_credentials_never_reaches_logs_or_the_status_file(tmp_path):
     cfg = C.load(write(tmp_path, GOOD.replace("http://127.0.0.1:8470",
                                               "https://fleet:hunter2@fleet.example.com:8443")), env={})
-    assert cfg.server_url.startswith("https://fleet:hunter2@")   # still used to connect
-    assert cfg.server_display == "https://***@fleet.example.com:8443"
-    assert C.load(write(tmp_path, GOOD), env={}).server_display == "http://127.0.0.1:8470"
+    assert cfg.server.url.startswith("https://fleet:hunter2@")   # still used to connect
+    assert cfg.server.display == "https://***@fleet.example.com:8443"
+    assert C.load(write(tmp_path, GOOD), env={}).server.display == "http://127.0.0.1:8470"
 
 
 def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
@@ -300,7 +300,7 @@ def test_hosts_and_paths_that_are_fine_stay_fine(tmp_path):
     for url in ("https://fleet.example.com", "http://127.0.0.1:8470", "http://[::1]:8470/base",
                 "https://user:p%40ss@xn--bcher-kva.example:443/"):
         cfg = C.load(write(tmp_path, GOOD.replace("http://127.0.0.1:8470", url)), env={})
-        assert cfg.server_url == url.rstrip("/")
+        assert cfg.server.url == url.rstrip("/")
 
 
 def test_every_number_has_bounds_and_every_free_string_a_rule():
@@ -384,14 +384,14 @@ def test_the_package_defaults_are_under_the_operators_file_and_the_environment(t
                       "[log]\nlevel = \"debug\"\n")
     cfg = C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_LINK_MISSED_ACKS": "3"},
                  vendor=str(vendor))
-    assert cfg.liveness.heartbeat_interval_s == 15.0 and cfg.origins["link.heartbeat_interval_s"] == "file"
-    assert cfg.liveness.ack_timeout_s == 3.0 and cfg.origins["link.ack_timeout_s"] == "package"
-    assert cfg.log_level == "debug"
-    assert cfg.liveness.missed_acks == 3 and cfg.origins["link.missed_acks"] == "env"
-    assert C.load(write(tmp_path, GOOD), env={}, vendor=None).liveness.ack_timeout_s == 5.0
+    assert cfg.link.liveness.heartbeat_interval_s == 15.0 and cfg.origins["link.heartbeat_interval_s"] == "file"
+    assert cfg.link.liveness.ack_timeout_s == 3.0 and cfg.origins["link.ack_timeout_s"] == "package"
+    assert cfg.log.level == "debug"
+    assert cfg.link.liveness.missed_acks == 3 and cfg.origins["link.missed_acks"] == "env"
+    assert C.load(write(tmp_path, GOOD), env={}, vendor=None).link.liveness.ack_timeout_s == 5.0
     # absent (a checkout, a screen without the package): the built-in defaults
     assert C.load(write(tmp_path, GOOD), env={}, vendor=str(tmp_path / "none.toml")) \
-        .liveness.ack_timeout_s == 5.0
+        .link.liveness.ack_timeout_s == 5.0
 
 
 @pytest.mark.parametrize("text, expect", [
@@ -483,7 +483,7 @@ count = 200
     assert {k: u for k, _, u in cfg.adjusted} == {
         "link.stable_after_s": 1.0, "link.backoff.base_s": 0.1, "link.backoff.cap_s": 0.1,
         "uploads.cap_s": 7 * 86400.0, "link.keepalive.count": 127, "server.connect_timeout_s": 0.5}
-    assert cfg.keepalive.count == 127 and cfg.backoff.cap_s >= cfg.backoff.base_s
+    assert cfg.link.keepalive.count == 127 and cfg.link.backoff.cap_s >= cfg.link.backoff.base_s
     check = _cli("check-config", "--config", path)
     assert check.returncode == 0, check.stderr
     assert "link.keepalive.count = 200 is over what this release takes: using 127" in check.stdout
@@ -499,7 +499,7 @@ def test_a_number_of_four_hundred_digits_is_a_line_never_an_overflow(tmp_path):
     a rollback."""
     path = write(tmp_path, GOOD)
     cfg = C.load(path, env={"EDGE_AGENT_LINK_MISSED_ACKS": "9" * 400})
-    assert cfg.liveness.missed_acks == 10
+    assert cfg.link.liveness.missed_acks == 10
     assert "a number of 400 digits is over what this release takes: using 10" in \
         C.adjustment_text(*cfg.adjusted[0])
     with pytest.raises(C.ConfigError, match=r"^link.adapt_probe_after_s: must be a finite"):

@@ -7,7 +7,7 @@ from agent.base.clock import FakeClock
 from agent.base import reasons as J
 from agent.base.backoff import BackoffPolicy
 from agent.link.core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport
-from agent.link.liveness import LivenessPolicy
+from agent.config.policies import LivenessPolicy
 
 HB, ACK = 2.0, 1.0
 

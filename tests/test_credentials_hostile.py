@@ -20,7 +20,8 @@ from agent.identity.service import IdentityService
 from agent.link.inbox import Malformed
 from agent.link.profiles import ProfileContext, ScreenTinkerProfile
 from agent.uploads.link_sender import LinkUploadSender
-from agent.uploads.schedule import AUTH, OK, PERMANENT, Outcome, UploadPolicy
+from agent.uploads.schedule import AUTH, OK, PERMANENT, Outcome
+from agent.config.policies import UploadPolicy
 from agent.uploads.sender import UploadSender
 from agent.uploads.store import Item, QueueStore
 from agent.uploads.worker import UploadWorker
@@ -258,7 +259,7 @@ def test_the_shell_on_a_full_card_keeps_the_token_and_writes_it_when_space_retur
     assert not [n for n in os.listdir(state) if n.startswith(".credentials")], "no temp file left"
     os.unlink(filler)
     wait_for(lambda: ids.storage() is None, 10, what="the credentials written")
-    wait_for(lambda: ids._retrier is None, 2, what="no retry thread left once written")
+    wait_for(lambda: ids._retry is None, 2, what="no retry left set once written")
     card.power_cut()   # durably: what a power cut keeps
     assert Credentials(str(state)).load("dev") == "s3cret-token"
     assert oct(os.stat(creds.path).st_mode & 0o777) == "0o600"

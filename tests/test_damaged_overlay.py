@@ -90,7 +90,7 @@ def test_every_damage_is_a_reason_never_an_exception(tmp_path):
         if overlay.current is None and overlay.good is None and problem is None:
             pytest.fail(f"{name}: read as nothing, without a reason")
         cfg = config_mod.load(str(conf), env={}, vendor=None)   # never raises for the overlay
-        assert cfg.server_url, name
+        assert cfg.server.url, name
         s = FleetSettings(str(state), 30.0, boot=lambda: "b")
         s.snapshot({})
         s.unannounced()

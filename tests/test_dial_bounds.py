@@ -34,7 +34,7 @@ def _peer(answer):
 SCRIPT = """
 import sys, time
 from agent.base.egress import Egress
-from agent.link.sockopts import KeepalivePolicy
+from agent.config.policies import KeepalivePolicy
 from agent.link.transport import SocketIOTransport, TransportError
 t = SocketIOTransport(url=sys.argv[1], auth=None, namespace="/", keepalive=KeepalivePolicy(),
                       connect_timeout_s=float(sys.argv[2]), egress=Egress(), generation=1,

@@ -74,15 +74,15 @@ def test_config_takes_the_network_section_first_then_the_environment(tmp_path):
     path = write(tmp_path, GOOD)
     env = {"https_proxy": "http://env.example:3128", "http_proxy": "http://env.example:3128",
            "no_proxy": "*"}
-    from_env = C.load(path, env=env).egress
+    from_env = C.load(path, env=env).server.egress
     assert from_env.proxy.host == "env.example" and from_env.proxy.source.startswith("http_proxy")
     assert from_env.no_proxy == ("*",)
     mine = C.load(path, env={**env, "EDGE_AGENT_NETWORK_PROXY": "http://u:pw@mine.example:8080",
-                             "EDGE_AGENT_NETWORK_NO_PROXY": "10.0.0.0/8"}).egress
+                             "EDGE_AGENT_NETWORK_NO_PROXY": "10.0.0.0/8"}).server.egress
     assert (mine.proxy.host, mine.proxy.user, mine.no_proxy) == ("mine.example", "u", ("10.0.0.0/8",))
     # a proxy set here is not bent by the environment's list
     assert C.load(path, env={**env, "EDGE_AGENT_NETWORK_PROXY": "http://mine.example:1"}) \
-        .egress.no_proxy == ()
+        .server.egress.no_proxy == ()
     with pytest.raises(C.ConfigError, match=r"^https?_proxy \(environment\): only http://"):
         C.load(path, env={"http_proxy": "https://x.example:1"})
 
@@ -92,7 +92,7 @@ def test_a_client_key_others_can_read_is_refused(tmp_path):
     cert, key = _client_certificate(tmp_path)
     path = write(tmp_path, GOOD)
     env = {"EDGE_AGENT_NETWORK_CLIENT_CERT": str(cert), "EDGE_AGENT_NETWORK_CLIENT_KEY": str(key)}
-    assert C.load(path, env=env).egress.client_key == str(key)
+    assert C.load(path, env=env).server.egress.client_key == str(key)
     key.chmod(0o644)
     with pytest.raises(C.ConfigError, match="network.client_key: readable by every user"):
         C.load(path, env=env)

@@ -8,6 +8,7 @@ from datetime import datetime
 
 import pytest
 
+from agent.app import checks
 from agent.config import load as cfgmod
 from agent.hours.rules import Schedule, ScheduleError
 from agent.hours.service import RETRY_S, WorkingHours
@@ -66,10 +67,10 @@ def test_the_configuration_checks_the_zone_and_the_commands_the_hours_need(tmp_p
             ('week = ["mon 09:00"]', "", r"hours.week\[0\]")):
         path.write_text(f"{base}[hours]\n{hours}\n{commands}")
         with pytest.raises(cfgmod.ConfigError, match=why):
-            cfgmod.load(str(path), {})
+            checks.load(str(path), {})
     path.write_text(f'{base}[hours]\nweek = ["mon-fri 08:00-18:00"]\ntimezone = "Europe/Berlin"\n'
                     f'[commands]\ndisplay_on_command = "true"\ndisplay_off_command = "true"\n')
-    assert cfgmod.load(str(path), {}).hours_week == ("mon-fri 08:00-18:00",)
+    assert cfgmod.load(str(path), {}).hours.week == ("mon-fri 08:00-18:00",)
 
 
 class Bench:

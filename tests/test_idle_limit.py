@@ -4,9 +4,10 @@ import random
 
 from agent.base import reasons as J
 from agent.link.core import Abort, Connect, LinkCore, LinkPolicy, SendHeartbeat
-from agent.link.idle_limit import IdleLimit, IdlePolicy
+from agent.link.idle_limit import IdleLimit
+from agent.config.policies import IdlePolicy
 from agent.link.idle_memory import IdleMemory, network_key
-from agent.link.liveness import LivenessPolicy
+from agent.config.policies import LivenessPolicy
 from agent.base.backoff import BackoffPolicy
 
 

@@ -205,3 +205,11 @@ def test_the_reference_server_takes_only_the_wire_contract_from_the_agent():
                 f"which must import nothing of the agent"
                 for target in _imports(name, AGENT[name]) if target.split(".")[0] == "agent"]
     assert not bad, "\n".join(bad)
+
+
+def test_the_shared_names_are_each_parts_own_table():
+    from agent.base import vocabulary
+    from agent.commands.core import COMMANDS
+    from agent.link.profiles import PROFILES
+    assert tuple(COMMANDS) == vocabulary.COMMAND_NAMES
+    assert tuple(PROFILES) == vocabulary.PROFILE_NAMES

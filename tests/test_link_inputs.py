@@ -189,7 +189,7 @@ def test_a_handshake_that_opens_with_a_40_mb_frame_is_refused_unread(
     server.start()
     script = ("import sys\n"
               "from agent.base.egress import Egress\n"
-              "from agent.link.sockopts import KeepalivePolicy\n"
+              "from agent.config.policies import KeepalivePolicy\n"
               "from agent.link.transport import SocketIOTransport, TransportError\n"
               "t = SocketIOTransport(url=sys.argv[1], auth=None, namespace='/',\n"
               "    keepalive=KeepalivePolicy(), connect_timeout_s=10, egress=Egress(),\n"
@@ -343,7 +343,7 @@ WAITING_HANDLER = r"""
 import json, sys, threading, time
 from agent.base.egress import Egress
 from agent.link import protocol
-from agent.link.sockopts import KeepalivePolicy
+from agent.config.policies import KeepalivePolicy
 from agent.link.transport import SocketIOTransport
 handled = []
 def slow_command(_t, data=None, *_):

@@ -1,4 +1,5 @@
-from agent.link.liveness import ACK_TIMEOUT, SILENCE, LivenessPolicy, LivenessWatchdog
+from agent.link.liveness import ACK_TIMEOUT, SILENCE, LivenessWatchdog
+from agent.config.policies import LivenessPolicy
 
 POLICY = LivenessPolicy(heartbeat_interval_s=15, ack_timeout_s=5, missed_acks=1)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.base.fsutil import atomic_write
-from agent.uploads.schedule import UploadPolicy
+from agent.config.policies import UploadPolicy
 from agent.uploads.store import QueueStore, QueueUnsafe
 
 REPO = Path(__file__).resolve().parent.parent

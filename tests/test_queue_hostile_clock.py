@@ -7,7 +7,8 @@ import os
 import pytest
 
 from agent.base.clock import FakeClock
-from agent.uploads.schedule import UploadPolicy, expired
+from agent.uploads.schedule import expired
+from agent.config.policies import UploadPolicy
 from agent.uploads.store import QueueStore
 
 DAY = 86400.0

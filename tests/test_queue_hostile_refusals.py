@@ -10,7 +10,7 @@ import uuid
 import zlib
 from pathlib import Path
 
-from agent.uploads.schedule import UploadPolicy
+from agent.config.policies import UploadPolicy
 from agent.uploads.store import QueueStore
 from devtools.card import SdCard
 

@@ -53,7 +53,7 @@ def test_a_revision_malformed_in_any_field_is_refused_naming_it():
 def test_the_fleets_values_obey_the_files_rules_and_the_environment_still_wins(tmp_path):
     path = base_file(tmp_path)
     c = cfgmod.load(path, {}, fleet={"log.level": "debug", "link.backoff.cap_s": 30})
-    assert c.log_level == "debug" and c.backoff.cap_s == 30
+    assert c.log.level == "debug" and c.link.backoff.cap_s == 30
     assert c.origins["log.level"] == "fleet" and c.origins["link.heartbeat_interval_s"] == "file"
     assert c.origins["link.ack_timeout_s"] == "default"
     for values, why in (({"log.level": "loud"}, r"log.level \(from the fleet\): must be one of"),
@@ -67,11 +67,11 @@ def test_the_fleets_values_obey_the_files_rules_and_the_environment_still_wins(t
         with pytest.raises(cfgmod.ConfigError, match=why):
             cfgmod.load(path, {}, fleet=values)
     managed = base_file(tmp_path, "[fleet]\nmanage_commands_allow = true\nmanage_server_url = true\n")
-    assert "reboot" in cfgmod.load(managed, {}, fleet={"commands.allow": ["reboot"]}).commands_allow
+    assert "reboot" in cfgmod.load(managed, {}, fleet={"commands.allow": ["reboot"]}).commands.allow
     with pytest.raises(cfgmod.ConfigError, match="server.url: must be an http"):
         cfgmod.load(managed, {}, fleet={"server.url": "file:///etc/shadow"})
     env = cfgmod.load(path, {"EDGE_AGENT_LOG_LEVEL": "warning"}, fleet={"log.level": "debug"})
-    assert env.log_level == "warning" and env.origins["log.level"] == "env"
+    assert env.log.level == "warning" and env.origins["log.level"] == "env"
     with pytest.raises(cfgmod.ConfigError, match="log.level \\(from the fleet\\): must be one of"):
         cfgmod.load(path, {"EDGE_AGENT_LOG_LEVEL": "warning"}, fleet={"log.level": "☃" * 9})
 
@@ -87,10 +87,10 @@ def test_the_overlay_on_disk_applies_and_a_damaged_one_leaves_the_file_alone(tmp
           {"log.level": revision_rules.Expiry(boot_id(), time.monotonic() + 600),
            "link.stable_after_s": revision_rules.Expiry(boot_id(), time.monotonic() - 1)})
     c = cfgmod.load(path, {})
-    assert c.fleet_revision == 4 and c.log_level == "debug" and c.origins["log.level"] == "fleet"
-    assert c.stable_after_s == 60.0   # its time is over
+    assert c.fleet_revision == 4 and c.log.level == "debug" and c.origins["log.level"] == "fleet"
+    assert c.link.stable_after_s == 60.0   # its time is over
     stage(tmp_path, {"log.level": "debug"}, {"log.level": revision_rules.Expiry("another-boot", 1e12)})
-    assert cfgmod.load(path, {}).log_level == "info"   # a reboot ends what expires
+    assert cfgmod.load(path, {}).log.level == "info"   # a reboot ends what expires
     stage(tmp_path, {"link.ack_timeout_s": 50})   # the file changed under it, or tampering
     c = cfgmod.load(path, {})
     assert c.fleet_revision is None and "revision 4 not applied: link.ack_timeout_s" in c.fleet_problem
@@ -99,13 +99,13 @@ def test_the_overlay_on_disk_applies_and_a_damaged_one_leaves_the_file_alone(tmp
                    b"x" * (overlay_file.MAX_BYTES + 1)):
         overlay.write_bytes(damage)
         c = cfgmod.load(path, {})
-        assert c.fleet_revision is None and c.fleet_problem and c.log_level == "info"
+        assert c.fleet_revision is None and c.fleet_problem and c.log.level == "info"
     overlay.unlink()
     (tmp_path / "elsewhere.json").write_text(json.dumps(overlay_file.Overlay(
         overlay_file.Revision(9, {"log.level": "debug"}), None, None).to_dict()))
     overlay.symlink_to(tmp_path / "elsewhere.json")   # never followed, root reads this too
     c = cfgmod.load(path, {})
-    assert c.log_level == "info" and "Too many levels of symbolic links" in c.fleet_problem
+    assert c.log.level == "info" and "Too many levels of symbolic links" in c.fleet_problem
 
 
 class Clocked:

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from agent.base.clock import FakeClock
-from agent.uploads.schedule import AUTH, OK, PERMANENT, SLOW_DOWN, TRANSIENT, UNAVAILABLE, UNREACHABLE, Outcome, UploadPolicy, UploadScheduler, classify, parse_retry_after
+from agent.uploads.schedule import AUTH, OK, PERMANENT, SLOW_DOWN, TRANSIENT, UNAVAILABLE, UNREACHABLE, Outcome, UploadScheduler, classify, parse_retry_after
+from agent.config.policies import UploadPolicy
 from agent.uploads.store import Duplicate, QueueStore
 from agent.uploads.worker import UploadWorker
 from devtools.harness import TurnRecorder
@@ -520,7 +521,7 @@ def test_status_counts_what_another_process_queued_during_a_503_hold(store):
     worker._work_once()
     assert worker.scheduler.hold_reason == SLOW_DOWN and published[-1] == 1
     code = ("import sys; from agent.uploads.store import QueueStore; "
-            "from agent.uploads.schedule import UploadPolicy; "
+            "from agent.config.policies import UploadPolicy; "
             "s = QueueStore(sys.argv[1], UploadPolicy()); "
             "[s.add('log', b'from another process %d' % i) for i in range(2)]")
     subprocess.run([sys.executable, "-c", code, store.path], check=True, timeout=30,

@@ -10,11 +10,12 @@ import time
 from .. import __version__
 from ..config import load as config_mod
 from ..inventory import collect as inventory
-from . import status
+from . import checks, status
 from ..base.boot import first_start_of_boot
 from ..commands.actions import Actions, NotQueued, Outcome
 from ..commands.service import CommandService
-from ..config.load import Config, ConfigError
+from ..config.model import Config
+from ..config.schema import ConfigError
 from ..events.model import Event
 from ..events.outbox import Outbox
 from ..events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, TelemetrySource
@@ -62,7 +63,7 @@ class Agent:
     def __init__(self, config: Config, environ=None, settings: FleetSettings | None = None):
         self.config = config
         self.environ = os.environ if environ is None else environ
-        self.settings = settings or FleetSettings(config.state_dir, config.fleet_proof_timeout_s)
+        self.settings = settings or FleetSettings(config.identity.state_dir, config.fleet.proof_timeout_s)
         self._timers: list[threading.Timer] = []
         self.notifier = Notifier(self.environ)
         # the reconnect schedule and the outage's restarts, both across restarts
@@ -70,52 +71,52 @@ class Agent:
         period = watchdog_period_s(self.environ)
         patience = (OutagePatience(period, self.schedule.outage_restarts(), time.monotonic())
                     if period is not None else None)
-        self.gate = WatchdogGate(require_link=config.watchdog_require_link, patience=patience)
+        self.gate = WatchdogGate(require_link=config.watchdog.require_link, patience=patience)
         # Every part that needs the state directory reports here when it cannot use it,
         # and the rest runs: the link needs no disk.
-        self.storage = StorageHealth(config.state_dir)
+        self.storage = StorageHealth(config.identity.state_dir)
         self._storage_events: list | None = []   # until run(): the link publishes first
-        self.credentials = Credentials(config.state_dir)
-        self.profile_pairs = PROFILES[config.profile].pairs_in_link
+        self.credentials = Credentials(config.identity.state_dir)
+        self.profile_pairs = PROFILES[config.server.profile].pairs_in_link
         self.ids = IdentityService.load(
-            config.device_id or self._local_device_id(), self.credentials,
-            config.token, config.device_id is not None, self.profile_pairs)
+            config.identity.device_id or self._local_device_id(), self.credentials,
+            config.identity.token, config.identity.device_id is not None, self.profile_pairs)
         self.preprovisioned = self.ids.preprovisioned
         self.enroller = None
         if not self.preprovisioned and not self.profile_pairs:
             self.enroller = Enroller(
-                config.server_url, self.device_id, config.runtime_dir,
-                config.egress, on_paired=self.ids.enrolled,
+                config.server.url, self.device_id, config.runtime.dir,
+                config.server.egress, on_paired=self.ids.enrolled,
                 on_change=self._refresh_status,
-                show_on_console=config.show_code_on_console, gate=self.gate,
+                show_on_console=config.identity.show_code_on_console, gate=self.gate,
                 paired_with=self.token)
         # a code made inside the link (ScreenTinker) is shown where the enroller shows
         # its own: the file and the journal, as well as status
         self.code_board = (pairing_code.Board(
-            config.runtime_dir, PROFILES[config.profile].CLAIM_WHERE,
-            PROFILES[config.profile].CODE_EXPIRY)
+            config.runtime.dir, PROFILES[config.server.profile].CLAIM_WHERE,
+            PROFILES[config.server.profile].CODE_EXPIRY)
             if self.profile_pairs and not self.preprovisioned else None)
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh_status)
-        self._telemetry = TelemetrySource(config.state_dir, config.debug_sysfs_root or "/sys")
+        self._telemetry = TelemetrySource(config.identity.state_dir, config.debug.sysfs_root or "/sys")
         self._telemetry_due = 0.0
-        self.profile = PROFILES[config.profile](ProfileContext(
+        self.profile = PROFILES[config.server.profile](ProfileContext(
             device_id=self.ids.device_id, token=self.ids.token,
             on_token=self.ids.registered, on_unpaired=self.ids.unpaired_by_server,
             facts=hardware_facts, pairing_code=self.ids.pairing_code,
             claimed=self.ids.claimed, on_claimed=self.ids.claimed_as,
             telemetry=self._profile_telemetry,
-            allowed_commands=config.commands_allow,
-            cold_start=first_start_of_boot(config.runtime_dir)))
-        self.updater = Updater(config.server_url, config.egress, config.state_dir,
-                               config.connect_timeout_s, settled=self._update_settled)
+            allowed_commands=config.commands.allow,
+            cold_start=first_start_of_boot(config.runtime.dir)))
+        self.updater = Updater(config.server.url, config.server.egress, config.identity.state_dir,
+                               config.server.connect_timeout_s, settled=self._update_settled)
         self.commands = CommandService(
-            config.commands_path, config.commands_allow,
+            config.commands_path, config.commands.allow,
             Actions(config, snapshot=self._status_now, link_socket=self._link_socket,
                     request_restart=self._restart_requested, enqueue=self._enqueue,
                     updater=self.updater, configure=self._configure,
                     undeliverable=lambda kind: uncarried(self.profile, kind)),
             on_finished=self._command_finished,
-            runtime_dir=config.runtime_dir, ids_ours=self.profile_pairs,
+            runtime_dir=config.runtime.dir, ids_ours=self.profile_pairs,
             on_storage_error=self._ledger_write_failed)
         self.runner = LinkRunner(config, on_status=self._on_link_status, outbox=self.outbox,
                                  profile=self.profile,
@@ -123,7 +124,7 @@ class Agent:
                                  on_link_up=self._link_up, on_refused=self.ids.refused,
                                  identity=self.identity,
                                  schedule_store=self.schedule,
-                                 idle_memory=IdleMemory(config.state_dir),
+                                 idle_memory=IdleMemory(config.identity.state_dir),
                                  commands=self.commands,
                                  paused=self.token is None and not self.profile.pairs_in_link)
         try:
@@ -136,23 +137,23 @@ class Agent:
             on_change=self._refresh_status, on_storage_failed=self._queue_failed)
         self.ids.hooks = self._identity_hooks()
         self.hours = None
-        if config.hours_week:
+        if config.hours.week:
             self.hours = WorkingHours(
-                Schedule.parse(list(config.hours_week), list(config.hours_exceptions)),
-                config.hours_timezone, config.display_on_command, config.display_off_command,
-                config.command_timeout_s, trust_clock=config.hours_clock == "trusted",
+                Schedule.parse(list(config.hours.week), list(config.hours.exceptions)),
+                config.hours.timezone, config.commands.display_on_command, config.commands.display_off_command,
+                config.commands.timeout_s, trust_clock=config.hours.clock == "trusted",
                 on_fault=lambda d: self.outbox.put(Event("display.fault", time.time(), d)),
                 on_change=lambda d: self.outbox.put(Event("display.scheduled", time.time(), d)),
-                sysfs_root=config.debug_sysfs_root or "/sys")
+                sysfs_root=config.debug.sysfs_root or "/sys")
         self.events = None
-        if config.events_enabled:
+        if config.events.enabled:
             self.events = EventWatcher(
                 self.outbox, on_network_up=self._network_up, gate=self.gate,
-                sysfs=SysfsState(config.debug_sysfs_root or "/sys"),
-                settle_s=config.events_settle_s,
-                fallback_interval_s=config.events_fallback_interval_s,
-                udev_source=config.events_udev_source,
-                telemetry_every_s=config.telemetry_every_s,
+                sysfs=SysfsState(config.debug.sysfs_root or "/sys"),
+                settle_s=config.events.settle_s,
+                fallback_interval_s=config.events.fallback_interval_s,
+                udev_source=config.events.udev_source,
+                telemetry_every_s=config.events.telemetry_every_s,
                 scheduled_off=self.hours.expected_off if self.hours else lambda: False)
         self._inventory_digest: str | None = None
         self._inventory_summary: dict = {}
@@ -167,10 +168,10 @@ class Agent:
     # -- storage ----------------------------------------------------------------
     def _local_device_id(self) -> str:
         try:
-            return device.load_or_create(self.config.state_dir)
+            return device.load_or_create(self.config.identity.state_dir)
         except OSError as e:
             # derived again the same way at the next start (from machine-id and serial)
-            self._storage_unavailable("device id", os.path.join(self.config.state_dir, "device_id"),
+            self._storage_unavailable("device id", os.path.join(self.config.identity.state_dir, "device_id"),
                                       e, "derived for this run only")
             return device.derive()
 
@@ -235,7 +236,7 @@ class Agent:
 
         def read() -> None:
             try:
-                inv = inventory.collect(sysfs_root=self.config.debug_sysfs_root or "/sys")
+                inv = inventory.collect(sysfs_root=self.config.debug.sysfs_root or "/sys")
                 self._inventory_summary = inventory.summary(inv)
                 digest = inventory.digest(inv)
                 if digest != self._inventory_digest:
@@ -264,7 +265,7 @@ class Agent:
         and applied by a restart (agent/settings/service.py)."""
         def check(values: dict) -> None:
             try:
-                config_mod.load(self.config.source, self.environ, fleet=values)
+                checks.load(self.config.source, self.environ, fleet=values)
             except ConfigError as e:
                 raise ValueError(str(e)) from None
         try:
@@ -308,7 +309,7 @@ class Agent:
         try:
             return step()
         except OSError as e:
-            log.error("cannot write the fleet settings in %s: %s", self.config.state_dir,
+            log.error("cannot write the fleet settings in %s: %s", self.config.identity.state_dir,
                       e.strerror)
             return None
 
@@ -342,7 +343,7 @@ class Agent:
     def _upload_sender(self):
         if self.profile.link_upload_kinds:
             return LinkUploadSender(self.runner, self.profile)
-        return UploadSender(self.config.server_url, self.identity, self.config.egress)
+        return UploadSender(self.config.server.url, self.identity, self.config.server.egress)
 
     def _outbox_put(self) -> None:
         self.runner.events_queued()
@@ -450,7 +451,7 @@ class Agent:
 
     def _status_doc(self, link: dict) -> dict:
         return status.document(
-            device_id=self.device_id, pairing=self._pairing(), server=self.config.server_display,
+            device_id=self.device_id, pairing=self._pairing(), server=self.config.server.display,
             link=link, storage=self.storage.snapshot(), credentials=self.ids.storage(),
             uploads=self.uploads.snapshot(),
             events={"mode": self.events.mode if self.events else "disabled",
@@ -492,7 +493,7 @@ class Agent:
         # `edge-agent unpair` / `enroll` ask for a fresh pairing
         signal.signal(signal.SIGUSR2, lambda *_: self.ids.revoked())
         log.info("edge-agent %s starting: device %s, server %s, %s", __version__,
-                 self.device_id, self.config.server_display,
+                 self.device_id, self.config.server.display,
                  "pre-provisioned token" if self.preprovisioned else
                  "paired" if self.token else "not paired yet")
         self.runner.begin()   # the link's first state, before the threads that write status
@@ -532,7 +533,7 @@ class Agent:
             log.info("systemd watchdog armed: %.0fs, pets every %.1fs while %s", period,
                      petter.interval_s, "the link is proven live" if self.gate.require_link
                      else "the agent's loops make progress")
-            heal_s = heal_window_s(self.config.liveness)
+            heal_s = heal_window_s(self.config.link.liveness)
             if self.gate.require_link and period < heal_s:
                 log.warning("WatchdogSec=%gs is shorter than the link goes unproven while it "
                             "heals one silent drop by itself (%gs: two heartbeats plus the ACK "

@@ -38,10 +38,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..base.vocabulary import MAX_COMMAND_ID
 from ..config.revision import revision_args
 from ..update.rules import order_args
 
-MAX_ID = 64
+MAX_ID = MAX_COMMAND_ID
 MAX_ENTRIES = 128        # ids remembered one by one; older ones are behind the horizon
 MAX_PENDING = 8          # queued or running at once
 BURST = 10               # commands admitted at once...

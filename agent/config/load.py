@@ -22,24 +22,17 @@ import shlex
 import ssl
 import time
 import tomllib
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..base.identifiers import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
-from ..base.backoff import JITTER_MODES, BackoffPolicy
 from ..base.boot import boot_id
-from ..commands.core import COMMANDS
 from ..base.egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
-from ..hours.rules import Schedule, ScheduleError
-from ..link.idle_limit import IdlePolicy
-from ..link.liveness import LivenessPolicy
-from ..link.profiles import PROFILES
-from ..link.sockopts import KeepalivePolicy
-from . import revision as fleet_rules
-from . import overlay as fleet_store
-from ..uploads.schedule import UploadPolicy
+from ..base.identifiers import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
+from ..base.vocabulary import COMMAND_NAMES
+from . import overlay as fleet_store, revision as fleet_rules
+from .model import POLICIES, SECTIONS, Config
+from .schema import REQUIRED, SCHEMA, ConfigError, ConfigMissing, Key, Range, _shown, shown_number
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
 # the package's defaults, under whichever file the operator's is: the systemd layout
@@ -48,324 +41,10 @@ VENDOR_PATH = "/usr/lib/edge-agent/agent.toml"
 ENV_PREFIX = "EDGE_AGENT_"
 
 
-class ConfigError(Exception):
-    """A one-line, user-facing description of what is wrong and where."""
-
-
-class ConfigMissing(ConfigError):
-    """A required key is not set anywhere: the device is not configured yet."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
-
-
-# -- schema -------------------------------------------------------------------
-# Every key is declared here and only here: its type, its default, the rule it must
-# obey, and where it lands in Config ("uploads.base_s" is Config.uploads.base_s). A
-# default that a policy object already has is taken from it, not written twice.
-# Every number has a lower and an upper bound: a value that the TOML parser accepts
-# but the kernel or the link cannot (a keepalive idle time past TCP_KEEPIDLE's range,
-# a 1 ms heartbeat, a 1e308 s one) is refused here, where check-config sees it, and
-# never reaches a socket option or a timer in a running thread.
-REQUIRED = object()
-LOG_LEVELS = ("debug", "info", "warning", "error")
-DAY = 86400.0
-
-
-@dataclass(frozen=True)
-class Range:
-    """Inclusive bounds for a number; the reason for them is in the SCHEMA entry."""
-    lo: float
-    hi: float
-
-    def check(self, name: str, v) -> None:
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ConfigError(f"{name}: must be a finite number")
-        if not self.lo <= v <= self.hi:
-            raise ConfigError(f"{name}: must be between {self.lo:g} and {self.hi:g}, "
-                              f"got {shown_number(v)}")
-
-
-def shown_number(v) -> str:
-    """A number as an error says it: an integer of 400 digits has no float to show."""
-    if isinstance(v, int) and abs(v) >= 10 ** 15:
-        return f"a number of {len(str(abs(v)))} digits"
-    return f"{v:g}"
-
-
-@dataclass(frozen=True)
-class Text:
-    """What a string may hold: printable ASCII within a length, matching ``pattern``."""
-    what: str
-    pattern: re.Pattern
-    max_len: int = 4096
-
-    def check(self, name: str, v: str) -> None:
-        if not v or len(v) > self.max_len or not self.pattern.fullmatch(v):
-            raise ConfigError(f"{name}: must be {self.what}, got {_shown(v)}")
-
-
-# An absolute path: no control characters, no empty components (one reading of a
-# segment each, so a long bad value cannot make the match backtrack).
-ABS_PATH = Text("an absolute path (/...)", re.compile(r"(?:/[^\x00-\x1f\x7f/]+)+/?|/"), 1024)
-# Run through shlex.split, never a shell: one line of printable characters.
-COMMAND_LINE = Text("one line of printable characters", re.compile(r"[^\x00-\x1f\x7f]+"))
-TIME_ZONE = Text("an IANA time zone such as Europe/Berlin",
-                 re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9][A-Za-z0-9_+-]*){0,2}"), 64)
-
-
-def _shown(v: str) -> str:
-    return repr(v if len(v) <= 60 else v[:57] + "...")
-
-
-@dataclass(frozen=True)
-class Key:
-    type: type
-    default: Any
-    into: str
-    rule: Range | Text | tuple | None = None   # bounds, a string rule, or the allowed values
-    fleet: bool = False    # the fleet server may set it (agent/settings/, docs/PROTOCOL.md)
-
-
-SCHEMA: dict[str, dict[str, Key]] = {
-    "server": {
-        "url": Key(str, REQUIRED, "server_url", fleet=True),     # its own rule: _check_url
-        # the site's CA (a TLS-inspecting box), for every TLS connection the agent makes
-        "ca_file": Key(str, None, "egress.ca_file", ABS_PATH),
-        "profile": Key(str, "edge-agent", "profile", tuple(PROFILES)),
-        # a cellular link needs seconds; minutes only hide a dead server
-        "connect_timeout_s": Key(float, 10.0, "connect_timeout_s", Range(0.5, 300), fleet=True),
-    },
-    "network": {
-        # The way out of a site that allows no other: http://[user:password@]host:port
-        # (HTTP CONNECT, Basic authentication). Unset: the environment's https_proxy
-        # (or http_proxy for an http:// server), which a systemd service only has if
-        # its unit sets it. Its own check (egress.parse_proxy): the value may hold a
-        # password, which no error message may show.
-        "proxy": Key(str, None, "egress.proxy"),
-        # hosts that go direct (egress.bypasses); unset: none if proxy is set here, else
-        # the environment's no_proxy
-        "no_proxy": Key(str, None, "egress.no_proxy"),
-        # mutual TLS: a certificate (PEM, with its key unless client_key is given)
-        "client_cert": Key(str, None, "egress.client_cert", ABS_PATH),
-        "client_key": Key(str, None, "egress.client_key", ABS_PATH),
-    },
-    "identity": {
-        # Both optional: without a device_id one is derived and kept in state_dir;
-        # without a token the agent enrolls and shows a pairing code.
-        "device_id": Key(str, None, "device_id"),
-        "token": Key(str, None, "token"),
-        "state_dir": Key(str, "/var/lib/edge-agent", "state_dir", ABS_PATH),
-        "show_code_on_console": Key(bool, False, "show_code_on_console"),
-    },
-    "runtime": {
-        # systemd's RuntimeDirectory= sets $RUNTIME_DIRECTORY; tmpfs, never the SD card.
-        "dir": Key(str, None, "runtime_dir", ABS_PATH),
-    },
-    "link": {
-        # below a second the heartbeats are the load (and the ACK cannot come back in
-        # time over a slow link); above an hour no middlebox keeps the flow open
-        "heartbeat_interval_s": Key(float, LivenessPolicy.heartbeat_interval_s,
-                                    "liveness.heartbeat_interval_s", Range(1, 3600), fleet=True),
-        "ack_timeout_s": Key(float, LivenessPolicy.ack_timeout_s, "liveness.ack_timeout_s",
-                             Range(0.1, 600), fleet=True),
-        "missed_acks": Key(int, LivenessPolicy.missed_acks, "liveness.missed_acks", Range(1, 10), fleet=True),
-        "silence_timeout_s": Key(float, LivenessPolicy.silence_timeout_s,
-                                 "liveness.silence_timeout_s", Range(1, 7200), fleet=True),
-        "stable_after_s": Key(float, 60.0, "stable_after_s", Range(1, DAY), fleet=True),
-        "wake_min_interval_s": Key(float, 5.0, "wake_min_interval_s", Range(0, 3600)),
-        # learn a site's idle limit from the connections it reaps, heartbeat under it
-        # (link/idle_limit.py), and step back up after this long without a reap
-        "adapt_heartbeat": Key(bool, IdlePolicy.enabled, "idle.enabled", fleet=True),
-        "adapt_probe_after_s": Key(float, IdlePolicy.probe_after_s, "idle.probe_after_s",
-                                   Range(10, 7 * DAY)),
-    },
-    "link.backoff": {
-        "base_s": Key(float, BackoffPolicy.base_s, "backoff.base_s", Range(0.1, 3600), fleet=True),
-        # a screen that waits more than an hour between tries is a screen nobody can reach
-        "cap_s": Key(float, BackoffPolicy.cap_s, "backoff.cap_s", Range(0.1, 3600), fleet=True),
-        "jitter": Key(str, BackoffPolicy.jitter, "backoff.jitter", JITTER_MODES, fleet=True),
-    },
-    "link.keepalive": {
-        # Linux's own limits: TCP_KEEPIDLE and TCP_KEEPINTVL <= 32767 s, TCP_KEEPCNT <= 127
-        "idle_s": Key(int, KeepalivePolicy.idle_s, "keepalive.idle_s", Range(1, 32767), fleet=True),
-        "interval_s": Key(int, KeepalivePolicy.interval_s, "keepalive.interval_s",
-                          Range(1, 32767), fleet=True),
-        "count": Key(int, KeepalivePolicy.count, "keepalive.count", Range(1, 127), fleet=True),
-        "user_timeout_s": Key(float, KeepalivePolicy.user_timeout_s, "keepalive.user_timeout_s",
-                              Range(1, 3600), fleet=True),
-    },
-    "uploads": {
-        "base_s": Key(float, UploadPolicy.base_s, "uploads.base_s", Range(0.1, DAY), fleet=True),
-        "cap_s": Key(float, UploadPolicy.cap_s, "uploads.cap_s", Range(0.1, 7 * DAY), fleet=True),
-        "max_items": Key(int, UploadPolicy.max_items, "uploads.max_items", Range(1, 1_000_000)),
-        "max_bytes": Key(int, UploadPolicy.max_bytes, "uploads.max_bytes", Range(1, 1 << 40)),
-        "max_age_days": Key(float, UploadPolicy.max_age_days, "uploads.max_age_days",
-                            Range(0.001, 3650)),   # not the fleet's: it would drop what is queued
-        "dedupe_window_s": Key(float, UploadPolicy.dedupe_window_s, "uploads.dedupe_window_s",
-                               Range(0, 30 * DAY)),
-    },
-    "events": {
-        "enabled": Key(bool, True, "events_enabled"),
-        # one event per kind per settle window
-        "settle_s": Key(float, 2.0, "events_settle_s", Range(0.05, 3600)),
-        # sysfs reads when netlink is unavailable
-        "fallback_interval_s": Key(float, 60.0, "events_fallback_interval_s", Range(0.1, DAY)),
-        "udev_source": Key(str, "auto", "events_udev_source", ("auto", "udev", "kernel")),
-        "telemetry_every_s": Key(float, 300.0, "telemetry_every_s", Range(1, DAY), fleet=True),
-    },
-    "watchdog": {
-        # Pet systemd's watchdog only while the link is proven live (docs/operate.md).
-        "require_link": Key(bool, True, "watchdog_require_link"),
-    },
-    "commands": {
-        # What the fleet server may ask of this screen (docs/PROTOCOL.md, remote
-        # operations). reboot, restart-agent, display and screenshot are opt-in.
-        "allow": Key(list, ["diagnostics", "logs"], "commands_allow", fleet=True),
-        # prints a JPEG or PNG, e.g. "grim -t jpeg -"
-        "screenshot_command": Key(str, None, "screenshot_command", COMMAND_LINE),
-        # e.g. "wlr-randr --output HDMI-A-1 --on"
-        "display_on_command": Key(str, None, "display_on_command", COMMAND_LINE),
-        "display_off_command": Key(str, None, "display_off_command", COMMAND_LINE),
-        "timeout_s": Key(float, 60.0, "command_timeout_s", Range(0.1, 3600)),
-    },
-    "hours": {
-        # Working hours (agent/hours/rules.py): ["mon-fri 08:00-18:00", "sat 10:00-14:00"];
-        # days not listed are off; empty: no schedule. Run through [commands]
-        # display_on_command / display_off_command, which they need.
-        "week": Key(list, [], "hours_week", fleet=True),
-        "exceptions": Key(list, [], "hours_exceptions", fleet=True),   # ["2026-12-25 off"]
-        # an IANA zone (Europe/Berlin); unset: the system's local time
-        "timezone": Key(str, None, "hours_timezone", TIME_ZONE, fleet=True),
-        # synchronised: act only once NTP set the clock; trusted: a board with an RTC
-        "clock": Key(str, "synchronised", "hours_clock", ("synchronised", "trusted"),
-                     fleet=True),
-    },
-    "update": {
-        # after a self-update, how long the new agent has to prove its link live before
-        # the root side reinstalls the version it replaced (agent/update/rules.py)
-        "proof_timeout_s": Key(float, 180.0, "update_proof_timeout_s", Range(10, 3600)),
-        # an older version than the installed one: off, so that whoever holds the fleet
-        # server cannot bring back an old signed release with a known hole
-        "allow_downgrade": Key(bool, False, "update_allow_downgrade"),
-    },
-    "fleet": {
-        # after settings from the fleet are applied, how long the link has to prove
-        # itself live with them before the last good revision comes back
-        "proof_timeout_s": Key(float, 120.0, "fleet_proof_timeout_s", Range(10, 3600)),
-        # [commands] allow and the server's URL are the operator's: the fleet may set
-        # them only when these say so (a URL from the fleet takes the token elsewhere)
-        "manage_commands_allow": Key(bool, False, "fleet_manage_commands_allow"),
-        "manage_server_url": Key(bool, False, "fleet_manage_server_url"),
-    },
-    "log": {
-        "level": Key(str, "info", "log_level", LOG_LEVELS, fleet=True),
-    },
-    "debug": {
-        # Test hook: the link thread wedges itself this long after start.
-        "stall_link_after_s": Key(float, None, "debug_stall_link_after_s", Range(0, DAY)),
-        # Test hook: the link loop's longest wait (link/runner.py MAX_WAIT_S, 30 s), which
-        # a stalled loop's detection waits out.
-        "link_max_wait_s": Key(float, None, "debug_link_max_wait_s", Range(0.5, 60)),
-        # Test hook: read display/power/network state from this tree instead of /sys.
-        "sysfs_root": Key(str, None, "debug_sysfs_root", ABS_PATH),
-    },
-}
-# The policy objects Config holds; keys land in them by the prefix of ``into``.
-POLICIES = {"liveness": LivenessPolicy, "backoff": BackoffPolicy, "keepalive": KeepalivePolicy,
-            "uploads": UploadPolicy, "egress": Egress, "idle": IdlePolicy}
-
-
-@dataclass(frozen=True)
-class Config:
-    """What load() validated; SCHEMA says where each field comes from and its default."""
-    server_url: str
-    egress: Egress
-    profile: str
-    connect_timeout_s: float
-    device_id: str | None
-    token: str | None = field(repr=False)
-    state_dir: str
-    show_code_on_console: bool
-    runtime_dir: str
-    liveness: LivenessPolicy
-    backoff: BackoffPolicy
-    keepalive: KeepalivePolicy
-    idle: IdlePolicy
-    stable_after_s: float
-    wake_min_interval_s: float
-    uploads: UploadPolicy
-    events_enabled: bool
-    events_settle_s: float
-    events_fallback_interval_s: float
-    events_udev_source: str
-    telemetry_every_s: float
-    watchdog_require_link: bool
-    commands_allow: frozenset
-    screenshot_command: str | None
-    display_on_command: str | None
-    display_off_command: str | None
-    command_timeout_s: float
-    update_proof_timeout_s: float
-    update_allow_downgrade: bool
-    log_level: str
-    debug_stall_link_after_s: float | None
-    debug_link_max_wait_s: float | None
-    debug_sysfs_root: str | None
-    hours_week: tuple = ()
-    hours_exceptions: tuple = ()
-    hours_timezone: str | None = None
-    hours_clock: str = "synchronised"
-    fleet_proof_timeout_s: float = 120.0
-    fleet_manage_commands_allow: bool = False
-    fleet_manage_server_url: bool = False
-    source: str = ""
-    # where each key's value came from: default (SCHEMA), package (the package's file),
-    # file (the operator's), fleet or env; ORIGINS says each in words
-    origins: dict = field(default_factory=dict, compare=False, repr=False)
-    fleet_revision: int | None = None      # the fleet's revision in force, if any
-    fleet_problem: str | None = None       # why the overlay in the state directory was not used
-    # numbers an earlier release took, moved to today's bounds: ((key, given, used), ...)
-    adjusted: tuple = field(default=(), compare=False)
-
-    @property
-    def server_display(self) -> str:
-        """The server URL for logs and the world-readable status file: without any
-        user:password a URL may carry."""
-        return redact_url(self.server_url)
-
-    @property
-    def status_path(self) -> str:
-        return os.path.join(self.runtime_dir, "status.json")
-
-    @property
-    def commands_path(self) -> str:
-        return os.path.join(self.state_dir, "commands.json")
-
-    @property
-    def queue_path(self) -> str:
-        return os.path.join(self.state_dir, "queue")
-
-    @property
-    def schedule_path(self) -> str:
-        return os.path.join(self.runtime_dir, "backoff.json")
-
-
 # where a value came from, as check-config and the docs say it
 ORIGINS = {"default": "built-in default", "package": f"the package's defaults ({VENDOR_PATH})",
            "file": "this screen's file", "fleet": "the fleet's settings",
            "env": "the environment"}
-
-
-def redact_url(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.username is None and parsed.password is None:
-        return url
-    host = parsed.hostname or ""
-    if parsed.port:
-        host += f":{parsed.port}"
-    return parsed._replace(netloc=f"***@{host}").geturl()
 
 
 def env_name(section: str, key: str) -> str:
@@ -463,12 +142,14 @@ def _package_defaults(vendor: str | None) -> dict[str, dict]:
 
 
 def load(path: str | None = None, env: dict[str, str] | None = None,
-         fleet: dict | None = None, vendor: str | None = VENDOR_PATH) -> Config:
+         fleet: dict | None = None, vendor: str | None = VENDOR_PATH,
+         part_rules: Callable[[dict], None] | None = None) -> Config:
     """The operator's file over the package's (``vendor``), the environment over
     both, and the fleet's settings between them: the overlay in the state directory,
     or ``fleet`` (a revision's values) to try one, when a bad value is this function's
     ConfigError. A bad overlay on disk is not: the file alone runs, and
-    ``fleet_problem`` says why."""
+    ``fleet_problem`` says why. ``part_rules`` checks the values by the rules only a
+    part knows (app/checks.py), as one of this function's own."""
     env = os.environ if env is None else env
     path = path or DEFAULT_PATH
     doc: dict = _read_toml(path) if path != "-" else {}
@@ -500,17 +181,19 @@ def load(path: str | None = None, env: dict[str, str] | None = None,
     _check_overrides(env)
     adjusted = _adjust(values, origins)
     if fleet is not None:
-        return _validate(*_with_fleet(values, origins, fleet), env, path, adjusted=adjusted)
+        return _validate(*_with_fleet(values, origins, fleet), env, path, adjusted=adjusted,
+                         part_rules=part_rules)
     overlay, problem = fleet_store.read(values["identity.state_dir"])
     if overlay.current is not None:
         live, _ = fleet_rules.live(overlay.current.values, overlay.current.until, boot_id(),
                                    time.monotonic())
         try:
             return _validate(*_with_fleet(values, origins, live), env, path,
-                             overlay.current.revision, adjusted=adjusted)
+                             overlay.current.revision, adjusted=adjusted, part_rules=part_rules)
         except ConfigError as e:   # the file changed under it, or the file was tampered with
             problem = f"fleet revision {overlay.current.revision} not applied: {e}"
-    return _validate(values, origins, env, path, problem=problem, adjusted=adjusted)
+    return _validate(values, origins, env, path, problem=problem, adjusted=adjusted,
+                     part_rules=part_rules)
 
 
 # -- what an earlier release accepted ------------------------------------------------------
@@ -680,7 +363,8 @@ def _check_command(name: str, command: str | None) -> None:
 
 
 def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None = None,
-              problem: str | None = None, adjusted: tuple = ()) -> Config:
+              problem: str | None = None, adjusted: tuple = (),
+              part_rules: Callable[[dict], None] | None = None) -> Config:
     for section, keys in SCHEMA.items():
         for key, spec in keys.items():
             _check_rule(f"{section}.{key}", spec, v[f"{section}.{key}"])
@@ -711,20 +395,18 @@ def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None
             f"link.silence_timeout_s: must be greater than link.heartbeat_interval_s ({hb})")
     if v["link.backoff.cap_s"] < v["link.backoff.base_s"]:
         raise ConfigError("link.backoff.cap_s: must be >= link.backoff.base_s")
+    if part_rules is not None:
+        part_rules(v)
     _check_hours(v)
-    unknown = [c for c in v["commands.allow"] if c not in COMMANDS]
+    unknown = [c for c in v["commands.allow"] if c not in COMMAND_NAMES]
     if unknown:
         raise ConfigError(f"commands.allow: unknown command {unknown[0]!r} (one of "
-                          f"{', '.join(sorted(COMMANDS))})")
+                          f"{', '.join(sorted(COMMAND_NAMES))})")
     return _build(v, env, path, origins=origins, fleet_revision=revision, fleet_problem=problem,
                   adjusted=tuple(a for a in adjusted if origins.get(a[0]) != "fleet"))
 
 
 def _check_hours(v: dict) -> None:
-    try:
-        Schedule.parse(v["hours.week"], v["hours.exceptions"])
-    except ScheduleError as e:
-        raise ConfigError(str(e)) from None
     zone = v["hours.timezone"]
     if zone is not None:
         try:
@@ -796,19 +478,24 @@ def _egress(fields: dict, server_url: str, env: dict) -> Egress:
 
 
 def _build(v: dict, env: dict, path: str, **about) -> Config:
-    """Config from the validated values, each where SCHEMA's ``into`` says."""
-    flat: dict[str, Any] = {}
-    policies: dict[str, dict[str, Any]] = {name: {} for name in POLICIES}
+    """Config from the validated values, each where the schema's ``into`` says
+    ("link.liveness.ack_timeout_s" is Config.link.liveness.ack_timeout_s)."""
+    fields: dict[str, dict[str, Any]] = {name: {} for name in (*SECTIONS, *POLICIES,
+                                                                "server.egress")}
     for section, keys in SCHEMA.items():
         for key, spec in keys.items():
             owner, _, attr = spec.into.rpartition(".")
-            (policies[owner] if owner else flat)[attr] = v[f"{section}.{key}"]
-    flat["server_url"] = flat["server_url"].rstrip("/")
-    runtime_dir = flat["runtime_dir"] or env.get("RUNTIME_DIRECTORY") or "/run/edge-agent"
-    flat["runtime_dir"] = runtime_dir.split(":")[0]
-    flat["commands_allow"] = frozenset(flat["commands_allow"])
-    flat["hours_week"] = tuple(flat["hours_week"])
-    flat["hours_exceptions"] = tuple(flat["hours_exceptions"])
-    built = {name: cls(**policies[name]) for name, cls in POLICIES.items() if name != "egress"}
-    built["egress"] = _egress(policies["egress"], flat["server_url"], env)
-    return Config(**flat, **built, source=path, **about)
+            fields[owner][attr] = v[f"{section}.{key}"]
+    server = fields["server"]
+    server["url"] = server["url"].rstrip("/")
+    server["egress"] = _egress(fields["server.egress"], server["url"], env)
+    runtime_dir = fields["runtime"]["dir"] or env.get("RUNTIME_DIRECTORY") or "/run/edge-agent"
+    fields["runtime"]["dir"] = runtime_dir.split(":")[0]
+    fields["commands"]["allow"] = frozenset(fields["commands"]["allow"])
+    fields["hours"]["week"] = tuple(fields["hours"]["week"])
+    fields["hours"]["exceptions"] = tuple(fields["hours"]["exceptions"])
+    for name, cls in POLICIES.items():
+        section, _, attr = name.partition(".")
+        fields[section][attr] = cls(**fields[name])
+    sections = {name: cls(**fields[name]) for name, cls in SECTIONS.items()}
+    return Config(**sections, source=path, **about)

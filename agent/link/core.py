@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ..base import reasons as J
+from ..config.policies import IdlePolicy, LivenessPolicy
 from ..base.backoff import Backoff, BackoffPolicy
-from .idle_limit import IdleLimit, IdlePolicy
+from .idle_limit import IdleLimit
 from .journal import ConnectionJournal
-from .liveness import LivenessPolicy, LivenessWatchdog
+from .liveness import LivenessWatchdog
 
 THROTTLE_MIN_S = 1.0
 THROTTLE_MAX_S = 15 * 60.0

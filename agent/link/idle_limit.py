@@ -22,19 +22,12 @@ after a gap says that gap is safe here, one lost after it says it may not be.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from ..config.policies import IdlePolicy
 
 SIMILAR = 0.25      # gaps within 25 % of each other are "about the same"
 MARGIN = 0.5        # heartbeat at half the gap that killed the flow
 STEP = 1.5          # each probe back towards the configured interval
 MAX_PROBE_WAIT_S = 7 * 86400.0
-
-
-@dataclass(frozen=True)
-class IdlePolicy:
-    enabled: bool = True
-    probe_after_s: float = 1800.0
-    min_interval_s: float = 2.0     # never heartbeat faster than this
 
 
 class IdleLimit:

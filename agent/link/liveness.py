@@ -26,7 +26,7 @@ cannot tell either, a recent ping alone is the proof.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..config.policies import LivenessPolicy
 
 ACK_TIMEOUT = "ack-timeout"
 SILENCE = "silence"
@@ -34,14 +34,6 @@ SILENCE = "silence"
 # Engine.IO's own default, used when a handshake did not say.
 DEFAULT_SERVER_PING_INTERVAL_S = 25.0
 MAX_PENDING = 64
-
-
-@dataclass(frozen=True)
-class LivenessPolicy:
-    heartbeat_interval_s: float = 15.0
-    ack_timeout_s: float = 5.0
-    missed_acks: int = 1
-    silence_timeout_s: float | None = None
 
 
 def heal_window_s(policy: LivenessPolicy) -> float:

@@ -59,10 +59,10 @@ class LinkRunner:
         ``race=False``: never a second dial (the behaviour before it, for comparisons)."""
         self.config = config
         self.clock = clock or SystemClock()
-        self.core = LinkCore(LinkPolicy(liveness=config.liveness, backoff=config.backoff,
-                                        stable_after_s=config.stable_after_s,
-                                        wake_min_interval_s=config.wake_min_interval_s,
-                                        idle=config.idle), rng)
+        self.core = LinkCore(LinkPolicy(liveness=config.link.liveness, backoff=config.link.backoff,
+                                        stable_after_s=config.link.stable_after_s,
+                                        wake_min_interval_s=config.link.wake_min_interval_s,
+                                        idle=config.link.idle), rng)
         self.core.paused = paused
         # the ACK deadline's kernel timer runs on real time only
         self.wakeup = Wakeup(cancellable_deadlines=isinstance(self.clock, SystemClock))
@@ -70,9 +70,9 @@ class LinkRunner:
         self.transport: SocketIOTransport | None = None
         self.generation = 0
         self._factory = transport_factory or self._default_transport
-        self.connect_bound = ConnectBound(config.connect_timeout_s)
+        self.connect_bound = ConnectBound(config.server.connect_timeout_s)
         self._race = race
-        self._max_wait_s = config.debug_link_max_wait_s or MAX_WAIT_S
+        self._max_wait_s = config.debug.link_max_wait_s or MAX_WAIT_S
         self._idle_memory = idle_memory
         self._network: str | None = None   # where the idle limit in use was learnt
         self._on_status = on_status
@@ -80,10 +80,10 @@ class LinkRunner:
         self._on_turn = on_turn
         self._on_link_up = on_link_up
         self._on_refused = on_refused
-        self.identity = identity or (lambda: (config.device_id, config.token))
+        self.identity = identity or (lambda: (config.identity.device_id, config.identity.token))
         self.outbox = outbox
-        self.profile = profile or PROFILES[config.profile](ProfileContext(
-            device_id=lambda: (self.identity() or (config.device_id, None))[0],
+        self.profile = profile or PROFILES[config.server.profile](ProfileContext(
+            device_id=lambda: (self.identity() or (config.identity.device_id, None))[0],
             token=lambda: (self.identity() or (None, None))[1]))
         self.cargo = Cargo(outbox.capacity if outbox is not None else 0)
         self._store = schedule_store
@@ -170,12 +170,12 @@ class LinkRunner:
     def max_silence_s(self) -> float:
         """The longest this loop may go without a tick while healthy: one blocking
         connect attempt plus one abort, with margin."""
-        return self.config.connect_timeout_s + 2 * ABORT_JOIN_S + self._max_wait_s + 2.0
+        return self.config.server.connect_timeout_s + 2 * ABORT_JOIN_S + self._max_wait_s + 2.0
 
     def proof_window_s(self) -> float:
         """How long delivery proof may take on this link: a heartbeat ACK's round trip,
         or, from a server that ACKs nothing, two of its ping intervals."""
-        live = self.config.liveness
+        live = self.config.link.liveness
         return max(live.heartbeat_interval_s + live.ack_timeout_s,
                    2 * self.core.watchdog.server_ping_interval_s + live.ack_timeout_s)
 
@@ -203,7 +203,7 @@ class LinkRunner:
         attempts, resume_at = self._store.load() if self._store else (0, None)
         if resume_at is not None:
             # never further out than the cap: a bogus file must not silence the agent
-            resume_at = min(resume_at, now + self.config.backoff.cap_s)
+            resume_at = min(resume_at, now + self.config.link.backoff.cap_s)
             log.info("continuing the reconnect schedule of the previous process: attempt %d %s",
                      attempts + 1, f"in {resume_at - now:.1f}s" if resume_at > now else "now")
         self.core.start(now, resume_at, attempts)
@@ -259,8 +259,8 @@ class LinkRunner:
             if self.commands is not None:
                 self.commands.start()  # results of commands from before: sent once connected
             self.begin()
-            if self.config.debug_stall_link_after_s is not None:
-                self._stall_at = self._started + self.config.debug_stall_link_after_s
+            if self.config.debug.stall_link_after_s is not None:
+                self._stall_at = self._started + self.config.debug.stall_link_after_s
             self._prepared = True
         else:
             self._recover()
@@ -359,7 +359,7 @@ class LinkRunner:
             self.core.on_connect_failed(now, e.reason, e.detail)
             delay = self.core.attempt_at() - now
             log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",
-                        self.config.server_display, e.reason, e.detail, delay, attempt + 1)
+                        self.config.server.display, e.reason, e.detail, delay, attempt + 1)
             if e.reason == J.REFUSED and self._on_refused is not None:
                 self._on_refused(e.detail)
             return
@@ -376,7 +376,7 @@ class LinkRunner:
                                transport.local_addr(), took, skew)
         dialed = transport.dialed
         log.info("link up: connected to %s from %s%s in %.0f ms%s%s (connection %d)",
-                 self.config.server_display, transport.local_addr(),
+                 self.config.server.display, transport.local_addr(),
                  f" via {dialed.via}" if dialed is not None and dialed.via != "direct" else "",
                  took * 1000, _phases(dialed), _race_said(transport),
                  self.core.journal.total_connections)
@@ -499,10 +499,10 @@ class LinkRunner:
         wd = self.core.watchdog
         if reason == J.ACK_TIMEOUT and not wd.armed:
             return (f"the server's TCP acknowledged no heartbeat for "
-                    f"{self.config.liveness.ack_timeout_s:.1f}s (seq {self.core.seq}, "
+                    f"{self.config.link.liveness.ack_timeout_s:.1f}s (seq {self.core.seq}, "
                     f"{wd.consecutive_misses} missed; this server sends no heartbeat acks)")
         if reason == J.ACK_TIMEOUT:
-            return (f"no heartbeat ack for {self.config.liveness.ack_timeout_s:.1f}s "
+            return (f"no heartbeat ack for {self.config.link.liveness.ack_timeout_s:.1f}s "
                     f"(seq {self.core.seq}, {wd.consecutive_misses} missed)")
         if reason == J.SILENCE:
             return f"nothing received for {wd.silence_timeout():.1f}s"
@@ -513,7 +513,7 @@ class LinkRunner:
     # -- the site's idle limit ---------------------------------------------------
     def _recall_idle_limit(self) -> None:
         """On the first connect on a network: what was learnt there before."""
-        if self._idle_memory is None or not self.config.idle.enabled:
+        if self._idle_memory is None or not self.config.link.idle.enabled:
             return
         network = network_key()
         if network == self._network:
@@ -731,14 +731,14 @@ class LinkRunner:
     def _default_transport(self, generation: int, sink: Callable) -> SocketIOTransport:
         cfg = self.config
         profile = self.profile
-        keepalive = cfg.keepalive
+        keepalive = cfg.link.keepalive
         if self.core.idle.learning:   # a NAT or conntrack reaper is kept busy by these too
             keepalive = dataclasses.replace(keepalive, idle_s=max(1, min(
                 keepalive.idle_s, int(self.core.idle.interval_s))))
         return SocketIOTransport(
-            url=cfg.server_url, auth=profile.auth(), namespace=profile.namespace,
+            url=cfg.server.url, auth=profile.auth(), namespace=profile.namespace,
             transports=profile.transports, keepalive=keepalive,
-            connect_timeout_s=self.connect_bound.current(), egress=cfg.egress,
+            connect_timeout_s=self.connect_bound.current(), egress=cfg.server.egress,
             generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)),
             race_after_s=self._race_after())
 

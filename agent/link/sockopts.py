@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import socket
 import struct
-from dataclasses import dataclass
+
+from ..config.policies import KeepalivePolicy
 
 # Linux constant; Python exposes it as socket.TCP_USER_TIMEOUT on 3.11 only on some builds.
 TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
-
-
-@dataclass(frozen=True)
-class KeepalivePolicy:
-    idle_s: int = 15
-    interval_s: int = 5
-    count: int = 3
-    user_timeout_s: float = 20.0
 
 
 def apply_keepalive(sock: socket.socket, policy: KeepalivePolicy) -> None:

@@ -61,7 +61,7 @@ from ..base.egress import Egress
 from ..base import reasons as J
 from . import inbox, sockopts
 from .dialer import MAX_HEADER_BYTES, DialError, Dialed, dial
-from .sockopts import KeepalivePolicy
+from ..config.policies import KeepalivePolicy
 
 log = logging.getLogger("edge_agent.link")
 

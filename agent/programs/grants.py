@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         except config_mod.ConfigError:
             pass  # nothing is granted; the agent's own start says what is wrong, once
         else:
-            grants = wanted(config.commands_allow)
+            grants = wanted(config.commands.allow)
             if config.origins.get("commands.allow") == "fleet":
                 source = (f"the fleet's settings revision {config.fleet_revision} (which "
                           f"{args.config} lets it manage)")

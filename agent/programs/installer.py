@@ -31,9 +31,9 @@ import time
 
 from ..config import load as config_mod
 from ..app import status
-from ..commands.core import MAX_ID
 from ..base.fsutil import atomic_write, read_bounded, read_json
 from ..base.reasons import OUTAGE_REASONS
+from ..base.vocabulary import MAX_COMMAND_ID
 from ..base.logs import clean, early
 from ..update import records, rules
 from ..update.repack import RepackError, repack
@@ -207,7 +207,7 @@ def staged(state_dir: str) -> tuple[int, dict] | None:
     try:
         doc = read_json(rules.ORDER_FILE, rules.MAX_RECORD_BYTES, dir_fd=fd)
         if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) \
-                or not 0 < len(doc["id"]) <= MAX_ID:
+                or not 0 < len(doc["id"]) <= MAX_COMMAND_ID:
             raise ValueError("no id")
         try:
             rules.order_args({k: v for k, v in doc.items() if k != "id"})
@@ -463,10 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     allowed = None
     try:
         config = config_mod.load(args.config)
-        state_dir, status_path, timeout = (config.state_dir, config.status_path,
-                                           config.update_proof_timeout_s)
-        downgrade = config.update_allow_downgrade
-        if "update" in config.commands_allow:
+        state_dir, status_path, timeout = (config.identity.state_dir, config.status_path,
+                                           config.update.proof_timeout_s)
+        downgrade = config.update.allow_downgrade
+        if "update" in config.commands.allow:
             allowed = (f"the fleet's settings revision {config.fleet_revision}"
                        if config.origins.get("commands.allow") == "fleet" else args.config)
     except config_mod.ConfigError as e:

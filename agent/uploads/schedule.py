@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 
 from ..base.backoff import ceiling
+from ..config.policies import UploadPolicy
 
 OK, TRANSIENT, PERMANENT = "ok", "transient", "permanent"
 # queue-wide: the item is not at fault
@@ -23,20 +24,6 @@ QUEUE_WIDE = (SLOW_DOWN, UNREACHABLE, UNAVAILABLE, AUTH)
 MALFORMED = (400, 413, 415, 422)
 
 MAX_RETRY_AFTER_S = 6 * 3600.0
-
-
-@dataclass(frozen=True)
-class UploadPolicy:
-    base_s: float = 30.0
-    cap_s: float = 1800.0
-    jitter: float = 0.2          # +-20 %: items that failed together spread out
-    max_items: int = 10_000
-    max_bytes: int = 256 * 1024 * 1024
-    max_age_days: float = 14.0
-    dedupe_window_s: float = 3600.0
-    batch_max: int = 200         # proof-of-play records per request
-    batch_bytes: int = 8 << 20   # payload bytes one round holds in memory, whatever the queue holds
-    max_item_bytes: int = 16 << 20  # one item; the unit's MemoryMax must hold a round
 
 
 @dataclass(frozen=True)

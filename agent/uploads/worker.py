@@ -17,7 +17,8 @@ from ..runtime.loop import Loop
 from ..base.card import card_failure
 from ..base.upload_kinds import PROOF_OF_PLAY
 from ..runtime.watchdog_gate import WatchdogGate
-from .schedule import OK, PERMANENT, QUEUE_WIDE, SLOW_DOWN, UploadPolicy, UploadScheduler
+from ..config.policies import UploadPolicy
+from .schedule import OK, PERMANENT, QUEUE_WIDE, SLOW_DOWN, UploadScheduler
 from .sender import UploadSender
 from .store import Item, QueueStorageFailed, QueueStore, QueueUnavailable
 

@@ -12,7 +12,7 @@ import time
 import uuid
 
 from agent.base.upload_kinds import KINDS
-from agent.uploads.schedule import UploadPolicy
+from agent.config.policies import UploadPolicy
 # What the spool kept from this design: its errors, items and free-space rule.
 from agent.uploads.store import Item, QueueDiskFull, QueueUnavailable, QueueStore as SpoolStore, free_bytes
 

@@ -45,7 +45,7 @@ class _Meter:
 def _one_design(store_class, path: str, card: SdCard, server_url: str, items: int) -> dict:
     from agent.base.clock import FakeClock
     from agent.base.upload_kinds import LOG
-    from agent.uploads.schedule import UploadPolicy
+    from agent.config.policies import UploadPolicy
     from agent.uploads.sender import UploadSender
     from agent.uploads.worker import UploadWorker
     policy = UploadPolicy()

@@ -1,0 +1,12 @@
+"""Names the configuration, root's programs and the parts share, here once: the
+configuration checks a file against them without loading the parts that act on them.
+Each part holds its own table keyed by these (tests/test_layering.py keeps them equal)."""
+from __future__ import annotations
+
+# the commands the fleet server may ask of a screen ([commands] allow, docs/PROTOCOL.md)
+COMMAND_NAMES = ("diagnostics", "logs", "screenshot", "display", "restart-agent", "reboot",
+                 "update", "configure")
+MAX_COMMAND_ID = 64     # characters of a command's id, wherever one is kept
+
+# the fleet servers the link speaks to ([server] profile, agent/link/profiles/)
+PROFILE_NAMES = ("edge-agent", "screentinker")

@@ -1,0 +1,173 @@
+"""The configuration as the parts take it: a Config of sections, one for each part, so
+that a part's shell is handed its own section and never the whole. Plain data: what
+the values mean is each part's; which values are allowed is the schema's (schema.py),
+which takes the defaults written here."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from ..base.backoff import BackoffPolicy
+from ..base.egress import Egress
+from .policies import IdlePolicy, KeepalivePolicy, LivenessPolicy, UploadPolicy
+
+
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    profile: str
+    connect_timeout_s: float
+    egress: Egress
+
+    @property
+    def display(self) -> str:
+        """The URL for logs and the world-readable status file: without any
+        user:password a URL may carry."""
+        return redact_url(self.url)
+
+
+@dataclass(frozen=True)
+class Identity:
+    device_id: str | None
+    token: str | None = field(repr=False)
+    state_dir: str
+    show_code_on_console: bool
+
+
+@dataclass(frozen=True)
+class Runtime:
+    dir: str
+
+
+@dataclass(frozen=True)
+class Link:
+    liveness: LivenessPolicy
+    backoff: BackoffPolicy
+    keepalive: KeepalivePolicy
+    idle: IdlePolicy
+    stable_after_s: float
+    wake_min_interval_s: float
+
+
+@dataclass(frozen=True)
+class Events:
+    enabled: bool
+    settle_s: float
+    fallback_interval_s: float
+    udev_source: str
+    telemetry_every_s: float
+
+
+@dataclass(frozen=True)
+class Watchdog:
+    require_link: bool
+
+
+@dataclass(frozen=True)
+class Commands:
+    allow: frozenset
+    screenshot_command: str | None
+    display_on_command: str | None
+    display_off_command: str | None
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Hours:
+    week: tuple = ()
+    exceptions: tuple = ()
+    timezone: str | None = None
+    clock: str = "synchronised"
+
+
+@dataclass(frozen=True)
+class Update:
+    proof_timeout_s: float
+    allow_downgrade: bool
+
+
+@dataclass(frozen=True)
+class Fleet:
+    proof_timeout_s: float = 120.0
+    manage_commands_allow: bool = False
+    manage_server_url: bool = False
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str
+
+
+@dataclass(frozen=True)
+class Debug:
+    stall_link_after_s: float | None
+    link_max_wait_s: float | None
+    sysfs_root: str | None
+
+    @property
+    def sysfs(self) -> str:
+        return self.sysfs_root or "/sys"
+
+
+# the section classes, by the name Config knows them by, and the policies inside them
+SECTIONS = {"server": Server, "identity": Identity, "runtime": Runtime, "link": Link,
+            "uploads": UploadPolicy, "events": Events, "watchdog": Watchdog,
+            "commands": Commands, "hours": Hours, "update": Update, "fleet": Fleet,
+            "log": Log, "debug": Debug}
+POLICIES = {"link.liveness": LivenessPolicy, "link.backoff": BackoffPolicy,
+            "link.keepalive": KeepalivePolicy, "link.idle": IdlePolicy}
+
+
+@dataclass(frozen=True)
+class Config:
+    """What load() validated; the schema says where each value comes from and its default."""
+    server: Server
+    identity: Identity
+    runtime: Runtime
+    link: Link
+    uploads: UploadPolicy
+    events: Events
+    watchdog: Watchdog
+    commands: Commands
+    hours: Hours
+    update: Update
+    fleet: Fleet
+    log: Log
+    debug: Debug
+    source: str = ""
+    # where each key's value came from: default (the schema), package (the package's
+    # file), file (the operator's), fleet or env; load.ORIGINS says each in words
+    origins: dict = field(default_factory=dict, compare=False, repr=False)
+    fleet_revision: int | None = None      # the fleet's revision in force, if any
+    fleet_problem: str | None = None       # why the overlay in the state directory was not used
+    # numbers an earlier release took, moved to today's bounds: ((key, given, used), ...)
+    adjusted: tuple = field(default=(), compare=False)
+
+    @property
+    def status_path(self) -> str:
+        return os.path.join(self.runtime.dir, "status.json")
+
+    @property
+    def commands_path(self) -> str:
+        return os.path.join(self.identity.state_dir, "commands.json")
+
+    @property
+    def queue_path(self) -> str:
+        return os.path.join(self.identity.state_dir, "queue")
+
+    @property
+    def schedule_path(self) -> str:
+        return os.path.join(self.runtime.dir, "backoff.json")
+
+
+def redact_url(url: str) -> str:
+    parsed = urlparse(url)
+    if parsed.username is None and parsed.password is None:
+        return url
+    host = parsed.hostname or ""
+    if parsed.port:
+        host += f":{parsed.port}"
+    return parsed._replace(netloc=f"***@{host}").geturl()
