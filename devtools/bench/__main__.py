@@ -14,7 +14,7 @@ from pathlib import Path
 
 from devtools.harness import REPO
 
-from devtools.bench import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, outage_restarts as OR, silent_drop as SD, storm as ST, timeline
+from devtools.bench import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, outage_restarts as OR, silent_drop as SD, startup as SU, storm as ST, timeline
 from devtools.bench.common import ACK_DEFAULT, HB_DEFAULT
 from devtools.bench.uploads import upload_queue, uploads_section
 
@@ -141,35 +141,6 @@ def storm_section(storms) -> list[str]:
     return lines
 
 
-def footprint_section(fps) -> list[str]:
-    ours = next(f for f in fps if f.client == "edge-agent")
-    bare = next(f for f in fps if f.client == "bare")
-    window = ours.window_s
-    lines = ["## 5. Footprint, idle online", "",
-             "One edge-agent (whole daemon: link, uploads worker, udev listener, status) beside a",
-             "bare python-socketio client doing only the ACKed heartbeat, both every 15 s, measured",
-             f"over the same {window:g} s after a warm-up. Wake-ups: voluntary context switches,",
-             "all threads. CPU: time on the CPU, all threads (schedstat). Writes: /proc/PID/io",
-             "write_bytes (runtime dir on tmpfs, as /run is).", "",
-             "| client | RSS MB | CPU s | wake-ups/min | bytes written | heartbeats | bytes/heartbeat | threads |",
-             "|---|---|---|---|---|---|---|---|"]
-    for f in (ours, bare):
-        lines.append(f"| {f.client} | {f.rss_mb} | {f.cpu_s} | {f.wakeups_per_min} | {f.write_bytes} | "
-                     f"{f.heartbeats} | {f.bytes_per_heartbeat:.0f} | {f.threads} |")
-    rss_r = ours.rss_mb / bare.rss_mb if bare.rss_mb else None
-    cpu_r = ours.cpu_s / bare.cpu_s if bare.cpu_s else None
-    wake_r = ours.wakeups_per_min / bare.wakeups_per_min if bare.wakeups_per_min else None
-    lines += ["", f"RSS {rss_r:.2f}x the bare client (target <= 1.25x: "
-              f"{'met' if rss_r and rss_r <= 1.25 else 'NOT met'}); wake-ups "
-              + (f"{wake_r:.2f}x (target <= 1.2x: {'met' if wake_r <= 1.2 else 'NOT met'})"
-                 if wake_r else "-") + "; CPU "
-              + (f"{cpu_r:.2f}x (target <= 1.5x: {'met' if cpu_r <= 1.5 else 'NOT met'})"
-                 if cpu_r else "- (bare client used no measurable CPU)")
-              + f"; {ours.bytes_per_heartbeat:.0f} bytes written per heartbeat (target 0: "
-              f"{'met' if ours.write_bytes == 0 else 'NOT met'})."]
-    return lines
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="reduced matrix for CI (under 3 min)")
@@ -222,6 +193,8 @@ def main(argv=None) -> int:
         for m in modes:
             job(f"storm-{m}", ST.run, m, storm_n, downtime, work / f"storm-{m}")
     job("uploads", upload_queue, 200 if quick else 1000, work)
+    # fresh processes timed to the millisecond: alone on the machine, after the rest
+    job("startup", SU.measure, 3 if quick else 10, work / "startup")
     job("outage", OR.compare)   # a fake clock: microseconds, in every run
     elapsed = time.monotonic() - t0
 
@@ -235,8 +208,8 @@ def main(argv=None) -> int:
              f"{_version('python-engineio')}; `scripts/bench{' --quick' if quick else ''}`.", ""]
     sections = [("silent", silent_section), ("faults", fault_section),
                 ("netback", lambda r: netback_section(r, outage_s)),
-                ("storm", None), ("footprint", footprint_section), ("uploads", uploads_section),
-                ("idle_reap", IR.section), ("outage", OR.section)] + ([] if quick else [("hung", HN.section)])
+                ("storm", None), ("footprint", FP.section), ("uploads", uploads_section),
+                ("idle_reap", IR.section), ("startup", SU.section), ("outage", OR.section)] + ([] if quick else [("hung", HN.section)])
     for key, fn in sections:
         if key == "storm":
             storms = [res.get(f"storm-{m}") for m in modes]
