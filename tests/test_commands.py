@@ -104,7 +104,7 @@ def test_a_bundle_the_queue_refuses_says_why_in_the_result():
     def refuse(kind, payload):
         raise NotQueued("the state partition is read-only: /var/lib/edge-agent/queue")
 
-    actions = Actions(SimpleNamespace(command_timeout_s=5), snapshot=dict,
+    actions = Actions(SimpleNamespace(timeout_s=5), "http://fleet.invalid", snapshot=dict,
                       link_socket=lambda: None, request_restart=lambda: None, enqueue=refuse)
     outcome = actions.logs({"since_s": 60, "priority": 6})
     assert outcome.ok is False
@@ -120,9 +120,9 @@ def test_a_timed_out_command_never_holds_the_commands_thread(tmp_path):
     from types import SimpleNamespace
 
     from agent.commands.actions import Actions
-    config = SimpleNamespace(command_timeout_s=1.0, display_off_command=None,
+    config = SimpleNamespace(timeout_s=1.0, display_off_command=None,
                              display_on_command="sh -c 'setsid sleep 8 & sleep 5'")
-    actions = Actions(config, snapshot=dict, link_socket=lambda: None,
+    actions = Actions(config, "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
                       request_restart=lambda: None, enqueue=lambda *a: "x")
     t0 = time.monotonic()
     outcome = actions.run("display", {"state": "on"})
@@ -143,9 +143,9 @@ def test_a_failed_command_never_tells_its_command_line(command):
     from types import SimpleNamespace
 
     from agent.commands.actions import Actions
-    config = SimpleNamespace(command_timeout_s=0.5, display_off_command=None,
+    config = SimpleNamespace(timeout_s=0.5, display_off_command=None,
                              display_on_command=command, screenshot_command=command)
-    actions = Actions(config, snapshot=dict, link_socket=lambda: None,
+    actions = Actions(config, "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
                       request_restart=lambda: None, enqueue=lambda *a: "x")
     for name, args in (("display", {"state": "on"}), ("screenshot", {})):
         outcome = actions.run(name, args)
@@ -158,7 +158,7 @@ def test_every_command_the_core_admits_has_exactly_one_action():
 
     from agent.commands.actions import Actions
     from agent.commands.core import COMMANDS
-    actions = Actions(SimpleNamespace(command_timeout_s=5), snapshot=dict,
+    actions = Actions(SimpleNamespace(timeout_s=5), "http://fleet.invalid", snapshot=dict,
                       link_socket=lambda: None, request_restart=lambda: None,
                       enqueue=lambda *a: None)
     assert set(actions.commands) == set(COMMANDS)
@@ -179,7 +179,7 @@ def test_a_logs_bundle_the_profile_cannot_deliver_is_never_made(monkeypatch):
     monkeypatch.setattr(actions_mod, "under_journal", lambda: True)
     queued = []
     actions = actions_mod.Actions(
-        SimpleNamespace(command_timeout_s=5), snapshot=dict, link_socket=lambda: None,
+        SimpleNamespace(timeout_s=5), "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
         request_restart=lambda: None, enqueue=lambda *a: queued.append(a) or "u",
         undeliverable=lambda kind: uncarried(PROFILES["screentinker"], kind))
     outcome = actions.run("logs", {"since_s": 60, "priority": 6})

@@ -331,9 +331,9 @@ def test_stop_kills_the_running_commands_whole_process_group(tmp_path):
 
     from agent.commands.actions import Actions
     pids = tmp_path / "pids"
-    config = SimpleNamespace(command_timeout_s=600, display_off_command=None,
+    config = SimpleNamespace(timeout_s=600, display_off_command=None,
                              display_on_command=f"sh -c 'sleep 600 & echo $$ $! > {pids}; wait'")
-    actions = Actions(config, snapshot=dict, link_socket=lambda: None,
+    actions = Actions(config, "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
                       request_restart=lambda: None, enqueue=lambda *a: None)
     done = []
     worker = threading.Thread(target=lambda: done.append(actions.run("display", {"state": "on"})))

@@ -81,7 +81,8 @@ def test_an_order_url_two_parsers_read_differently_sends_the_screen_nowhere(tmp_
     import threading
 
     from agent.base.egress import Egress
-    from agent.update.service import NotStaged, Updater
+    from agent.update.rules import NotStaged
+    from agent.update.service import Updater
 
     hits = []
 

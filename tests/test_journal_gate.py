@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.base import journal_wire as wire
 from agent.programs import journal_gate as gate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def helper(tmp_path):
 
 def test_the_agent_gets_journalctl_for_exactly_its_unit_and_window(helper):
     path, _, procs = helper
-    body = gate.fetch(gate.Request(1_700_000_000, 4, 500), timeout=10, path=path)
+    body = wire.fetch(wire.Request(1_700_000_000, 4, 500), timeout=10, path=path)
     argv = [json.loads(line)["MESSAGE"] for line in body.splitlines()]
     assert argv == ["--no-pager", "--quiet", "--output=json",
                     "--output-fields=MESSAGE,PRIORITY,_PID", "--unit=edge-agent.service",
@@ -97,14 +98,14 @@ def test_the_helper_refuses_a_bad_request_in_one_line_naming_the_field(helper, r
 def test_a_failing_journalctl_reaches_the_agent_as_one_line(helper):
     path, env, _ = helper
     env["FAIL"] = "Permission denied"
-    with pytest.raises(gate.GateError, match="journalctl exited 1: Failed to open journal: "
+    with pytest.raises(wire.GateError, match="journalctl exited 1: Failed to open journal: "
                                              "Permission denied"):
-        gate.fetch(gate.Request(0, 6, 10), timeout=10, path=path)
+        wire.fetch(wire.Request(0, 6, 10), timeout=10, path=path)
 
 
 def test_no_gate_a_silent_gate_and_a_cut_reply_are_clear_errors(tmp_path):
-    with pytest.raises(gate.GateError, match="no such socket"):
-        gate.fetch(gate.Request(0, 6, 10), timeout=1, path=str(tmp_path / "absent.sock"))
+    with pytest.raises(wire.GateError, match="no such socket"):
+        wire.fetch(wire.Request(0, 6, 10), timeout=1, path=str(tmp_path / "absent.sock"))
 
     path = str(tmp_path / "g.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -125,20 +126,20 @@ def test_no_gate_a_silent_gate_and_a_cut_reply_are_clear_errors(tmp_path):
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     t0 = time.monotonic()
-    with pytest.raises(gate.GateError, match=r"no answer in 0.3s"):
-        gate.fetch(gate.Request(0, 6, 10), timeout=0.3, path=path)
+    with pytest.raises(wire.GateError, match=r"no answer in 0.3s"):
+        wire.fetch(wire.Request(0, 6, 10), timeout=0.3, path=path)
     assert time.monotonic() - t0 < 0.9
-    with pytest.raises(gate.GateError, match=r"the reply was cut short \(10 of 100 bytes\)"):
-        gate.fetch(gate.Request(0, 6, 10), timeout=5, path=path)
-    with pytest.raises(gate.GateError, match="not a reply"):
-        gate.fetch(gate.Request(0, 6, 10), timeout=5, path=path)
+    with pytest.raises(wire.GateError, match=r"the reply was cut short \(10 of 100 bytes\)"):
+        wire.fetch(wire.Request(0, 6, 10), timeout=5, path=path)
+    with pytest.raises(wire.GateError, match="not a reply"):
+        wire.fetch(wire.Request(0, 6, 10), timeout=5, path=path)
     t.join(5)
     listener.close()
 
 
 def test_the_socket_unit_listens_where_the_agent_connects():
     unit = (REPO / "systemd" / "edge-agent-logs.socket").read_text()
-    assert f"ListenStream={gate.SOCKET}\n" in unit
+    assert f"ListenStream={wire.SOCKET}\n" in unit
     for directive in ("Accept=yes", "SocketUser=edge-agent", "SocketGroup=edge-agent",
                       "SocketMode=0600", "RemoveOnStop=yes"):
         assert directive + "\n" in unit, directive
@@ -172,9 +173,9 @@ def test_a_huge_journal_is_bounded_at_both_ends_and_the_newest_lines_kept(helper
     with open(os.path.join(bin_dir, "journalctl"), "w") as f:
         f.write(BIG_JOURNALCTL)
     monkeypatch.setattr(actions_mod, "under_journal", lambda: True)
-    monkeypatch.setattr(gate, "SOCKET", path)
+    monkeypatch.setattr(wire, "SOCKET", path)
     queued = []
-    actions = actions_mod.Actions(SimpleNamespace(command_timeout_s=60), snapshot=dict,
+    actions = actions_mod.Actions(SimpleNamespace(timeout_s=60), "http://fleet.invalid", snapshot=dict,
                                   link_socket=lambda: None, request_restart=lambda: None,
                                   enqueue=lambda kind, data: queued.append(data) or "u1")
     tracemalloc.start()
@@ -199,8 +200,8 @@ def test_a_huge_journal_is_bounded_at_both_ends_and_the_newest_lines_kept(helper
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(body) <= gate.MAX_BODY_BYTES and dropped > 100_000
-    assert peak < 3 * gate.MAX_BODY_BYTES, f"the helper held {peak >> 20} MiB"
+    assert len(body) <= wire.MAX_BODY_BYTES and dropped > 100_000
+    assert peak < 3 * wire.MAX_BODY_BYTES, f"the helper held {peak >> 20} MiB"
 
 
 def test_a_gate_offering_more_than_the_bound_is_refused_unread(tmp_path):
@@ -217,7 +218,7 @@ def test_a_gate_offering_more_than_the_bound_is_refused_unread(tmp_path):
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    with pytest.raises(gate.GateError, match="the gate offered 999999999 bytes"):
-        gate.fetch(gate.Request(0, 6, 10), timeout=5, path=path)
+    with pytest.raises(wire.GateError, match="the gate offered 999999999 bytes"):
+        wire.fetch(wire.Request(0, 6, 10), timeout=5, path=path)
     t.join(5)
     listener.close()

@@ -20,7 +20,8 @@ import pytest
 from agent.commands.core import CommandCore
 from agent.base.egress import Egress, fleet_url
 from agent.update import rules
-from agent.update.service import NotStaged, Updater
+from agent.update.rules import NotStaged
+from agent.update.service import Updater
 from agent.update.signature import SignatureError, verify
 from devtools.harness import FleetServerProcess, wait_for
 from devtools.releases import SigningKey

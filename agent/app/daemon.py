@@ -21,6 +21,7 @@ from ..events.outbox import Outbox
 from ..events.telemetry import SAMPLE_EVERY_S as TELEMETRY_SAMPLE_EVERY_S, TelemetrySource
 from ..events.watcher import EventWatcher, SysfsState
 from ..base.hardware import hardware_facts
+from ..base.identifiers import shown
 from ..identity import device, pairing_code
 from ..identity.credentials import Credentials
 from ..identity.enroller import Enroller
@@ -111,7 +112,8 @@ class Agent:
                                config.server.connect_timeout_s, settled=self._update_settled)
         self.commands = CommandService(
             config.commands_path, config.commands.allow,
-            Actions(config, snapshot=self._status_now, link_socket=self._link_socket,
+            Actions(config.commands, config.server.url, snapshot=self._status_now,
+                    link_socket=self._link_socket,
                     request_restart=self._restart_requested, enqueue=self._enqueue,
                     updater=self.updater, configure=self._configure,
                     undeliverable=lambda kind: uncarried(self.profile, kind)),
@@ -405,7 +407,7 @@ class Agent:
                 return {"state": "paired"}
             code = self.profile.pairing_code
             return {"state": "registered-waiting-for-pairing" if current.token else "waiting-for-pairing",
-                    "code": pairing_code.shown(code), "expires_in_s": None,
+                    "code": shown(code), "expires_in_s": None,
                     "expiry": self.profile.CODE_EXPIRY, "where": self.profile.CLAIM_WHERE}
         return self.enroller.pairing() if self.enroller is not None else None
 

@@ -7,52 +7,15 @@ agent gives its own snapshot; the board only puts them together and says them.
 """
 from __future__ import annotations
 
-import errno
-import json
 import os
 import time
 
 from .. import __version__
 from ..base.clock import NOTABLE_SKEW_S
-from ..base.fsutil import FileTooLarge, NotRegularFile, atomic_write, read_json
+from ..base.status_file import StatusFileError, read, write
 from ..base.logs import clean
 
-MAX_STATUS_BYTES = 1 << 20
 STATUS_LINE_CHARS = 2000
-
-
-class StatusFileError(Exception):
-    pass
-
-
-def write(path: str, status: dict) -> None:
-    # tmpfs: whole, not durable; readers see the old file or the new one, never half.
-    # Compact: only json's C encoder is used without indent, a third of the cost of a
-    # refresh on an idle agent (`edge-agent status --json` prints it indented).
-    atomic_write(path, json.dumps(status, sort_keys=True, separators=(",", ":")).encode(),
-                 0o644, durable=False)
-
-
-def read(path: str) -> dict:
-    """The agent's user writes this file and `edge-agent status` may read it as root:
-    never through a link, never a FIFO or device that could block or feed it forever."""
-    try:
-        data = read_json(path, MAX_STATUS_BYTES)
-    except FileNotFoundError:
-        raise StatusFileError(f"{path}: no status file (is the agent running?)") from None
-    except NotRegularFile:
-        raise StatusFileError(f"{path}: not a regular file, not a status file") from None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise StatusFileError(f"{path}: a symbolic link, not a status file") from None
-        raise StatusFileError(f"{path}: {e.strerror}") from None
-    except FileTooLarge:
-        raise StatusFileError(f"{path}: too large to be a status file") from None
-    except ValueError:
-        raise StatusFileError(f"{path}: not a valid status file") from None
-    if not isinstance(data, dict):
-        raise StatusFileError(f"{path}: not a valid status file")
-    return data
 
 
 def pid_alive(pid) -> bool:

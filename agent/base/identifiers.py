@@ -10,6 +10,7 @@ the whole string (``fullmatch``): a trailing newline is not a character a rule a
 from __future__ import annotations
 
 import re
+import secrets
 
 DEVICE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 DEVICE_ID_RULE = "1-128 characters of A-Z a-z 0-9 . _ : -"
@@ -37,3 +38,13 @@ def token_problem(field: str, value) -> str | None:
     if not isinstance(value, str):
         return f"{field}: not a string ({TOKEN_RULE})"
     return f"{field}: {TOKEN_RULE}"
+
+
+def new_code() -> str:
+    """A six-digit pairing code, the screen shows until an operator claims it."""
+    return f"{secrets.randbelow(10 ** 6):06d}"
+
+
+def shown(code: str) -> str:
+    """A pairing code as the screen shows it: ``123-456``."""
+    return f"{code[:3]}-{code[3:]}"

@@ -18,13 +18,15 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 from urllib.parse import urlparse
 
 from ..base import children
-from ..programs import journal_gate
+from ..base import journal_wire as journal_gate
+from ..config.model import Commands
+from ..runtime.threads import start_worker
 from ..base.logs import RECENT, under_journal
-from ..update.service import NotStaged, Updater
+from ..update.rules import NotStaged
 from ..base.upload_kinds import LOG, SCREENSHOT
 
 log = logging.getLogger("edge_agent.commands")
@@ -47,11 +49,20 @@ class NotQueued(Exception):
     """The upload queue did not take an item; the message says why, for the result."""
 
 
+class Updates(Protocol):
+    """What the update command needs of the part that stages an update (update/service.py,
+    bound by the daemon)."""
+
+    def begin(self, command_id: str, args: dict) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class Actions:
-    def __init__(self, config, snapshot: Callable[[], dict],
+    def __init__(self, section: Commands, server_url: str, snapshot: Callable[[], dict],
                  link_socket: Callable[[], socket.socket | None],
                  request_restart: Callable[[], None],
-                 enqueue: Callable[[str, bytes], str], updater: Updater | None = None,
+                 enqueue: Callable[[str, bytes], str], updater: "Updates | None" = None,
                  configure: Callable[[dict], Outcome] | None = None,
                  undeliverable: Callable[[str], str | None] = lambda kind: None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
@@ -60,14 +71,15 @@ class Actions:
         ``undeliverable(kind)`` says why the link's profile cannot carry an upload of
         that kind, or None: a bundle nobody can deliver is not made at all."""
         self.undeliverable = undeliverable
-        self.config = config
+        self.section = section
+        self.server_url = server_url
         self.snapshot = snapshot
         self.link_socket = link_socket
         self.request_restart = request_restart
         self.enqueue = enqueue
         self.updater = updater
         self._configure = configure
-        self.timeout_s = config.command_timeout_s
+        self.timeout_s = section.timeout_s
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None   # the configured command running now
         self._stopping = False
@@ -85,7 +97,7 @@ class Actions:
     # -- the commands -------------------------------------------------------------
     def diagnostics(self, args: dict) -> Outcome:
         doc = self.snapshot()
-        host = urlparse(self.config.server_url).hostname or ""
+        host = urlparse(self.server_url).hostname or ""
         report = {"status": {k: doc.get(k) for k in ("version", "device_id", "link", "uploads",
                                                      "events")},
                   "journal": doc.get("journal", [])[-5:],
@@ -133,7 +145,7 @@ class Actions:
                               "dropped": bundle.dropped})
 
     def screenshot(self, args: dict) -> Outcome:
-        command = self.config.screenshot_command
+        command = self.section.screenshot_command
         if not command:
             return Outcome(False, error="no screenshot command configured "
                                         "([commands] screenshot_command in agent.toml)")
@@ -151,8 +163,8 @@ class Actions:
                        extra={"upload_id": upload_id})
 
     def display(self, args: dict) -> Outcome:
-        command = (self.config.display_on_command if args["state"] == "on"
-                   else self.config.display_off_command)
+        command = (self.section.display_on_command if args["state"] == "on"
+                   else self.section.display_off_command)
         if not command:
             return Outcome(False, error=f"no display_{args['state']}_command configured "
                                         "([commands] in agent.toml)")
@@ -289,16 +301,18 @@ def _resolve(host: str, timeout: float) -> dict:
 
     def lookup():
         t0 = time.monotonic()
+        found: dict = {}
         try:
             infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-            answer["addresses"] = sorted({i[4][0] for i in infos})
+            found["addresses"] = sorted({i[4][0] for i in infos})
         except OSError as e:
-            answer["error"] = str(e)
-        answer["ms"] = round((time.monotonic() - t0) * 1000, 1)
+            found["error"] = str(e)
+        found["ms"] = round((time.monotonic() - t0) * 1000, 1)
+        answer.update(found)   # in one step: never half an answer
 
-    t = threading.Thread(target=lookup, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        answer["error"] = f"no answer in {timeout:.0f}s"
+    lookup_thread = start_worker("dns-lookup", lookup, reason="getaddrinfo has no timeout of "
+                                 "its own: the diagnostics wait for it a bounded time")
+    if not lookup_thread.join(timeout):
+        # a dict of its own: a late answer must not change the report as it is written
+        return {"host": host, "error": f"no answer in {timeout:.0f}s"}
     return answer

@@ -25,7 +25,8 @@ from ..runtime.deadline import deadline
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from .enrollment import PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode
-from .pairing_code import remove_file, shown, write_file
+from ..base.identifiers import shown
+from .pairing_code import remove_file, write_file
 from ..base.identifiers import token_problem
 
 log = logging.getLogger("edge_agent.identity")

@@ -1,12 +1,11 @@
-"""The six-digit pairing code a screen shows until an operator claims it: how one is
-made and how it is shown (``123-456``), wherever it comes from, and where it is shown:
+"""Where the pairing code a screen shows until an operator claims it is shown (how one
+is made and written, ``123-456``: base/identifiers.py), wherever it comes from:
 the file a player's UI reads (``pairing-code`` in the runtime directory) and one
 journal line per code, under every profile."""
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 
 from ..base.fsutil import atomic_write
@@ -14,14 +13,6 @@ from ..base.fsutil import atomic_write
 log = logging.getLogger("edge_agent.identity")
 
 FILE_NAME = "pairing-code"
-
-
-def new_code() -> str:
-    return f"{secrets.randbelow(10 ** 6):06d}"
-
-
-def shown(code: str) -> str:
-    return f"{code[:3]}-{code[3:]}"
 
 
 def write_file(runtime_dir: str, display: str) -> None:

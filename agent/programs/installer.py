@@ -30,7 +30,7 @@ import sys
 import time
 
 from ..config import load as config_mod
-from ..app import status
+from ..base import status_file as status
 from ..base.fsutil import atomic_write, read_bounded, read_json
 from ..base.reasons import OUTAGE_REASONS
 from ..base.vocabulary import MAX_COMMAND_ID

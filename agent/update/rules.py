@@ -46,6 +46,10 @@ MAX_RESUMES = 8                   # runs that take up an unfinished transaction
 INSTALLING, PROVING, ROLLING_BACK = "installing", "proving", "rolling-back"
 
 
+class NotStaged(Exception):
+    """An update order stops before anything is staged; the message is its result."""
+
+
 @dataclass(frozen=True)
 class Order:
     version: str

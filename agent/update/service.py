@@ -55,10 +55,6 @@ PART_KEEP_S = 86400.0
 Settled = Callable[[str, bool, str], None]
 
 
-class NotStaged(Exception):
-    """The order stops before anything is staged; the message is its result."""
-
-
 def installed_version() -> str:
     """The package's version for the status and the order's check; "" if dpkg-query
     cannot say (not installed with dpkg: a developer's checkout)."""
@@ -142,24 +138,24 @@ class Updater:
 
     # -- an order ---------------------------------------------------------------------------
     def begin(self, cid: str, args: dict) -> None:
-        """From the command executor: checks what can be checked at once (NotStaged),
+        """From the command executor: checks what can be checked at once (rules.NotStaged),
         then the rest goes on in a thread of its own."""
         order = rules.order(args)
         try:
             url = fleet_url(order.url, self.server_url)
         except ValueError as e:
-            raise NotStaged(str(e)) from None
+            raise rules.NotStaged(str(e)) from None
         os.makedirs(self.staging, 0o700, exist_ok=True)
         st = os.statvfs(self.staging)
         why = rules.refusal(order, installed=installed_version(), history=self.history(),
                             free_bytes=st.f_bavail * st.f_frsize)
         if why is not None:
-            raise NotStaged(why)
+            raise rules.NotStaged(why)
         delay = rules.install_delay(order.window_s, self.rng)
         with self._lock:
             busy = next(iter(self._pending), None) or self._root_busy()
             if busy:
-                raise NotStaged(f"another update is in progress ({busy})")
+                raise rules.NotStaged(f"another update is in progress ({busy})")
             self._pending[cid] = f"waiting {delay:.0f}s in the rollout window"
         log.info("update to %s: installing in %.0fs (a random moment in a %ds window)",
                  order.version, delay, order.window_s)
@@ -177,12 +173,12 @@ class Updater:
             except SignatureError as e:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-                raise NotStaged(f"refused: {e}") from None
+                raise rules.NotStaged(f"refused: {e}") from None
             log.info("update to %s: signature good (key %s), staged", order.version, key)
             self._stage(cid, order, path)
             self._note(cid, f"installing {order.version}")
             self._start_installer()
-        except NotStaged as e:
+        except rules.NotStaged as e:
             self._settle(cid, False, str(e))
             return
         except Exception as e:   # a bug must not leave the command running for ever
@@ -204,7 +200,7 @@ class Updater:
         give_up = time.monotonic() + DOWNLOAD_LIMIT_S
         for attempt in range(DOWNLOAD_TRIES):
             if attempt and self._stopping.wait(min(30.0, 2.0 ** attempt)):
-                raise NotStaged("the agent is stopping")
+                raise rules.NotStaged("the agent is stopping")
             bound = None
             try:
                 have = os.path.getsize(part) if os.path.exists(part) else 0
@@ -221,7 +217,7 @@ class Updater:
                         session.get(url, headers=headers, stream=True, allow_redirects=False,
                                     timeout=(self.connect_timeout_s, 30.0)) as r:
                     if 300 <= r.status_code < 400:
-                        raise NotStaged(f"download refused: the server redirected it "
+                        raise rules.NotStaged(f"download refused: the server redirected it "
                                         f"({r.status_code}); a package is fetched from the "
                                         "fleet server only")
                     if r.status_code == 200:
@@ -229,33 +225,33 @@ class Updater:
                     elif r.status_code != 206 or not have:
                         problem = f"the server answered {r.status_code}"
                         if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
-                            raise NotStaged(f"download refused: {problem}")
+                            raise rules.NotStaged(f"download refused: {problem}")
                         continue
                     have = self._write_part(part, have, order, body_chunks(r, CHUNK))
                 if have == order.size:
                     break
                 problem = f"the download stopped at {have} of {order.size} bytes"
             except HostileAnswer as e:
-                raise NotStaged(f"download refused: {e}") from None
+                raise rules.NotStaged(f"download refused: {e}") from None
             except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
                 # the stream raises urllib3's own errors (ProtocolError, ReadTimeoutError)
                 problem = ("cut at the download's bound" if bound is not None and bound.expired
                            else type(e).__name__)
             except OSError as e:
-                raise NotStaged(f"cannot write {part}: {e.strerror}") from None
+                raise rules.NotStaged(f"cannot write {part}: {e.strerror}") from None
             if time.monotonic() >= give_up:
                 # a trickle: each read within its timeout, the whole never done
-                raise NotStaged(f"download too slow: not done in {DOWNLOAD_LIMIT_S:.0f}s "
+                raise rules.NotStaged(f"download too slow: not done in {DOWNLOAD_LIMIT_S:.0f}s "
                                 f"({problem})")
         else:
-            raise NotStaged(f"download failed {DOWNLOAD_TRIES} times: {problem}")
+            raise rules.NotStaged(f"download failed {DOWNLOAD_TRIES} times: {problem}")
         digest = hashlib.sha256()
         with open(part, "rb") as f:
             for chunk in iter(lambda: f.read(CHUNK), b""):
                 digest.update(chunk)
         if digest.hexdigest() != order.sha256:
             os.unlink(part)
-            raise NotStaged("refused: the package's SHA-256 is not the order's")
+            raise rules.NotStaged("refused: the package's SHA-256 is not the order's")
         return part
 
     @staticmethod
@@ -271,19 +267,19 @@ class Updater:
                 for chunk in chunks:
                     have += len(chunk)
                     if have > order.size:
-                        raise NotStaged(f"the package is larger than the order's "
+                        raise rules.NotStaged(f"the package is larger than the order's "
                                         f"{order.size} bytes")
                     f.write(chunk)
                 f.flush()
                 os.fsync(f.fileno())
-        except NotStaged:
+        except rules.NotStaged:
             _unlink(part)
             raise
         except requests.RequestException:
             raise   # (an OSError too) the network's: what arrived is kept, to resume
         except OSError as e:
             _unlink(part)
-            raise NotStaged(f"cannot write {part}: {e.strerror}") from None
+            raise rules.NotStaged(f"cannot write {part}: {e.strerror}") from None
         return have
 
     def _drop_stale_parts(self) -> None:
@@ -319,9 +315,9 @@ class Updater:
             r = subprocess.run([self.systemctl, "start", "--no-block", "--no-ask-password",
                                 UPDATE_UNIT], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise NotStaged(f"systemctl start {UPDATE_UNIT}: {type(e).__name__}") from None
+            raise rules.NotStaged(f"systemctl start {UPDATE_UNIT}: {type(e).__name__}") from None
         if r.returncode != 0:
-            raise NotStaged(f"systemctl start {UPDATE_UNIT} refused: "
+            raise rules.NotStaged(f"systemctl start {UPDATE_UNIT} refused: "
                             + (r.stderr.strip() or r.stdout.strip())[:300])
 
     # -- the outcome ----------------------------------------------------------------------
@@ -336,7 +332,7 @@ class Updater:
         if not os.path.exists(os.path.join(self.root_dir, rules.TRANSACTION_FILE)):
             try:
                 self._start_installer()
-            except NotStaged as e:
+            except rules.NotStaged as e:
                 self._settle(cid, False, str(e))
                 return
         self._wait_for_outcome(cid)

@@ -42,7 +42,8 @@ from ..base.clock import wall_synced
 from ..base.card import READ_ONLY, card_failure
 from ..base.upload_kinds import KINDS, LOG, PROOF_OF_PLAY, SCREENSHOT
 from . import deadletter, migrate_sqlite, segments
-from .schedule import UploadPolicy, expired
+from ..config.policies import UploadPolicy
+from .schedule import expired
 from .segments import DEAD, DROPPED, FAILED, SENT
 from .spool import Entry, Spool
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ... import __version__
 from ...base.hardware import board_serial, machine_id
-from ...identity.pairing_code import new_code
+from ...base.identifiers import new_code
 from ...base.identifiers import usable_device_id, usable_token
 from ...base.upload_kinds import PROOF_OF_PLAY, SCREENSHOT
 from .. import inbox
