@@ -90,7 +90,7 @@ def _wings() -> tuple[dict[str, str], dict[str, set[str]]]:
 WING, MAY = _wings()
 CORES = {_dotted(p) for p in ROWS.get("cores", [])}
 PURE = CORES | {_dotted(p) for p in ROWS.get("pure helpers", [])}
-SPOKEN = PURE | {_dotted(p) for p in ROWS.get("what a part says", [])}
+SPOKEN = PURE | {_dotted(p) for p in ROWS.get("data", [])}
 ROOT_SIDE = {_dotted(p) for p in ROWS.get("root's side of a self-update", [])}
 NO_IO = ROWS.get("never imported by either", [])
 SERVER_TAKES = {_dotted(p) for p in ROWS.get("`fleet_server/`", []) if p.endswith(".py")}

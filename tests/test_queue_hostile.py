@@ -182,7 +182,7 @@ def test_an_agent_starting_on_a_planted_queue_file_keeps_its_link_and_says_why(g
         as_user("ln", str(queue / "mine"), str(queue / "00000001.seg"))
     before = fingerprint(precious)
     agent = Agent(cfgmod.load(str(cfg), env={}))
-    assert agent.store is None
+    assert agent.uploads.store is None
     doc = agent.storage.snapshot()
     assert doc["state"] == "unavailable" and "upload queue" in doc["parts"], doc
     assert "link" in doc["reason"], doc   # a symbolic one, or a second name

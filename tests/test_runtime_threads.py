@@ -14,7 +14,7 @@ import pytest
 
 from agent.base import egress
 from agent.base.clock import FakeClock
-from agent.commands.actions import Outcome
+from agent.commands.core import Outcome
 from agent.runtime import deadline as deadlines
 from agent.runtime import supervise
 from agent.runtime.threads import Timers, start_worker, workers

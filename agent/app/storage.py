@@ -20,6 +20,9 @@ from typing import Callable
 from ..base.card import FAILED, READ_ONLY, UNAVAILABLE, card_failure, describe
 from ..events.model import Event, storage_failed
 
+log = logging.getLogger("edge_agent")
+
+
 @dataclass(frozen=True)
 class Notice:
     """What the shell does about one report: log ``message`` at ``level``, and send
@@ -75,3 +78,56 @@ class StorageHealth:
             if self._first is None:
                 return {"state": "ok"}
             return {**self._first, "parts": dict(self._parts)}
+
+
+class StorageAlarms:
+    """What the agent does when a part reports that it cannot use the card, from any
+    thread, once per part: the journal, the server (once per process, through the
+    outbox: until ACKed, across reconnects) and the status board. What is reported
+    before the link has published its first state is held until release()."""
+
+    def __init__(self, health: StorageHealth, queue_path: str):
+        self.health = health
+        self._queue_path = queue_path
+        self._held: list[Event] | None = []
+        self._publish: Callable[[Event], None] = lambda event: None
+        self._refresh: Callable[[], None] = lambda: None
+
+    def release(self, publish: Callable[[Event], None], refresh: Callable[[], None]) -> list:
+        """From now on events go out and the board is refreshed; returns what was held."""
+        self._publish, self._refresh = publish, refresh
+        held, self._held = self._held or [], None
+        return held
+
+    def credentials(self, path: str, e: OSError) -> None:
+        """A full disk is not a dying card: the identity service retries and says so in
+        status itself; only a card that failed is the storage alarm."""
+        if card_failure(e):
+            self.unavailable("credentials", path, e, "the token is used from memory and "
+                             "written again when the card takes it")
+
+    def ledger(self, path: str, e: OSError) -> None:
+        if card_failure(e):
+            self.unavailable("command ledger", path, e,
+                             "commands are refused until it can be written")
+        else:
+            log.error("cannot write the command ledger %s: %s; commands are refused until "
+                      "it can be", path, e.strerror)
+
+    def queue(self, e: Exception) -> None:
+        self.unavailable("upload queue", self._queue_path, e, "uploads are held and nothing "
+                         "new is queued; what is queued stays on the card")
+
+    def unavailable(self, part: str, path: str, e: Exception, holds: str) -> None:
+        notice = self.health.unavailable(part, path, e, holds)
+        if notice is None:
+            return
+        log.log(notice.level, "%s", notice.message)
+        if notice.event is not None:
+            if self._held is not None:
+                self._held.append(notice.event)
+            else:
+                self._publish(notice.event)   # refreshes the status board too
+                return
+        if self._held is None:
+            self._refresh()

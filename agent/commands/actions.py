@@ -17,7 +17,6 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Protocol
 from urllib.parse import urlparse
 
@@ -28,21 +27,13 @@ from ..runtime.threads import start_worker
 from ..base.logs import RECENT, under_journal
 from ..update.rules import NotStaged
 from ..base.upload_kinds import LOG, SCREENSHOT
+from .core import LATER, Outcome
 
 log = logging.getLogger("edge_agent.commands")
 
 IP_MTU = 14  # linux/in.h
 
 
-@dataclass
-class Outcome:
-    ok: bool
-    output: str | None = None
-    error: str | None = None
-    extra: dict = field(default_factory=dict)
-
-
-LATER = Outcome(True, "the result comes after the restart it causes")
 
 
 class NotQueued(Exception):

@@ -91,6 +91,20 @@ COMMANDS: dict[str, ArgCheck] = {
 SURVIVES = {"restart-agent": "the agent restarted", "reboot": "the device rebooted"}
 
 
+@dataclass
+class Outcome:
+    """What running a command gave: its result as the ledger keeps it and the server hears
+    it. ``extra`` carries what a result adds (an upload's id)."""
+    ok: bool
+    output: str | None = None
+    error: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+# the result of a command that restarts what runs it, before the restart settles it
+LATER = Outcome(True, "the result comes after the restart it causes")
+
+
 @dataclass(frozen=True)
 class Run:
     id: str

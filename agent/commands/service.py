@@ -19,8 +19,8 @@ from ..base.boot import boot_token
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from . import ledger
-from .actions import LATER, Actions, Outcome
-from .core import CommandCore, Report, Run
+from .actions import Actions
+from .core import CommandCore, LATER, Outcome, Report, Run
 
 log = logging.getLogger("edge_agent.commands")
 

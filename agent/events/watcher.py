@@ -23,7 +23,7 @@ from ..runtime.watchdog_gate import WatchdogGate
 from .debounce import Debouncer
 from .model import Event, NetworkState, UndervoltageLatch, display_event
 from .outbox import Outbox
-from .telemetry import TelemetryGate
+from .telemetry import SAMPLE_EVERY_S, TelemetryGate
 
 log = logging.getLogger("edge_agent.events")
 
@@ -127,9 +127,11 @@ class EventWatcher:
                  gate: WatchdogGate | None = None, sysfs: SysfsState | None = None,
                  settle_s: float = 2.0, fallback_interval_s: float = 60.0,
                  udev_source: str = "auto", telemetry_every_s: float = 300.0,
-                 scheduled_off: Callable[[], bool] = lambda: False):
+                 scheduled_off: Callable[[], bool] = lambda: False,
+                 sample: Callable[[], dict] | None = None):
         """``scheduled_off()``: working hours have the display off now, so a display
-        that goes away is not a fault (agent/hours/)."""
+        that goes away is not a fault (agent/hours/). ``sample()``: a telemetry sample,
+        taken by turn() every SAMPLE_EVERY_S."""
         self.outbox = outbox
         self.scheduled_off = scheduled_off
         self.sysfs = sysfs or SysfsState()
@@ -144,6 +146,8 @@ class EventWatcher:
         self._stop_r, self._stop_w = os.pipe()
         self.mode = "starting"
         self.telemetry = TelemetryGate(telemetry_every_s)
+        self._sample = sample
+        self._sample_due = 0.0
         self.loop = Loop("events", self._turns, max_silence_s=MAX_SILENCE_S, gate=gate,
                          stopping=lambda: False, pause=self._stop_requested_within)
 
@@ -278,6 +282,13 @@ class EventWatcher:
     def _flush(self, now: float) -> None:
         for event in self.debouncer.due(now):
             self.outbox.put(event)
+
+    def turn(self, now: float) -> None:
+        """On a wake-up the link thread had anyway: a telemetry sample when one is due
+        (no thread of its own wakes for it)."""
+        if self._sample is not None and now >= self._sample_due:
+            self._sample_due = now + SAMPLE_EVERY_S
+            self.telemetry_sampled(self._sample(), now)
 
     def telemetry_sampled(self, values: dict, now: float) -> None:
         """A telemetry sample (taken on the link thread's turn, its only caller): a

@@ -27,6 +27,8 @@ from ..base.clock import wall_synced
 from ..base.hardware import connectors
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
+from ..config.model import Commands, Hours
+from ..events.model import Event
 from .rules import Schedule
 
 log = logging.getLogger("edge_agent.hours")
@@ -187,3 +189,17 @@ class WorkingHours:
         whose display is not DRM's) is not second-guessed."""
         statuses = connectors(self.sysfs_root).values()
         return not statuses or "connected" in statuses
+
+
+def from_config(hours: Hours, commands: Commands, *, sysfs_root: str,
+                publish: Callable[[Event], None],
+                gate: WatchdogGate | None = None) -> WorkingHours:
+    """Working hours as the configuration sets them, run through [commands]' display
+    commands; what they do is told as events (display.scheduled, display.fault)."""
+    return WorkingHours(
+        Schedule.parse(list(hours.week), list(hours.exceptions)), hours.timezone,
+        commands.display_on_command, commands.display_off_command, commands.timeout_s,
+        trust_clock=hours.clock == "trusted",
+        on_fault=lambda d: publish(Event("display.fault", time.time(), d)),
+        on_change=lambda d: publish(Event("display.scheduled", time.time(), d)),
+        sysfs_root=sysfs_root, gate=gate)

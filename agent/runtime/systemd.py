@@ -8,7 +8,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Callable
+
+from .watchdog_gate import WatchdogGate
 
 log = logging.getLogger("edge_agent.systemd")
 
@@ -62,16 +65,28 @@ def watchdog_period_s(environ=None) -> float | None:
 
 
 class WatchdogPetter(threading.Thread):
-    """Every half watchdog period, asks the gate and pets only if it says yes."""
+    """Every half watchdog period, asks the gate and pets only if it says yes. ``live()``:
+    the link is proven live (or an operator is being waited for); ``outage()``: why the
+    link is down, when the network or the server is out. ``keep_restarts(n)``: the
+    outage's restarts so far, kept across restarts where the gate says to."""
 
-    def __init__(self, notifier: Notifier, period_s: float,
-                 may_pet: Callable[[], tuple[bool, str]]):
+    def __init__(self, notifier: Notifier, period_s: float, gate: WatchdogGate,
+                 live: Callable[[], bool], outage: Callable[[], str | None],
+                 keep_restarts: Callable[[int], None] = lambda n: None):
         super().__init__(name="watchdog", daemon=True)
         self.notifier = notifier
         self.interval_s = period_s / 2
-        self.may_pet = may_pet
+        self.gate = gate
+        self._live, self._outage, self._keep_restarts = live, outage, keep_restarts
         self._stop = threading.Event()
         self._withheld: str | None = None
+
+    def may_pet(self) -> tuple[bool, str]:
+        verdict = self.gate.verdict(time.monotonic(), self._live(), self._outage())
+        if self.gate.restarts_to_keep is not None:
+            self._keep_restarts(self.gate.restarts_to_keep)
+            self.gate.restarts_to_keep = None
+        return verdict
 
     def run(self) -> None:
         while not self._stop.wait(self.interval_s):

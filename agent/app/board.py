@@ -1,0 +1,79 @@
+"""The status board, kept: what each part says of itself gathered into the status file
+(`edge-agent status`, the diagnostics command, root's installer) and systemd's one line
+(`systemctl status`), refreshed on every change and, for the line, now and then on a
+wake-up the link thread has anyway (it carries the RTT). The document's shape and words
+are status.py's; the parts' snapshots are their own."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from ..runtime.systemd import Notifier
+from . import status
+from .storage import StorageHealth
+
+log = logging.getLogger("edge_agent")
+
+# How often STATUS= is refreshed while nothing else changes (it carries the RTT).
+STATUS_REFRESH_S = 30.0
+
+
+class StatusBoard:
+    """``pairing()`` and ``link_now()`` are asked at each refresh; ``sections`` are the
+    parts' snapshots by the status document's names; ``on_pairing`` sees each refresh's
+    pairing (the code board shows a code from it)."""
+
+    def __init__(self, path: str, notifier: Notifier, *, device_id: Callable[[], str],
+                 server: str, storage: StorageHealth, pairing: Callable[[], dict | None],
+                 link_now: Callable[[], dict], sections: dict[str, Callable[[], object]],
+                 on_pairing: Callable[[dict | None], None] = lambda pairing: None):
+        self._path = path
+        self._notifier = notifier
+        self._device_id = device_id
+        self._server = server
+        self._storage = storage
+        self._pairing = pairing
+        self._link_now = link_now
+        self._sections = sections
+        self._on_pairing = on_pairing
+        self.link: dict = {}   # the link's state as it last published it
+        self._said_at = time.monotonic()
+        self._lock = threading.Lock()
+
+    @property
+    def link_published(self) -> bool:
+        return bool(self.link)
+
+    def link_changed(self, link: dict) -> None:
+        self.link = link
+        self.refresh()
+
+    def refresh(self) -> None:
+        """From any thread: the line and the file say what is true now."""
+        pairing = self._pairing()
+        self._on_pairing(pairing)
+        self._say(self.link, pairing)
+        doc = self.document(pairing)
+        with self._lock:
+            try:
+                status.write(self._path, doc)
+            except OSError as e:
+                log.warning("cannot write status file %s: %s", self._path, e.strerror)
+
+    def turn(self, now: float) -> None:
+        """On the link thread's wake-up: systemd's line, when it has not been said lately."""
+        if self._notifier.enabled and now - self._said_at >= STATUS_REFRESH_S:
+            self._said_at = now
+            self._say(self._link_now(), self._pairing())
+
+    def document(self, pairing: dict | None = None) -> dict:
+        return status.document(
+            device_id=self._device_id(),
+            pairing=self._pairing() if pairing is None else pairing, server=self._server,
+            link=self.link, storage=self._storage.snapshot(),
+            **{name: snapshot() for name, snapshot in self._sections.items()})
+
+    def _say(self, link: dict, pairing: dict | None) -> None:
+        self._notifier.status(status.line(link, pairing, self._storage.snapshot()))

@@ -1,0 +1,158 @@
+"""Who this device is and how it pairs, assembled: the credentials on the card, the
+identity service over its core, and the way this server pairs a screen: the enroller
+(a profile that pairs outside its link, docs/PROTOCOL.md) or the code board (one that
+pairs inside it, ScreenTinker). The daemon builds one, binds it to the link and starts
+and stops it; the rest of the agent asks it for the identity and the pairing."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Protocol
+
+from ..base.identifiers import shown
+from ..config.model import Identity, Server
+from ..runtime.watchdog_gate import WatchdogGate
+from . import device, pairing_code
+from .credentials import Credentials
+from .enroller import Enroller
+from .service import Hooks, IdentityService
+
+
+class LinkControl(Protocol):
+    """What pairing needs of the link (link/runner.py, bound by the daemon)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def credentials_dropped(self, why: str) -> None: ...
+
+    def seconds_to_next_attempt(self) -> float: ...
+
+
+class Pairs(Protocol):
+    """What pairing needs of the server's profile (link/profiles/)."""
+
+    pairing_code: str | None
+    CODE_EXPIRY: str
+    CLAIM_WHERE: str
+
+    def forget_pairing(self) -> None: ...
+
+
+class StorageReports(Protocol):
+    """Where a part that cannot use the card says so (app/storage.py)."""
+
+    def unavailable(self, part: str, path: str, e: Exception, holds: str) -> None: ...
+
+    def credentials(self, path: str, e: OSError) -> None: ...
+
+
+class DeviceIdentity:
+    """``profile``: the server's profile class; one that pairs inside its link says where
+    and how long its code is claimed (CLAIM_WHERE, CODE_EXPIRY: the code board)."""
+
+    def __init__(self, section: Identity, server: Server, runtime_dir: str, *,
+                 profile: type, storage: StorageReports, on_change: Callable[[], None],
+                 gate: WatchdogGate | None = None):
+        pairs_in_link = profile.pairs_in_link
+        self._section = section
+        self._storage = storage
+        self.pairs_in_link = pairs_in_link
+        self.credentials = Credentials(section.state_dir)
+        self.ids = IdentityService.load(
+            section.device_id or self._local_device_id(), self.credentials,
+            section.token, section.device_id is not None, pairs_in_link)
+        self.preprovisioned = self.ids.preprovisioned
+        self.enroller = None
+        if not self.preprovisioned and not pairs_in_link:
+            self.enroller = Enroller(
+                server.url, self.ids.device_id(), runtime_dir, server.egress,
+                on_paired=self.ids.enrolled, on_change=on_change,
+                show_on_console=section.show_code_on_console, gate=gate,
+                paired_with=self.ids.token())
+        # a code made inside the link is shown where the enroller shows its own: the
+        # file and the journal, as well as status
+        self.code_board = (pairing_code.Board(runtime_dir, profile.CLAIM_WHERE,
+                                              profile.CODE_EXPIRY)
+                           if pairs_in_link and not self.preprovisioned else None)
+        self._profile: Pairs | None = None
+
+    def _local_device_id(self) -> str:
+        try:
+            return device.load_or_create(self._section.state_dir)
+        except OSError as e:
+            # derived again the same way at the next start (from machine-id and serial)
+            self._storage.unavailable("device id", os.path.join(self._section.state_dir,
+                                                                "device_id"),
+                                      e, "derived for this run only")
+            return device.derive()
+
+    def bind(self, link: LinkControl, profile: Pairs, resume_uploads: Callable[[], None],
+             status_changed: Callable[[], None]) -> None:
+        """Once the link and the profile are built: what a change of credentials does."""
+        self._profile = profile
+
+        def reregister(why: str) -> None:
+            profile.forget_pairing()
+            link.credentials_dropped(why)
+
+        def restart_enrollment(generation: int) -> None:
+            # not before the link would have tried again: a server that keeps refusing
+            # is never hammered
+            self.enroller.restart(link.seconds_to_next_attempt(), generation)
+
+        self.ids.hooks = Hooks(
+            restart_enrollment=restart_enrollment, pause_link=link.pause,
+            resume_link=link.resume, reregister=reregister, resume_uploads=resume_uploads,
+            status_changed=status_changed, credentials_write_failed=self._storage.credentials,
+            credentials_stored=(self.enroller.credentials_stored
+                                if self.enroller is not None else lambda: None))
+
+    # -- what the rest of the agent asks ----------------------------------------------
+    def device_id(self) -> str:
+        return self.ids.device_id()
+
+    def token(self) -> str | None:
+        return self.ids.token()
+
+    def current(self) -> tuple[str, str] | None:
+        """(device id, token) to connect with, or None while there is no token."""
+        current = self.ids.current
+        return (current.device_id, current.token) if current.token else None
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for an operator to type the code: healthy, not wedged."""
+        return self.enroller is not None and self.enroller.waiting
+
+    def pairing(self) -> dict | None:
+        if self.pairs_in_link and not self.preprovisioned and self._profile is not None:
+            current = self.ids.current   # one snapshot: token and claim from the same change
+            if current.token and current.claimed:
+                return {"state": "paired"}
+            return {"state": "registered-waiting-for-pairing" if current.token
+                    else "waiting-for-pairing",
+                    "code": shown(self._profile.pairing_code), "expires_in_s": None,
+                    "expiry": self._profile.CODE_EXPIRY, "where": self._profile.CLAIM_WHERE}
+        return self.enroller.pairing() if self.enroller is not None else None
+
+    def show_code(self, pairing: dict | None) -> None:
+        """On every status change: a code the server holds (registered) is shown until
+        it is claimed."""
+        if self.code_board is not None:
+            self.code_board.show(pairing.get("code") if pairing and pairing.get("state")
+                                 == "registered-waiting-for-pairing" else None)
+
+    def describe(self) -> str:
+        return ("pre-provisioned token" if self.preprovisioned else
+                "paired" if self.ids.token() else "not paired yet")
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        if self.enroller is not None:
+            self.enroller.start()
+
+    def stop(self) -> None:
+        if self.enroller is not None:
+            self.enroller.stop()
+        self.ids.flush()
