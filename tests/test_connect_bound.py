@@ -115,6 +115,6 @@ def test_the_core_tells_a_throttle_and_a_loss_everyone_saw_from_a_silent_one():
 
 
 def test_a_429_or_503_answer_to_the_upgrade_tells_the_bound_the_server_is_busy():
-    from agent.link.transport import _not_an_upgrade
+    from agent.link.upgrade import _not_an_upgrade
     assert _not_an_upgrade(None, 503).busy and _not_an_upgrade(None, 429).busy
     assert not _not_an_upgrade(None, 404).busy and not _not_an_upgrade(None, 302).busy

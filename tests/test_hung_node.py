@@ -186,7 +186,7 @@ def test_a_dial_the_network_has_not_answered_is_never_raced(netns):
 
     from agent.base.egress import Egress
     from agent.link.dialer import DialError
-    from agent.link.transport import DialContext, _race
+    from agent.link.upgrade import DialContext, _race
     listener = socket_mod.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)

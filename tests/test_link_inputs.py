@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from agent.link import transport as T
+from agent.link import frames as F
 from devtools.harness import REPO, agent_config, terminate, wait_for
 
 MiB = 1024 * 1024
@@ -80,7 +80,7 @@ def peak_rss_mb(pid: int) -> float:
 def test_a_40_mb_message_is_refused_unread_and_the_link_comes_back(
         peer, spawn_agent, agent_python, tmp_path):
     # first a message at the bound, which is taken, then one of 40 MB, which is not
-    server = peer("--big-bytes", str(T.MAX_MESSAGE_BYTES), "--big-bytes", str(40 * MiB))
+    server = peer("--big-bytes", str(F.MAX_MESSAGE_BYTES), "--big-bytes", str(40 * MiB))
     agent = spawn_agent(agent_python, agent_config(server, tmp_path))
     agent.wait_live(15, connection=1)
     server.go()
@@ -121,7 +121,7 @@ def test_dense_json_is_taken_at_the_bound_and_refused_over_it(
         peer, spawn_agent, agent_python, tmp_path):
     # "[{},{},...]" is the text that costs most to parse: one at the bound is taken,
     # one just under the old bound of 4 MiB (143 MB once parsed) is not
-    server = peer("--dense-bytes", str(T.MAX_MESSAGE_BYTES), "--dense-bytes", str(4 * MiB - 64))
+    server = peer("--dense-bytes", str(F.MAX_MESSAGE_BYTES), "--dense-bytes", str(4 * MiB - 64))
     agent = spawn_agent(agent_python, agent_config(server, tmp_path))
     agent.wait_live(15, connection=1)
     server.go()
@@ -221,7 +221,7 @@ def frame(opcode: int, length: int, fin: bool = True) -> bytes:
 @pytest.fixture
 def pair():
     ours, server = socket.socketpair()
-    ws = T.BoundedWebSocket()
+    ws = F.BoundedWebSocket()
     ws.sock, ws.connected = ours, True
     ws.settimeout(3)
     senders = []
@@ -239,7 +239,7 @@ def pair():
 def test_a_frame_over_the_bound_is_refused_from_its_header(pair):
     ws, server, send = pair
     send(frame(0x1, 40 * MiB) + b"x" * 1000)   # the rest never comes: reading on would hang
-    with pytest.raises(T.MessageTooLarge) as refused:
+    with pytest.raises(F.MessageTooLarge) as refused:
         ws.recv()
     assert refused.value.size == 40 * MiB
     assert ws.refused is refused.value
@@ -249,7 +249,7 @@ def test_a_frame_over_the_bound_is_refused_from_its_header(pair):
 
 def test_a_message_is_bounded_as_a_whole_across_its_fragments(pair):
     ws, server, send = pair
-    limit = T.MAX_MESSAGE_BYTES
+    limit = F.MAX_MESSAGE_BYTES
     send(frame(0x1, limit) + b"a" * limit)               # at the bound: taken
     assert len(ws.recv()) == limit
     half = limit // 2
@@ -257,7 +257,7 @@ def test_a_message_is_bounded_as_a_whole_across_its_fragments(pair):
          + frame(0x9, 4) + b"ping"                       # a ping between them,
          + frame(0x0, limit - half, fin=False) + b"c" * (limit - half)
          + frame(0x0, 1))                                # and one byte more: refused
-    with pytest.raises(T.MessageTooLarge) as refused:
+    with pytest.raises(F.MessageTooLarge) as refused:
         ws.recv()
     assert refused.value.size == limit + 1
 
@@ -265,7 +265,7 @@ def test_a_message_is_bounded_as_a_whole_across_its_fragments(pair):
 def test_a_binary_frame_is_refused_from_its_header(pair):
     ws, server, send = pair
     send(frame(0x2, 1000) + b"x" * 10)   # the rest never comes: reading on would hang
-    with pytest.raises(T.MessageRefused, match="binary websocket frame") as refused:
+    with pytest.raises(F.MessageRefused, match="binary websocket frame") as refused:
         ws.recv()
     assert refused.value.reason == "message-refused"
     assert ws.refused is refused.value
@@ -281,7 +281,7 @@ def test_a_packet_with_attachments_is_refused_however_it_is_fragmented(pair, pac
     send(frame(0x1, 1, fin=False) + b"4"                         # "45..." split after the "4",
          + frame(0x9, 4) + b"ping"                               # a ping between,
          + frame(0x0, 10) + packet_type + b'1-["x",{}')        # the rest in a last fragment
-    with pytest.raises(T.MessageRefused, match="binary attachments"):
+    with pytest.raises(F.MessageRefused, match="binary attachments"):
         ws.recv()
     server.settimeout(3)
     sent = b""

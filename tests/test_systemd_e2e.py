@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agent.link.transport import ABORT_JOIN_S
+from agent.link.upgrade import ABORT_JOIN_S
 from devtools.harness import REPO, FakeSystemd, agent_config, wait_for
 
 pytestmark = pytest.mark.netns

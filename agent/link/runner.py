@@ -3,30 +3,35 @@
 All decisions live in the core; this loop only sleeps until the core's next
 deadline or the next event, executes the actions the core returns, and routes the
 library's callbacks (which arrive on its own threads) back through one queue.
+
+LinkRunner is in four parts: the loop and its actions here; its connects and the
+site's idle limit (runner_connect.py); what it says to the server (runner_sends.py);
+the news it takes in (runner_news.py).
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import random
 import threading
 import time
 from typing import Callable
 
-from ..base.clock import NOTABLE_SKEW_S, Clock, SystemClock
+from ..base.clock import Clock, SystemClock
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from ..base import reasons as J
-from . import inbox, protocol, tcpinfo
+from . import inbox, tcpinfo
 from .cargo import Cargo
 from .connect_bound import ConnectBound
-from .idle_memory import IdleMemory, network_key
-from .delivery import LOST
+from .idle_memory import IdleMemory
 from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport, VerifyDelivery
 from .profiles import PROFILES, ProfileContext
+from .runner_connect import Connecting
+from .runner_news import News
+from .runner_sends import Sends
 from .schedule_store import ScheduleStore
-from .transport import ABORT_JOIN_S, SocketIOTransport, TransportError
+from .transport import SocketIOTransport
+from .upgrade import ABORT_JOIN_S
 from .wakeup import Wakeup
 
 log = logging.getLogger("edge_agent.link")
@@ -41,7 +46,7 @@ MAX_WAIT_S = 30.0
 TransportFactory = Callable[[int, Callable], SocketIOTransport]
 
 
-class LinkRunner:
+class LinkRunner(Connecting, Sends, News):
     def __init__(self, config, *, clock: Clock | None = None,
                  transport_factory: TransportFactory | None = None,
                  on_status: Callable[[dict], None] | None = None,
@@ -334,153 +339,12 @@ class LinkRunner:
         elif isinstance(action, Abort):
             self._abort(action.reason)
 
-    def _connect(self, attempt: int) -> None:
-        if self.identity() is None and not self.profile.pairs_in_link:
-            now = self.clock.monotonic()
-            self.core.on_connect_failed(now, J.REFUSED)
-            self.core.pause(now, J.REFUSED)
-            return
-        # a connect blocks for up to connect_timeout_s: say so, not the state before it
-        self._publish()
-        self.generation += 1
-        self._recall_idle_limit()   # before the transport: its keepalive follows the limit
-        transport = self._factory(self.generation, self.sink)
-        self._opening = transport   # a bug in open() leaves it to _recover() to abort
-        started = time.monotonic()   # the handshake's real duration, whatever the clock
-        try:
-            transport.open()
-        except TransportError as e:
-            self._opening = None
-            if e.timed_out:
-                self.connect_bound.timed_out(raced=getattr(transport, "raced", False))
-            if e.busy:
-                self.connect_bound.busy()
-            now = self.clock.monotonic()
-            self.core.on_connect_failed(now, e.reason, e.detail)
-            delay = self.core.attempt_at() - now
-            log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",
-                        self.config.server.display, e.reason, e.detail, delay, attempt + 1)
-            if e.reason == J.REFUSED and self._on_refused is not None:
-                self._on_refused(e.detail)
-            return
-        took = time.monotonic() - started
-        # the handshake the bound learns is the winning dial's own, not the wait before it
-        self.connect_bound.succeeded(took - getattr(transport, "winner_offset_s", 0.0))
-        self.transport, self._opening = transport, None
-        self._acks_may_wait = False
-        self._pings_seen = 0
-        self._tcp_before.clear()
-        now = self.clock.monotonic()
-        skew = transport.clock_skew_s()
-        self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
-                               transport.local_addr(), took, skew)
-        dialed = transport.dialed
-        log.info("link up: connected to %s from %s%s in %.0f ms%s%s (connection %d)",
-                 self.config.server.display, transport.local_addr(),
-                 f" via {dialed.via}" if dialed is not None and dialed.via != "direct" else "",
-                 took * 1000, _phases(dialed), _race_said(transport),
-                 self.core.journal.total_connections)
-        if skew is not None and abs(skew) >= NOTABLE_SKEW_S:
-            log.warning("this device's clock is %.0f s %s the server's: is it synchronised "
-                        "(NTP reachable from this site)?", abs(skew),
-                        "behind" if skew > 0 else "ahead of")
-        try:
-            self.profile.on_connected(transport, self._poster(self.generation))
-        except TransportError as e:
-            self._closed(e.reason, e.detail)
-            return
-        if self._on_link_up is not None:
-            self._on_link_up()
-        if self.commands is not None:
-            for report in self.commands.unacked():  # until the server confirms each
-                self._send_result(report.result)
-
-    def _poster(self, generation: int):
-        return functools.partial(self.sink, generation)
-
-    def _send_heartbeat(self, seq: int) -> None:
-        if self.transport is None:
-            return
-        if not self.core.watchdog.armed:   # no ACKs from this server (yet): ask the kernel
-            self._tcp_before[seq] = tcpinfo.read(self.raw_socket())
-        try:
-            self.profile.send_heartbeat(self.transport, seq, self.clock.wall(),
-                                        self.clock.monotonic() - self._started,
-                                        self._poster(self.generation), self.clock.monotonic)
-        except TransportError as e:
-            self._closed(e.reason, e.detail)
-
-    def _verify_delivery(self, seq: int) -> None:
-        before = self._tcp_before.pop(seq, None)
-        after = tcpinfo.read(self.raw_socket())
-        for action in self.core.on_delivery(seq, tcpinfo.delivered(before, after),
-                                            self.clock.monotonic(),
-                                            after.rtt_s if after is not None else None):
-            self._execute(action)
-
     def raw_socket(self):
         """The live connection's kernel socket, or None (any thread: diagnostics read
         it; the link thread asks the kernel about its heartbeats)."""
         transport = self.transport
         raw = getattr(transport, "raw_socket", None)
         return raw() if raw is not None else None
-
-    def _send_report(self, action: SendReport) -> None:
-        if self.transport is None:
-            return
-        gen = self.generation
-        last = action.connections[-1] if action.connections else None
-        offline_s = None
-        if last is not None and self.core.connected_at is not None:
-            ended = [r for r in self.core.journal.records if r.n == last["n"]]
-            if ended and ended[0].lived_s is not None:
-                offline_s = self.core.connected_at - (ended[0].opened_mono + ended[0].lived_s)
-
-        def on_ack(*args):
-            self.sink(gen, inbox.ReportAcked(action.upto_n, args))
-
-        try:
-            self.profile.send_report(self.transport, action.connections, offline_s,
-                                     self.clock.wall(), on_ack)
-        except TransportError as e:
-            self._closed(e.reason, e.detail)
-
-    def _emit(self, event: str, payload, callback) -> None:
-        if self.transport is None:
-            return
-        try:
-            self.transport.emit(event, payload, callback)
-        except TransportError as e:
-            self._closed(e.reason, e.detail)
-
-    def _send_upload(self, news: inbox.SendUpload) -> None:
-        request = news.request
-        if not self.uploads_ready():
-            request.finish(LOST, "link not up and registered")
-            return
-        generation, seq = self.generation, self.core.seq
-        self.cargo.upload_sending(request)
-        for event, payload in request.messages:
-            self._emit(event, payload, None)
-        if self.transport is None:
-            return  # the emit found the link gone: _closed settled it as lost
-        self.cargo.upload_sent(request.key, generation, seq, self.transport.server_pings)
-
-    def _flush_outbox(self) -> None:
-        """Hardware events go out in order once the link has carried an ACK, each until
-        the server ACKs it: an emit on a silently dropped link proves nothing."""
-        if (self.outbox is None or not self.profile.supports_events or self.transport is None
-                or self.core.state != LinkState.ONLINE
-                or not self.core.watchdog.acked):
-            return
-        for event in self.cargo.events_to_send(self.outbox.pending(), self.generation):
-            # on the library's thread, without waking this one: the server has the
-            # event, whichever connection carried it, and the outbox is thread-safe
-            def on_ack(*args, event_id=event.id):
-                if protocol.parse_ok(args):
-                    self.outbox.ack(event_id)
-
-            self._emit(protocol.EVENT, event.payload(), on_ack)
 
     def _abort(self, reason: str) -> None:
         self.cargo.connection_ended()
@@ -510,36 +374,6 @@ class LinkRunner:
             return f"{reason} ({self.core.last_detail})"
         return reason
 
-    # -- the site's idle limit ---------------------------------------------------
-    def _recall_idle_limit(self) -> None:
-        """On the first connect on a network: what was learnt there before."""
-        if self._idle_memory is None or not self.config.link.idle.enabled:
-            return
-        network = network_key()
-        if network == self._network:
-            return
-        self._network = network
-        self.core.idle.recall(self._idle_memory.recall(network), self.clock.monotonic())
-        if self.core.idle.learning:
-            log.info("this network (%s) reaps idle flows: heartbeat every %gs, as learnt "
-                     "before", network, self.core.idle.interval_s)
-        self.core.idle.changed = False
-
-    def _keep_idle_limit(self) -> None:
-        idle = self.core.idle
-        if not idle.changed:
-            return
-        idle.changed = False
-        if idle.learning:
-            log.warning("connections die after the same idle time: heartbeat every %gs "
-                        "(configured %gs) while this site reaps idle flows",
-                        idle.interval_s, idle.configured_s)
-        else:
-            log.info("heartbeat back to every %gs: this site no longer reaps idle flows",
-                     idle.configured_s)
-        if self._idle_memory is not None:
-            self._idle_memory.keep(self._network or network_key(), idle.memory())
-
     def _closed(self, reason: str, detail: str) -> None:
         if self.core.state != LinkState.ONLINE:
             return
@@ -551,153 +385,6 @@ class LinkRunner:
                     self.core.attempt_at() - self.clock.monotonic())
         if transport is not None:
             transport.abort()
-
-    # -- news -------------------------------------------------------------------
-    def _handler_table(self) -> dict:
-        return {
-            inbox.HeartbeatAcked: self._heartbeat_acked,
-            inbox.Stop: self._on_stop,
-            inbox.Pause: self._on_pause,
-            inbox.Resume: self._on_resume,
-            inbox.OutboxChanged: self._outbox_changed,
-            inbox.NetworkUp: self._network_up,
-            inbox.SendUpload: self._send_upload,
-            inbox.ForgetUpload: self._forget_upload,
-            inbox.CommandFinished: self._command_finished,
-            inbox.CredentialsDropped: self._credentials_dropped,
-            inbox.Registered: self._registered,
-            inbox.BadAck: self._bad_ack,
-            inbox.Malformed: self._malformed,
-            inbox.UnknownEvent: self._unknown_event,
-            inbox.Emit: self._emit_for_profile,
-            inbox.Unpaired: self._unpaired,
-            inbox.CommandReceived: self._command_received,
-            inbox.CommandResultAcked: self._command_result_acked,
-            inbox.ReportAcked: self._report_acked,
-            inbox.Closed: self._connection_closed,
-            inbox.Throttled: self._throttled,
-            inbox.ReconnectWindow: self._reconnect_window,
-        }
-
-    def _on_stop(self, news: inbox.Stop) -> None:
-        for action in self.core.stop(self.clock.monotonic()):
-            self._execute(action)
-
-    def _on_pause(self, news: inbox.Pause) -> None:
-        for action in self.core.pause(self.clock.monotonic(), J.REFUSED):
-            self._execute(action)
-
-    def _on_resume(self, news: inbox.Resume) -> None:
-        self.core.resume(self.clock.monotonic())
-
-    def _outbox_changed(self, news: inbox.OutboxChanged) -> None:
-        pass   # woken to flush; every turn does
-
-    def _network_up(self, news: inbox.NetworkUp) -> None:
-        if self.core.on_network_up(self.clock.monotonic()):
-            log.info("network is back: connecting now instead of waiting out the backoff")
-
-    def _forget_upload(self, news: inbox.ForgetUpload) -> None:
-        self.cargo.forget_upload(news.key)
-
-    def _command_finished(self, news: inbox.CommandFinished) -> None:
-        for report in self.commands.finished(news.command_id, news.outcome, news.started):
-            self._send_result(report.result)
-
-    def _credentials_dropped(self, news: inbox.CredentialsDropped) -> None:
-        if self.core.state == LinkState.ONLINE:
-            log.info("%s: registering again", news.why)
-            self._closed(J.SERVER_DISCONNECT, news.why)
-
-    def _registered(self, news: inbox.Registered) -> None:
-        if self.cargo.registered(self.generation) and self._on_link_up is not None:
-            self._on_link_up()
-
-    def _bad_ack(self, news: inbox.BadAck) -> None:
-        self._warn_once("ack", f"ignoring malformed heartbeat ack: {news.why}")
-
-    def _malformed(self, news: inbox.Malformed) -> None:
-        self._warn_once("malformed:" + news.what, f"ignoring malformed {news.what} message")
-
-    def _emit_for_profile(self, news: inbox.Emit) -> None:
-        self._emit(news.event, news.payload, None)
-
-    def _connection_closed(self, news: inbox.Closed) -> None:
-        self._closed(news.reason, news.detail)
-
-    def _unknown_event(self, news: inbox.UnknownEvent) -> None:
-        name = str(news.name)[:64]
-        self._warn_once("unknown:" + name, f"ignoring unknown server event {name!r}")
-
-    def _unpaired(self, news: inbox.Unpaired) -> None:
-        self.core.on_throttle(news.settle_s, self.clock.monotonic())
-        log.warning("%s: registering again with pairing code %s", news.why,
-                    self.profile.pairing_code)
-        self._closed(J.SERVER_DISCONNECT, news.why)
-
-    def _command_received(self, news: inbox.CommandReceived) -> None:
-        if self.commands is None:
-            log.warning("server asked for a command (%s) and this agent runs none", news.via)
-            reports = []
-        else:
-            reports = self.commands.received(news.raw)   # the ledger written, durably
-        if news.recorded is not None:
-            news.recorded()      # now the receipt may go out
-        for report in reports:
-            self._send_result(report.result, report.kept)
-
-    def _command_result_acked(self, news: inbox.CommandResultAcked) -> None:
-        if protocol.parse_ok(news.answer):
-            self.commands.acked(news.command_id)
-
-    def _report_acked(self, news: inbox.ReportAcked) -> None:
-        if protocol.parse_ok(news.answer):
-            self.core.on_report_acked(news.upto_n)
-
-    def _throttled(self, news: inbox.Throttled) -> None:
-        hold = self.core.on_throttle(news.seconds, self.clock.monotonic())
-        log.warning("server asked to hold off: no new connection for %.0fs", hold)
-
-    def _reconnect_window(self, news: inbox.ReconnectWindow) -> None:
-        window = self.core.on_reconnect_window(news.seconds)
-        log.info("server's reconnect window: %.0fs (after losing the server, the first "
-                 "try comes at a random moment within it)", window)
-
-    def _heartbeat_acked(self, news: inbox.HeartbeatAcked) -> None:
-        rtt = self.core.on_ack(news.seq, news.at)
-        if rtt is not None:
-            log.debug("heartbeat %d acked, rtt %.1f ms", news.seq, rtt * 1000)
-        self._acks_may_wait = self.core.watchdog.proven_live(self.clock.monotonic())
-        if self.cargo.uploads_waiting:
-            self.cargo.heartbeat_acked(self.generation, news.seq)
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned and len(self._warned) < 256:
-            self._warned.add(key)
-            log.warning(message)
-
-    def _send_result(self, result: dict, kept: bool = True) -> None:
-        """A command's result to the server, until it confirms (it stays in the ledger
-        unconfirmed, and goes again on the next connection). A refusal the ledger does
-        not keep (a flood's rate-limited, busy, too old) goes once, unconfirmed, and
-        changes no status: a flood costs this thread one emit per command."""
-        if self.transport is None:
-            return
-        if not kept:
-            self._emit(*self.profile.command_result(result)[:2], None)
-            return
-        gen = self.generation
-        event, payload, confirms = self.profile.command_result(result)
-        if confirms:
-            def on_ack(*args, cid=result["id"]):
-                self.sink(gen, inbox.CommandResultAcked(cid, args))
-            self._emit(event, payload, on_ack)
-        else:
-            self._emit(event, payload, None)
-            if self.transport is not None:
-                self.commands.acked(result["id"])  # no confirmation exists: sent once
-        if self._on_status is not None:
-            self._on_status(self.snapshot())
 
     # -- status -----------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -727,46 +414,6 @@ class LinkRunner:
         if self._on_status is not None:
             self._on_status(self.snapshot())
 
-    # -- wiring -----------------------------------------------------------------
-    def _default_transport(self, generation: int, sink: Callable) -> SocketIOTransport:
-        cfg = self.config
-        profile = self.profile
-        keepalive = cfg.link.keepalive
-        if self.core.idle.learning:   # a NAT or conntrack reaper is kept busy by these too
-            keepalive = dataclasses.replace(keepalive, idle_s=max(1, min(
-                keepalive.idle_s, int(self.core.idle.interval_s))))
-        return SocketIOTransport(
-            url=cfg.server.url, auth=profile.auth(), namespace=profile.namespace,
-            transports=profile.transports, keepalive=keepalive,
-            connect_timeout_s=self.connect_bound.current(), egress=cfg.server.egress,
-            generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)),
-            race_after_s=self._race_after())
-
-    def _race_after(self) -> float | None:
-        """When a second dial races this connect, if at all (connect_bound.py decides)."""
-        if not self._race:
-            return None
-        return self.connect_bound.race_after(
-            held=self.core.held(self.clock.monotonic()),
-            shared_loss=self.core.after_shared_loss)
-
-
-def _phases(dialed) -> str:
-    """ (dns 2, tcp 11, tls 40, upgrade 9 ms): where a slow connect spent its time."""
-    if dialed is None or not dialed.phases:
-        return ""
-    return " (" + ", ".join(f"{name.removesuffix('_s')} {seconds * 1000:.0f}"
-                            for name, seconds in dialed.phases.items()) + " ms)"
-
-
-def _race_said(transport) -> str:
-    """ after a race won by the second dial (begun 1.0 s in): what the race changed."""
-    if not getattr(transport, "raced", False):
-        return ""
-    offset = getattr(transport, "winner_offset_s", 0.0)
-    if offset > 0:
-        return f" after a race won by the second dial (begun {offset:.1f} s in)"
-    return " after a race won by the first dial"
 
 
 def _stall_forever() -> None:
