@@ -61,7 +61,7 @@ class DeviceIdentity:
         self.credentials = Credentials(section.state_dir)
         self.ids = IdentityService.load(
             section.device_id or self._local_device_id(), self.credentials,
-            section.token, section.device_id is not None, pairs_in_link)
+            section.token, section.device_id is not None, pairs_in_link, gate=gate)
         self.preprovisioned = self.ids.preprovisioned
         self.enroller = None
         if not self.preprovisioned and not pairs_in_link:
