@@ -7,7 +7,6 @@ udev) is left out, as it plays no part in when a device reconnects.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import signal
 import sys
@@ -15,6 +14,7 @@ import threading
 import time
 
 from agent.config import load as cfgmod
+from agent.link.profiles import PROFILES, ProfileContext
 from agent.link.runner import LinkRunner
 
 
@@ -31,17 +31,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(threadName)s %(message)s")
-    base = cfgmod.load(args.config, env={})
+    config = cfgmod.load(args.config, env={})
     runners = []
     for i in range(args.first, args.first + args.count):
-        cfg = dataclasses.replace(base, identity=dataclasses.replace(
-            base.identity, device_id=f"{args.prefix}{i:04d}", token="t"))
-        runners.append(LinkRunner(cfg, race=not args.no_race))
+        device = (f"{args.prefix}{i:04d}", "t")
+        profile = PROFILES[config.server.profile](ProfileContext(
+            device_id=lambda device=device: device[0], token=lambda device=device: device[1]))
+        runners.append(LinkRunner(config.link, config.server, profile=profile,
+                                  identity=lambda device=device: device, debug=config.debug,
+                                  race=not args.no_race))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     for n, runner in enumerate(runners):
         threading.Thread(target=runner.run, daemon=True,
-                         name=runner.config.identity.device_id).start()
+                         name=runner.identity()[0]).start()
         time.sleep(args.ramp_s / max(1, len(runners)))
     stop.wait()
     return 0

@@ -12,7 +12,7 @@ from agent.events.outbox import Outbox
 from agent.link.cargo import Cargo
 from agent.link.delivery import DELIVERED, LOST, DeliveryTracker
 from agent.link.inbox import HeartbeatAcked, Registered
-from agent.link.profiles import ProfileContext, ScreenTinkerProfile, play_record
+from agent.link.profiles import EdgeAgentProfile, ProfileContext, ScreenTinkerProfile, play_record
 from agent.link.runner import LinkRunner
 from agent.link.schedule_store import ScheduleStore
 from agent.uploads.link_sender import LinkUploadSender
@@ -141,9 +141,12 @@ def make_runner(tmp_path, link: str = "", profile: str = "screentinker", **kwarg
         transports.append(FakeTransport())
         return transports[-1]
 
-    r = LinkRunner(cfg, transport_factory=factory,
-                   profile=st_profile() if profile == "screentinker" else None,
-                   identity=lambda: ("st-1", "t" * 20), **kwargs)
+    identity = lambda: ("st-1", "t" * 20)   # noqa: E731
+    r = LinkRunner(cfg.link, cfg.server, transport_factory=factory,
+                   profile=st_profile() if profile == "screentinker" else EdgeAgentProfile(
+                       ProfileContext(device_id=lambda: identity()[0],
+                                      token=lambda: identity()[1])),
+                   identity=identity, **kwargs)
     r.core.start(0.0)
     r.transports = transports
     return r

@@ -93,9 +93,10 @@ class Agent:
             runtime_dir=runtime_dir, ids_ours=profile_class.pairs_in_link,
             on_storage_error=self.alarms.ledger, gate=self.gate)
         self.runner = LinkRunner(
-            config, on_status=self._link_changed, outbox=self.outbox, profile=self.profile,
+            config.link, config.server, profile=self.profile, identity=self.identity.current,
+            debug=config.debug, on_status=self._link_changed, outbox=self.outbox,
             on_turn=self._link_turn, gate=self.gate, on_link_up=lambda: self.uploads.link_up(),
-            on_refused=ids.refused, identity=self.identity.current,
+            on_refused=ids.refused,
             schedule_store=self.schedule, idle_memory=IdleMemory(state_dir),
             commands=self.commands,
             paused=self.identity.token() is None and not self.profile.pairs_in_link)

@@ -25,7 +25,7 @@ from .cargo import Cargo
 from .connect_bound import ConnectBound
 from .idle_memory import IdleMemory
 from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport, VerifyDelivery
-from .profiles import PROFILES, ProfileContext
+from ..config.model import Debug, Link, Server
 from .runner_connect import Connecting
 from .runner_news import News
 from .runner_sends import Sends
@@ -47,27 +47,30 @@ TransportFactory = Callable[[int, Callable], SocketIOTransport]
 
 
 class LinkRunner(Connecting, Sends, News):
-    def __init__(self, config, *, clock: Clock | None = None,
+    def __init__(self, link: Link, server: Server, *, profile,
+                 identity: Callable[[], tuple[str, str] | None],
+                 debug: Debug = Debug(None, None, None), clock: Clock | None = None,
                  transport_factory: TransportFactory | None = None,
                  on_status: Callable[[dict], None] | None = None,
                  on_turn: Callable[[], None] | None = None,
                  gate: WatchdogGate | None = None,
                  on_link_up: Callable[[], None] | None = None,
                  on_refused: Callable[[str], None] | None = None,
-                 identity: Callable[[], tuple[str, str] | None] | None = None,
-                 outbox=None, profile=None,
+                 outbox=None,
                  schedule_store: ScheduleStore | None = None,
                  commands=None, paused: bool = False,
                  idle_memory: IdleMemory | None = None,
                  rng: random.Random | None = None, race: bool = True):
-        """``paused``: nothing to connect with yet (not paired); resume() when there is.
-        ``race=False``: never a second dial (the behaviour before it, for comparisons)."""
-        self.config = config
+        """``profile``: the server's (link/profiles/); ``identity()``: (device id, token)
+        to connect with, None while there is none. ``paused``: nothing to connect with
+        yet (not paired); resume() when there is. ``race=False``: never a second dial
+        (the behaviour before it, for comparisons)."""
+        self.link, self.server, self.debug = link, server, debug
         self.clock = clock or SystemClock()
-        self.core = LinkCore(LinkPolicy(liveness=config.link.liveness, backoff=config.link.backoff,
-                                        stable_after_s=config.link.stable_after_s,
-                                        wake_min_interval_s=config.link.wake_min_interval_s,
-                                        idle=config.link.idle), rng)
+        self.core = LinkCore(LinkPolicy(liveness=link.liveness, backoff=link.backoff,
+                                        stable_after_s=link.stable_after_s,
+                                        wake_min_interval_s=link.wake_min_interval_s,
+                                        idle=link.idle), rng)
         self.core.paused = paused
         # the ACK deadline's kernel timer runs on real time only
         self.wakeup = Wakeup(cancellable_deadlines=isinstance(self.clock, SystemClock))
@@ -75,9 +78,9 @@ class LinkRunner(Connecting, Sends, News):
         self.transport: SocketIOTransport | None = None
         self.generation = 0
         self._factory = transport_factory or self._default_transport
-        self.connect_bound = ConnectBound(config.server.connect_timeout_s)
+        self.connect_bound = ConnectBound(server.connect_timeout_s)
         self._race = race
-        self._max_wait_s = config.debug.link_max_wait_s or MAX_WAIT_S
+        self._max_wait_s = debug.link_max_wait_s or MAX_WAIT_S
         self._idle_memory = idle_memory
         self._network: str | None = None   # where the idle limit in use was learnt
         self._on_status = on_status
@@ -85,11 +88,9 @@ class LinkRunner(Connecting, Sends, News):
         self._on_turn = on_turn
         self._on_link_up = on_link_up
         self._on_refused = on_refused
-        self.identity = identity or (lambda: (config.identity.device_id, config.identity.token))
+        self.identity = identity
         self.outbox = outbox
-        self.profile = profile or PROFILES[config.server.profile](ProfileContext(
-            device_id=lambda: (self.identity() or (config.identity.device_id, None))[0],
-            token=lambda: (self.identity() or (None, None))[1]))
+        self.profile = profile
         self.cargo = Cargo(outbox.capacity if outbox is not None else 0)
         self._store = schedule_store
         self._started = self.clock.monotonic()
@@ -175,12 +176,12 @@ class LinkRunner(Connecting, Sends, News):
     def max_silence_s(self) -> float:
         """The longest this loop may go without a tick while healthy: one blocking
         connect attempt plus one abort, with margin."""
-        return self.config.server.connect_timeout_s + 2 * ABORT_JOIN_S + self._max_wait_s + 2.0
+        return self.server.connect_timeout_s + 2 * ABORT_JOIN_S + self._max_wait_s + 2.0
 
     def proof_window_s(self) -> float:
         """How long delivery proof may take on this link: a heartbeat ACK's round trip,
         or, from a server that ACKs nothing, two of its ping intervals."""
-        live = self.config.link.liveness
+        live = self.link.liveness
         return max(live.heartbeat_interval_s + live.ack_timeout_s,
                    2 * self.core.watchdog.server_ping_interval_s + live.ack_timeout_s)
 
@@ -208,7 +209,7 @@ class LinkRunner(Connecting, Sends, News):
         attempts, resume_at = self._store.load() if self._store else (0, None)
         if resume_at is not None:
             # never further out than the cap: a bogus file must not silence the agent
-            resume_at = min(resume_at, now + self.config.link.backoff.cap_s)
+            resume_at = min(resume_at, now + self.link.backoff.cap_s)
             log.info("continuing the reconnect schedule of the previous process: attempt %d %s",
                      attempts + 1, f"in {resume_at - now:.1f}s" if resume_at > now else "now")
         self.core.start(now, resume_at, attempts)
@@ -264,8 +265,8 @@ class LinkRunner(Connecting, Sends, News):
             if self.commands is not None:
                 self.commands.start()  # results of commands from before: sent once connected
             self.begin()
-            if self.config.debug.stall_link_after_s is not None:
-                self._stall_at = self._started + self.config.debug.stall_link_after_s
+            if self.debug.stall_link_after_s is not None:
+                self._stall_at = self._started + self.debug.stall_link_after_s
             self._prepared = True
         else:
             self._recover()
@@ -363,10 +364,10 @@ class LinkRunner(Connecting, Sends, News):
         wd = self.core.watchdog
         if reason == J.ACK_TIMEOUT and not wd.armed:
             return (f"the server's TCP acknowledged no heartbeat for "
-                    f"{self.config.link.liveness.ack_timeout_s:.1f}s (seq {self.core.seq}, "
+                    f"{self.link.liveness.ack_timeout_s:.1f}s (seq {self.core.seq}, "
                     f"{wd.consecutive_misses} missed; this server sends no heartbeat acks)")
         if reason == J.ACK_TIMEOUT:
-            return (f"no heartbeat ack for {self.config.link.liveness.ack_timeout_s:.1f}s "
+            return (f"no heartbeat ack for {self.link.liveness.ack_timeout_s:.1f}s "
                     f"(seq {self.core.seq}, {wd.consecutive_misses} missed)")
         if reason == J.SILENCE:
             return f"nothing received for {wd.silence_timeout():.1f}s"

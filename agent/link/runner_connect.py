@@ -45,7 +45,7 @@ class Connecting:
             self.core.on_connect_failed(now, e.reason, e.detail)
             delay = self.core.attempt_at() - now
             log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",
-                        self.config.server.display, e.reason, e.detail, delay, attempt + 1)
+                        self.server.display, e.reason, e.detail, delay, attempt + 1)
             if e.reason == J.REFUSED and self._on_refused is not None:
                 self._on_refused(e.detail)
             return
@@ -62,7 +62,7 @@ class Connecting:
                                transport.local_addr(), took, skew)
         dialed = transport.dialed
         log.info("link up: connected to %s from %s%s in %.0f ms%s%s (connection %d)",
-                 self.config.server.display, transport.local_addr(),
+                 self.server.display, transport.local_addr(),
                  f" via {dialed.via}" if dialed is not None and dialed.via != "direct" else "",
                  took * 1000, _phases(dialed), _race_said(transport),
                  self.core.journal.total_connections)
@@ -85,16 +85,15 @@ class Connecting:
         return functools.partial(self.sink, generation)
 
     def _default_transport(self, generation: int, sink: Callable) -> SocketIOTransport:
-        cfg = self.config
         profile = self.profile
-        keepalive = cfg.link.keepalive
+        keepalive = self.link.keepalive
         if self.core.idle.learning:   # a NAT or conntrack reaper is kept busy by these too
             keepalive = dataclasses.replace(keepalive, idle_s=max(1, min(
                 keepalive.idle_s, int(self.core.idle.interval_s))))
         return SocketIOTransport(
-            url=cfg.server.url, auth=profile.auth(), namespace=profile.namespace,
+            url=self.server.url, auth=profile.auth(), namespace=profile.namespace,
             transports=profile.transports, keepalive=keepalive,
-            connect_timeout_s=self.connect_bound.current(), egress=cfg.server.egress,
+            connect_timeout_s=self.connect_bound.current(), egress=self.server.egress,
             generation=generation, sink=sink, handlers=profile.handlers(self._poster(generation)),
             race_after_s=self._race_after())
 
@@ -108,7 +107,7 @@ class Connecting:
 
     def _recall_idle_limit(self) -> None:
         """On the first connect on a network: what was learnt there before."""
-        if self._idle_memory is None or not self.config.link.idle.enabled:
+        if self._idle_memory is None or not self.link.idle.enabled:
             return
         network = network_key()
         if network == self._network:
