@@ -54,11 +54,12 @@ class Actions:
                  link_socket: Callable[[], socket.socket | None],
                  request_restart: Callable[[], None],
                  enqueue: Callable[[str, bytes], str], updater: "Updates | None" = None,
-                 configure: Callable[[dict], Outcome] | None = None,
+                 configure: Callable[[dict], tuple[bool, str]] | None = None,
                  undeliverable: Callable[[str], str | None] = lambda kind: None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
         ``updater`` settles an update's result itself, later (its own callback).
-        ``configure`` applies a revision of settings (agent/settings/).
+        ``configure(args)`` stages a revision of settings (agent/settings/): (staged,
+        the result's words).
         ``undeliverable(kind)`` says why the link's profile cannot carry an upload of
         that kind, or None: a bundle nobody can deliver is not made at all."""
         self.undeliverable = undeliverable
@@ -165,7 +166,8 @@ class Actions:
     def configure(self, args: dict) -> Outcome:
         if self._configure is None:
             return Outcome(False, error="this agent takes no settings from the fleet")
-        return self._configure(args)
+        staged, text = self._configure(args)
+        return Outcome(True, text) if staged else Outcome(False, error=text)
 
     def restart_agent(self, args: dict) -> Outcome:
         self.request_restart()

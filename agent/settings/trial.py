@@ -8,7 +8,6 @@ import logging
 import time
 from typing import Callable
 
-from ..commands.core import Outcome
 from ..config.schema import ConfigError
 from ..events.model import Event
 from ..runtime.threads import Timers
@@ -43,8 +42,9 @@ class SettingsTrial:
         self._timers = Timers("settings", gate=gate)
 
     # -- the configure command, from the command thread --------------------------------
-    def configure(self, args: dict) -> Outcome:
-        """A revision is checked as the file would be, staged, and applied by a restart."""
+    def configure(self, args: dict) -> tuple[bool, str]:
+        """A revision is checked as the file would be, staged, and applied by a restart:
+        (staged, what the command's result says)."""
         def check(values: dict) -> None:
             try:
                 self._check(values)
@@ -53,14 +53,14 @@ class SettingsTrial:
         try:
             staged = self.settings.propose(args, check)
         except ValueError as e:
-            return Outcome(False, error=str(e)[:300])
+            return False, str(e)[:300]
         except OSError as e:
-            return Outcome(False, error=f"the revision was not stored: {e.strerror}")
+            return False, f"the revision was not stored: {e.strerror}"
         log.warning("fleet settings: %s", staged.text)
         if staged.restart:
             self._timers.after(APPLY_AFTER_S, lambda: self._stop(
                 f"applying fleet settings revision {staged.revision}"), name="apply")
-        return Outcome(True, staged.text)
+        return True, staged.text
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
