@@ -9,7 +9,7 @@ import time
 log = logging.getLogger("edge_agent.events")
 
 # psutil is read this often to see whether anything moved: on a turn of the link loop
-# that falls due (daemon.py), so an idle agent wakes no thread for it.
+# that falls due (EventWatcher.turn), so an idle agent wakes no thread for it.
 SAMPLE_EVERY_S = 60.0
 
 # How much a figure must move to be worth a message before the periodic one.

@@ -7,7 +7,7 @@ live by a recent heartbeat ACK. A wedged thread or a link the agent cannot heal 
 itself then ends in a fresh process: fresh sockets, fresh DNS, fresh library state.
 
 A fresh process does not mend a site whose network is out: while the link is down
-for such a reason (link/journal.py's OUTAGE_REASONS), each restart in one outage
+for such a reason (base/reasons.py's OUTAGE_REASONS), each restart in one outage
 comes later than the last (OutagePatience), and a proven link starts the count
 again. A stalled loop is restarted at once whatever the link's reason.
 """
