@@ -145,7 +145,7 @@ def _updater(url, state, tmp_path):
 
 def test_a_download_the_card_cannot_take_leaves_nothing_on_it(small_card, tmp_path):
     """Before: the .part stayed, filling the card (0 KiB free afterwards)."""
-    from agent.update.service import NotStaged
+    from agent.update.rules import NotStaged
     with answering_server(os.urandom(3 << 20)) as url:
         u = _updater(url, small_card, tmp_path)
         with pytest.raises(NotStaged) as e:
@@ -156,7 +156,7 @@ def test_a_download_the_card_cannot_take_leaves_nothing_on_it(small_card, tmp_pa
 
 
 def test_a_body_longer_than_the_order_leaves_nothing_on_the_card(tmp_path):
-    from agent.update.service import NotStaged
+    from agent.update.rules import NotStaged
     with answering_server(os.urandom(300_000)) as url:
         u = _updater(url, tmp_path / "state", tmp_path)
         with pytest.raises(NotStaged) as e:
