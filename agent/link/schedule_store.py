@@ -6,7 +6,7 @@ otherwise arrive together. CLOCK_MONOTONIC is system-wide, so a deadline from th
 previous process stays meaningful within one boot; the boot id guards the rest.
 Written only when the schedule changes (a failure, a stable link), never per
 heartbeat, and never to the SD card. Beside it, how many watchdog restarts the
-current outage has cost (watchdog_gate.OutagePatience): written when the pets stop
+current outage has cost (runtime/watchdog_gate.py, OutagePatience): written when the pets stop
 for one, and when a proven link ends it.
 """
 from __future__ import annotations
@@ -25,8 +25,14 @@ class ScheduleStore:
         self.path = path
         self._last: tuple | None = None
         self._outage_restarts = 0
+        self._left: dict | None = None   # what the previous process left, read once
 
     def _read(self) -> dict:
+        if self._left is None:
+            self._left = self._read_file()
+        return self._left
+
+    def _read_file(self) -> dict:
         try:
             doc = read_json(self.path, 4096)
         except FileNotFoundError:
