@@ -9,12 +9,12 @@ import signal
 import sys
 
 from . import __version__
-from .app import checks
 from .config import load as cfgmod
 from .config.model import Config
 from .runtime import crashes
 from .base import logs
 from .app import status
+from .base import status_file
 from .base.fsutil import UnsafePath, drop_to_owner
 from .identity.credentials import Credentials, CredentialsUnreadable
 from .link.profiles import PROFILES, uncarried
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(path: str) -> Config:
     try:
-        return checks.load(path)
+        return cfgmod.load(path)
     except cfgmod.ConfigError as e:
         logs.early(f"edge-agent: config error: {e}")
         raise SystemExit(EXIT_USAGE)
@@ -158,8 +158,8 @@ def _status_path(args) -> str:
 def cmd_status(args) -> int:
     path = _status_path(args)
     try:
-        doc = status.read(path)
-    except status.StatusFileError as e:
+        doc = status_file.read(path)
+    except status_file.StatusFileError as e:
         sys.stderr.write(f"edge-agent: {e}\n")
         return EXIT_NOT_RUNNING
     running, online = status.verdict(doc)
@@ -251,10 +251,10 @@ def cmd_enqueue(args) -> int:
         return EXIT_UNAVAILABLE
     print(item_id)
     try:  # wake the running agent's worker; if none runs, it sends at its next start
-        pid = status.read(config.status_path).get("pid")
+        pid = status_file.read(config.status_path).get("pid")
         if status.pid_alive(pid):
             os.kill(pid, signal.SIGUSR1)
-    except (status.StatusFileError, OSError):
+    except (status_file.StatusFileError, OSError):
         pass
     return EXIT_OK
 
@@ -279,13 +279,13 @@ def cmd_unpair(args) -> int:
         sys.stderr.write(f"edge-agent: {config.identity.state_dir}: {e.strerror}\n")
         return EXIT_USAGE
     try:
-        pid = status.read(config.status_path).get("pid")
+        pid = status_file.read(config.status_path).get("pid")
         if status.pid_alive(pid):
             os.kill(pid, signal.SIGUSR2)
             print("credentials and the fleet's settings removed; the agent is requesting a "
                   "new pairing code (the fleet's settings leave it at its next start)")
             return EXIT_OK
-    except (status.StatusFileError, OSError):
+    except (status_file.StatusFileError, OSError):
         pass
     print("credentials and the fleet's settings removed; the agent will enroll when it starts")
     return EXIT_OK

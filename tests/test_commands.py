@@ -175,7 +175,7 @@ def test_a_logs_bundle_the_profile_cannot_deliver_is_never_made(monkeypatch):
     def no_gate(*a, **k):
         raise AssertionError("the journal was read for a bundle nobody can deliver")
 
-    monkeypatch.setattr(actions_mod.journal_gate, "ask", no_gate)
+    monkeypatch.setattr(actions_mod.journal_wire, "ask", no_gate)
     monkeypatch.setattr(actions_mod, "under_journal", lambda: True)
     queued = []
     actions = actions_mod.Actions(

@@ -438,7 +438,7 @@ def test_every_number_0_1_0_took_starts_this_release_at_its_nearest_bound(tmp_pa
     apt upgrade such a screen stayed dark (exit 2, and RestartPreventExitStatus=2). Each
     of its numeric keys, at a value far under and far over today's bounds."""
     numeric = {k: v for k, v in EARLIER["keys"].items() if v.get("rule") in ("> 0", ">= 0")}
-    assert set(numeric) == set(C.EARLIER_SIGN_ONLY), "the list in config.py is 0.1.0's"
+    assert set(numeric) == set(C.EARLIER_SIGN_ONLY), "the list in config/load.py is 0.1.0's"
     for name, old in numeric.items():
         assert C.EARLIER_SIGN_ONLY[name] == old["rule"], name
         section, _, key = name.rpartition(".")

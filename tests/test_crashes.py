@@ -7,7 +7,7 @@ from devtools.harness import REPO
 
 PROBE = """
 import ctypes, os, sys
-from agent import crashes
+from agent.runtime import crashes
 libc = ctypes.CDLL(None)
 print(libc.prctl(3, 0, 0, 0, 0), flush=True)   # PR_GET_DUMPABLE before
 crashes.prepare()

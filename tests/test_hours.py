@@ -8,9 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from agent.app import checks
 from agent.config import load as cfgmod
-from agent.hours.rules import Schedule, ScheduleError
+from agent.config.week import Schedule, ScheduleError
 from agent.hours.service import RETRY_S, WorkingHours
 from devtools.harness import agent_config, wait_for
 
@@ -67,7 +66,7 @@ def test_the_configuration_checks_the_zone_and_the_commands_the_hours_need(tmp_p
             ('week = ["mon 09:00"]', "", r"hours.week\[0\]")):
         path.write_text(f"{base}[hours]\n{hours}\n{commands}")
         with pytest.raises(cfgmod.ConfigError, match=why):
-            checks.load(str(path), {})
+            cfgmod.load(str(path), {})
     path.write_text(f'{base}[hours]\nweek = ["mon-fri 08:00-18:00"]\ntimezone = "Europe/Berlin"\n'
                     f'[commands]\ndisplay_on_command = "true"\ndisplay_off_command = "true"\n')
     assert cfgmod.load(str(path), {}).hours.week == ("mon-fri 08:00-18:00",)

@@ -1,6 +1,6 @@
 """The journal gate (agent/programs/journal_gate.py): the request the helper takes, the reply the
 agent reads, over a real UNIX socket, with the helper's real process (`python3 -m
-agent.journal_gate`, the connection as its stdin and stdout, as systemd's Accept=yes
+agent.programs.journal_gate`, the connection as its stdin and stdout, as systemd's Accept=yes
 gives it) running a journalctl that prints what it was asked. The real journalctl,
 socket unit and sandbox are proven under real systemd (tests/test_booted_systemd.py)."""
 import json

@@ -230,7 +230,7 @@ def test_the_commands_executor_is_idle_on_the_gate_stalls_in_a_stuck_command_and
 
 def test_working_hours_restart_after_a_bug_and_are_on_the_gate(tmp_path, quick_restarts,
                                                                caplog):
-    from agent.hours.rules import Schedule
+    from agent.config.week import Schedule
     from agent.hours.service import WorkingHours
     gate = WatchdogGate(require_link=False)
     hours = WorkingHours(Schedule.parse(["mon-sun 00:00-24:00"], []), "UTC", "true", "true",

@@ -312,3 +312,25 @@ def test_a_rollback_the_card_cannot_write_removes_the_overlay_instead(tmp_path, 
     assert ended.result == rules.ROLLED_BACK and "could not be written (No space left" in ended.why
     assert not (tmp_path / overlay_file.FILE).exists()
     assert overlay_file.read(str(tmp_path))[0].current is None   # the next start: the file alone
+
+
+def test_root_and_the_agent_read_an_overlay_one_rule_rejects_alike(tmp_path):
+    """Root's grants and installer load the configuration without any part; an overlay
+    that a part's rule rejects (a working week that does not parse) must be the file alone
+    for them as it is for the agent, or polkit would grant what the agent does not run."""
+    path = base_file(tmp_path, '[fleet]\nmanage_commands_allow = true\n[commands]\n'
+                               'display_on_command = "true"\ndisplay_off_command = "true"\n')
+    stage(tmp_path, {"commands.allow": ["reboot", "update"], "hours.week": ["mon 9-5"]},
+          revision=7)
+    script = ("import json, sys; from agent.config import load; c = load.load(sys.argv[1], {}); "
+              "print(json.dumps([sorted(c.commands.allow), c.fleet_revision, c.fleet_problem]))")
+    out = subprocess.run([sys.executable, "-I", "-c", script, path], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    allow, revision, problem = json.loads(out)
+    assert (allow, revision) == (["diagnostics", "logs"], None), out
+    assert "fleet revision 7 not applied: hours.week[0]" in problem
+    loaded = [m for m in subprocess.run(
+        [sys.executable, "-I", "-c", "import sys; from agent.config import load; "
+         "print(' '.join(sys.modules))"], cwd=REPO, capture_output=True, text=True,
+        check=True).stdout.split() if m.startswith("agent.hours")]
+    assert not loaded, "the configuration loads the working hours' part to check a week"

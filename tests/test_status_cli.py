@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from agent.app import status
+from agent.base import status_file
 from agent.app.status import line as status_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +22,7 @@ def run_status(tmp_path, *extra):
 
 
 def put(tmp_path, link, pid=None):
-    status.write(str(tmp_path / "status.json"),
+    status_file.write(str(tmp_path / "status.json"),
                  {"pid": pid or os.getpid(), "version": "0.1.0", "device_id": "screen-1",
                   "server": "http://127.0.0.1:1", "link": link})
 
@@ -68,7 +69,7 @@ def test_every_figure_is_true_when_read_or_says_how_old_it_is(tmp_path):
     65 s ago is not 'the last ack 65 s ago' on a link ACKed every 2 s (online and
     proven, it had one within the bound, or the file would say otherwise)."""
     import time
-    status.write(str(tmp_path / "status.json"),
+    status_file.write(str(tmp_path / "status.json"),
                  {"pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1",
                   "server": "http://127.0.0.1:1", "updated_at": time.time() - 65,
                   "pairing": {"state": "pairing", "code": "493-463", "expires_in_s": 600},
@@ -101,7 +102,7 @@ def test_the_status_file_says_what_the_link_does_before_any_other_thread_runs(tm
 
     def first_thread(then):   # the link thread, the first to start: what is there already
         path = agent.config.status_path
-        seen["link"] = status.read(path).get("link") if os.path.exists(path) else None
+        seen["link"] = status_file.read(path).get("link") if os.path.exists(path) else None
         then()
 
     monkeypatch.setattr(agent.runner, "start", first_thread)
@@ -115,13 +116,13 @@ def test_a_token_only_in_memory_is_degraded_and_says_so(tmp_path):
            "server": "http://127.0.0.1:1", "link": {"state": "online", "proof": "tcp-ack+ping"},
            "credentials": {"stored": False, "pending": "store", "error": "No space left on device",
                            "failed_attempts": 3, "next_try_at": None}}
-    status.write(str(tmp_path / "status.json"), doc)
+    status_file.write(str(tmp_path / "status.json"), doc)
     r = run_status(tmp_path)
     assert r.returncode == 1, r.stdout
     assert ("credentials not stored yet (No space left on device, 3 failed writes): in use "
             "from memory" in r.stdout)
     assert "proof       tcp-ack+ping" in r.stdout
-    status.write(str(tmp_path / "status.json"), {**doc, "credentials": None})
+    status_file.write(str(tmp_path / "status.json"), {**doc, "credentials": None})
     assert run_status(tmp_path).returncode == 0
 
 
@@ -159,7 +160,7 @@ def test_status_prints_no_terminal_escape_a_server_chose(tmp_path):
     status as root in a terminal: an OSC 52 clipboard write, a colour or a line reset
     reach it escaped, and --json keeps the text as it was."""
     osc52 = "\x1b]52;c;cm0gLXJmIC8K\x07"
-    status.write(str(tmp_path / "status.json"), {
+    status_file.write(str(tmp_path / "status.json"), {
         "pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1",
         "server": "http://127.0.0.1:1",
         "link": {"state": "waiting", "reason": "refused", "detail": f"refused {osc52}\rok",
@@ -194,7 +195,7 @@ def test_a_bug_is_one_line_at_priority_err_never_a_traceback(tmp_path, monkeypat
 
 
 def test_figures_no_age_can_hold_are_no_crash(tmp_path):
-    status.write(str(tmp_path / "status.json"), {
+    status_file.write(str(tmp_path / "status.json"), {
         "pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1", "updated_at": 10 ** 400,
         "server": "x", "link": {"state": "online", "since_s": 10 ** 400, "rtt_ms": 1.0,
                                 "last_ack_age_s": 10 ** 400, "next_attempt_in_s": 10 ** 400}})
@@ -257,7 +258,7 @@ def test_a_healthy_links_status_read_long_after_the_last_write_is_true(fleet, sp
 ])
 def test_status_says_claimed_or_unclaimed_and_its_exit_code_tells_them_apart(
         tmp_path, pairing, code, said):
-    status.write(str(tmp_path / "status.json"),
+    status_file.write(str(tmp_path / "status.json"),
                  {"pid": os.getpid(), "version": "0.1.0", "device_id": "screen-1",
                   "server": "http://127.0.0.1:1", "pairing": pairing,
                   "link": {"state": "online", "proof": "tcp-ack+ping"}})

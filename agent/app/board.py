@@ -11,6 +11,7 @@ import time
 from typing import Callable
 
 from ..runtime.systemd import Notifier
+from ..base import status_file
 from . import status
 from .storage import StorageHealth
 
@@ -58,7 +59,7 @@ class StatusBoard:
         doc = self.document(pairing)
         with self._lock:
             try:
-                status.write(self._path, doc)
+                status_file.write(self._path, doc)
             except OSError as e:
                 log.warning("cannot write status file %s: %s", self._path, e.strerror)
 

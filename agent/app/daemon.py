@@ -35,7 +35,7 @@ from ..settings.trial import SettingsTrial
 from ..update.service import Updater
 from ..uploads import part as uploads_part
 from ..uploads.store import QueueRefused, QueueUnavailable
-from . import checks
+from . import adjustments
 from .board import StatusBoard
 from .storage import StorageAlarms, StorageHealth
 
@@ -46,8 +46,7 @@ class Agent:
     def __init__(self, config: Config, environ=None, settings: FleetSettings | None = None):
         self.config = config
         self.environ = os.environ if environ is None else environ
-        state_dir, runtime_dir, sysfs = (config.identity.state_dir, config.runtime.dir,
-                                         config.debug.sysfs)
+        state_dir, runtime_dir, sysfs = config.state_dir, config.runtime.dir, config.debug.sysfs
         self.notifier = Notifier(self.environ)
         # the reconnect schedule and the outage's restarts, both across restarts
         self.schedule = ScheduleStore(config.schedule_path)
@@ -78,7 +77,7 @@ class Agent:
                                config.server.connect_timeout_s, settled=self._update_settled)
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
-            check=lambda values: checks.load(config.source, self.environ, fleet=values),
+            check=lambda values: config_load.load(config.source, self.environ, fleet=values),
             publish=self.outbox.put, stop=self._stop, fleet_problem=config.fleet_problem,
             origins=config.origins, gate=self.gate,
             adjusted=[config_load.adjustment_text(*a) for a in config.adjusted])
@@ -143,9 +142,9 @@ class Agent:
         self._refresh()
 
     def _link_changed(self, link: dict) -> None:
+        self.board.link_changed(link)   # first: what the trial's outcome says goes with it
         if link.get("proven_live"):
             self.settings.link_proven()
-        self.board.link_changed(link)
 
     def _link_turn(self) -> None:
         """On a wake-up the link thread had anyway: the parts' periodic work, once the
@@ -225,7 +224,7 @@ class Agent:
                  self.identity.describe())
         self.runner.begin()   # the link's first state, before the threads that write status
         held = self.alarms.release(self.outbox.put, self._refresh)
-        for event in held + checks.adjustments(self.config):
+        for event in held + adjustments.said(self.config):
             self.outbox.put(event)   # what start-up found: to the server once the link is live
         main_wait = MainThreadWait()
         link_ended = threading.Event()   # set before the thread is no longer alive
@@ -257,10 +256,11 @@ class Agent:
             self.notifier.stopping()
         if petter is not None:
             petter.stop()
-        for part in reversed(parts):
-            part.stop()
+        # what acts on the others first: no alarm or command starts anything now
         self.settings.stop()
         self.commands.stop()
+        for part in reversed(parts):
+            part.stop()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.join(3.0)
         log.info("edge-agent stopped")

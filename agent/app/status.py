@@ -12,7 +12,6 @@ import time
 
 from .. import __version__
 from ..base.clock import NOTABLE_SKEW_S
-from ..base.status_file import StatusFileError, read, write
 from ..base.logs import clean
 
 STATUS_LINE_CHARS = 2000

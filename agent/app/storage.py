@@ -1,4 +1,5 @@
-"""Is the state directory usable? The rules for a dying SD card, sans I/O.
+"""Is the state directory usable? The rules for a dying SD card (StorageHealth, sans I/O),
+and what the agent does when a part reports one (StorageAlarms).
 
 ext4 remounts itself read-only when it meets an error, and a worn card answers with
 I/O errors: either way nothing the agent writes to the state directory sticks. The
@@ -94,7 +95,8 @@ class StorageAlarms:
         self._refresh: Callable[[], None] = lambda: None
 
     def release(self, publish: Callable[[Event], None], refresh: Callable[[], None]) -> list:
-        """From now on events go out and the board is refreshed; returns what was held."""
+        """From now on events go out and the board is refreshed; returns what was held.
+        Called once, before the parts' threads start: nothing reports while it swaps."""
         self._publish, self._refresh = publish, refresh
         held, self._held = self._held or [], None
         return held

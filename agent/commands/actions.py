@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 from urllib.parse import urlparse
 
 from ..base import children
-from ..base import journal_wire as journal_gate
+from ..base import journal_wire
 from ..config.model import Commands
 from ..runtime.threads import start_worker
 from ..base.logs import RECENT, under_journal
@@ -109,17 +109,17 @@ class Actions:
             return self._queue_bundle(bundle, "this process's memory (not running under "
                                               "journald)")
         # not journalctl itself: the agent is not in systemd-journal, the gate reads
-        # this unit's lines and no other's (agent/programs/journal_gate.py); its reply is read a
+        # this unit's lines and no other's (agent/programs/journal_wire.py); its reply is read a
         # line at a time into the compressed bundle, never held whole
         try:
-            request = journal_gate.Request(int(since), args["priority"], journal_gate.MAX_LINES)
-            reply = journal_gate.ask(request, self.timeout_s)
+            request = journal_wire.Request(int(since), args["priority"], journal_wire.MAX_LINES)
+            reply = journal_wire.ask(request, self.timeout_s)
             try:
                 for line in reply.lines():
                     bundle.add_journal_entry(line)
             finally:
                 reply.close()
-        except journal_gate.GateError as e:
+        except journal_wire.GateError as e:
             return Outcome(False, error=f"journal: {e}"[:300])
         bundle.dropped += reply.dropped
         return self._queue_bundle(bundle, "the journal")

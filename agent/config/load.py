@@ -22,7 +22,7 @@ import shlex
 import ssl
 import time
 import tomllib
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -32,6 +32,7 @@ from ..base.identifiers import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usa
 from ..base.vocabulary import COMMAND_NAMES
 from . import overlay as fleet_store, revision as fleet_rules
 from .model import POLICIES, SECTIONS, Config
+from .week import Schedule, ScheduleError
 from .schema import REQUIRED, SCHEMA, ConfigError, ConfigMissing, Key, Range, _shown, shown_number
 
 DEFAULT_PATH = "/etc/edge-agent/agent.toml"
@@ -142,14 +143,12 @@ def _package_defaults(vendor: str | None) -> dict[str, dict]:
 
 
 def load(path: str | None = None, env: dict[str, str] | None = None,
-         fleet: dict | None = None, vendor: str | None = VENDOR_PATH,
-         part_rules: Callable[[dict], None] | None = None) -> Config:
+         fleet: dict | None = None, vendor: str | None = VENDOR_PATH) -> Config:
     """The operator's file over the package's (``vendor``), the environment over
     both, and the fleet's settings between them: the overlay in the state directory,
     or ``fleet`` (a revision's values) to try one, when a bad value is this function's
     ConfigError. A bad overlay on disk is not: the file alone runs, and
-    ``fleet_problem`` says why. ``part_rules`` checks the values by the rules only a
-    part knows (app/checks.py), as one of this function's own."""
+    ``fleet_problem`` says why."""
     env = os.environ if env is None else env
     path = path or DEFAULT_PATH
     doc: dict = _read_toml(path) if path != "-" else {}
@@ -181,19 +180,17 @@ def load(path: str | None = None, env: dict[str, str] | None = None,
     _check_overrides(env)
     adjusted = _adjust(values, origins)
     if fleet is not None:
-        return _validate(*_with_fleet(values, origins, fleet), env, path, adjusted=adjusted,
-                         part_rules=part_rules)
+        return _validate(*_with_fleet(values, origins, fleet), env, path, adjusted=adjusted)
     overlay, problem = fleet_store.read(values["identity.state_dir"])
     if overlay.current is not None:
         live, _ = fleet_rules.live(overlay.current.values, overlay.current.until, boot_id(),
                                    time.monotonic())
         try:
             return _validate(*_with_fleet(values, origins, live), env, path,
-                             overlay.current.revision, adjusted=adjusted, part_rules=part_rules)
+                             overlay.current.revision, adjusted=adjusted)
         except ConfigError as e:   # the file changed under it, or the file was tampered with
             problem = f"fleet revision {overlay.current.revision} not applied: {e}"
-    return _validate(values, origins, env, path, problem=problem, adjusted=adjusted,
-                     part_rules=part_rules)
+    return _validate(values, origins, env, path, problem=problem, adjusted=adjusted)
 
 
 # -- what an earlier release accepted ------------------------------------------------------
@@ -363,8 +360,7 @@ def _check_command(name: str, command: str | None) -> None:
 
 
 def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None = None,
-              problem: str | None = None, adjusted: tuple = (),
-              part_rules: Callable[[dict], None] | None = None) -> Config:
+              problem: str | None = None, adjusted: tuple = ()) -> Config:
     for section, keys in SCHEMA.items():
         for key, spec in keys.items():
             _check_rule(f"{section}.{key}", spec, v[f"{section}.{key}"])
@@ -395,8 +391,6 @@ def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None
             f"link.silence_timeout_s: must be greater than link.heartbeat_interval_s ({hb})")
     if v["link.backoff.cap_s"] < v["link.backoff.base_s"]:
         raise ConfigError("link.backoff.cap_s: must be >= link.backoff.base_s")
-    if part_rules is not None:
-        part_rules(v)
     _check_hours(v)
     unknown = [c for c in v["commands.allow"] if c not in COMMAND_NAMES]
     if unknown:
@@ -407,6 +401,10 @@ def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None
 
 
 def _check_hours(v: dict) -> None:
+    try:
+        Schedule.parse(v["hours.week"], v["hours.exceptions"])
+    except ScheduleError as e:
+        raise ConfigError(str(e)) from None
     zone = v["hours.timezone"]
     if zone is not None:
         try:

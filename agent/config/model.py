@@ -147,16 +147,21 @@ class Config:
     adjusted: tuple = field(default=(), compare=False)
 
     @property
+    def state_dir(self) -> str:
+        """The agent's durable files, whichever part keeps them ([identity] state_dir)."""
+        return self.identity.state_dir
+
+    @property
     def status_path(self) -> str:
         return os.path.join(self.runtime.dir, "status.json")
 
     @property
     def commands_path(self) -> str:
-        return os.path.join(self.identity.state_dir, "commands.json")
+        return os.path.join(self.state_dir, "commands.json")
 
     @property
     def queue_path(self) -> str:
-        return os.path.join(self.identity.state_dir, "queue")
+        return os.path.join(self.state_dir, "queue")
 
     @property
     def schedule_path(self) -> str:

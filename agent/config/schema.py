@@ -197,7 +197,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "timeout_s": Key(float, 60.0, "commands.timeout_s", Range(0.1, 3600)),
     },
     "hours": {
-        # Working hours (agent/hours/rules.py): ["mon-fri 08:00-18:00", "sat 10:00-14:00"];
+        # Working hours (agent/config/week.py): ["mon-fri 08:00-18:00", "sat 10:00-14:00"];
         # days not listed are off; empty: no schedule. Run through [commands]
         # display_on_command / display_off_command, which they need.
         "week": Key(list, [], "hours.week", fleet=True),

@@ -29,7 +29,7 @@ from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from ..config.model import Commands, Hours
 from ..events.model import Event
-from .rules import Schedule
+from ..config.week import Schedule
 
 log = logging.getLogger("edge_agent.hours")
 

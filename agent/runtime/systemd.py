@@ -66,12 +66,12 @@ def watchdog_period_s(environ=None) -> float | None:
 
 class WatchdogPetter(threading.Thread):
     """Every half watchdog period, asks the gate and pets only if it says yes. ``live()``:
-    the link is proven live (or an operator is being waited for); ``outage()``: why the
-    link is down, when the network or the server is out. ``keep_restarts(n)``: the
+    the link is proven live (or an operator is being waited for); ``outage()``: the link
+    is down because the network or the server is out. ``keep_restarts(n)``: the
     outage's restarts so far, kept across restarts where the gate says to."""
 
     def __init__(self, notifier: Notifier, period_s: float, gate: WatchdogGate,
-                 live: Callable[[], bool], outage: Callable[[], str | None],
+                 live: Callable[[], bool], outage: Callable[[], bool],
                  keep_restarts: Callable[[int], None] = lambda n: None):
         super().__init__(name="watchdog", daemon=True)
         self.notifier = notifier

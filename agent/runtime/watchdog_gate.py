@@ -1,8 +1,8 @@
 """Decides, sans I/O, whether the agent may tell systemd it is healthy (WATCHDOG=1).
 
 systemd restarts a service whose pets stop. The agent pets only while it is really
-doing its job: every internal loop (link, uploads, events, enrollment: loop.py) has
-reported progress recently, and, when ``require_link`` is set, the link is proven
+doing its job: every internal loop (link, uploads, events, enrollment, commands,
+working hours, the alarms' threads: loop.py) has reported progress recently, and, when ``require_link`` is set, the link is proven
 live by a recent heartbeat ACK. A wedged thread or a link the agent cannot heal by
 itself then ends in a fresh process: fresh sockets, fresh DNS, fresh library state.
 

@@ -2,6 +2,8 @@
 overlay in the state directory (the local file stays the base), on trial until the link
 proves itself with it, rolled back to the last good revision if it does not.
 
-rules.py: a revision's shape, expiries and the trial's verdict, sans I/O; store.py: the
-overlay file; service.py: the agent's side, which stages, keeps and rolls back.
+rules.py: the trial's verdict, sans I/O; service.py: the decisions over the overlay
+file, which stage, keep and roll back; trial.py: their orchestration (the configure
+command, the alarms). A revision's shape and expiries, and the overlay file, are the
+configuration's (config/revision.py, config/overlay.py): root reads them too.
 """
