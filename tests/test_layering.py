@@ -216,3 +216,21 @@ def test_the_shared_names_are_each_parts_own_table():
     from agent.link.profiles import PROFILES
     assert tuple(COMMANDS) == vocabulary.COMMAND_NAMES
     assert tuple(PROFILES) == vocabulary.PROFILE_NAMES
+
+
+def test_no_file_over_600_lines_no_class_over_400_and_a_thin_composition_root():
+    """What a maintainer can hold in mind at once (#38): a file that grows past these is
+    two concerns, and the daemon only builds, wires, starts and stops."""
+    too_long = []
+    for name, path in AGENT.items():
+        source = path.read_text()
+        if len(source.splitlines()) > 600:
+            too_long.append(f"{_rel(path)}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                lines = node.end_lineno - node.lineno + 1
+                limit = 250 if (name, node.name) == ("agent.app.daemon", "Agent") else 400
+                if lines > limit:
+                    too_long.append(f"{_rel(path)}: class {node.name} is {lines} lines "
+                                    f"(at most {limit})")
+    assert not too_long, "\n".join(too_long)
