@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -112,20 +113,29 @@ def cmd_run(args) -> int:
     except OSError as e:   # the count is lost, the deadline still holds
         logging.getLogger("edge_agent").error("cannot count this start on fleet settings "
                                               "on trial: %s", e.strerror)
-    from .app.daemon import Agent  # imports socketio; keep `status` light
-    from .uploads.store import QueueUnavailable  # likewise
+    # No collection while the agent's modules and parts are made: all of it lives as long
+    # as the process, so a collection then only walks it again and again (a tenth of a
+    # start: scripts/bench, the startup row). Frozen after: later ones skip it too.
+    gc.disable()
     try:
-        agent = Agent(config, settings=settings)
-    except QueueUnavailable as e:
-        # not a configuration error: systemd restarts the agent, the queue is untouched
-        logging.getLogger("edge_agent").error("upload queue unavailable: %s", e)
-        return EXIT_DEGRADED
-    except CredentialsUnreadable as e:
-        # a failing card, not an unpaired screen: no new code, no pairing lost; systemd
-        # starts the agent again (RestartSec) and the read is tried again
-        logging.getLogger("edge_agent").error("%s: the card is failing; not pairing again, "
-                                              "trying again at the next start", e.strerror)
-        return EXIT_DEGRADED
+        from .app.daemon import Agent  # imports socketio; keep `status` light
+        from .uploads.store import QueueUnavailable  # likewise
+        try:
+            agent = Agent(config, settings=settings)
+        except QueueUnavailable as e:
+            # not a configuration error: systemd restarts the agent, the queue is untouched
+            logging.getLogger("edge_agent").error("upload queue unavailable: %s", e)
+            return EXIT_DEGRADED
+        except CredentialsUnreadable as e:
+            # a failing card, not an unpaired screen: no new code, no pairing lost; systemd
+            # starts the agent again (RestartSec) and the read is tried again
+            logging.getLogger("edge_agent").error("%s: the card is failing; not pairing "
+                                                  "again, trying again at the next start",
+                                                  e.strerror)
+            return EXIT_DEGRADED
+    finally:
+        gc.enable()
+    gc.freeze()
     return agent.run()
 
 

@@ -3,9 +3,12 @@ proven on a booted Debian with systemd as PID 1 (tests/test_booted_systemd.py)."
 import re
 import subprocess
 
+from agent import __version__
+
 
 def test_deb_lints_clean(built_debs):
-    assert [d.name for d in built_debs] == ["edge-agent_0.2.0-1_all.deb", "edge-agent_0.2.0-2_all.deb"]
+    assert [d.name for d in built_debs] == [f"edge-agent_{__version__}-1_all.deb",
+                                            f"edge-agent_{__version__}-2_all.deb"]
     for deb in built_debs:
         r = subprocess.run(["lintian", "--fail-on", "error,warning", str(deb)],
                            capture_output=True, text=True, timeout=600)

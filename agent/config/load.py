@@ -13,8 +13,6 @@ e.g. ``EDGE_AGENT_LINK_BACKOFF_BASE_S=2`` for ``[link.backoff] base_s``.
 """
 from __future__ import annotations
 
-import difflib
-import ipaddress
 import math
 import os
 import re
@@ -24,7 +22,6 @@ import time
 import tomllib
 from typing import Any
 from urllib.parse import urlparse
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..base.boot import boot_id
 from ..base.egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
@@ -300,6 +297,7 @@ def _check_overrides(env) -> None:
         rest = ename[len(ENV_PREFIX):]
         if not ename.startswith(ENV_PREFIX) or rest in known:
             continue
+        import difflib   # here: only a mistyped override pays for it, not every start
         near = difflib.get_close_matches(rest, known, n=1, cutoff=0.8)
         if near:
             raise ConfigError(f"{ename}: unknown environment override "
@@ -337,6 +335,7 @@ def _check_url(url: str) -> None:
     host = parsed.hostname   # lowercased, an IPv6 literal without its brackets
     try:
         if ":" in host:
+            import ipaddress   # here: most servers are named, and a start is short
             ipaddress.IPv6Address(host)
         elif not _HOST.fullmatch(host):
             raise ValueError(host)
@@ -407,6 +406,7 @@ def _check_hours(v: dict) -> None:
         raise ConfigError(str(e)) from None
     zone = v["hours.timezone"]
     if zone is not None:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError   # only with a zone set
         try:
             ZoneInfo(zone)
         except (ZoneInfoNotFoundError, ValueError):

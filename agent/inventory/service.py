@@ -12,7 +12,6 @@ from typing import Callable
 
 from ..events.model import Event
 from ..runtime.threads import start_worker
-from . import collect
 
 log = logging.getLogger("edge_agent")
 
@@ -60,6 +59,7 @@ class Inventory:
             raise
 
     def _read(self) -> None:
+        from . import collect   # on this worker, after the start it would slow
         try:
             inv = collect.collect(sysfs_root=self._sysfs_root)
             self._summary = collect.summary(inv)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ def old_queue(spool: str) -> OldQueue | None:
     path = os.path.join(os.path.dirname(os.path.abspath(spool)), "queue.db")
     if not os.path.isfile(path):
         return None
+    import sqlite3   # here: a start without an earlier version's queue loads no sqlite
     try:
         db = sqlite3.connect(path, timeout=30)
         try:

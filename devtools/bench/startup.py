@@ -94,8 +94,13 @@ def _env() -> dict:
     return env
 
 
+# what /usr/bin/edge-agent does before it imports anything for `run` (agent/__main__.py)
+AGENT_PROLOGUE = "import gc\ngc.disable()\n"
+
+
 def _import_code(modules: list[str], touch: str = "") -> str:
-    return ("import time\nt = time.perf_counter()\n"
+    prologue = AGENT_PROLOGUE if modules and modules[0].startswith("agent") else ""
+    return ("import time\nt = time.perf_counter()\n" + prologue
             + "".join(f"import {m}\n" for m in modules) + (f"{touch}\n" if touch else "")
             + "print(repr((time.perf_counter() - t) * 1000))\n")
 
