@@ -103,6 +103,7 @@ class LinkRunner(Connecting, Sends, News):
         self._begun = False
         self._handlers = self._handler_table()
         self._stop_asked = False
+        self._proven_once = False   # this process's link has been proven live
         self._prepared = False   # the commands started, the first state published
         self._opening: SocketIOTransport | None = None   # during a connect
         self._stall_at: float | None = None
@@ -193,6 +194,15 @@ class LinkRunner(Connecting, Sends, News):
         core = self.core
         return core.state != LinkState.ONLINE and core.last_reason in J.OUTAGE_REASONS
 
+    def _others_may_turn(self) -> bool:
+        """Others' periodic work (telemetry, the inventory, systemd's line) waits while the
+        process makes and proves its first connection: a start, or a restart in the
+        middle of a heal, is on the link's time. Once it has been proven, or while it
+        waits to try again, every turn does it."""
+        if not self._proven_once:
+            self._proven_once = self.link_live()
+        return self._proven_once or self.core.state == LinkState.WAITING
+
     def link_live(self) -> bool:
         core = self.core
         return core.state == LinkState.ONLINE and core.watchdog.proven_live(self.clock.monotonic())
@@ -272,8 +282,6 @@ class LinkRunner(Connecting, Sends, News):
             self._recover()
         while True:
             self.loop.turn()
-            if self._on_turn is not None:
-                self._on_turn()
             if self.transport is not None:
                 self._read_transport()
             self._take_in_events()
@@ -286,6 +294,8 @@ class LinkRunner(Connecting, Sends, News):
                 self._execute(action)
             self._flush_outbox()
             self._publish()
+            if self._on_turn is not None and self._others_may_turn():
+                self._on_turn()
             self.wakeup.wait(min(max(self._next_wakeup() - self.clock.monotonic(), 0.0),
                                  self._max_wait_s))
         self._publish()
