@@ -39,6 +39,8 @@ SECTIONS = {
     "commands": "What the fleet server may ask of this screen (remote operations).",
     "hours": "Working hours: the display off outside them, offline, through the display "
              "commands.",
+    "screen": "The display's state read back after each display on/off (the display "
+              "command, working hours).",
     "update": "Self-update from the fleet (\"update\" in [commands] allow, a release key in "
               "/etc/edge-agent/update-keys/).",
     "fleet": "Settings from the fleet (\"configure\" in [commands] allow).",
@@ -152,6 +154,14 @@ DOCS = {
     "hours.timezone": "An IANA zone (Europe/Berlin). Unset: the system's local time.",
     "hours.clock": "synchronised: act only once NTP (systemd-timesyncd) set the clock; "
                    "trusted: a board with an RTC, or chrony/ntpsec.",
+    "screen.settle_s": "After a display command, how long the display has to read the "
+                       "state asked for (DRM, X11 DPMS, Wayland, CEC) before the result "
+                       "says unconfirmed; 0: one look.",
+    "screen.x_display": "The X server whose DPMS is read back (:0). Unset: the display "
+                        "the display commands name (xset -display :0 ...), else the "
+                        "agent's DISPLAY; none: X11 is not read.",
+    "screen.cec_device": "The HDMI-CEC adapter whose TV is asked its power status, where "
+                         "cec-ctl is installed and the adapter exists.",
     "update.proof_timeout_s": "After a self-update the new version must prove its link live "
                               "within this, or the version it replaced is reinstalled.",
     "update.allow_downgrade": "Take an older version than the installed one. Off, so that "
@@ -183,6 +193,7 @@ EXAMPLES = {
     "commands.display_on_command": "wlr-randr --output HDMI-A-1 --on",
     "commands.display_off_command": "wlr-randr --output HDMI-A-1 --off",
     "hours.timezone": "Europe/Berlin",
+    "screen.x_display": ":0",
 }
 # Not for an operator's file (test hooks): in docs/configure.md, not in agent.toml.
 HIDDEN_SECTIONS = ("debug",)

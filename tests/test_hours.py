@@ -242,6 +242,12 @@ def test_the_agent_turns_a_real_x_display_off_and_on_and_reports_one_that_is_gon
     states = lambda: [e["state"] for e in _events(server, "display.scheduled")]  # noqa: E731
     wait_for(lambda: states() == ["off"], 15, what="display.scheduled off")
     assert agent.status()["hours"]["applied"] == "off"
+    # read back from the X server the off command named (agent/screen/): Xvfb has no
+    # DPMS extension, so `xset dpms force off` exited 0 and did nothing; the agent says so
+    off = _events(server, "display.scheduled")[0]
+    assert off["confirmed"] is False and "X11 DPMS: the X server has no DPMS" in off["why"], off
+    assert agent.status()["hours"]["read_back"].startswith(
+        "unconfirmed: nothing here reads the display: ")
     stop(agent)
     agent = run([])
     wait_for(lambda: states() == ["off", "on"], 15, what="display.scheduled on")

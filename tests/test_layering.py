@@ -96,7 +96,8 @@ NO_IO = ROWS.get("never imported by either", [])
 SERVER_TAKES = {_dotted(p) for p in ROWS.get("`fleet_server/`", []) if p.endswith(".py")}
 ROOT_PROGRAMS = [name for name in AGENT if name.startswith("agent.programs.")
                  and not name.endswith("__init__") and name != "agent.programs"]
-RUNNING_PARTS = ("link", "uploads", "commands", "identity", "events", "hours", "inventory")
+RUNNING_PARTS = ("link", "uploads", "commands", "identity", "events", "hours", "inventory",
+                 "screen")
 
 
 def _rel(path: Path) -> str:

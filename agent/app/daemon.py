@@ -75,6 +75,11 @@ class Agent:
             cold_start=first_start_of_boot(runtime_dir)))
         self.updater = Updater(config.server.url, config.server.egress, state_dir,
                                config.server.connect_timeout_s, settled=self._update_settled)
+        self.screen = None   # loaded only where a display command is configured
+        if config.commands.display_on_command or config.commands.display_off_command:
+            from ..screen import service as screen_service   # each one read back
+            self.screen = screen_service.from_config(config.screen, config.commands,
+                                                     sysfs_root=sysfs, environ=self.environ)
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
             check=lambda values: config_load.load(config.source, self.environ, fleet=values),
@@ -87,7 +92,8 @@ class Agent:
                     link_socket=lambda: self.runner.raw_socket(),
                     request_restart=self._restart_requested, enqueue=self._enqueue,
                     updater=self.updater, configure=self.settings.configure,
-                    undeliverable=lambda kind: uncarried(self.profile, kind)),
+                    undeliverable=lambda kind: uncarried(self.profile, kind),
+                    screen=self.screen),
             on_finished=lambda *result: self.runner.command_finished(*result),
             runtime_dir=runtime_dir, ids_ours=profile_class.pairs_in_link,
             on_storage_error=self.alarms.ledger, gate=self.gate)
@@ -109,7 +115,7 @@ class Agent:
             from ..hours import service as hours_service
             self.hours = hours_service.from_config(
                 config.hours, config.commands, sysfs_root=sysfs, publish=self.outbox.put,
-                gate=self.gate)
+                gate=self.gate, screen=self.screen)
         self.events = None
         if config.events.enabled:
             e = config.events
@@ -258,6 +264,8 @@ class Agent:
             petter.stop()
         # what acts on the others first: no alarm or command starts anything now
         self.settings.stop()
+        if self.screen is not None:
+            self.screen.stop()   # a read-back in progress ends now, unconfirmed
         self.commands.stop()
         for part in reversed(parts):
             part.stop()

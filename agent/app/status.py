@@ -190,7 +190,9 @@ def render(doc: dict, running: bool) -> str:
             if hours.get("waiting_for_clock") else
             f"display {hours.get('applied') or '?'} (wanted {hours.get('wanted')})"
             + (f", next change {hours['next_change']}" if hours.get("next_change") else "")
-            + (f"; fault: {hours['fault']}" if hours.get("fault") else "")))
+            + (f"; fault: {hours['fault']}" if hours.get("fault") else "")
+            + (f"; {hours['read_back']}" if hours.get("read_back") and not hours.get("fault")
+               else "")))
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if settings:
         lines.append(f"settings    {_settings_text(settings, now['file_age_s'])}")

@@ -13,11 +13,11 @@ import signal
 import subprocess
 
 
-def spawn(argv: list[str]) -> subprocess.Popen:
-    """Started with no stdin and both outputs piped; OSError (not found, not allowed)
-    passes as it is."""
+def spawn(argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    """Started with no stdin and both outputs piped, in ``env`` (default: the agent's);
+    OSError (not found, not allowed) passes as it is."""
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True, env=env)
 
 
 def finish(child: subprocess.Popen, timeout_s: float) -> tuple[bytes, bytes]:

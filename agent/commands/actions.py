@@ -27,6 +27,7 @@ from ..runtime.threads import start_worker
 from ..base.logs import RECENT, under_journal
 from ..update.rules import NotStaged
 from ..base.upload_kinds import LOG, SCREENSHOT
+from ..screen.core import Display
 from .core import LATER, Outcome
 
 log = logging.getLogger("edge_agent.commands")
@@ -55,14 +56,20 @@ class Actions:
                  request_restart: Callable[[], None],
                  enqueue: Callable[[str, bytes], str], updater: "Updates | None" = None,
                  configure: Callable[[dict], tuple[bool, str]] | None = None,
-                 undeliverable: Callable[[str], str | None] = lambda kind: None):
+                 undeliverable: Callable[[str], str | None] = lambda kind: None,
+                 screen: Display | None = None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
         ``updater`` settles an update's result itself, later (its own callback).
         ``configure(args)`` stages a revision of settings (agent/settings/): (staged,
         the result's words).
         ``undeliverable(kind)`` says why the link's profile cannot carry an upload of
-        that kind, or None: a bundle nobody can deliver is not made at all."""
+        that kind, or None: a bundle nobody can deliver is not made at all.
+        ``screen`` reads the display's state back after a display command
+        (agent/screen/)."""
         self.undeliverable = undeliverable
+        self.screen = screen
+        # what one command may take beyond the configured command's bound
+        self.read_back_s = screen.bound_s if screen is not None else 0.0
         self.section = section
         self.server_url = server_url
         self.snapshot = snapshot
@@ -161,7 +168,14 @@ class Actions:
             return Outcome(False, error=f"no display_{args['state']}_command configured "
                                         "([commands] in agent.toml)")
         r = self._shell(command)
-        return r if isinstance(r, Outcome) else Outcome(True, f"display {args['state']}")
+        if isinstance(r, Outcome):
+            return r
+        if self.screen is None:
+            return Outcome(True, f"display {args['state']}")
+        # ok: the command ran; whether the display is seen in that state is "confirmed"
+        verdict = self.screen.read_back(args["state"])
+        return Outcome(True, f"display {args['state']}: {verdict.said()}",
+                       extra=verdict.fields())
 
     def configure(self, args: dict) -> Outcome:
         if self._configure is None:

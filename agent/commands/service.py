@@ -64,7 +64,8 @@ class CommandService:
         self._stopping = threading.Event()
         self.loop = Loop("commands", self._work, gate=gate,
                          max_silence_s=max_silence_s(getattr(actions, "timeout_s",
-                                                             LONGEST_TIMEOUT_S)),
+                                                             LONGEST_TIMEOUT_S))
+                         + getattr(actions, "read_back_s", 0.0),
                          pause=self._stopping.wait, stopping=self._stopping.is_set)
 
     # -- on the link thread --------------------------------------------------------

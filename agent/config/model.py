@@ -84,6 +84,13 @@ class Hours:
 
 
 @dataclass(frozen=True)
+class Screen:
+    settle_s: float = 10.0
+    x_display: str | None = None
+    cec_device: str = "/dev/cec0"
+
+
+@dataclass(frozen=True)
 class Update:
     proof_timeout_s: float
     allow_downgrade: bool
@@ -115,8 +122,8 @@ class Debug:
 # the section classes, by the name Config knows them by, and the policies inside them
 SECTIONS = {"server": Server, "identity": Identity, "runtime": Runtime, "link": Link,
             "uploads": UploadPolicy, "events": Events, "watchdog": Watchdog,
-            "commands": Commands, "hours": Hours, "update": Update, "fleet": Fleet,
-            "log": Log, "debug": Debug}
+            "commands": Commands, "hours": Hours, "screen": Screen, "update": Update,
+            "fleet": Fleet, "log": Log, "debug": Debug}
 POLICIES = {"link.liveness": LivenessPolicy, "link.backoff": BackoffPolicy,
             "link.keepalive": KeepalivePolicy, "link.idle": IdlePolicy}
 
@@ -133,6 +140,7 @@ class Config:
     watchdog: Watchdog
     commands: Commands
     hours: Hours
+    screen: Screen
     update: Update
     fleet: Fleet
     log: Log

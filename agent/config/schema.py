@@ -77,6 +77,8 @@ class Text:
 ABS_PATH = Text("an absolute path (/...)", re.compile(r"(?:/[^\x00-\x1f\x7f/]+)+/?|/"), 1024)
 # Run through shlex.split, never a shell: one line of printable characters.
 COMMAND_LINE = Text("one line of printable characters", re.compile(r"[^\x00-\x1f\x7f]+"))
+X_DISPLAY = Text("an X display such as :0",
+                 re.compile(r"[A-Za-z0-9._-]*:[0-9]{1,5}(?:\.[0-9]{1,3})?"), 64)
 TIME_ZONE = Text("an IANA time zone such as Europe/Berlin",
                  re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9][A-Za-z0-9_+-]*){0,2}"), 64)
 
@@ -207,6 +209,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # synchronised: act only once NTP set the clock; trusted: a board with an RTC
         "clock": Key(str, "synchronised", "hours.clock", ("synchronised", "trusted"),
                      fleet=True),
+    },
+    "screen": {
+        # after a display command (the display command, working hours), how long the
+        # display has to read the state asked for (agent/screen/core.py): a TV woken by
+        # CEC takes seconds; longer only holds the command's result back
+        "settle_s": Key(float, 10.0, "screen.settle_s", Range(0, 120)),
+        # the X server whose DPMS is read back; unset: the display the display commands
+        # name (xset -display :0), else the agent's DISPLAY
+        "x_display": Key(str, None, "screen.x_display", X_DISPLAY),
+        # the HDMI-CEC adapter whose TV is asked its power status (where cec-ctl is)
+        "cec_device": Key(str, "/dev/cec0", "screen.cec_device", ABS_PATH),
     },
     "update": {
         # after a self-update, how long the new agent has to prove its link live before

@@ -5,7 +5,10 @@ Only on a clock it can trust: a Pi boots without an RTC at the last time it save
 before NTP answers (or with ``[hours] clock = "trusted"``, for a board with an RTC) the
 display is left as it is: a screen lit out of hours costs less than one dark in them.
 A command that fails (CEC not answered, no output) is a fault, tried again each minute;
-an "off" the schedule asked for is not.
+an "off" the schedule asked for is not. After a command that ran, the display's state is
+read back (agent/screen/, the ``screen`` port): the change's event says whether it was
+confirmed and by what, and a display that still reads the other state once the settle
+is over is a fault like a failed command (once, tried again each minute).
 
 The thread is a Loop: a bug in a look at the clock restarts it after a backoff, seen in
 the journal, and it is on the watchdog gate (it looks at least every TICK_S, and one
@@ -30,6 +33,7 @@ from ..runtime.watchdog_gate import WatchdogGate
 from ..config.model import Commands, Hours
 from ..events.model import Event
 from ..config.week import Schedule
+from ..screen.core import Display
 
 log = logging.getLogger("edge_agent.hours")
 
@@ -39,10 +43,11 @@ RETRY_S = 60.0         # a failed command, again
 CONNECT_GRACE_S = 15.0
 
 
-def max_silence_s(timeout_s: float, connect_grace_s: float) -> float:
+def max_silence_s(timeout_s: float, connect_grace_s: float, read_back_s: float = 0.0) -> float:
     """What the watchdog gate allows between two looks: the wait, a command that ran to
-    its timeout (and was killed), the connect grace, and a margin for the rest."""
-    return TICK_S + timeout_s + connect_grace_s + 30.0
+    its timeout (and was killed), the connect grace, the read-back's bound, and a margin
+    for the rest."""
+    return TICK_S + timeout_s + connect_grace_s + read_back_s + 30.0
 
 
 class WorkingHours:
@@ -52,8 +57,9 @@ class WorkingHours:
                  now: Callable[[], float] = time.time, synced: Callable[[], bool] = wall_synced,
                  monotonic: Callable[[], float] = time.monotonic,
                  connect_grace_s: float = CONNECT_GRACE_S,
-                 gate: WatchdogGate | None = None):
-        """``gate``: the thread is on the watchdog gate (the daemon's)."""
+                 gate: WatchdogGate | None = None, screen: Display | None = None):
+        """``gate``: the thread is on the watchdog gate (the daemon's). ``screen``: reads
+        the display's state back after each command that ran (None: not read)."""
         self.schedule = schedule
         self.zone = ZoneInfo(zone) if zone else None   # None: the system's local time
         self.commands = {True: shlex.split(on_command), False: shlex.split(off_command)}
@@ -62,6 +68,8 @@ class WorkingHours:
         self.on_fault, self.on_change = on_fault, on_change
         self.sysfs_root = sysfs_root
         self.now, self.synced, self.monotonic = now, synced, monotonic
+        self.screen = screen
+        self.read_back: str | None = None   # what the last read-back said
         self.applied: bool | None = None    # what the last command that worked set
         self.waiting_for_clock = False
         # once NTP set the clock it is trusted until the next boot: the kernel calls it
@@ -73,7 +81,8 @@ class WorkingHours:
         self._retry_at = 0.0
         self._stop = threading.Event()
         self.loop = Loop("hours", self._run, gate=gate,
-                         max_silence_s=max_silence_s(timeout_s, connect_grace_s),
+                         max_silence_s=max_silence_s(timeout_s, connect_grace_s,
+                                                     screen.bound_s if screen else 0.0),
                          pause=self._stop.wait, stopping=self._stop.is_set)
 
     def local_now(self) -> datetime:
@@ -135,7 +144,8 @@ class WorkingHours:
         return {"wanted": None if wanted is None else ("on" if wanted else "off"),
                 "applied": None if self.applied is None else ("on" if self.applied else "off"),
                 "next_change": change.isoformat(timespec="minutes") if change else None,
-                "waiting_for_clock": self.waiting_for_clock, "fault": self.fault}
+                "waiting_for_clock": self.waiting_for_clock, "fault": self.fault,
+                "read_back": self.read_back}
 
     # -- internals -----------------------------------------------------------------
     def _run(self) -> None:
@@ -151,10 +161,18 @@ class WorkingHours:
         error = self._run_command(self.commands[on])
         if error is None and on and not self._connected_within(self.connect_grace_s):
             error = "no display is connected (HDMI unplugged?)"
+        verdict = None
+        if error is None and self.screen is not None:
+            verdict = self.screen.read_back(state)
+            self.read_back = verdict.said()
+            if verdict.contrary:
+                error = verdict.why
         if error is None:
             if self.applied != on:
-                log.info("working hours: display %s", state)
-                self.on_change({"state": state, "by": "working hours"})
+                log.info("working hours: display %s%s", state,
+                         f": {verdict.said()}" if verdict else "")
+                self.on_change({"state": state, "by": "working hours",
+                                **(verdict.fields() if verdict else {})})
             self.applied, self.fault = on, None
             return
         self._retry_at = self.monotonic() + RETRY_S
@@ -193,13 +211,14 @@ class WorkingHours:
 
 def from_config(hours: Hours, commands: Commands, *, sysfs_root: str,
                 publish: Callable[[Event], None],
-                gate: WatchdogGate | None = None) -> WorkingHours:
+                gate: WatchdogGate | None = None, screen: Display | None = None) -> WorkingHours:
     """Working hours as the configuration sets them, run through [commands]' display
-    commands; what they do is told as events (display.scheduled, display.fault)."""
+    commands, each read back through ``screen``; what they do is told as events
+    (display.scheduled, display.fault)."""
     return WorkingHours(
         Schedule.parse(list(hours.week), list(hours.exceptions)), hours.timezone,
         commands.display_on_command, commands.display_off_command, commands.timeout_s,
         trust_clock=hours.clock == "trusted",
         on_fault=lambda d: publish(Event("display.fault", time.time(), d)),
         on_change=lambda d: publish(Event("display.scheduled", time.time(), d)),
-        sysfs_root=sysfs_root, gate=gate)
+        sysfs_root=sysfs_root, gate=gate, screen=screen)

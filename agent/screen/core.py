@@ -1,0 +1,170 @@
+"""The display's state read back, never assumed (sans I/O).
+
+After a display command (the ``display`` command, working hours) the shell reads the
+real state from each source this screen has: the DRM connector in sysfs, X11's DPMS,
+the Wayland outputs, the TV over HDMI-CEC. This core decides, from what they read and a
+monotonic clock, when to read again and what the answer is:
+
+- **off** is confirmed as soon as one source reads off: any layer that is off leaves
+  the screen dark (a TV in standby shows nothing, whatever the HDMI signal does).
+- **on** is confirmed when at least one source reads on and none reads off: the
+  picture shows only when every layer that can tell is on.
+- A source that cannot tell (it failed, or its outputs disagree) counts for neither;
+  one that this screen does not have (not installed, no adapter, nothing to connect to)
+  is not read again. With no source left the answer is at once: unconfirmed, and why.
+- Otherwise the sources are read again, each at its own pace (the CEC bus is not
+  flooded), until the settle ends: then a last look, and the answer is unconfirmed,
+  ``contrary`` when the display did not reach the state asked for (on: a source reads
+  off; off: every source reads on), or for want of any reading that tells.
+
+Inputs: ``Asked`` (the state, the time), ``Read`` (the readings, the time), ``Stopped``.
+Effects: ``ReadAt`` (read these sources at that time) or one ``Verdict``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+ON, OFF = "on", "off"
+STATES = (ON, OFF)
+MAX_WHY = 300        # what a result's ``why`` keeps
+
+
+@dataclass(frozen=True)
+class Reading:
+    source: str              # "DRM", "X11 DPMS", "Wayland", "CEC"
+    state: str | None        # ON, OFF, or None: what it read does not tell
+    said: str                # what it read ("Off"), or why it could not
+    present: bool = True     # False: this screen has no such source; not read again
+
+
+@dataclass(frozen=True)
+class Asked:
+    state: str
+    now: float
+
+
+@dataclass(frozen=True)
+class Read:
+    readings: tuple
+    now: float
+
+
+@dataclass(frozen=True)
+class Stopped:
+    why: str
+
+
+@dataclass(frozen=True)
+class ReadAt:
+    at: float
+    sources: tuple
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str                   # what was asked
+    confirmed: bool
+    by: tuple = ()               # the readings that confirm it
+    why: str = ""                # unconfirmed: why, in words
+    contrary: bool = False       # unconfirmed: a source read the other state at the end
+
+    def said(self) -> str:
+        """"confirmed by X11 DPMS (Off)" or "unconfirmed: why"."""
+        if self.confirmed:
+            return "confirmed by " + ", ".join(f"{r.source} ({r.said})" for r in self.by)
+        return f"unconfirmed: {self.why}"
+
+    def fields(self) -> dict:
+        """What a command's result and an event carry."""
+        if self.confirmed:
+            return {"confirmed": True, "confirmed_by": [r.source for r in self.by],
+                    "read": "; ".join(f"{r.source}: {r.said}" for r in self.by)[:MAX_WHY]}
+        return {"confirmed": False, "why": self.why}
+
+
+class Display(Protocol):
+    """What a part that turns the display on or off asks of the screen part
+    (agent/screen/service.py, bound by the daemon): the state read back, within
+    ``bound_s`` seconds at most."""
+
+    bound_s: float
+
+    def read_back(self, state: str) -> Verdict: ...
+
+
+def _listed(readings) -> str:
+    return "; ".join(f"{r.source}: {r.said}" for r in readings)
+
+
+class ReadBack:
+    """One read-back: a new one for each display command."""
+
+    def __init__(self, every_s: dict[str, float], settle_s: float):
+        """``every_s``: each source's name and how often it may be read."""
+        self.every_s = dict(every_s)
+        self.settle_s = settle_s
+        self.state = ON
+        self.deadline = 0.0
+        self.live: list[str] = []
+        self.last: dict[str, Reading] = {}
+        self.due: dict[str, float] = {}
+        self.done: Verdict | None = None
+
+    def handle(self, event) -> list:
+        if self.done is not None:
+            return [self.done]
+        if isinstance(event, Asked):
+            if event.state not in STATES:
+                raise ValueError(f"state: {event.state!r}")
+            self.state, self.deadline = event.state, event.now + self.settle_s
+            self.live = list(self.every_s)
+            self.due = {name: event.now for name in self.live}
+            if not self.live:
+                return self._end(False, why="no source to read the display from")
+            return [ReadAt(event.now, tuple(self.live))]
+        if isinstance(event, Stopped):
+            return self._end(False, why=f"not read back: {event.why}")
+        if isinstance(event, Read):
+            return self._read(event)
+        raise TypeError(f"not an input of the read-back: {event!r}")
+
+    def _read(self, event: Read) -> list:
+        for r in event.readings:
+            self.last[r.source] = r
+            if r.source in self.due:
+                self.due[r.source] = event.now + self.every_s[r.source]
+            if not r.present and r.source in self.live:
+                self.live.remove(r.source)
+        current = [self.last[name] for name in self.live if name in self.last]
+        ons = [r for r in current if r.state == ON]
+        offs = [r for r in current if r.state == OFF]
+        if self.state == OFF and offs:
+            return self._end(True, by=tuple(offs))
+        if self.state == ON and ons and not offs:
+            return self._end(True, by=tuple(ons))
+        if not self.live:
+            return self._end(False, why="nothing here reads the display: "
+                                        + _listed(self.last.values()))
+        if event.now >= self.deadline:
+            # on: one layer off leaves the screen dark. Off: a layer on proves the screen
+            # lit only when no other layer it passes through is left untold (a TV that
+            # does not answer over CEC may be in standby under a live HDMI signal)
+            against = offs if self.state == ON else (
+                ons if len(ons) == len(self.live) else [])
+            if against:
+                return self._end(False, contrary=True, why=(
+                    f"the display reads {OFF if self.state == ON else ON} "
+                    f"{self.settle_s:g} s after it was turned {self.state}: "
+                    + _listed(against)))
+            return self._end(False, why=f"no source read {self.state} within "
+                                        f"{self.settle_s:g} s: " + _listed(current))
+        nxt = min(min(self.due[name] for name in self.live), self.deadline)
+        if nxt >= self.deadline:   # the last look: every source once more
+            return [ReadAt(self.deadline, tuple(self.live))]
+        return [ReadAt(nxt, tuple(name for name in self.live if self.due[name] <= nxt))]
+
+    def _end(self, confirmed: bool, by: tuple = (), why: str = "",
+             contrary: bool = False) -> list:
+        self.done = Verdict(self.state, confirmed, by, why[:MAX_WHY], contrary)
+        return [self.done]

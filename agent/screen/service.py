@@ -1,0 +1,88 @@
+"""The display's state read back after a display command: the shell around core.py.
+
+``read_back(state)`` runs on the thread that turned the display (the commands thread,
+the working hours'): it reads the sources (sources.py) when the core says, waits
+between reads on an event that ``stop()`` sets, and returns the core's Verdict, within
+``bound_s``. Nothing is written anywhere; one read-back shares nothing with another but
+the runner that ``stop()`` ends.
+
+Where X11 is asked: ``[screen] x_display``; unset, the display the configured display
+commands name (``xset -display :0 ...``, ``env DISPLAY=:0 ...``: what they turned off
+is what is read); else the agent's ``DISPLAY``.
+"""
+from __future__ import annotations
+
+import logging
+import shlex
+import threading
+import time
+from typing import Callable, Iterable
+
+from ..config.model import Commands, Screen as ScreenSection
+from .core import Asked, Read, ReadAt, ReadBack, Stopped, Verdict
+from .sources import READ_TIMEOUT_S, Cec, Drm, Runner, Wayland, X11Dpms
+
+log = logging.getLogger("edge_agent.screen")
+
+
+class Screen:
+    def __init__(self, sources: list, settle_s: float, runner: Runner | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.sources = {source.name: source for source in sources}
+        self.settle_s = settle_s
+        self.runner = runner
+        self.clock = clock
+        self._stop = threading.Event()
+        # the settle, a round of reads begun just before its end, and the last look
+        # (Wayland's may be two runs of wlr-randr)
+        self.bound_s = settle_s + 2 * (len(self.sources) + 1) * READ_TIMEOUT_S
+
+    def read_back(self, state: str) -> Verdict:
+        core = ReadBack({name: s.every_s for name, s in self.sources.items()}, self.settle_s)
+        effects = core.handle(Asked(state, self.clock()))
+        while isinstance(effects[0], ReadAt):
+            at = effects[0].at
+            while not self._stop.is_set() and self.clock() < at:
+                self._stop.wait(at - self.clock())
+            if self._stop.is_set():
+                effects = core.handle(Stopped("the agent is stopping"))
+                break
+            readings = tuple(self.sources[name].read() for name in effects[0].sources)
+            effects = core.handle(Read(readings, self.clock()))
+        verdict = effects[0]
+        (log.warning if verdict.contrary else log.info)("display %s: %s", state,
+                                                          verdict.said())
+        return verdict
+
+    def stop(self) -> None:
+        """From any thread, on the agent's way out: a read-back ends now, unconfirmed."""
+        self._stop.set()
+        if self.runner is not None:
+            self.runner.stop()
+
+
+def display_in(commands: Iterable[str | None]) -> str | None:
+    """The X display a configured command names: ``-display :0`` or ``DISPLAY=:0``."""
+    for command in commands:
+        try:
+            words = shlex.split(command or "")
+        except ValueError:
+            continue
+        for i, word in enumerate(words):
+            if word == "-display" and i + 1 < len(words) and ":" in words[i + 1]:
+                return words[i + 1]
+            if word.startswith("DISPLAY=") and len(word) > len("DISPLAY="):
+                return word.split("=", 1)[1]
+    return None
+
+
+def from_config(section: ScreenSection, commands: Commands, *, sysfs_root: str,
+                environ: dict) -> Screen:
+    runner = Runner()
+    x_display = (section.x_display
+                 or display_in((commands.display_off_command, commands.display_on_command))
+                 or environ.get("DISPLAY"))
+    path = environ.get("PATH")
+    sources = [Drm(sysfs_root), X11Dpms(x_display, runner, path), Wayland(environ, runner),
+               Cec(section.cec_device, runner, path)]
+    return Screen(sources, section.settle_s, runner)

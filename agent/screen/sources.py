@@ -1,0 +1,219 @@
+"""Where the display's state is read from: each source one bounded read, told as a
+core.Reading (on, off, or cannot tell, in the source's own words).
+
+- DRM: each connected connector's ``dpms`` and ``enabled`` in sysfs (a few bytes each,
+  read bounded); no connector at all is no source.
+- X11 DPMS: ``xset -display D q`` ("Monitor is Off"); no display to ask, or no xset,
+  is no source.
+- Wayland: ``wlr-randr --json`` (each output's ``enabled``; its text form where the
+  installed wlr-randr has no --json); no ``WAYLAND_DISPLAY`` or no wlr-randr is no source.
+- CEC: ``cec-ctl -d DEV --to 0 --give-device-power-status`` (the TV's ``pwr-state``);
+  no adapter or no cec-ctl is no source.
+
+A program runs through base/children.py: its own session, a bound, its group killed at
+the bound or when the agent stops, a failure told without its command line.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+from typing import Callable
+
+from ..base import children
+from ..base.fsutil import read_bounded
+from .core import OFF, ON, Reading
+
+READ_TIMEOUT_S = 5.0     # one source's read, at most (cec-ctl waits on the TV's answer)
+MAX_ATTRIBUTE = 64       # a sysfs attribute's bytes
+
+
+class Runner:
+    """Runs a source's program, bounded; ``stop()`` from any thread kills the one
+    running and refuses the next."""
+
+    def __init__(self, timeout_s: float = READ_TIMEOUT_S):
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._stopping = False
+
+    def __call__(self, argv: list[str], env: dict | None = None) -> tuple[bytes | None, str]:
+        """(stdout, "") when it exited 0, else (None, why in children.failure's words);
+        the exit status aside, a program that printed its answer is read (stdout, why)."""
+        try:
+            with self._lock:
+                if self._stopping:
+                    return None, "not read: the agent is stopping"
+                child = children.spawn(argv, env=env)
+                self._running.add(child)
+        except OSError as e:
+            return None, children.failure(argv, error=e)
+        try:
+            out, err = children.finish(child, self.timeout_s)
+        except subprocess.TimeoutExpired:
+            return None, children.failure(argv, timeout_s=self.timeout_s)
+        finally:
+            with self._lock:
+                self._running.discard(child)
+        if child.returncode != 0:
+            return out, children.failure(argv, exited=child.returncode, stderr=err)
+        return out, ""
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            running = list(self._running)
+        for child in running:
+            children.kill_group(child)
+
+
+def _absent(source: str, why: str) -> Reading:
+    return Reading(source, None, why, present=False)
+
+
+class Drm:
+    name = "DRM"
+    every_s = 0.5
+
+    def __init__(self, sysfs_root: str = "/sys"):
+        self.sysfs_root = sysfs_root
+
+    def _attribute(self, connector: str, name: str) -> str:
+        try:
+            return read_bounded(os.path.join(connector, name), MAX_ATTRIBUTE).decode(
+                "ascii", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def read(self) -> Reading:
+        found = sorted(glob.glob(os.path.join(self.sysfs_root, "class/drm/card*-*")))
+        if not found:
+            return _absent(self.name, "no DRM connector in sysfs")
+        states, said = set(), []
+        for path in found:
+            if self._attribute(path, "status") != "connected":
+                continue
+            dpms, enabled = self._attribute(path, "dpms"), self._attribute(path, "enabled")
+            if enabled == "disabled" or dpms in ("Off", "Standby", "Suspend"):
+                states.add(OFF)
+            elif dpms == "On" and enabled in ("enabled", ""):
+                states.add(ON)
+            else:
+                states.add(None)
+            shown = ", ".join(x for x in (enabled, dpms) if x) or "?"
+            said.append(f"{os.path.basename(path)} {shown}")
+        if not said:
+            return Reading(self.name, None, "no connector is connected")
+        state = states.pop() if len(states) == 1 else None
+        return Reading(self.name, state, "; ".join(said))
+
+
+class X11Dpms:
+    name = "X11 DPMS"
+    every_s = 0.5
+
+    def __init__(self, display: str | None, run: Callable, path: str | None = None):
+        self.display, self.run, self.path = display, run, path
+
+    def read(self) -> Reading:
+        if not self.display:
+            return _absent(self.name, "no X display to ask ([screen] x_display, DISPLAY)")
+        xset = shutil.which("xset", path=self.path)
+        if xset is None:
+            return _absent(self.name, "xset is not installed (x11-xserver-utils)")
+        out, why = self.run([xset, "-display", self.display, "q"])
+        if why:
+            return Reading(self.name, None, why)
+        return self.parse(out.decode(errors="replace"))
+
+    @classmethod
+    def parse(cls, text: str) -> Reading:
+        m = re.search(r"Monitor is (?:in )?(On|Off|Standby|Suspend|Unknown State)", text)
+        if m:
+            word = m.group(1)
+            return Reading(cls.name, ON if word == "On" else None if word.startswith(
+                "Unknown") else OFF, word)
+        if "DPMS is Disabled" in text:   # nothing can have put it to sleep
+            return Reading(cls.name, ON, "DPMS disabled")
+        return _absent(cls.name, "the X server has no DPMS")
+
+
+class Wayland:
+    name = "Wayland"
+    every_s = 0.5
+
+    def __init__(self, env: dict, run: Callable):
+        self.env, self.run = env, run
+
+    def read(self) -> Reading:
+        if not self.env.get("WAYLAND_DISPLAY"):
+            return _absent(self.name, "WAYLAND_DISPLAY is not set")
+        tool = shutil.which("wlr-randr", path=self.env.get("PATH"))
+        if tool is None:
+            return _absent(self.name, "wlr-randr is not installed")
+        out, why = self.run([tool, "--json"], env=dict(self.env))
+        if why and out is not None and not out.strip():   # a wlr-randr without --json
+            out, why = self.run([tool], env=dict(self.env))
+            return self.parse_text(out.decode(errors="replace")) if not why else \
+                Reading(self.name, None, why)
+        if why:
+            return Reading(self.name, None, why)
+        try:
+            outputs = json.loads(out)
+            return self._judge([(str(o["name"]), bool(o["enabled"])) for o in outputs])
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return Reading(self.name, None, "wlr-randr's JSON is not a list of outputs")
+
+    @classmethod
+    def parse_text(cls, text: str) -> Reading:
+        outputs, name = [], None
+        for line in text.splitlines():
+            if line and not line[0].isspace():
+                name = line.split()[0]
+            elif name and line.strip().startswith("Enabled:"):
+                outputs.append((name, line.split(":", 1)[1].strip() == "yes"))
+        return cls._judge(outputs)
+
+    @classmethod
+    def _judge(cls, outputs: list[tuple[str, bool]]) -> Reading:
+        if not outputs:
+            return Reading(cls.name, None, "no output")
+        said = "; ".join(f"{name} {'enabled' if on else 'disabled'}" for name, on in outputs)
+        states = {on for _, on in outputs}
+        state = None if len(states) > 1 else ON if states.pop() else OFF
+        return Reading(cls.name, state, said[:200])
+
+
+class Cec:
+    name = "CEC"
+    every_s = 2.0     # a question on the CEC bus each time: not flooded
+
+    def __init__(self, device: str, run: Callable, path: str | None = None):
+        self.device, self.run, self.path = device, run, path
+
+    def read(self) -> Reading:
+        tool = shutil.which("cec-ctl", path=self.path)
+        if tool is None:
+            return _absent(self.name, "cec-ctl is not installed (v4l-utils)")
+        if not os.path.exists(self.device):
+            return _absent(self.name, f"no CEC adapter ({self.device})")
+        out, why = self.run([tool, "-d", self.device, "--to", "0",
+                             "--give-device-power-status"])
+        if out is None:
+            return Reading(self.name, None, why)
+        return self.parse(out.decode(errors="replace"), why)
+
+    @classmethod
+    def parse(cls, text: str, why: str = "") -> Reading:
+        m = re.search(r"pwr-state:\s*([a-z-]+)", text)
+        if m is None:
+            lines = text.strip().splitlines()
+            return Reading(cls.name, None, why or "the TV gave no power status"
+                           + (f" ({lines[-1].strip()[:100]})" if lines else ""))
+        word = m.group(1)
+        return Reading(cls.name, {"on": ON, "standby": OFF}.get(word), word)
