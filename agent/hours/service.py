@@ -167,19 +167,20 @@ class WorkingHours:
             self.read_back = verdict.said()
             if verdict.contrary:
                 error = verdict.why
+        # the state first, then the event: the status the event's refresh writes has it
         if error is None:
-            if self.applied != on:
+            changed, self.applied, self.fault = self.applied != on, on, None
+            if changed:
                 log.info("working hours: display %s%s", state,
                          f": {verdict.said()}" if verdict else "")
                 self.on_change({"state": state, "by": "working hours",
                                 **(verdict.fields() if verdict else {})})
-            self.applied, self.fault = on, None
             return
         self._retry_at = self.monotonic() + RETRY_S
-        if self.fault != error:
+        new, self.fault = self.fault != error, error
+        if new:
             log.warning("working hours: the display should be %s and is not: %s", state, error)
             self.on_fault({"wanted": state, "error": error})
-        self.fault = error
 
     def _run_command(self, argv: list[str]) -> str | None:
         """None, or why it failed (children.failure: never the command line)."""
