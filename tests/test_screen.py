@@ -16,8 +16,8 @@ from agent.config.model import Screen as ScreenSection
 from agent.config.week import Schedule
 from agent.hours.service import WorkingHours
 from agent.screen import service as screen_service
-from agent.screen.core import (OFF, ON, Asked, Read, ReadAt, ReadBack, Reading, Stopped,
-                               Verdict)
+from agent.screen.core import (OFF, ON, Asked, Mend, Mended, Read, ReadAt, ReadBack, Reading,
+                               Stopped, Verdict)
 from agent.screen.sources import Cec, Drm, Wayland, X11Dpms
 from devtools.harness import agent_config, wait_for
 
@@ -170,6 +170,56 @@ def test_wayland_outputs_are_read_from_wlr_randr_json_or_its_text_where_it_has_n
     assert Wayland({"PATH": str(tmp_path)}, Runner()).read().present is False
     assert Wayland({"WAYLAND_DISPLAY": "w", "PATH": str(tmp_path / "none")},
                    Runner()).read().said == "wlr-randr is not installed"
+
+
+# -- the one retry ---------------------------------------------------------------------
+def test_on_that_still_reads_off_is_retried_once_and_read_for_one_more_settle():
+    core = ReadBack({"X11 DPMS": 0.5, "DRM": 0.5}, settle_s=1, menders=("X11 DPMS",))
+    effects = core.handle(Asked(ON, 0.0))
+    while isinstance(effects[0], ReadAt):
+        effects = core.handle(Read((said("X11 DPMS", OFF, "Off"), said("DRM", OFF, "Off")),
+                                   effects[0].at))
+    assert effects == [Mend(("X11 DPMS",))]
+    assert core.handle(Mended(("DPMS force on",), 1.2)) == [ReadAt(1.2, ("X11 DPMS", "DRM"))]
+    [verdict] = core.handle(Read((said("X11 DPMS", ON, "On"), said("DRM", ON, "On")), 1.3))
+    assert verdict.said() == ("confirmed by X11 DPMS (On), DRM (On) after a retry "
+                              "(DPMS force on)")
+    assert verdict.fields()["retried"] == ["DPMS force on"]
+
+
+def test_the_retry_is_once_and_never_for_off():
+    core = ReadBack({"X11 DPMS": 0.5}, settle_s=0, menders=("X11 DPMS",))
+    core.handle(Asked(ON, 0.0))
+    assert core.handle(Read((said("X11 DPMS", OFF, "Off"),), 0.0)) == [Mend(("X11 DPMS",))]
+    core.handle(Mended(("DPMS force on",), 0.1))
+    [verdict] = core.handle(Read((said("X11 DPMS", OFF, "Off"),), 0.1))
+    assert verdict.contrary and verdict.why == (
+        "the display reads off 0 s after it was turned on, and again after a retry "
+        "(DPMS force on): X11 DPMS: Off")
+    core = ReadBack({"X11 DPMS": 0.5}, settle_s=0, menders=("X11 DPMS",))
+    core.handle(Asked(OFF, 0.0))
+    [verdict] = core.handle(Read((said("X11 DPMS", ON, "On"),), 0.0))
+    assert verdict.contrary and not verdict.retried
+
+
+def test_a_wayland_output_left_disabled_is_enabled_again_once(tmp_path):
+    """A stand-in wlr-randr keeping its output's state in a file: the display command
+    (true) turned nothing on; the one retry enables the output that read disabled."""
+    from agent.screen.sources import Runner
+    state = tmp_path / "enabled"
+    state.write_text("false")
+    tool = tmp_path / "wlr-randr"
+    tool.write_text(f'#!/bin/sh\nif [ "$1" = --output ]; then echo true > {state}; exit 0; fi\n'
+                    f'read v < {state}\nprintf \'[{{"name": "HDMI-A-1", "enabled": %s}}]\' "$v"\n')
+    tool.chmod(0o755)
+    runner = Runner()
+    screen = screen_service.Screen(
+        [Wayland({"WAYLAND_DISPLAY": "wayland-1", "PATH": str(tmp_path)}, runner)], 0.3, runner)
+    verdict = screen.read_back(ON)
+    assert verdict.said() == ("confirmed by Wayland (HDMI-A-1 enabled) after a retry "
+                              "(output HDMI-A-1 enabled again)")
+    state.write_text("false")
+    assert not screen.read_back(OFF).retried   # off is never retried
 
 
 # -- the DRM connector, in a fake sysfs tree ------------------------------------------

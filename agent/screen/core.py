@@ -16,9 +16,13 @@ monotonic clock, when to read again and what the answer is:
   flooded), until the settle ends: then a last look, and the answer is unconfirmed,
   ``contrary`` when the display did not reach the state asked for (on: a source reads
   off; off: every source reads on), or for want of any reading that tells.
+- A display asked on that still reads off is retried once, bounded: each source that
+  can mend it does one rung (X11: DPMS force on; Wayland: the output enabled again),
+  then it is read for one more settle. Never a second time, never for off.
 
-Inputs: ``Asked`` (the state, the time), ``Read`` (the readings, the time), ``Stopped``.
-Effects: ``ReadAt`` (read these sources at that time) or one ``Verdict``.
+Inputs: ``Asked`` (the state, the time), ``Read`` (the readings, the time), ``Mended``
+(the rungs that ran, the time), ``Stopped``. Effects: ``ReadAt`` (read these sources at
+that time), ``Mend`` (these sources do their rung) or one ``Verdict``.
 """
 from __future__ import annotations
 
@@ -51,6 +55,12 @@ class Read:
 
 
 @dataclass(frozen=True)
+class Mended:
+    rungs: tuple             # what each rung did, in words ("X11 DPMS force on")
+    now: float
+
+
+@dataclass(frozen=True)
 class Stopped:
     why: str
 
@@ -62,25 +72,34 @@ class ReadAt:
 
 
 @dataclass(frozen=True)
+class Mend:
+    sources: tuple
+
+
+@dataclass(frozen=True)
 class Verdict:
     state: str                   # what was asked
     confirmed: bool
     by: tuple = ()               # the readings that confirm it
     why: str = ""                # unconfirmed: why, in words
     contrary: bool = False       # unconfirmed: a source read the other state at the end
+    retried: tuple = ()          # the rungs of the one retry, if it came to that
 
     def said(self) -> str:
         """"confirmed by X11 DPMS (Off)" or "unconfirmed: why"."""
         if self.confirmed:
-            return "confirmed by " + ", ".join(f"{r.source} ({r.said})" for r in self.by)
+            return "confirmed by " + ", ".join(f"{r.source} ({r.said})" for r in self.by) \
+                + (f" after a retry ({', '.join(self.retried)})" if self.retried else "")
         return f"unconfirmed: {self.why}"
 
     def fields(self) -> dict:
         """What a command's result and an event carry."""
+        retried = {"retried": list(self.retried)} if self.retried else {}
         if self.confirmed:
             return {"confirmed": True, "confirmed_by": [r.source for r in self.by],
-                    "read": "; ".join(f"{r.source}: {r.said}" for r in self.by)[:MAX_WHY]}
-        return {"confirmed": False, "why": self.why}
+                    "read": "; ".join(f"{r.source}: {r.said}" for r in self.by)[:MAX_WHY],
+                    **retried}
+        return {"confirmed": False, "why": self.why, **retried}
 
 
 class Display(Protocol):
@@ -100,10 +119,14 @@ def _listed(readings) -> str:
 class ReadBack:
     """One read-back: a new one for each display command."""
 
-    def __init__(self, every_s: dict[str, float], settle_s: float):
-        """``every_s``: each source's name and how often it may be read."""
+    def __init__(self, every_s: dict[str, float], settle_s: float, menders: tuple = ()):
+        """``every_s``: each source's name and how often it may be read; ``menders``:
+        the sources that have a rung to retry with."""
         self.every_s = dict(every_s)
         self.settle_s = settle_s
+        self.menders = tuple(menders)
+        self.retried: tuple = ()     # the rungs of the retry, once it ran
+        self.mending = False         # the retry was asked for: never a second one
         self.state = ON
         self.deadline = 0.0
         self.live: list[str] = []
@@ -127,6 +150,11 @@ class ReadBack:
             return self._end(False, why=f"not read back: {event.why}")
         if isinstance(event, Read):
             return self._read(event)
+        if isinstance(event, Mended) and self.mending and not self.retried:
+            self.retried = tuple(event.rungs)
+            self.deadline = event.now + self.settle_s
+            self.due = {name: event.now for name in self.live}
+            return [ReadAt(event.now, tuple(self.live))]
         raise TypeError(f"not an input of the read-back: {event!r}")
 
     def _read(self, event: Read) -> list:
@@ -152,10 +180,16 @@ class ReadBack:
             # does not answer over CEC may be in standby under a live HDMI signal)
             against = offs if self.state == ON else (
                 ons if len(ons) == len(self.live) else [])
+            menders = tuple(name for name in self.menders if name in self.live)
+            if self.state == ON and against and menders and not self.mending:
+                self.mending = True
+                return [Mend(menders)]
             if against:
+                again = f", and again after a retry ({', '.join(self.retried)})" \
+                    if self.retried else ""
                 return self._end(False, contrary=True, why=(
                     f"the display reads {OFF if self.state == ON else ON} "
-                    f"{self.settle_s:g} s after it was turned {self.state}: "
+                    f"{self.settle_s:g} s after it was turned {self.state}{again}: "
                     + _listed(against)))
             return self._end(False, why=f"no source read {self.state} within "
                                         f"{self.settle_s:g} s: " + _listed(current))
@@ -166,5 +200,6 @@ class ReadBack:
 
     def _end(self, confirmed: bool, by: tuple = (), why: str = "",
              contrary: bool = False) -> list:
-        self.done = Verdict(self.state, confirmed, by, why[:MAX_WHY], contrary)
+        self.done = Verdict(self.state, confirmed, by, why[:MAX_WHY], contrary,
+                            self.retried)
         return [self.done]

@@ -19,7 +19,7 @@ import time
 from typing import Callable, Iterable
 
 from ..config.model import Commands, Screen as ScreenSection
-from .core import Asked, Read, ReadAt, ReadBack, Stopped, Verdict
+from .core import Asked, Mend, Mended, Read, ReadAt, ReadBack, Stopped, Verdict
 from .sources import READ_TIMEOUT_S, Cec, Drm, Runner, Wayland, X11Dpms
 
 log = logging.getLogger("edge_agent.screen")
@@ -33,14 +33,23 @@ class Screen:
         self.runner = runner
         self.clock = clock
         self._stop = threading.Event()
-        # the settle, a round of reads begun just before its end, and the last look
-        # (Wayland's may be two runs of wlr-randr)
-        self.bound_s = settle_s + 2 * (len(self.sources) + 1) * READ_TIMEOUT_S
+        self.menders = tuple(name for name, s in self.sources.items() if hasattr(s, "mend"))
+        # twice (the retry): the settle, a round of reads begun just before its end, and
+        # the last look (Wayland's may be two runs of wlr-randr); the rungs between
+        self.bound_s = 2 * (settle_s + 2 * (len(self.sources) + 1) * READ_TIMEOUT_S) \
+            + 4 * len(self.menders) * READ_TIMEOUT_S
 
     def read_back(self, state: str) -> Verdict:
-        core = ReadBack({name: s.every_s for name, s in self.sources.items()}, self.settle_s)
+        core = ReadBack({name: s.every_s for name, s in self.sources.items()}, self.settle_s,
+                        self.menders)
         effects = core.handle(Asked(state, self.clock()))
-        while isinstance(effects[0], ReadAt):
+        while isinstance(effects[0], (ReadAt, Mend)):
+            if isinstance(effects[0], Mend):
+                rungs = tuple(self.sources[name].mend() for name in effects[0].sources)
+                log.warning("display %s: not reached, retried once: %s", state,
+                            "; ".join(rungs))
+                effects = core.handle(Mended(rungs, self.clock()))
+                continue
             at = effects[0].at
             while not self._stop.is_set() and self.clock() < at:
                 self._stop.wait(at - self.clock())

@@ -10,6 +10,10 @@ core.Reading (on, off, or cannot tell, in the source's own words).
 - CEC: ``cec-ctl -d DEV --to 0 --give-device-power-status`` (the TV's ``pwr-state``);
   no adapter or no cec-ctl is no source.
 
+The sources that can wake a display asked on that still reads off have one rung each
+(``mend()``, run once by the core's retry): X11, DPMS forced on; Wayland, each output
+that reads disabled enabled again.
+
 A program runs through base/children.py: its own session, a bound, its group killed at
 the bound or when the agent stops, a failure told without its command line.
 """
@@ -131,6 +135,11 @@ class X11Dpms:
             return Reading(self.name, None, why)
         return self.parse(out.decode(errors="replace"))
 
+    def mend(self) -> str:
+        xset = shutil.which("xset", path=self.path) or "xset"
+        _, why = self.run([xset, "-display", self.display or "", "dpms", "force", "on"])
+        return "DPMS force on" + (f" failed: {why}" if why else "")
+
     @classmethod
     def parse(cls, text: str) -> Reading:
         m = re.search(r"Monitor is (?:in )?(On|Off|Standby|Suspend|Unknown State)", text)
@@ -149,6 +158,7 @@ class Wayland:
 
     def __init__(self, env: dict, run: Callable):
         self.env, self.run = env, run
+        self.disabled: list[str] = []   # the outputs the last read found disabled
 
     def read(self) -> Reading:
         if not self.env.get("WAYLAND_DISPLAY"):
@@ -159,25 +169,40 @@ class Wayland:
         out, why = self.run([tool, "--json"], env=dict(self.env))
         if why and out is not None and not out.strip():   # a wlr-randr without --json
             out, why = self.run([tool], env=dict(self.env))
-            return self.parse_text(out.decode(errors="replace")) if not why else \
-                Reading(self.name, None, why)
-        if why:
+            if why:
+                return Reading(self.name, None, why)
+            outputs = self.outputs_in_text(out.decode(errors="replace"))
+        elif why:
             return Reading(self.name, None, why)
-        try:
-            outputs = json.loads(out)
-            return self._judge([(str(o["name"]), bool(o["enabled"])) for o in outputs])
-        except (ValueError, TypeError, KeyError, RecursionError):
-            return Reading(self.name, None, "wlr-randr's JSON is not a list of outputs")
+        else:
+            try:
+                outputs = [(str(o["name"]), bool(o["enabled"])) for o in json.loads(out)]
+            except (ValueError, TypeError, KeyError, RecursionError):
+                return Reading(self.name, None, "wlr-randr's JSON is not a list of outputs")
+        self.disabled = [name for name, on in outputs if not on]
+        return self._judge(outputs)
 
-    @classmethod
-    def parse_text(cls, text: str) -> Reading:
+    def mend(self) -> str:
+        tool = shutil.which("wlr-randr", path=self.env.get("PATH")) or "wlr-randr"
+        done = []
+        for name in self.disabled[:4]:
+            _, why = self.run([tool, "--output", name, "--on"], env=dict(self.env))
+            done.append(f"output {name} enabled again" + (f" failed: {why}" if why else ""))
+        return "; ".join(done) or "no output to enable"
+
+    @staticmethod
+    def outputs_in_text(text: str) -> list[tuple[str, bool]]:
         outputs, name = [], None
         for line in text.splitlines():
             if line and not line[0].isspace():
                 name = line.split()[0]
             elif name and line.strip().startswith("Enabled:"):
                 outputs.append((name, line.split(":", 1)[1].strip() == "yes"))
-        return cls._judge(outputs)
+        return outputs
+
+    @classmethod
+    def parse_text(cls, text: str) -> Reading:
+        return cls._judge(cls.outputs_in_text(text))
 
     @classmethod
     def _judge(cls, outputs: list[tuple[str, bool]]) -> Reading:
