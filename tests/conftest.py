@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.harness import REPO, AgentProcess, FleetServerProcess
+from devtools.harness import REPO, AgentProcess, FleetServerProcess, wait_for
 from devtools.netns import NetNS
 
 
@@ -77,3 +77,29 @@ def built_debs() -> tuple[Path, Path]:
             pytest.fail(f"scripts/build-deb {' '.join(args)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
         return Path(r.stdout.strip().splitlines()[-1])
     return build(), build("--revision", "2")
+
+
+# -- a real X server (working hours, the display's read-back) -----------------------
+@pytest.fixture
+def xvfb():
+    """Xvfb on a display number it picks free itself (-displayfd), and its process."""
+    if shutil.which("Xvfb") is None or shutil.which("xset") is None:
+        pytest.fail("a real X server's tests need Xvfb and xset (.ci/run installs xvfb and "
+                    "x11-xserver-utils)")
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-screen", "0", "320x240x24",
+                             "-nolisten", "tcp"], pass_fds=(write_end,),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as f:
+            number = f.readline().strip().decode()
+        assert number.isdigit(), "Xvfb said no display number"
+        display = f":{number}"
+        wait_for(lambda: subprocess.run(["xset", "-display", display, "q"],
+                                        capture_output=True).returncode == 0, 10,
+                 what="Xvfb answering")
+        yield display, proc
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,7 +1,5 @@
 """Working hours: the schedule on a fake clock, the thread with real commands, and the
 real agent with a real X server (Xvfb) and xset."""
-import shutil
-import subprocess
 import threading
 import time
 from datetime import datetime
@@ -192,23 +190,6 @@ def test_on_with_no_display_connected_is_a_fault(tmp_path):
     b.advance(RETRY_S)
     b.hours.step()
     assert b.hours.applied is True and b.hours.fault is None
-
-
-@pytest.fixture
-def xvfb(tmp_path):
-    if shutil.which("Xvfb") is None or shutil.which("xset") is None:
-        pytest.fail("the working-hours e2e test needs Xvfb and xset (.ci/run installs them)")
-    display = ":93"
-    proc = subprocess.Popen(["Xvfb", display, "-screen", "0", "640x480x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: subprocess.run(["xset", "-display", display, "q"],
-                                        capture_output=True).returncode == 0, 10,
-                 what="Xvfb answering")
-        yield display, proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def _events(server, kind):

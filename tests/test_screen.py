@@ -2,9 +2,7 @@
 fake clock, each source's words, the DRM connector in a fake sysfs tree, and a real X
 server (Xvfb) asked with `xset q` (it has no DPMS extension: said so), and the real agent
 answering a display command with what it read back."""
-import os
 import shutil
-import subprocess
 import time
 from types import SimpleNamespace
 
@@ -311,31 +309,6 @@ def test_the_screen_section_is_checked(tmp_path):
 
 
 # -- a real X server -----------------------------------------------------------------
-@pytest.fixture
-def xvfb():
-    """Xvfb on a display number it picks free itself (-displayfd), and its process."""
-    if shutil.which("Xvfb") is None or shutil.which("xset") is None:
-        pytest.fail("the read-back tests need Xvfb and xset (.ci/run installs xvfb and "
-                    "x11-xserver-utils)")
-    read_end, write_end = os.pipe()
-    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-screen", "0", "320x240x24",
-                             "-nolisten", "tcp"], pass_fds=(write_end,),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(write_end)
-    try:
-        with os.fdopen(read_end, "rb") as f:
-            number = f.readline().strip().decode()
-        assert number.isdigit(), "Xvfb said no display number"
-        display = f":{number}"
-        wait_for(lambda: subprocess.run(["xset", "-display", display, "q"],
-                                        capture_output=True).returncode == 0, 10,
-                 what="Xvfb answering")
-        yield display, proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def x_actions(display, tmp_path, off=None, on=None, settle_s=1.0):
     """Actions whose display commands are xset's on ``display``, read back with only
     xset on the PATH (no cec-ctl, no wlr-randr: the same words on every machine)."""
