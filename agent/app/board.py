@@ -56,7 +56,7 @@ class StatusBoard:
         pairing = self._pairing()
         self._on_pairing(pairing)
         self._say(self.link, pairing)
-        doc = self.document(pairing)
+        doc = self._document(pairing)
         with self._lock:
             try:
                 status_file.write(self._path, doc)
@@ -69,10 +69,12 @@ class StatusBoard:
             self._said_at = now
             self._say(self._link_now(), self._pairing())
 
-    def document(self, pairing: dict | None = None) -> dict:
+    def document(self) -> dict:
+        return self._document(self._pairing())
+
+    def _document(self, pairing: dict | None) -> dict:
         return status.document(
-            device_id=self._device_id(),
-            pairing=self._pairing() if pairing is None else pairing, server=self._server,
+            device_id=self._device_id(), pairing=pairing, server=self._server,
             link=self.link, storage=self._storage.snapshot(),
             **{name: snapshot() for name, snapshot in self._sections.items()})
 
