@@ -162,6 +162,35 @@ DOCS = {
                         "agent's DISPLAY; none: X11 is not read.",
     "screen.cec_device": "The HDMI-CEC adapter whose TV is asked its power status, where "
                          "cec-ctl is installed and the adapter exists.",
+    "screen.picture_every_s": "How often the screen is captured and judged black, frozen "
+                              "or ok (What the screen shows); 0: never.",
+    "screen.capture_command": "Prints an image of the screen (PNG, PPM or JPEG). Unset: "
+                              "grim on Wayland, ImageMagick's import on X11.",
+    "screen.black_luma": "Black: the picture's mean luminance (0-255) below this, and...",
+    "screen.black_contrast": "...its contrast (the standard deviation of luminance) below "
+                             "this: a dark scene with detail is not black.",
+    "screen.content_moves": "The content is declared to move: only then is the same "
+                            "picture for frozen_after_s frozen (a menu board is not).",
+    "screen.frozen_after_s": "How long the same picture is seen before a moving screen is "
+                             "frozen.",
+    "screen.upload_pictures": "A black or frozen verdict queues its thumbnail as a "
+                              "screenshot upload.",
+    "screen.player_unit": "The systemd unit that shows the content (a kiosk browser): its "
+                          "state and restarts are reported; restart-player and the "
+                          "recovery ladder restart it.",
+    "screen.recovery": "The recovery ladder: a black or frozen picture or a player down "
+                       "restarts the player, then wakes the display, then reboots (only "
+                       "where [commands] allow lists reboot).",
+    "screen.player_restarts_per_hour": "The ladder's player restarts, at most, in an hour.",
+    "screen.reboots_per_day": "The ladder's reboots, at most, in a day, counted across "
+                              "reboots.",
+    "screen.recovery_wait_s": "After a rung of the ladder, how long the picture and the "
+                              "player have to come back before the next.",
+    "screen.brightness_via": "How brightness is set and read back: a backlight in sysfs, "
+                             "DDC/CI (ddcutil), or auto: the first this screen has.",
+    "screen.volume_via": "How volume is set and read back: PipeWire (wpctl), PulseAudio "
+                         "(pactl), ALSA (amixer), or auto: the first this screen has.",
+    "screen.mixer_control": "amixer's control for volume.",
     "update.proof_timeout_s": "After a self-update the new version must prove its link live "
                               "within this, or the version it replaced is reinstalled.",
     "update.allow_downgrade": "Take an older version than the installed one. Off, so that "
@@ -194,6 +223,8 @@ EXAMPLES = {
     "commands.display_off_command": "wlr-randr --output HDMI-A-1 --off",
     "hours.timezone": "Europe/Berlin",
     "screen.x_display": ":0",
+    "screen.capture_command": "grim -t ppm -",
+    "screen.player_unit": "kiosk.service",
 }
 # Not for an operator's file (test hooks): in docs/configure.md, not in agent.toml.
 HIDDEN_SECTIONS = ("debug",)

@@ -50,6 +50,23 @@ class Updates(Protocol):
     def stop(self) -> None: ...
 
 
+class ScreenControls(Protocol):
+    """What the screen's commands (restart-player, brightness, volume, poweroff) ask of
+    the screen part (agent/screen/controls.py, bound by the daemon): each acts, reads
+    the state back and answers with it, within ``bound_s`` seconds."""
+
+    bound_s: float
+
+    def act(self, name: str, args: dict) -> Outcome: ...
+
+
+# what each of the screen's commands needs, said where a screen has no such means
+NEEDS = {"restart-player": "a player unit ([screen] player_unit in agent.toml)",
+         "brightness": "a backlight in sysfs or a display that speaks DDC/CI (ddcutil)",
+         "volume": "a sound server (wpctl, pactl) or ALSA's amixer",
+         "poweroff": "logind (systemctl poweroff)"}
+
+
 class Actions:
     def __init__(self, section: Commands, server_url: str, snapshot: Callable[[], dict],
                  link_socket: Callable[[], socket.socket | None],
@@ -57,7 +74,7 @@ class Actions:
                  enqueue: Callable[[str, bytes], str], updater: "Updates | None" = None,
                  configure: Callable[[dict], tuple[bool, str]] | None = None,
                  undeliverable: Callable[[str], str | None] = lambda kind: None,
-                 screen: Display | None = None):
+                 screen: Display | None = None, controls: ScreenControls | None = None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
         ``updater`` settles an update's result itself, later (its own callback).
         ``configure(args)`` stages a revision of settings (agent/settings/): (staged,
@@ -65,11 +82,13 @@ class Actions:
         ``undeliverable(kind)`` says why the link's profile cannot carry an upload of
         that kind, or None: a bundle nobody can deliver is not made at all.
         ``screen`` reads the display's state back after a display command
-        (agent/screen/)."""
+        (agent/screen/); ``controls`` act for the screen's commands and read back."""
         self.undeliverable = undeliverable
         self.screen = screen
+        self.controls = controls
         # what one command may take beyond the configured command's bound
-        self.read_back_s = screen.bound_s if screen is not None else 0.0
+        self.read_back_s = max(screen.bound_s if screen is not None else 0.0,
+                               controls.bound_s if controls is not None else 0.0)
         self.section = section
         self.server_url = server_url
         self.snapshot = snapshot
@@ -86,7 +105,8 @@ class Actions:
         self.commands: dict[str, Callable[[dict], Outcome]] = {
             "diagnostics": self.diagnostics, "logs": self.logs, "screenshot": self.screenshot,
             "display": self.display, "restart-agent": self.restart_agent, "reboot": self.reboot,
-            "update": self.update, "configure": self.configure}
+            "update": self.update, "configure": self.configure,
+            **{name: self._screen_control(name) for name in NEEDS}}
 
     def run(self, name: str, args: dict, command_id: str = "") -> Outcome:
         action = self.commands[name]
@@ -176,6 +196,14 @@ class Actions:
         verdict = self.screen.read_back(args["state"])
         return Outcome(True, f"display {args['state']}: {verdict.said()}",
                        extra=verdict.fields())
+
+    def _screen_control(self, name: str) -> Callable[[dict], Outcome]:
+        def act(args: dict) -> Outcome:
+            if self.controls is None:
+                return Outcome(False, error=f"{name}: this screen has no means: it needs "
+                                            f"{NEEDS[name]}")
+            return self.controls.act(name, args)
+        return act
 
     def configure(self, args: dict) -> Outcome:
         if self._configure is None:

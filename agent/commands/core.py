@@ -82,10 +82,23 @@ def display_args(args: dict) -> dict:
     return {"state": args["state"]}
 
 
+def level_args(args: dict) -> dict:
+    """brightness and volume: ``level``, a fraction from 0 to 1 (ScreenTinker's slider
+    sends percent / 100)."""
+    level = args.get("level")
+    if set(args) != {"level"} or isinstance(level, bool) \
+            or not isinstance(level, (int, float)) or not math.isfinite(level) \
+            or not 0 <= level <= 1:
+        raise ValueError("level: a number from 0 to 1")
+    return {"level": float(level)}
+
+
 COMMANDS: dict[str, ArgCheck] = {
     "diagnostics": no_args, "logs": logs_args, "screenshot": no_args,
     "display": display_args, "restart-agent": no_args, "reboot": no_args,
     "update": order_args, "configure": revision_args,
+    "restart-player": no_args, "brightness": level_args, "volume": level_args,
+    "poweroff": no_args,
 }
 # What a restart of the agent or of the device in the middle means for each command.
 SURVIVES = {"restart-agent": "the agent restarted", "reboot": "the device rebooted"}

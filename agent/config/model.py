@@ -88,6 +88,21 @@ class Screen:
     settle_s: float = 10.0
     x_display: str | None = None
     cec_device: str = "/dev/cec0"
+    picture_every_s: float = 60.0
+    capture_command: str | None = None
+    black_luma: float = 16.0
+    black_contrast: float = 4.0
+    content_moves: bool = False
+    frozen_after_s: float = 300.0
+    upload_pictures: bool = False
+    player_unit: str | None = None
+    recovery: bool = False
+    player_restarts_per_hour: int = 3
+    reboots_per_day: int = 1
+    recovery_wait_s: float = 60.0
+    brightness_via: str = "auto"
+    volume_via: str = "auto"
+    mixer_control: str = "Master"
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,12 @@ ABS_PATH = Text("an absolute path (/...)", re.compile(r"(?:/[^\x00-\x1f\x7f/]+)+
 COMMAND_LINE = Text("one line of printable characters", re.compile(r"[^\x00-\x1f\x7f]+"))
 X_DISPLAY = Text("an X display such as :0",
                  re.compile(r"[A-Za-z0-9._-]*:[0-9]{1,5}(?:\.[0-9]{1,3})?"), 64)
+# a systemd unit's name (kiosk.service, cage@tty1.service): what polkit is asked to
+# restart, so nothing that could name a path or a pattern
+UNIT_NAME = Text("a systemd service's name such as kiosk.service",
+                 re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.-]*(?:@[A-Za-z0-9:_.-]+)?\.service"), 128)
+# an ALSA simple mixer control (amixer's "Master", "PCM", "HDMI Playback Volume")
+MIXER_CONTROL = Text("an ALSA mixer control such as Master", re.compile(r"[A-Za-z0-9 ,._-]+"), 64)
 TIME_ZONE = Text("an IANA time zone such as Europe/Berlin",
                  re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9][A-Za-z0-9_+-]*){0,2}"), 64)
 
@@ -220,6 +226,44 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "x_display": Key(str, None, "screen.x_display", X_DISPLAY),
         # the HDMI-CEC adapter whose TV is asked its power status (where cec-ctl is)
         "cec_device": Key(str, "/dev/cec0", "screen.cec_device", ABS_PATH),
+        # Picture health (agent/screen/picture.py): how often the screen is captured and
+        # judged black, frozen or ok; 0: never. A capture is a fraction of a second of
+        # one core at most; once a minute is what a fleet notices a dead screen by.
+        "picture_every_s": Key(float, 60.0, "screen.picture_every_s", Range(0, 3600)),
+        # prints an image of the screen (PNG, PPM or JPEG) on stdout; unset: grim on
+        # Wayland, ImageMagick's import on X11
+        "capture_command": Key(str, None, "screen.capture_command", COMMAND_LINE),
+        # black: the picture's mean luminance (0-255) and its contrast (the standard
+        # deviation of luminance) both below these; a dark scene with detail has contrast
+        "black_luma": Key(float, 16.0, "screen.black_luma", Range(0, 255)),
+        "black_contrast": Key(float, 4.0, "screen.black_contrast", Range(0, 128)),
+        # frozen: judged only where the content is declared to move (a static menu board
+        # is not frozen); the same picture this long is
+        "content_moves": Key(bool, False, "screen.content_moves", fleet=True),
+        "frozen_after_s": Key(float, 300.0, "screen.frozen_after_s", Range(30, DAY), fleet=True),
+        # a black or frozen verdict queues its thumbnail as a screenshot upload
+        "upload_pictures": Key(bool, False, "screen.upload_pictures", fleet=True),
+        # The player: the systemd unit that shows the content (a kiosk browser); its
+        # state and restarts are reported, and the recovery ladder restarts it
+        "player_unit": Key(str, None, "screen.player_unit", UNIT_NAME),
+        # the recovery ladder (agent/screen/ladder.py): restart the player, wake the
+        # display, then reboot (where [commands] allow lists reboot); off by default
+        "recovery": Key(bool, False, "screen.recovery", fleet=True),
+        "player_restarts_per_hour": Key(int, 3, "screen.player_restarts_per_hour",
+                                        Range(0, 20), fleet=True),
+        # counted across reboots (a small file in state_dir, written before each reboot)
+        "reboots_per_day": Key(int, 1, "screen.reboots_per_day", Range(0, 10), fleet=True),
+        # after a rung, how long the picture and the player have to come back
+        "recovery_wait_s": Key(float, 60.0, "screen.recovery_wait_s", Range(5, 3600),
+                               fleet=True),
+        # how the brightness and volume commands act and read back: auto finds the
+        # first this screen has (a backlight in sysfs, then DDC/CI; PipeWire's wpctl,
+        # PulseAudio's pactl, then ALSA's amixer)
+        "brightness_via": Key(str, "auto", "screen.brightness_via",
+                              ("auto", "backlight", "ddcutil", "none")),
+        "volume_via": Key(str, "auto", "screen.volume_via",
+                          ("auto", "wpctl", "pactl", "amixer", "none")),
+        "mixer_control": Key(str, "Master", "screen.mixer_control", MIXER_CONTROL),
     },
     "update": {
         # after a self-update, how long the new agent has to prove its link live before
