@@ -276,3 +276,24 @@ def test_status_help_names_every_exit_code():
                           ("4", "running but unclaimed")):
         assert f"  {code}  {meaning}" in r.stdout, r.stdout
 
+
+
+def test_status_says_what_the_screen_shows_with_ages_as_they_stand_now():
+    """The display's last read-back, the picture's verdict and the player: ages in the
+    file grow by the file's own age (it is written on changes only), and a figure no
+    age can hold is said as unknown, never a crash."""
+    import time
+    doc = {"pid": os.getpid(), "updated_at": time.time() - 60, "link": {"state": "online"},
+           "screen": {"display": {"asked": "off", "confirmed": True, "age_s": 120.0,
+                                  "said": "confirmed by X11 DPMS (Off)"},
+                      "picture": {"verdict": "black", "since_s": 30.0, "checked_s_ago": 5.0},
+                      "player": {"unit": "kiosk.service", "state": "failed", "restarts": 2,
+                                 "recovery": "restarting the player"}}}
+    text = status.render(doc, True)
+    assert "display     off 3 min ago: confirmed by X11 DPMS (Off)" in text, text
+    assert "picture     black for 90 s, checked 65 s ago" in text, text
+    assert "player      kiosk.service failed, 2 restarts; recovery restarting the player" in text
+    doc["screen"]["display"]["age_s"] = "x" * 10
+    doc["screen"]["picture"] = {"verdict": "ok", "since_s": float("inf")}
+    text = status.render(doc, True)
+    assert "display     off at an unknown time" in text and "picture     ok\n" in text + "\n"

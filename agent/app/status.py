@@ -33,14 +33,15 @@ def pid_alive(pid) -> bool:
 def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              storage: dict, credentials: dict | None, uploads: dict, events: dict,
              journal: list, commands: list, update: dict | None = None,
-             settings: dict | None = None, hours: dict | None = None) -> dict:
+             settings: dict | None = None, hours: dict | None = None,
+             screen: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
             # a credentials write the card still lacks
             "credentials": credentials, "uploads": uploads, "events": events,
             "journal": journal, "commands": commands, "update": update, "settings": settings,
-            "hours": hours}
+            "hours": hours, "screen": screen}
 
 
 # -- the line systemd shows ----------------------------------------------------------
@@ -193,6 +194,7 @@ def render(doc: dict, running: bool) -> str:
             + (f"; fault: {hours['fault']}" if hours.get("fault") else "")
             + (f"; {hours['read_back']}" if hours.get("read_back") and not hours.get("fault")
                else "")))
+    lines.extend(_screen_lines(doc.get("screen"), now["file_age_s"]))
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if settings:
         lines.append(f"settings    {_settings_text(settings, now['file_age_s'])}")
@@ -209,6 +211,38 @@ def render(doc: dict, running: bool) -> str:
     # much of this is what a server said (a loss's detail, a command's name): never a
     # terminal escape on the screen of an operator who runs this as root
     return "\n".join(clean(line, STATUS_LINE_CHARS) for line in lines)
+
+
+def _screen_lines(screen, elapsed: float) -> list[str]:
+    """What the screen shows, each part's age as it stands now (the file is written on
+    changes only, so an age in it grows by the file's own)."""
+    if not isinstance(screen, dict):
+        return []
+    lines = []
+
+    def ago(value) -> str:
+        return f"{_duration(value + elapsed)} ago" if _number(value) else "at an unknown time"
+
+    display = screen.get("display")
+    if isinstance(display, dict):
+        lines.append(f"display     {display.get('asked')} {ago(display.get('age_s'))}: "
+                     f"{display.get('said')}")
+    picture = screen.get("picture")
+    if isinstance(picture, dict):
+        verdict = picture.get("verdict")
+        since = (f" for {_duration(picture['since_s'] + elapsed)}"
+                 if _number(picture.get("since_s")) else "")
+        checked = (f", checked {ago(picture['checked_s_ago'])}"
+                   if _number(picture.get("checked_s_ago")) else "")
+        why = f" ({picture['why']})" if picture.get("why") else ""
+        lines.append(f"picture     {verdict}{since}{checked}{why}")
+    player = screen.get("player")
+    if isinstance(player, dict):
+        lines.append(f"player      {player.get('unit')} {player.get('state')}"
+                     + (f", {player['restarts']} restarts" if _number(player.get("restarts"))
+                        and player.get("restarts") else "")
+                     + (f"; recovery {player['recovery']}" if player.get("recovery") else ""))
+    return lines
 
 
 def _storage(doc: dict) -> dict:

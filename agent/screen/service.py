@@ -33,6 +33,7 @@ class Screen:
         self.runner = runner
         self.clock = clock
         self._stop = threading.Event()
+        self._last: tuple[Verdict, float] | None = None   # the last verdict, and when
         self.menders = tuple(name for name, s in self.sources.items() if hasattr(s, "mend"))
         # twice (the retry): the settle, a round of reads begun just before its end, and
         # the last look (Wayland's may be two runs of wlr-randr); the rungs between
@@ -59,9 +60,23 @@ class Screen:
             readings = tuple(self.sources[name].read() for name in effects[0].sources)
             effects = core.handle(Read(readings, self.clock()))
         verdict = effects[0]
+        self._last = (verdict, self.clock())
         (log.warning if verdict.contrary else log.info)("display %s: %s", state,
                                                           verdict.said())
         return verdict
+
+    @property
+    def asked(self) -> str | None:
+        """The state the last display command or working hours asked for, if any."""
+        return self._last[0].state if self._last else None
+
+    def snapshot(self) -> dict | None:
+        """For status: the last read-back, how it was confirmed, and how long ago."""
+        if self._last is None:
+            return None
+        verdict, at = self._last
+        return {"asked": verdict.state, "confirmed": verdict.confirmed,
+                "said": verdict.said(), "age_s": round(self.clock() - at, 1)}
 
     def stop(self) -> None:
         """From any thread, on the agent's way out: a read-back ends now, unconfirmed."""
