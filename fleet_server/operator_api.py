@@ -167,13 +167,16 @@ class OperatorApi:
 
     async def screentinker_tables(self, request) -> web.Response:
         """GET: the emulated server's tables. POST {"content_id"}: content it has;
-        POST {"device_id", "command"}: what its dashboard's buttons send, and its answer."""
+        POST {"device_id", "command", "payload"}: what its dashboard's buttons send, and
+        its answer."""
         st = self.server.st
         if request.method == "POST":
             body = await read_json(request)
             if isinstance(body.get("content_id"), str):
                 st.content.add(body["content_id"])
             if isinstance(body.get("command"), str):
+                payload = body.get("payload")
                 return web.json_response(await screentinker.dashboard_command(
-                    self.server, body.get("device_id"), body["command"]))
+                    self.server, body.get("device_id"), body["command"],
+                    payload if isinstance(payload, dict) else None))
         return web.json_response(st.view())

@@ -42,7 +42,8 @@ VOCABULARY = frozenset({
     "sync.native", "offline.cache"})
 NEEDS = {"reboot": "system.reboot", "shutdown": "system.reboot", "screen_on": "display.power",
          "screen_off": "display.power", "launch": "system.restart_player",
-         "refresh": "system.restart_player", "screenshot": "remote.screenshot"}
+         "refresh": "system.restart_player", "screenshot": "remote.screenshot",
+         "set_volume": "audio.volume", "set_brightness": "display.brightness"}
 PLAY_LOG_MIN_GAP_S = 2.0  # 1.9 stores at most one play_start per device in this window
 
 
@@ -256,11 +257,12 @@ async def pair(server, code: str, name: str = "Display") -> str | None:
     return row["id"]
 
 
-async def dashboard_command(server, device_id, command: str) -> dict:
+async def dashboard_command(server, device_id, command: str, payload: dict | None = None) -> dict:
     """A dashboard button: a device:command (or a screenshot request) to the screen's
     sockets, with 1.9's answer to the dashboard. 1.9 (the emulation's default) refuses
     a command whose capability the screen did not declare; 1.2 (``--ack-mode none``)
-    sends everything."""
+    sends everything. ``payload``: what the button sends with it (the volume and
+    brightness sliders: ``{"level": percent / 100}``)."""
     row = server.st.rows.get(device_id)
     need = NEEDS.get(command)
     declared = (row or {}).get("capabilities") or []
@@ -271,8 +273,8 @@ async def dashboard_command(server, device_id, command: str) -> dict:
         if command == "screenshot":
             await server.sio.emit("device:screenshot-request", {}, to=sid, namespace=NS)
         else:
-            await server.sio.emit("device:command", {"type": command, "payload": {}}, to=sid,
-                                  namespace=NS)
+            await server.sio.emit("device:command", {"type": command, "payload": payload or {}},
+                                  to=sid, namespace=NS)
     return {"delivered": bool(sids)}
 
 
