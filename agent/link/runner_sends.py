@@ -76,10 +76,20 @@ class Sends:
 
     def _flush_outbox(self) -> None:
         """Hardware events go out in order once the link has carried an ACK, each until
-        the server ACKs it: an emit on a silently dropped link proves nothing."""
-        if (self.outbox is None or not self.profile.supports_events or self.transport is None
-                or self.core.state != LinkState.ONLINE
-                or not self.core.watchdog.acked):
+        the server ACKs it: an emit on a silently dropped link proves nothing. A server
+        without events (ScreenTinker) hears those it keeps an incident of, once each,
+        once it has registered this connection."""
+        if self.outbox is None or self.transport is None:
+            return
+        if not self.profile.supports_events:
+            if self.uploads_ready():
+                for event in self.outbox.pending():
+                    message = self.profile.incident(event.payload())
+                    if message is not None:
+                        self._emit(*message, None)
+                    self.outbox.ack(event.id)   # no ACK exists there: said once, or never
+            return
+        if self.core.state != LinkState.ONLINE or not self.core.watchdog.acked:
             return
         for event in self.cargo.events_to_send(self.outbox.pending(), self.generation):
             # on the library's thread, without waking this one: the server has the

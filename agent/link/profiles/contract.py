@@ -73,6 +73,10 @@ class ServerProfile(Protocol):
     def command_result(self, result: dict) -> tuple[str, dict, bool]:
         """(event, payload, whether the server confirms it)."""
 
+    def incident(self, event: dict) -> tuple[str, dict] | None:
+        """Where the server has no events (supports_events false): the message that
+        tells it this one (an Event.payload()), sent once, or None: no place for it."""
+
     @staticmethod
     def enqueue_problem(kind: str, payload: bytes) -> str | None:
         """Why the server would drop this upload unread, checked before it is queued."""

@@ -62,6 +62,10 @@ class EdgeAgentProfile:
         """(event, payload, whether the server confirms it)."""
         return protocol.COMMAND_RESULT, result, True
 
+    @staticmethod
+    def incident(event: dict) -> tuple[str, dict] | None:
+        return None   # every event goes as itself, until the server ACKs it
+
     def on_connected(self, transport, post: Post) -> None:
         pass
 

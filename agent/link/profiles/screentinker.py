@@ -19,6 +19,7 @@ from ...base.identifiers import new_code
 from ...base.identifiers import usable_device_id, usable_token
 from ...base.upload_kinds import PROOF_OF_PLAY, SCREENSHOT
 from .. import inbox
+from . import screentinker_incidents
 from .contract import Post, ProfileContext
 
 
@@ -218,6 +219,12 @@ class ScreenTinkerProfile:
                               "level": "i" if result["ok"] else "w",
                               "message": f"edge-agent {result['name']}: "
                                          f"{'ok' if result['ok'] else 'error'}: {text or ''}"[:2000]}, False
+
+    def incident(self, event: dict) -> tuple[str, dict] | None:
+        """1.9's incident feed (screentinker_incidents.py); 1.2 drops it unread."""
+        payload = screentinker_incidents.incident(event)
+        return None if payload is None else (
+            "device:event", {"device_id": self.ctx.device_id(), **payload})
 
     def _drop(self, why: str, data, post: Post) -> None:
         settle_s = 0.0
