@@ -7,6 +7,7 @@ import io
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -225,6 +226,33 @@ def test_a_real_black_screen_is_black_and_its_thumbnail_is_queued_as_a_png(xvfb_
     snap = w.snapshot()
     assert snap["verdict"] == BLACK and snap["captured_by"] == f"import on {display}"
     assert (snap["mean"], snap["contrast"], snap["failures"], snap["uploads"]) == (0.0, 0.0, 0, 1)
+
+
+def write_bytes() -> int:
+    """What this process, and the children it reaped, sent to storage."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
+
+
+def test_checks_write_nothing_to_storage_not_even_the_capture_tools_temporary_file(
+        xvfb_pictures):
+    display, clock = xvfb_pictures, Clock()
+    draw(display, "-solid", "gray")
+    w, events, uploads, verdicts = watch_of(display, clock)
+    os.sync()
+    before = write_bytes()
+    for _ in range(5):
+        w.check()
+    # import writes its picture to a temporary file before it prints it: on the tmpfs
+    assert w.checks == 5 and w.snapshot()["failure"] is None
+    assert write_bytes() - before == 0
+    # the proof can fail: the same capture with its temporary file on a disk (the
+    # checkout's: /tmp may be a tmpfs) writes
+    with tempfile.TemporaryDirectory(dir=REPO) as disk:
+        on_disk = capturing.choose(None, display, {"PATH": os.environ["PATH"]}, temp_dir=disk)
+        before = write_bytes()
+        assert on_disk.take().picture is not None
+        assert write_bytes() - before > 0
 
 
 def test_a_real_dark_scene_with_detail_is_not_black_and_a_dark_flat_one_is(xvfb_pictures,

@@ -6,6 +6,11 @@ display the read-back asks, service.x_display_of) ImageMagick's ``import``, aske
 8-bit grey PGM: a third of the bytes of a colour one to read and decode, and the judge
 wants grey. None of these: no capture on this screen (said, not a failure).
 
+ImageMagick's import writes its picture to a temporary file before it prints it (2 MB a
+1080p check, on the card where /tmp is on it): every tool runs with its temporary files
+(MAGICK_TEMPORARY_PATH, TMPDIR) in ``temp_dir``, a tmpfs (the agent's runtime directory,
+else /dev/shm).
+
 A capture runs through base/children.py (its own session, killed at its bound or when
 the agent stops), its stdout read up to MAX_BYTES and its stderr's tail kept for the
 failure's words. Pillow (Debian's python3-pil) is imported at the first capture only,
@@ -33,6 +38,7 @@ MAX_PIXELS = 40_000_000          # 8K is 33 M: more is no screen but a decompres
 THUMB_SIZE = (64, 64)            # the longer side 64: 64x36 for 16:9
 MAX_STDERR = 4096
 NO_PILLOW = "picture check needs Pillow (python3-pil)"
+TEMP_DIR = "/dev/shm"            # a tmpfs on every Debian: never the card
 
 
 class NotAPicture(ValueError):
@@ -200,25 +206,27 @@ def png_of(picture: Picture) -> bytes:
 
 
 def choose(capture_command: str | None, x_display: str | None, environ: dict,
-           timeout_s: float = TIMEOUT_S) -> Capture:
-    """The way this screen is captured, as the module's doc says."""
+           timeout_s: float = TIMEOUT_S, temp_dir: str | None = None) -> Capture:
+    """The way this screen is captured, as the module's doc says; ``temp_dir``: a tmpfs
+    for the tool's temporary files (default /dev/shm)."""
     path = environ.get("PATH")
+    temp = temp_dir or TEMP_DIR
+    env = {**environ, "MAGICK_TEMPORARY_PATH": temp, "TMPDIR": temp}
     if capture_command:
         argv = shlex.split(capture_command)
         return Capture(argv, f"{children.program(argv)} ([screen] capture_command)",
-                       timeout_s=timeout_s)
+                       env=env, timeout_s=timeout_s)
     if environ.get("WAYLAND_DISPLAY"):
         grim = shutil.which("grim", path=path)
         if grim is None:
             return Capture(None, "no capture tool on this Wayland screen: grim is not "
                                  "installed")
-        return Capture([grim, "-t", "ppm", "-"], "grim", env=dict(environ),
-                       timeout_s=timeout_s)
+        return Capture([grim, "-t", "ppm", "-"], "grim", env=env, timeout_s=timeout_s)
     if x_display:
         tool = shutil.which("import", path=path)
         if tool is None:
             return Capture(None, "no capture tool on this X screen: ImageMagick's import "
                                  "is not installed (imagemagick)")
         return Capture([tool, "-display", x_display, "-window", "root", "-depth", "8",
-                        "pgm:-"], f"import on {x_display}", timeout_s=timeout_s)
+                        "pgm:-"], f"import on {x_display}", env=env, timeout_s=timeout_s)
     return Capture(None, "no capture tool on this screen: no WAYLAND_DISPLAY, no X display")

@@ -159,10 +159,14 @@ def from_config(section: ScreenSection, commands: Commands, environ: dict, *,
                 dark: Callable[[], str | None], publish: Callable[[Event], None],
                 enqueue: Callable[[str, bytes], object] | None = None,
                 on_verdict: Callable[[str], None] | None = None,
-                gate: WatchdogGate | None = None) -> PictureWatch:
-    """The picture check as ``[screen]`` sets it; started only where picture_every_s > 0."""
+                gate: WatchdogGate | None = None,
+                temp_dir: str | None = None) -> PictureWatch:
+    """The picture check as ``[screen]`` sets it; started only where picture_every_s > 0.
+    ``temp_dir``: a tmpfs the capture tool's temporary files go to (the agent's runtime
+    directory; default /dev/shm)."""
     capture = capturing.choose(section.capture_command,
-                               x_display_of(section, commands, environ), environ)
+                               x_display_of(section, commands, environ), environ,
+                               temp_dir=temp_dir)
     judge = Judge(section.black_luma, section.black_contrast, section.content_moves,
                   section.frozen_after_s)
     return PictureWatch(capture, judge, section.picture_every_s, dark=dark, publish=publish,
