@@ -116,7 +116,8 @@ def measure(checks: int = 20, screen: tuple = SCREEN) -> PictureCost:
     events = []
     try:
         _draw(display, work)
-        watch = from_config(Screen(x_display=display), Commands(frozenset(), None, None, None, 10),
+        commands = Commands(frozenset(), None, None, None, 10)
+        watch = from_config(Screen(x_display=display), commands,
                             {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                             dark=lambda: None, publish=events.append)
         cost = PictureCost(checks, f"Xvfb {screen[0]}x{screen[1]}", "")
@@ -156,8 +157,8 @@ def section(cost: PictureCost, footprint=None) -> list[str]:
              "back: ImageMagick's import (an 8-bit grey PGM), Pillow's thumbnail, the judge, in "
              "one process. CPU: this process's (process_time) and the capture tool's "
              "(RUSAGE_CHILDREN); not the X server's. RSS: VmRSS/VmHWM of this process.", "",
-             "| verdict | CPU ms/check (agent + tool) | wall ms/check | at once a minute, of one core "
-             "| RSS left by the first check MB | peak RSS above it during a check MB "
+             "| verdict | CPU ms/check (agent + tool) | wall ms/check "
+             "| at once a minute, of one core | RSS left by the first check MB | peak RSS above it during a check MB "
              "| bytes written | temp files |",
              "|---|---|---|---|---|---|---|---|",
              f"| {cost.verdict} | {cost.cpu_ms:.1f} ({cost.agent_cpu_ms:.1f} + "
