@@ -20,7 +20,7 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # A signed APT repository of the releases, as scripts/release makes it (reprepro).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
-           build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
+           build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils imagemagick
            haproxy redis-server reprepro)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.

@@ -103,3 +103,31 @@ def xvfb():
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def xvfb_pictures():
+    """Xvfb that keeps what is drawn on it (-noreset: a server resets, its root black
+    again, when its last client leaves, as xsetroot does), 16:9, and its display. The
+    picture check's tests draw with xsetroot and capture with ImageMagick's import."""
+    missing = [tool for tool in ("Xvfb", "xset", "xsetroot", "import") if not shutil.which(tool)]
+    if missing:
+        pytest.fail(f"the picture check's tests need {', '.join(missing)} (.ci/run installs "
+                    "xvfb, x11-xserver-utils and imagemagick)")
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-screen", "0", "320x180x24",
+                             "-nolisten", "tcp", "-noreset"], pass_fds=(write_end,),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as f:
+            number = f.readline().strip().decode()
+        assert number.isdigit(), "Xvfb said no display number"
+        display = f":{number}"
+        wait_for(lambda: subprocess.run(["xset", "-display", display, "q"],
+                                        capture_output=True).returncode == 0, 10,
+                 what="Xvfb answering")
+        yield display
+    finally:
+        proc.kill()
+        proc.wait()

@@ -100,12 +100,17 @@ def display_in(commands: Iterable[str | None]) -> str | None:
     return None
 
 
+def x_display_of(section: ScreenSection, commands: Commands, environ: dict) -> str | None:
+    """The X display this screen is read (and captured) on, as the module's doc says."""
+    return (section.x_display
+            or display_in((commands.display_off_command, commands.display_on_command))
+            or environ.get("DISPLAY"))
+
+
 def from_config(section: ScreenSection, commands: Commands, *, sysfs_root: str,
                 environ: dict) -> Screen:
     runner = Runner()
-    x_display = (section.x_display
-                 or display_in((commands.display_off_command, commands.display_on_command))
-                 or environ.get("DISPLAY"))
+    x_display = x_display_of(section, commands, environ)
     path = environ.get("PATH")
     sources = [Drm(sysfs_root), X11Dpms(x_display, runner, path), Wayland(environ, runner),
                Cec(section.cec_device, runner, path)]

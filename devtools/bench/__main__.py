@@ -17,6 +17,7 @@ from devtools.harness import REPO
 from devtools.bench import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, outage_restarts as OR, silent_drop as SD, startup as SU, storm as ST, timeline
 from devtools.bench.common import ACK_DEFAULT, HB_DEFAULT
 from devtools.bench.uploads import upload_queue, uploads_section
+from devtools.bench import picture as PB
 
 
 def _med(values):
@@ -195,6 +196,7 @@ def main(argv=None) -> int:
     job("uploads", upload_queue, 200 if quick else 1000, work)
     # fresh processes timed to the millisecond: alone on the machine, after the rest
     job("startup", SU.measure, 3 if quick else 10, work / "startup")
+    job("picture", PB.measure, 20)   # CPU per check: alone too, beside section 5's idle
     job("outage", OR.compare)   # a fake clock: microseconds, in every run
     elapsed = time.monotonic() - t0
 
@@ -209,7 +211,10 @@ def main(argv=None) -> int:
     sections = [("silent", silent_section), ("faults", fault_section),
                 ("netback", lambda r: netback_section(r, outage_s)),
                 ("storm", None), ("footprint", FP.section), ("uploads", uploads_section),
-                ("idle_reap", IR.section), ("startup", SU.section), ("outage", OR.section)] + ([] if quick else [("hung", HN.section)])
+                ("idle_reap", IR.section), ("startup", SU.section), ("outage", OR.section),
+                ("picture", lambda r: PB.section(r, res.get("footprint")
+                                                 if isinstance(res.get("footprint"), list)
+                                                 else None))] + ([] if quick else [("hung", HN.section)])
     for key, fn in sections:
         if key == "storm":
             storms = [res.get(f"storm-{m}") for m in modes]
