@@ -28,6 +28,7 @@ from ..link.profiles import PROFILES, ProfileContext, uncarried
 from ..link.runner import LinkRunner
 from ..link.schedule_store import ScheduleStore
 from ..runtime.mainwait import MainThreadWait
+from ..screen import part as screen_part
 from ..runtime.systemd import Notifier, WatchdogPetter, watchdog_period_s
 from ..runtime.watchdog_gate import OutagePatience, WatchdogGate
 from ..settings.service import FleetSettings
@@ -75,11 +76,10 @@ class Agent:
             cold_start=first_start_of_boot(runtime_dir)))
         self.updater = Updater(config.server.url, config.server.egress, state_dir,
                                config.server.connect_timeout_s, settled=self._update_settled)
-        self.screen = None   # loaded only where a display command is configured
-        if config.commands.display_on_command or config.commands.display_off_command:
-            from ..screen import service as screen_service   # each one read back
-            self.screen = screen_service.from_config(config.screen, config.commands,
-                                                     sysfs_root=sysfs, environ=self.environ)
+        self.screen = screen_part.assemble(
+            config, sysfs=sysfs, environ=self.environ, runtime_dir=runtime_dir,
+            publish=self.outbox.put, enqueue=self._enqueue, gate=self.gate,
+            scheduled_off=lambda: self.hours is not None and self.hours.expected_off())
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
             check=lambda values: config_load.load(config.source, self.environ, fleet=values),
@@ -93,7 +93,7 @@ class Agent:
                     request_restart=self._restart_requested, enqueue=self._enqueue,
                     updater=self.updater, configure=self.settings.configure,
                     undeliverable=lambda kind: uncarried(self.profile, kind),
-                    screen=self.screen),
+                    screen=self.screen.command_display),
             on_finished=lambda *result: self.runner.command_finished(*result),
             runtime_dir=runtime_dir, ids_ours=profile_class.pairs_in_link,
             on_storage_error=self.alarms.ledger, gate=self.gate)
@@ -115,7 +115,7 @@ class Agent:
             from ..hours import service as hours_service
             self.hours = hours_service.from_config(
                 config.hours, config.commands, sysfs_root=sysfs, publish=self.outbox.put,
-                gate=self.gate, screen=self.screen)
+                gate=self.gate, screen=self.screen.display)
         self.events = None
         if config.events.enabled:
             e = config.events
@@ -136,7 +136,7 @@ class Agent:
                 "journal": self.runner.journal_snapshot, "commands": self.commands.recent,
                 "update": self.updater.snapshot,
                 "hours": lambda: self.hours.snapshot() if self.hours else None,
-                "settings": self.settings.snapshot})
+                "settings": self.settings.snapshot, "screen": self.screen.snapshot})
         self._stopping = threading.Event()
 
     # -- between parts -----------------------------------------------------------------
@@ -241,7 +241,7 @@ class Agent:
 
         self.settings.start()   # how the last revision ended is said first
         self.runner.start(then=wake_main)
-        parts = [p for p in (self.uploads, self.identity, self.events, self.hours)
+        parts = [p for p in (self.uploads, self.identity, self.events, self.hours, self.screen)
                  if p is not None]   # started in this order, stopped in the reverse
         for part in parts:
             part.start()
@@ -264,8 +264,7 @@ class Agent:
             petter.stop()
         # what acts on the others first: no alarm or command starts anything now
         self.settings.stop()
-        if self.screen is not None:
-            self.screen.stop()   # a read-back in progress ends now, unconfirmed
+        self.screen.stop()   # a read-back or a capture in progress ends now
         self.commands.stop()
         for part in reversed(parts):
             part.stop()
