@@ -21,7 +21,10 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
            build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
-           haproxy redis-server reprepro)
+           haproxy redis-server reprepro
+           # the screen's volume proven on a real, headless PipeWire (tests/test_controls.py)
+           pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils alsa-utils
+           libasound2-plugins dbus-daemon)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)
