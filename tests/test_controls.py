@@ -6,6 +6,7 @@ logind's command; what the screen has the means for, probed on a fake clock; and
 ScreenTinker's buttons mapped onto them, declared only where they work."""
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -320,8 +321,9 @@ def test_without_a_sound_server_there_is_no_volume_and_it_says_why(tmp_path):
     controls = controls_with(volume=[Wpctl(Runner(), env), Pactl(Runner(), env)])
     assert controls.means() == frozenset()
     why = controls.why_not()["volume"]
-    assert why == ("wpctl: wpctl exited 2: Could not connect to PipeWire; pactl: pactl exited "
-                   "1: pa_context_connect() failed: Connection refused"), why
+    # bookworm's words (trixie's wpctl and pactl may word the failure their own way)
+    assert re.fullmatch(r"wpctl: wpctl exited \d+: .*PipeWire.*; pactl: pactl exited \d+: "
+                        r".*(Connection refused|No such file).*", why), why
 
 
 # -- power-off: logind, the same way as a reboot -----------------------------------------

@@ -124,15 +124,18 @@ class Controls:
         self._why_not: dict[str, str] = {}
         self._probed_at: float | None = None
         timeout_s = runner.timeout_s if runner is not None else READ_TIMEOUT_S
-        # a probe of every candidate, then a set and a read (DDC/CI: two reads)
-        runs = max(len(c) for c in self.candidates.values()) + 3
+        # a probe of every candidate of both levels, then a set and a read (DDC/CI: a
+        # read before its set, for the monitor's scale)
+        runs = sum(len(c) for c in self.candidates.values()) + 3
         self.bound_s = max(runs * timeout_s, getattr(player, "bound_s", PLAYER_BOUND_S)
                            if player is not None else 0.0)
 
     # -- what this screen has ----------------------------------------------------
     def means(self) -> frozenset:
-        """The commands this screen has the means for: probed when stale, else as
-        last probed (cheap: any thread, the link's at a registration)."""
+        """The commands this screen has the means for, from any thread (the link's,
+        at a registration): as last probed, or probed now when stale, which costs a
+        run of each candidate program, each bounded (the daemon may ``probe()`` at
+        start and on a timer instead, off the link's thread)."""
         with self._lock:
             fresh = self._probed_at is not None \
                 and self.clock() - self._probed_at < self.probe_every_s
