@@ -51,13 +51,17 @@ class Updates(Protocol):
 
 
 class ScreenControls(Protocol):
-    """What the screen's commands (restart-player, brightness, volume, poweroff) ask of
-    the screen part (agent/screen/controls.py, bound by the daemon): each acts, reads
-    the state back and answers with it, within ``bound_s`` seconds."""
+    """What the screen's commands (restart-player, brightness, volume) ask of the
+    screen part (agent/screen/controls.py, bound by the daemon): each acts, reads the
+    state back and answers with it, within ``bound_s`` seconds. ``means()``: the
+    commands this screen has the means for (poweroff: whether logind is there)."""
 
     bound_s: float
 
-    def act(self, name: str, args: dict) -> Outcome: ...
+    def act(self, name: str, args: dict):
+        """An Outcome's fields: ok, output, error, extra (screen/controls.py's Answer)."""
+
+    def means(self) -> frozenset: ...
 
 
 # what each of the screen's commands needs, said where a screen has no such means
@@ -105,8 +109,8 @@ class Actions:
         self.commands: dict[str, Callable[[dict], Outcome]] = {
             "diagnostics": self.diagnostics, "logs": self.logs, "screenshot": self.screenshot,
             "display": self.display, "restart-agent": self.restart_agent, "reboot": self.reboot,
-            "update": self.update, "configure": self.configure,
-            **{name: self._screen_control(name) for name in NEEDS}}
+            "update": self.update, "configure": self.configure, "poweroff": self.poweroff,
+            **{name: self._screen_control(name) for name in NEEDS if name != "poweroff"}}
 
     def run(self, name: str, args: dict, command_id: str = "") -> Outcome:
         action = self.commands[name]
@@ -202,7 +206,8 @@ class Actions:
             if self.controls is None:
                 return Outcome(False, error=f"{name}: this screen has no means: it needs "
                                             f"{NEEDS[name]}")
-            return self.controls.act(name, args)
+            done = self.controls.act(name, args)
+            return Outcome(done.ok, done.output, done.error, dict(done.extra))
         return act
 
     def configure(self, args: dict) -> Outcome:
@@ -216,18 +221,19 @@ class Actions:
         return LATER
 
     def reboot(self, args: dict) -> Outcome:
-        # logind does the reboot; polkit lets the edge-agent user ask for exactly this
+        return self._logind("reboot")
+
+    def poweroff(self, args: dict) -> Outcome:
+        # the screen stays dark until someone powers it on: its result, like a
+        # reboot's, is told at the next start (commands/core.py's recover)
+        return self._logind("poweroff")
+
+    def _logind(self, verb: str) -> Outcome:
+        # logind does it; polkit lets the edge-agent user ask for exactly this
         # (/usr/share/polkit-1/rules.d/50-edge-agent.rules), so the sandbox stays shut
-        argv = ["systemctl", "reboot", "--no-ask-password"]
-        try:
-            r = subprocess.run(argv, capture_output=True, timeout=self.timeout_s)
-        except OSError as e:
-            return Outcome(False, error=children.failure(argv, error=e))
-        except subprocess.TimeoutExpired:
-            return Outcome(False, error=children.failure(argv, timeout_s=self.timeout_s))
-        if r.returncode != 0:
-            return Outcome(False, error="reboot refused: " + children.failure(
-                argv, exited=r.returncode, stderr=r.stderr))
+        r = self._run(["systemctl", verb, "--no-ask-password"])
+        if isinstance(r, Outcome):
+            return Outcome(False, error=f"{verb} refused: {r.error}")
         return LATER
 
     def update(self, args: dict, command_id: str = "") -> Outcome:
@@ -261,6 +267,10 @@ class Actions:
             return Outcome(False, error=f"the configured command cannot be split: {e}")
         if not argv:
             return Outcome(False, error="the configured command is empty")
+        return self._run(argv)
+
+    def _run(self, argv: list[str]):
+        """``argv``'s output, bounded and killed on stop, or an Outcome saying why not."""
         try:
             with self._lock:
                 if self._stopping:

@@ -101,7 +101,8 @@ COMMANDS: dict[str, ArgCheck] = {
     "poweroff": no_args,
 }
 # What a restart of the agent or of the device in the middle means for each command.
-SURVIVES = {"restart-agent": "the agent restarted", "reboot": "the device rebooted"}
+SURVIVES = {"restart-agent": "the agent restarted", "reboot": "the device rebooted",
+            "poweroff": "the device powered off (started again since)"}
 
 
 @dataclass
@@ -223,8 +224,8 @@ class CommandCore:
                 if updates[e.id] is None:
                     continue
                 ok, detail = updates[e.id]
-            elif e.name == "reboot" and e.boot_id and e.boot_id != boot_id:
-                ok, detail = True, SURVIVES["reboot"]
+            elif e.name in ("reboot", "poweroff") and e.boot_id and e.boot_id != boot_id:
+                ok, detail = True, SURVIVES[e.name]
             elif e.name == "restart-agent" and e.pid != pid:
                 ok, detail = True, SURVIVES["restart-agent"]
             else:

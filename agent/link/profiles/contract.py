@@ -28,6 +28,9 @@ class ProfileContext:
     # what [commands] allow lets run here, and whether this process is the first of its boot
     allowed_commands: frozenset = frozenset()
     cold_start: bool = False
+    # the screen's commands (brightness, volume, restart-player, poweroff) this screen
+    # has the means for (agent/screen/controls.py); None: not asked, every allowed one
+    means: Callable[[], frozenset] | None = None
 
 
 def uncarried(profile, kind: str) -> str | None:

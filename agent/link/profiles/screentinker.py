@@ -57,7 +57,11 @@ class ScreenTinkerProfile:
     PLAY_START_GAP_S = 2.5
     # device:command types that mean one of the agent's commands
     COMMANDS = {"reboot": ("reboot", {}), "screen_on": ("display", {"state": "on"}),
-                "screen_off": ("display", {"state": "off"})}
+                "screen_off": ("display", {"state": "off"}), "shutdown": ("poweroff", {}),
+                "launch": ("restart-player", {}), "refresh": ("restart-player", {})}
+    # the dashboard's sliders: {"level": percent / 100} (frontend/js/views/
+    # device-detail.js, bindLevel); the level is checked by the command core (level_args)
+    LEVELS = {"set_brightness": "brightness", "set_volume": "volume"}
     # 1.9's debug switch (never gated by a capability): debug logging for an hour, as a
     # revision of settings from the fleet (no revision numbers: the next one); off: the
     # screen's own file again
@@ -69,12 +73,20 @@ class ScreenTinkerProfile:
             on = isinstance(payload, dict) and payload.get("enabled") is True
             return "configure", {"settings": {"log.level": {
                 "value": "debug", "expires_in_s": cls.DEBUG_FOR_S}} if on else {}}
+        if kind in cls.LEVELS:
+            level = payload.get("level") if isinstance(payload, dict) else None
+            return cls.LEVELS[kind], {"level": level}
         return cls.COMMANDS.get(kind, (str(kind)[:40] if kind else "(no type)", {}))
     # The server (1.9 on) sends a dashboard command or screenshot request only to a device
     # that declared the capability it needs, in its own vocabulary
     # (server/lib/player-capabilities.js); names it does not know are dropped unread.
+    # shutdown needs system.reboot too (power-off "shares the reboot capability"): it is
+    # declared for reboot; a shutdown where poweroff is not allowed is refused, and says so
     CAPABILITIES = {"reboot": "system.reboot", "display": "display.power",
-                    "screenshot": "remote.screenshot"}
+                    "screenshot": "remote.screenshot", "restart-player": "system.restart_player",
+                    "brightness": "display.brightness", "volume": "audio.volume"}
+    # commands that need a means of the screen's, declared only where it has it
+    NEEDS_MEANS = frozenset({"restart-player", "brightness", "volume", "poweroff"})
     # What the player (not this agent) handles: content, playback, remote view, walls.
     PLAYER_EVENTS = frozenset({
         "device:playlist-update", "device:content-delete", "device:remote-start",
@@ -112,10 +124,13 @@ class ScreenTinkerProfile:
                 "capabilities": self.capabilities()}
 
     def capabilities(self) -> list[str]:
-        """Exactly what the allowed commands can do: a capability declared for a command
-        this screen refuses would offer the operator a button that fails."""
+        """Exactly what the allowed commands can do here: a capability declared for a
+        command this screen refuses, or has no means for (no backlight, no sound
+        server), would offer the operator a button that fails."""
+        means = self.ctx.means() if self.ctx.means is not None else None
         return sorted({cap for name, cap in self.CAPABILITIES.items()
-                       if name in self.ctx.allowed_commands})
+                       if name in self.ctx.allowed_commands
+                       and (means is None or name not in self.NEEDS_MEANS or name in means)})
 
     def network_returned(self) -> None:
         """The device's own network (a link with carrier) came back after being down: the
