@@ -72,7 +72,7 @@ class Agent:
             on_unpaired=ids.unpaired_by_server, facts=hardware_facts,
             pairing_code=ids.pairing_code, claimed=ids.claimed, on_claimed=ids.claimed_as,
             telemetry=lambda: {**telemetry.get(), **self.inventory.summary()},
-            allowed_commands=config.commands.allow,
+            allowed_commands=config.commands.allow, means=lambda: self.screen.means(),
             cold_start=first_start_of_boot(runtime_dir)))
         self.updater = Updater(config.server.url, config.server.egress, state_dir,
                                config.server.connect_timeout_s, settled=self._update_settled)
@@ -93,7 +93,7 @@ class Agent:
                     request_restart=self._restart_requested, enqueue=self._enqueue,
                     updater=self.updater, configure=self.settings.configure,
                     undeliverable=lambda kind: uncarried(self.profile, kind),
-                    screen=self.screen.command_display),
+                    screen=self.screen.command_display, controls=self.screen.controls),
             on_finished=lambda *result: self.runner.command_finished(*result),
             runtime_dir=runtime_dir, ids_ours=profile_class.pairs_in_link,
             on_storage_error=self.alarms.ledger, gate=self.gate)

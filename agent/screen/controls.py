@@ -149,6 +149,17 @@ class Controls:
             have.add("poweroff")
         return frozenset(have)
 
+    def known(self) -> frozenset:
+        """The means as last probed, never probing on the caller's thread (the link's,
+        at a registration): before the first probe, only what needs none."""
+        with self._lock:
+            have = {name for name in LEVELS if self._chosen.get(name) is not None}
+        if self.player is not None:
+            have.add("restart-player")
+        if self.logind():
+            have.add("poweroff")
+        return frozenset(have)
+
     def why_not(self) -> dict[str, str]:
         """For each command this screen has no means for, why (for status)."""
         with self._lock:

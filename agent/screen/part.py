@@ -21,8 +21,9 @@ from typing import Callable
 
 from ..config.model import Config
 from ..events.model import Event
+from ..runtime.threads import start_worker
 from ..runtime.watchdog_gate import WatchdogGate
-from . import service, watch
+from . import controls as controlling, service, watch
 from .core import Verdict
 
 log = logging.getLogger("edge_agent.screen")
@@ -48,6 +49,7 @@ class ScreenPart:
         self.display = display          # the hours' read-back
         self.command_display = CommandDisplay(display, publish) if display else None
         self.picture = picture
+        self.controls: controlling.Controls | None = None
 
     def dark(self, scheduled_off: Callable[[], bool]) -> str | None:
         """Why the display is meant to be dark now, or None."""
@@ -60,6 +62,12 @@ class ScreenPart:
     def start(self) -> None:
         if self.picture is not None:
             self.picture.start()
+        if self.controls is not None:   # what the server is told this screen can do
+            start_worker("screen-means", self.controls.probe, reason="the screen's means probed")
+
+    def means(self) -> frozenset | None:
+        """The screen's commands it has the means for, as last probed; None: no controls."""
+        return self.controls.known() if self.controls is not None else None
 
     def stop(self) -> None:
         """From any thread: a read-back or a capture in progress ends now."""
@@ -67,6 +75,8 @@ class ScreenPart:
             self.display.stop()
         if self.picture is not None:
             self.picture.stop()
+        if self.controls is not None:
+            self.controls.stop()
 
     def join(self, timeout: float | None = None) -> None:
         if self.picture is not None:
@@ -74,7 +84,9 @@ class ScreenPart:
 
     def snapshot(self) -> dict | None:
         doc = {"display": self.display.snapshot() if self.display else None,
-               "picture": self.picture.snapshot() if self.picture else None}
+               "picture": self.picture.snapshot() if self.picture else None,
+               "controls": {"via": self.controls.via(), "lacking": self.controls.why_not()}
+               if self.controls else None}
         return doc if any(doc.values()) else None
 
 
@@ -95,6 +107,8 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
             enqueue(kind, data)
         except Exception as e:   # the queue's refusals (NotQueued), each a line of words
             log.warning("picture check: the thumbnail was not queued: %s", e)
+    if {"restart-player", "brightness", "volume"} & set(commands.allow):
+        part.controls = controlling.from_config(section, sysfs_root=sysfs, environ=environ)
     if section.picture_every_s > 0:
         part.picture = watch.from_config(
             section, commands, environ, dark=lambda: part.dark(scheduled_off),
