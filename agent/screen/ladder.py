@@ -294,6 +294,9 @@ class Ladder:
             if event.rung == REBOOT:
                 self.passed.append(f"{REBOOT}: {said}")
                 return [report, *self._exhaust()]
+            if self._dark():   # meant dark meanwhile: the next rung waits for it to end
+                self.state = HELD
+                return [report]
             return [report, *self._next(event.now)]
         self.state, self.rung_at, self.stale_waits = WAITING, event.now, 0
         self.wait_until = event.now + self.policy.wait_s
