@@ -11,8 +11,8 @@ import random
 import pytest
 
 from agent.screen import ladder as L
-from agent.screen.ladder import (Ladder, PictureSeen, PlayerSeen, Policy, Report, Rung,
-                                 RungDone, Tick)
+from agent.screen.ladder import (DisplayMeant, Ladder, PictureSeen, PlayerSeen, Policy,
+                                 Report, Rung, RungDone, Tick)
 from agent.screen import reboots
 from agent.screen.reboots import DAY, RebootBook
 
@@ -208,6 +208,24 @@ def test_dark_never_acts_and_holds_a_wait_until_the_display_is_meant_on():
     assert rungs(d.tick(2)) == [L.WAKE_DISPLAY]
 
 
+def test_a_display_meant_off_holds_it_where_no_picture_is_checked():
+    """No picture check: the hours' word alone keeps a dead player at night from being
+    restarted and the display from being woken against them."""
+    d = Drive()
+    d.at(1, DisplayMeant, True)
+    for _ in range(100):
+        assert d.player(False) == [] and d.tick(60) == []
+    d.at(1, DisplayMeant, False)          # morning: the dead player is seen afresh
+    assert d.player(False) == [] and d.player(False) == []
+    assert rungs(d.player(False)) == [L.RESTART_PLAYER]       # 31 s, said three times
+    d.done(L.RESTART_PLAYER)
+    d.at(1, DisplayMeant, True)           # off again, before the restart was judged
+    assert d.tick(3 * WAIT) == [] and d.player(False) == [] and d.tick(WAIT) == []
+    d.at(1, DisplayMeant, False)
+    d.player(False)
+    assert rungs(d.tick(WAIT)) == [L.WAKE_DISPLAY]
+
+
 def test_an_answer_to_nothing_asked_is_not_the_ladders():
     d = Drive()
     assert d.done(L.REBOOT) == [] and d.done(L.RESTART_PLAYER, ok=False) == []
@@ -236,7 +254,9 @@ def test_whatever_it_sees_it_never_storms_and_never_acts_in_the_dark(seed):
     pending = None
     while d.now < 1000 + 2 * DAY:
         roll = rnd.random()
-        if pending and roll < 0.5:
+        if roll < 0.02:
+            out = d.at(1, DisplayMeant, rnd.random() < 0.3)
+        elif pending and roll < 0.5:
             out = d.done(pending, ok=rnd.random() < 0.7, dt=rnd.uniform(0, 20))
         elif roll < 0.75:
             out = d.picture(rnd.choice(["black", "black", "frozen", "ok", "dark"]),
@@ -248,6 +268,7 @@ def test_whatever_it_sees_it_never_storms_and_never_acts_in_the_dark(seed):
         for e in out:
             if isinstance(e, Rung):
                 assert d.ladder.picture is None or d.ladder.picture.value != "dark"
+                assert not d.ladder.meant_dark
                 asked.append((d.now, e.rung))
                 pending = e.rung
             elif e.event_type == "screen.recovery_exhausted":

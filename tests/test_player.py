@@ -73,7 +73,8 @@ def test_systemctls_answers_read():
 
 @pytest.mark.parametrize("raw, expected", [
     (b"", "systemctl show said nothing of the unit's state"),
-    (b"\x00\xff" * 5000, "systemctl show said nothing of the unit's state"),
+    (b"\x00\xff" * 1000, "systemctl show said nothing of the unit's state"),
+    (b"ActiveState=active\n" * 1000, "systemctl show said more than 4096 bytes"),
     (b"ActiveState=active\x1b[31m\nLoadState=loaded\n", None),
 ])
 def test_what_systemctl_says_is_bounded_and_checked(raw, expected):
@@ -86,7 +87,7 @@ def test_what_systemctl_says_is_bounded_and_checked(raw, expected):
 def test_only_the_properties_asked_for_each_by_its_rule_the_first_of_each():
     raw = (b"ActiveState=active\nActiveState=failed\nNRestarts=99999999999999999999\n"
            b"ExecMainStatus=-1\nSubState=" + b"r" * 40 + b"\nEvil=rm -rf /\n"
-           b"Result=exit code\nLoadState=loaded\n" + b"X=" + b"y" * 10000 + b"\n")
+           b"Result=exit code\nLoadState=loaded\n" + b"X=" + b"y" * 3000 + b"\n")
     s = parse_show(UNIT, raw)
     assert (s.active, s.restarts, s.exit_status, s.sub, s.result) == ("active", None, None,
                                                                       None, None)
@@ -293,6 +294,19 @@ def test_a_black_screen_is_rebooted_once_a_day_across_reboots(tmp_path):
         wall = rig.wall_now + 2 * 3600
     assert len(reboots_done) == 2 and reboots_done[1] - reboots_done[0] >= DAY
     assert len(reboots.parse((tmp_path / reboots.FILE).read_bytes())) == 1
+
+
+def test_nothing_is_done_while_the_display_is_meant_off(tmp_path):
+    rig = Rig(tmp_path)
+    night = [True]
+    rig.mender.meant_dark = lambda: night[0]
+    rig.unit.crash()
+    rig.run(3600)
+    assert rig.kinds() == ["player.crashed"]              # told, not touched
+    assert not any(c[1] == "restart" for c in rig.unit.calls)
+    night[0] = False
+    rig.run(120)
+    assert "screen.recovered" in rig.kinds()
 
 
 def test_no_reboot_where_the_allow_list_does_not_have_it(tmp_path):

@@ -24,12 +24,14 @@ judged) and the player is up (or there is none).
   or a read of the unit made after it tells. Still bad: the next rung. Ok: recovered.
 - **Exhausted**: no rung left (or a reboot that did not happen). Said once, then
   nothing is tried until the screen is seen ok again, which ends the episode.
-- **Dark never acts**: the picture of a display meant off is black by design. A dark
-  verdict abandons the episode's wait and holds everything until a verdict that is not
-  dark.
+- **Dark never acts**: the picture of a display meant off is black by design, and a
+  wake would light it against the hours. A dark verdict, or the word that the display
+  is meant off (``DisplayMeant``, from the working hours or the display command, for a
+  screen whose picture is not checked), holds the episode's wait and everything else
+  until the display is meant on again.
 
-Inputs: ``PictureSeen``, ``PlayerSeen``, ``RungDone``, ``Tick`` (each with the monotonic
-``now``). Effects: ``Rung`` (run it, then answer with RungDone) and ``Report`` (an
+Inputs: ``PictureSeen``, ``PlayerSeen``, ``DisplayMeant``, ``RungDone``, ``Tick`` (each
+with the monotonic ``now``). Effects: ``Rung`` (run it, then answer with RungDone) and ``Report`` (an
 event: ``screen.recovery``, ``screen.recovered``, ``screen.recovery_exhausted``).
 """
 from __future__ import annotations
@@ -61,6 +63,12 @@ class PlayerSeen:
     active: bool
     now: float
     said: str = ""           # the unit's state in words ("failed (exit-code)")
+
+
+@dataclass(frozen=True)
+class DisplayMeant:
+    dark: bool               # the display is meant off (the hours, a display command)
+    now: float
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,7 @@ class Ladder:
         self.policy = policy
         self.picture: _Seen | None = None
         self.player: _Seen | None = None
+        self.meant_dark = False
         self.state = WATCHING
         self.bad_since: float | None = None
         self.bad_samples = 0
@@ -165,6 +174,9 @@ class Ladder:
                 return []
             self.player = _Seen(bool(event.active), event.now)
             return self._look(event.now, sample=not event.active)
+        if isinstance(event, DisplayMeant):
+            self.meant_dark = bool(event.dark)
+            return self._look(event.now, sample=False)
         if isinstance(event, Tick):
             return self._look(event.now, sample=False)
         if isinstance(event, RungDone):
@@ -173,7 +185,7 @@ class Ladder:
 
     # -- internals -------------------------------------------------------------------
     def _dark(self) -> bool:
-        return self.picture is not None and self.picture.value == DARK
+        return self.meant_dark or (self.picture is not None and self.picture.value == DARK)
 
     def _bad(self, since: float | None = None) -> str:
         """Why the screen is bad, from what was seen at or after ``since``; or ""."""
@@ -190,7 +202,8 @@ class Ladder:
         """Seen ok: nothing bad nor dark, and something seen at or after ``since``."""
         if self._bad() or self._dark():
             return False
-        told = [s for s in (self.picture, self.player) if s is not None]
+        told = [s for s in (self.picture, self.player)
+                if s is not None and s.value != DARK]
         return any(since is None or s.at >= since for s in told)
 
     def _look(self, now: float, sample: bool) -> list:

@@ -26,9 +26,9 @@ from ..config.model import Screen as ScreenSection
 from ..events.model import Event
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
-from .ladder import (REBOOT, RESTART_PLAYER, VERDICTS, WAKE_DISPLAY, Ladder, PictureSeen,
-                     PlayerSeen, Policy, Report, Rung, RungDone, Tick)
-from .player import Player, PlayerState
+from .ladder import (REBOOT, RESTART_PLAYER, VERDICTS, WAKE_DISPLAY, DisplayMeant, Ladder,
+                     PictureSeen, PlayerSeen, Policy, Report, Rung, RungDone, Tick)
+from .player import SHOW_TIMEOUT_S, Player, PlayerState
 from .reboots import RebootBook
 
 log = logging.getLogger("edge_agent.screen")
@@ -44,14 +44,19 @@ class Mender:
     def __init__(self, ladder: Ladder, publish: Callable[[Event], None], *,
                  player: Player | None = None, book: RebootBook | None = None,
                  wake: Outcome | None = None, reboot: Outcome | None = None,
+                 meant_dark: Callable[[], bool] | None = None,
                  gate: WatchdogGate | None = None, poll_s: float = POLL_S,
                  rung_bound_s: float = RUNG_BOUND_S,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time):
         """``wake()`` and ``reboot()`` act and answer (done, in words); a reboot that
         was done ends the process soon after. ``book`` counts the reboots (None: none
-        is ever done)."""
+        is ever done). ``meant_dark()``: the display is meant off now (the working
+        hours' ``expected_off``, a display command's off): nothing is done meanwhile,
+        even on a screen whose picture is not checked."""
         self.ladder, self.publish = ladder, publish
+        self.meant_dark = meant_dark
+        self._dark_told: bool | None = None
         self.player, self.book = player, book
         self.wake_fn, self.reboot_fn = wake, reboot
         self.poll_s = poll_s
@@ -63,7 +68,10 @@ class Mender:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poke = threading.Event()
-        silence = poll_s + (player.bound_s if player else 0.0) + rung_bound_s + 30.0
+        # between two turns: a read of the unit held up by a restart the command runs,
+        # then one rung (a turn follows each)
+        restart_s = player.bound_s if player else 0.0
+        silence = poll_s + restart_s + SHOW_TIMEOUT_S + max(restart_s, rung_bound_s) + 30.0
         self.loop = Loop("mender", self._run, gate=gate, max_silence_s=silence,
                          pause=self._stop.wait, stopping=self._stop.is_set)
 
@@ -119,9 +127,9 @@ class Mender:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.loop.turn()
+            self._poke.clear()    # before the step: a verdict given during it is not lost
             self.step()
             self._poke.wait(self.poll_s)
-            self._poke.clear()
 
     def step(self) -> None:
         """One turn: the pictures given since, the player read, the rungs asked for."""
@@ -129,6 +137,11 @@ class Mender:
             pictures = list(self._pictures)
             self._pictures.clear()
         effects: list = []
+        if self.meant_dark is not None:
+            dark = bool(self.meant_dark())
+            if dark != self._dark_told:
+                self._dark_told = dark
+                effects += self._handle(DisplayMeant(dark, self.clock()))
         for verdict, at in pictures:
             with self._lock:
                 self.picture = (verdict, at)
@@ -160,6 +173,7 @@ class Mender:
             elif isinstance(effect, Rung):
                 log.warning("screen: recovery: %s (%s)", effect.rung, effect.why)
                 ok, said = self._run_rung(effect.rung)
+                self.loop.turn()
                 effects = effects + self._handle(RungDone(effect.rung, ok, said,
                                                           self.clock()))
 
@@ -185,7 +199,8 @@ class Mender:
 
 def from_config(section: ScreenSection, commands_allow, state_dir: str, *,
                 publish: Callable[[Event], None], wake: Outcome | None = None,
-                reboot: Outcome | None = None, gate: WatchdogGate | None = None,
+                reboot: Outcome | None = None, meant_dark: Callable[[], bool] | None = None,
+                gate: WatchdogGate | None = None,
                 rung_bound_s: float = RUNG_BOUND_S) -> Mender:
     """The mender as ``[screen]`` and ``[commands] allow`` set it: the player read
     where a unit is set, the ladder on where ``recovery`` is, and reboots only where
@@ -198,4 +213,4 @@ def from_config(section: ScreenSection, commands_allow, state_dir: str, *,
     player = Player(section.player_unit) if section.player_unit else None
     book = RebootBook(state_dir, section.reboots_per_day) if may_reboot else None
     return Mender(Ladder(policy), publish, player=player, book=book, wake=wake,
-                  reboot=reboot, gate=gate, rung_bound_s=rung_bound_s)
+                  reboot=reboot, meant_dark=meant_dark, gate=gate, rung_bound_s=rung_bound_s)

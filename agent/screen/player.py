@@ -82,8 +82,10 @@ class PlayerState:
 def parse_show(unit: str, raw: bytes) -> PlayerState:
     """``systemctl show``'s output as a PlayerState: the expected properties, each
     checked; a value that breaks its rule is not read (None)."""
+    if len(raw) > MAX_OUTPUT:   # cut short, its last value could be a word cut short
+        return PlayerState(unit, error=f"systemctl show said more than {MAX_OUTPUT} bytes")
     values: dict = {}
-    for line in raw[:MAX_OUTPUT].decode("ascii", "replace").splitlines():
+    for line in raw.decode("ascii", "replace").splitlines():
         name, eq, value = line.partition("=")
         if not eq or name not in PROPERTIES or name in values:
             continue
