@@ -7,7 +7,6 @@ prints (Name=value lines, service properties before the unit's, whatever order t
 asked in), and the runs are a fake unit that answers as systemctl does. The real
 systemctl is run once, through the real runner, to prove the bounded path."""
 import logging
-import threading
 import time
 
 import pytest

@@ -31,8 +31,9 @@ judged) and the player is up (or there is none).
   until the display is meant on again.
 
 Inputs: ``PictureSeen``, ``PlayerSeen``, ``DisplayMeant``, ``RungDone``, ``Tick`` (each
-with the monotonic ``now``). Effects: ``Rung`` (run it, then answer with RungDone) and ``Report`` (an
-event: ``screen.recovery``, ``screen.recovered``, ``screen.recovery_exhausted``).
+with the monotonic ``now``). Effects: ``Rung`` (run it, then answer with RungDone) and
+``Report`` (an event: ``screen.recovery``, ``screen.recovered``,
+``screen.recovery_exhausted``).
 """
 from __future__ import annotations
 
