@@ -4,7 +4,7 @@ browser, ScreenTinker's player), read and restarted.
 Read: ``systemctl show --property=...`` (PROPERTIES), bounded in time and bytes; only
 the properties asked for are kept, each by its own narrow rule (a state is a short word
 of lower-case letters and dashes, a count is digits), anything else is no reading.
-systemctl prints ``Name=value`` lines (systemd.exec(5)'s ``systemctl show``), in its own
+systemctl prints ``Name=value`` lines (systemctl(1), ``show``), in its own
 order; a unit it does not know reads ``LoadState=not-found``.
 
 What changed is told once (PlayerWatch): ``player.crashed`` when the unit went failed or
