@@ -145,7 +145,9 @@ def test_the_polkit_rule_and_the_unit_name_the_flag_this_module_writes():
     # each grant is asked for by name, and what it is not granted is refused
     for name in grants.GRANTABLE:
         assert f'edgeAgentGranted("{name}") ? polkit.Result.YES : polkit.Result.NO' in rule
-    assert rule.count("polkit.Result.YES") == len(grants.GRANTABLE)
+    # and the player's restart, whose flag names the unit
+    assert rule.count("polkit.Result.YES") == len(grants.GRANTABLE) + 1
+    assert f'"{grants.GRANTS_DIR}/{grants.PLAYER}"' in rule
     assert 'action.lookup("unit") == "edge-agent-update.service"' in rule
     unit = (REPO / "systemd" / "edge-agent.service").read_text()
     assert "ExecStartPre=-+/usr/bin/python3 -I -m agent.programs.grants --config /etc/edge-agent/agent.toml" in unit
@@ -153,6 +155,7 @@ def test_the_polkit_rule_and_the_unit_name_the_flag_this_module_writes():
     assert grants.wanted(frozenset({"diagnostics", "logs"})) == frozenset()
     assert grants.wanted(frozenset({"logs", "reboot"})) == frozenset({"reboot"})
     assert grants.wanted(frozenset({"update"})) == frozenset({"update"})
+    assert grants.wanted(frozenset({"poweroff", "volume"})) == frozenset({"poweroff"})
 
 
 def test_root_runs_the_installed_module_not_one_planted_in_its_working_directory(ground):
@@ -198,3 +201,130 @@ def test_a_fleet_managed_allow_list_grants_only_where_the_file_lets_the_fleet_ma
     assert listing(base / "grants") == {"reboot": (0o644, 0)}
     assert "the fleet's settings revision 7" in r.stdout, r.stdout
     assert "revision 7" in (base / "grants" / "reboot").read_text()
+
+
+# -- poweroff and the player's restart --------------------------------------------------
+PLAYER_CONFIG = CONFIG + '[screen]\nplayer_unit = "kiosk.service"\nrecovery = {recovery}\n'
+
+
+def test_poweroff_is_granted_as_reboot_is(ground):
+    base, _ = ground
+    r = step(base, allow='["poweroff"]')
+    assert r.returncode == 0 and listing(base / "grants") == {"poweroff": (0o644, 0)}, r
+    assert "poweroff: [commands] allow" in r.stdout
+
+
+@pytest.mark.parametrize("allow, recovery, granted", [
+    ('["diagnostics"]', "false", False),       # the unit set, nothing asks to restart it
+    ('["restart-player"]', "false", True),     # the command
+    ('["diagnostics"]', "true", True),         # the ladder
+])
+def test_the_player_grant_needs_the_unit_and_the_command_or_the_ladder(ground, allow,
+                                                                      recovery, granted):
+    base, _ = ground
+    r = step(base, config_text=PLAYER_CONFIG.format(allow=allow, recovery=recovery))
+    assert r.returncode == 0, r
+    if not granted:
+        assert not (base / "grants").exists() and not r.stdout
+        return
+    assert listing(base / "grants") == {"restart-player": (0o644, 0)}
+    text = (base / "grants" / "restart-player").read_text()
+    assert text.splitlines()[0] == "kiosk.service"
+    assert all(" " in line for line in text.splitlines()[1:])   # no other line is a unit
+    assert r.stdout == ("edge-agent: polkit grants this service a restart of kiosk.service: "
+                        f"as {base / 'agent.toml'} configures it\n"), r.stdout
+    # no unit, no grant, whatever else allows it
+    r = step(base, config_text=CONFIG.format(allow='["restart-player"]')
+             + "[screen]\nrecovery = true\n")
+    assert r.returncode == 0 and listing(base / "grants") == {}
+
+
+def test_another_player_unit_is_a_new_flag_and_the_agents_own_units_never_are(ground):
+    base, _ = ground
+    cfg = PLAYER_CONFIG.format(allow='["restart-player", "reboot"]', recovery="false")
+    assert step(base, config_text=cfg).returncode == 0
+    r = step(base, config_text=cfg.replace("kiosk.service", "cage@tty1.service"))
+    assert r.returncode == 0 and "a restart of cage@tty1.service" in r.stdout, r
+    assert (base / "grants" / "restart-player").read_text().splitlines()[0] == "cage@tty1.service"
+    assert sorted(listing(base / "grants")) == ["reboot", "restart-player"]
+    for own in ("edge-agent.service", "edge-agent-update.service"):
+        r = step(base, config_text=cfg.replace("kiosk.service", own))
+        assert r.returncode == 0 and sorted(listing(base / "grants")) == ["reboot"], r
+
+
+NODE_POLKIT = r"""
+// the rule under a stub of polkitd's JavaScript API: spawn runs the real program, as
+// polkitd does, with the grants directory moved to the test's
+const fs = require("fs"), child = require("child_process");
+const [rules, dir, casesJson] = process.argv.slice(1);
+let rule = null;
+const polkit = {
+  Result: {YES: "yes", NO: "no", NOT_HANDLED: "not_handled"},
+  addRule(f) { rule = f; },
+  spawn(argv) {
+    argv = argv.map(a => a.startsWith("/run/edge-agent-grants/")
+                    ? dir + a.slice("/run/edge-agent-grants".length) : a);
+    return child.execFileSync(argv[0], argv.slice(1), {encoding: "utf8"});
+  },
+};
+new Function("polkit", fs.readFileSync(rules, "utf8"))(polkit);
+const out = JSON.parse(casesJson).map(c => rule(
+  {id: c.id, lookup: k => (c.details[k] === null ? undefined : c.details[k])},
+  {user: c.user}));
+process.stdout.write(JSON.stringify(out));
+"""
+MANAGE = "org.freedesktop.systemd1.manage-units"
+
+
+def polkit_answers(grants_dir: Path, cases: list) -> list:
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is needed to run the polkit rule: .ci/run must install nodejs "
+                    "(TEST_DEBS in scripts/_env.sh)")
+    r = subprocess.run([node, "-e", NODE_POLKIT, "--", str(REPO / "systemd" / "50-edge-agent.rules"),
+                        str(grants_dir), json.dumps(cases)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def restart(unit, verb="restart", user="edge-agent"):
+    return {"id": MANAGE, "user": user, "details": {"unit": unit, "verb": verb}}
+
+
+def test_polkit_lets_the_agent_restart_that_one_unit_and_nothing_else(ground):
+    """The rule itself, run by a JavaScript engine on the flags this module writes: the
+    agent chooses the unit it asks about, so every name it could pass is tried."""
+    base, _ = ground
+    grants_dir = base / "grants"
+    assert step(base, config_text=PLAYER_CONFIG.format(
+        allow='["reboot", "poweroff"]', recovery="true")).returncode == 0
+    assert sorted(listing(grants_dir)) == ["poweroff", "reboot", "restart-player"]
+    flag_lines = (grants_dir / "restart-player").read_text().splitlines()
+    hostile = ["kiosk.service\n", "kiosk.service\nkiosk.service", "", None, 7, "kiosk",
+               "../kiosk.service", "/run/edge-agent-grants/restart-player", "-kiosk.service",
+               " kiosk.service", "kiosk.service ", "KIOSK.service", "kiosk.service#",
+               "kiosk.servic", "kiosk.service.service", "other.service", "*.service",
+               "edge-agent.service", "edge-agent-update.service", "x" * 200 + ".service",
+               "kiosk@.service", *flag_lines[1:]]
+    cases = [restart("kiosk.service"),
+             *[restart(unit) for unit in hostile],
+             *[restart("kiosk.service", verb) for verb in
+               ("start", "stop", "reload", "try-restart", "reload-or-restart", "kill", "")],
+             restart("kiosk.service", user="pi"),
+             {"id": "org.freedesktop.login1.reboot", "user": "edge-agent", "details": {}},
+             {"id": "org.freedesktop.login1.power-off", "user": "edge-agent", "details": {}},
+             {"id": "org.freedesktop.login1.power-off-multiple-sessions", "user": "edge-agent",
+              "details": {}},
+             {"id": MANAGE, "user": "edge-agent",
+              "details": {"unit": "edge-agent-update.service", "verb": "start"}}]
+    answers = polkit_answers(grants_dir, cases)
+    assert answers[0] == "yes"
+    assert answers[1:len(hostile) + 1] == ["not_handled"] * len(hostile), list(zip(hostile, answers[1:]))
+    rest = answers[len(hostile) + 1:]
+    assert rest == ["not_handled"] * 7 + ["not_handled", "yes", "yes", "yes", "no"]
+
+    # the configuration takes the restart away (no unit): the flag goes, polkit says no
+    assert step(base, allow='["reboot"]').returncode == 0
+    assert polkit_answers(grants_dir, [restart("kiosk.service"), cases[-2]]) == [
+        "not_handled", "no"]

@@ -1,9 +1,14 @@
-"""What the OS grants the agent beyond its sandbox follows [commands] allow, no more.
+"""What the OS grants the agent beyond its sandbox follows its configuration ([commands]
+allow, [screen] player_unit), no more.
 
-The agent's privileged acts are asked of root services: logind for a reboot, systemd
-for edge-agent-update.service (a self-update). polkit allows each
+The agent's privileged acts are asked of root services: logind for a reboot or a power-off,
+systemd for edge-agent-update.service (a self-update) and for a restart of the player's
+unit (``[screen] player_unit``). polkit allows each
 (/usr/share/polkit-1/rules.d/50-edge-agent.rules) only while its flag file exists in
-GRANTS_DIR. The unit's root-side steps keep that flag in step with the configuration:
+GRANTS_DIR; the player's flag holds, on its first line, the one unit that may be
+restarted, and exists only where a player unit is set and either the ``restart-player``
+command is allowed or ``[screen] recovery`` is on (the ladder restarts it).
+The unit's root-side steps keep the flags in step with the configuration:
 ``ExecStartPre=-+/usr/bin/python3 -I -m agent.programs.grants`` before every start, ``--revoke``
 after every stop (systemd runs ExecStopPost after a skipped ExecCondition too), so the grant
 exists only while an agent runs on a configuration that allows reboot.
@@ -29,10 +34,19 @@ from ..base.logs import early
 
 GRANTS_DIR = "/run/edge-agent-grants"
 # grant name -> the command in [commands] allow that needs it
-GRANTABLE = {"reboot": "reboot", "update": "update"}
+GRANTABLE = {"reboot": "reboot", "update": "update", "poweroff": "poweroff"}
 FLAG_TEXT = ("polkit lets the edge-agent user {name} (50-edge-agent.rules): [commands] allow "
              "in {source} lists it. Written by edge-agent.service's ExecStartPre, removed "
              "when it stops.\n")
+PLAYER = "restart-player"
+# the first line is what polkit compares with the unit systemd is asked to restart: the
+# unit's name alone; the rest cannot be a unit's name (it has spaces)
+PLAYER_TEXT = ("{unit}\n# polkit lets the edge-agent user restart the unit on the line above, "
+               "no other (50-edge-agent.rules): [screen] player_unit in {source} names it, "
+               "and [commands] allow lists restart-player or [screen] recovery is on. Written "
+               "by edge-agent.service's ExecStartPre, removed when it stops.\n")
+MAX_FLAG = 4096
+OWN_UNITS = "edge-agent"   # edge-agent.service, edge-agent-update.service: never the player
 
 
 class GrantError(Exception):
@@ -44,16 +58,43 @@ def wanted(allow) -> frozenset:
     return frozenset(name for name, command in GRANTABLE.items() if command in allow)
 
 
-def sync(grants: frozenset, directory: str = GRANTS_DIR, source: str = "") -> list[str]:
-    """Makes the flags in ``directory`` exactly ``grants``; returns what it changed
+def player_unit(screen, allow) -> str | None:
+    """The unit the agent may restart: ``[screen] player_unit`` (already checked to be a
+    service's name, nothing that could be a path or a pattern), where the restart-player
+    command is allowed or the recovery ladder is on; else None. Never one of the
+    agent's own units: a restart of the updater would start it without ``update`` in
+    the allow list."""
+    unit = screen.player_unit
+    if unit and not unit.startswith(OWN_UNITS) and (PLAYER in allow or screen.recovery):
+        return unit
+    return None
+
+
+def flags(grants, player: str | None = None, source: str = "",
+          config: str = "") -> dict[str, str]:
+    """Each flag's name and text: the commands' ``grants`` (``source``: whose allow list
+    it is), and the player's unit (``config``: the operator's file, which alone names
+    it)."""
+    texts = {name: FLAG_TEXT.format(name=name, source=source or "the file")
+             for name in grants}
+    if player:
+        texts[PLAYER] = PLAYER_TEXT.format(unit=player, source=config or "the file")
+    return texts
+
+
+def sync(grants, directory: str = GRANTS_DIR, source: str = "") -> list[str]:
+    """Makes the flags in ``directory`` exactly ``grants`` (names, or a dict of each
+    flag's name and text, as ``flags()`` makes it); returns what it changed
     (``+reboot``, ``-reboot``). Works through a descriptor of the directory, opened
-    without following a link, owned by us and writable by nobody else."""
-    fd = _open_own_dir(directory, create=bool(grants))
+    without following a link, owned by us and writable by nobody else. A flag whose
+    text changed (another player unit) is made anew."""
+    texts = grants if isinstance(grants, dict) else flags(grants, source=source)
+    fd = _open_own_dir(directory, create=bool(texts))
     if fd is None:
         return []
     changed = []
     try:
-        for name in sorted(set(os.listdir(fd)) - set(grants)):
+        for name in sorted(set(os.listdir(fd)) - set(texts)):
             try:
                 os.unlink(name, dir_fd=fd)
             except IsADirectoryError:
@@ -61,8 +102,8 @@ def sync(grants: frozenset, directory: str = GRANTS_DIR, source: str = "") -> li
             except FileNotFoundError:
                 continue
             changed.append(f"-{name}")
-        for name in sorted(grants):
-            if _is_own_file(fd, name):
+        for name in sorted(texts):
+            if _is_own_file(fd, name) and _text(fd, name) == texts[name]:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=fd)
@@ -70,7 +111,7 @@ def sync(grants: frozenset, directory: str = GRANTS_DIR, source: str = "") -> li
                            | os.O_CLOEXEC, 0o644, dir_fd=fd)
             try:
                 os.fchmod(flag, 0o644)  # the unit's UMask=0077 would hide it from polkitd
-                os.write(flag, FLAG_TEXT.format(name=name, source=source or "the file").encode())
+                os.write(flag, texts[name].encode())
             finally:
                 os.close(flag)
             changed.append(f"+{name}")
@@ -107,6 +148,20 @@ def _is_own_file(fd: int, name: str) -> bool:
             and stat.S_IMODE(st.st_mode) == 0o644)
 
 
+def _text(fd: int, name: str) -> str | None:
+    try:
+        flag = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        return os.read(flag, MAX_FLAG).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(flag)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m agent.programs.grants",
@@ -116,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=GRANTS_DIR, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     grants: frozenset = frozenset()
+    player = None
     source = args.config
     if not args.revoke:
         try:
@@ -124,18 +180,23 @@ def main(argv: list[str] | None = None) -> int:
             pass  # nothing is granted; the agent's own start says what is wrong, once
         else:
             grants = wanted(config.commands.allow)
+            player = player_unit(config.screen, config.commands.allow)
             if config.origins.get("commands.allow") == "fleet":
                 source = (f"the fleet's settings revision {config.fleet_revision} (which "
                           f"{args.config} lets it manage)")
     try:
-        changed = sync(grants, args.dir, source)
+        changed = sync(flags(grants, player, source, args.config), args.dir, source)
     except (GrantError, OSError) as e:
         # fails closed and does not fail the unit: the agent runs without the grant and
         # a reboot command is refused by polkit, reported to the server as such
         early(f"edge-agent: grants: {e}", 3, sys.stdout)
         return 0
     given = [c[1:] for c in changed if c.startswith("+")]
-    if given:
+    if PLAYER in given:
+        given[given.index(PLAYER)] = f"a restart of {player}"
+        early(f"edge-agent: polkit grants this service {', '.join(given)}: as {args.config} "
+              "configures it", 6, sys.stdout)
+    elif given:
         early(f"edge-agent: polkit grants this service {', '.join(given)}: [commands] allow "
               f"in {source} lists it", 6, sys.stdout)
     return 0
