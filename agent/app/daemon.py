@@ -79,21 +79,23 @@ class Agent:
         self.screen = screen_part.assemble(
             config, sysfs=sysfs, environ=self.environ, runtime_dir=runtime_dir,
             publish=self.outbox.put, enqueue=self._enqueue, gate=self.gate,
-            scheduled_off=lambda: self.hours is not None and self.hours.expected_off())
+            scheduled_off=lambda: self.hours is not None and self.hours.expected_off(),
+            wake=lambda: self._acted("display", {"state": "on"}),
+            reboot=lambda: self._acted("reboot", {}))
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
             check=lambda values: config_load.load(config.source, self.environ, fleet=values),
             publish=self.outbox.put, stop=self._stop, fleet_problem=config.fleet_problem,
             origins=config.origins, gate=self.gate,
             adjusted=[config_load.adjustment_text(*a) for a in config.adjusted])
+        self.actions = Actions(
+            config.commands, config.server.url, snapshot=lambda: self.board.document(),
+            link_socket=lambda: self.runner.raw_socket(), request_restart=self._restart_requested,
+            enqueue=self._enqueue, updater=self.updater, configure=self.settings.configure,
+            undeliverable=lambda kind: uncarried(self.profile, kind),
+            screen=self.screen.command_display, controls=self.screen.controls)
         self.commands = CommandService(
-            config.commands_path, config.commands.allow,
-            Actions(config.commands, config.server.url, snapshot=lambda: self.board.document(),
-                    link_socket=lambda: self.runner.raw_socket(),
-                    request_restart=self._restart_requested, enqueue=self._enqueue,
-                    updater=self.updater, configure=self.settings.configure,
-                    undeliverable=lambda kind: uncarried(self.profile, kind),
-                    screen=self.screen.command_display, controls=self.screen.controls),
+            config.commands_path, config.commands.allow, self.actions,
             on_finished=lambda *result: self.runner.command_finished(*result),
             runtime_dir=runtime_dir, ids_ours=profile_class.pairs_in_link,
             on_storage_error=self.alarms.ledger, gate=self.gate)
@@ -177,6 +179,12 @@ class Agent:
             return self.uploads.add(kind, payload)
         except (QueueRefused, QueueUnavailable) as e:
             raise NotQueued(str(e)) from None
+
+    def _acted(self, name: str, args: dict) -> tuple[bool, str]:
+        """The recovery ladder's rung through the command's own action: (done, words)."""
+        outcome = self.actions.run(name, args)
+        return (outcome.ok and outcome.extra.get("confirmed", True) is not False,
+                outcome.output or outcome.error or "")
 
     def _update_settled(self, command_id: str, ok: bool, text: str) -> None:
         outcome = Outcome(True, text) if ok else Outcome(False, error=text)

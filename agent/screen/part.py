@@ -23,7 +23,7 @@ from ..config.model import Config
 from ..events.model import Event
 from ..runtime.threads import start_worker
 from ..runtime.watchdog_gate import WatchdogGate
-from . import controls as controlling, service, watch
+from . import controls as controlling, mender as mending, service, watch
 from .core import Verdict
 
 log = logging.getLogger("edge_agent.screen")
@@ -50,6 +50,7 @@ class ScreenPart:
         self.command_display = CommandDisplay(display, publish) if display else None
         self.picture = picture
         self.controls: controlling.Controls | None = None
+        self.mender: mending.Mender | None = None
 
     def dark(self, scheduled_off: Callable[[], bool]) -> str | None:
         """Why the display is meant to be dark now, or None."""
@@ -60,6 +61,8 @@ class ScreenPart:
         return None
 
     def start(self) -> None:
+        if self.mender is not None:
+            self.mender.start()
         if self.picture is not None:
             self.picture.start()
         if self.controls is not None:   # what the server is told this screen can do
@@ -77,23 +80,37 @@ class ScreenPart:
             self.picture.stop()
         if self.controls is not None:
             self.controls.stop()
+        if self.mender is not None:
+            self.mender.stop()
 
     def join(self, timeout: float | None = None) -> None:
-        if self.picture is not None:
-            self.picture.join(timeout)
+        for loop in (self.picture, self.mender):
+            if loop is not None:
+                loop.join(timeout)
 
     def snapshot(self) -> dict | None:
         doc = {"display": self.display.snapshot() if self.display else None,
                "picture": self.picture.snapshot() if self.picture else None,
                "controls": {"via": self.controls.via(), "lacking": self.controls.why_not()}
-               if self.controls else None}
+               if self.controls else None, "player": None, "recovery": None}
+        if self.mender is not None:
+            mended = self.mender.snapshot()
+            recovery = mended.get("recovery") or {}
+            doc["recovery"] = recovery
+            if mended.get("player"):
+                doc["player"] = {**mended["player"], "recovery": (
+                    recovery.get("state") if recovery.get("enabled") else "off")}
         return doc if any(doc.values()) else None
 
 
 def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
              publish: Callable[[Event], None], enqueue: Callable[[str, bytes], object],
-             gate: WatchdogGate | None, scheduled_off: Callable[[], bool]) -> ScreenPart:
-    """``scheduled_off()``: the working hours have the display off now."""
+             gate: WatchdogGate | None, scheduled_off: Callable[[], bool],
+             wake: Callable[[], tuple[bool, str]], reboot: Callable[[], tuple[bool, str]]
+             ) -> ScreenPart:
+    """``scheduled_off()``: the working hours have the display off now. ``wake()`` turns
+    the display on and reads it back, ``reboot()`` asks for a reboot: the recovery
+    ladder's rungs, each (done, in words)."""
     section, commands = config.screen, config.commands
     display = None
     if commands.display_on_command or commands.display_off_command:
@@ -107,10 +124,17 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
             enqueue(kind, data)
         except Exception as e:   # the queue's refusals (NotQueued), each a line of words
             log.warning("picture check: the thumbnail was not queued: %s", e)
+    if section.player_unit or section.recovery:
+        part.mender = mending.from_config(
+            section, commands.allow, config.state_dir, publish=publish, wake=wake,
+            reboot=reboot, meant_dark=lambda: part.dark(scheduled_off) is not None, gate=gate)
     if {"restart-player", "brightness", "volume"} & set(commands.allow):
-        part.controls = controlling.from_config(section, sysfs_root=sysfs, environ=environ)
+        part.controls = controlling.from_config(
+            section, sysfs_root=sysfs, environ=environ,
+            player=part.mender.player if part.mender else None)
     if section.picture_every_s > 0:
         part.picture = watch.from_config(
             section, commands, environ, dark=lambda: part.dark(scheduled_off),
-            publish=publish, enqueue=queue_thumbnail, gate=gate, temp_dir=runtime_dir)
+            publish=publish, enqueue=queue_thumbnail, gate=gate, temp_dir=runtime_dir,
+            on_verdict=part.mender.on_picture if part.mender else None)
     return part

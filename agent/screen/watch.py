@@ -45,7 +45,7 @@ class PictureWatch:
                  wall: Callable[[], float] = time.time):
         """``dark()``: why the display is off by schedule or command ("off by working
         hours"), or None; while it says so nothing is captured. ``enqueue(kind, data)``
-        queues an upload; ``on_verdict(name)`` hears each new verdict (ok, black, frozen,
+        queues an upload; ``on_verdict(name)`` hears the verdict at each look (ok, black, frozen,
         dark)."""
         self.capture, self.judge, self.every_s = capture, judge, every_s
         self.dark, self.publish = dark, publish
@@ -86,13 +86,13 @@ class PictureWatch:
         """One check; returns how long to wait before the next."""
         why_dark = self.dark()
         if why_dark:
-            self._apply(self.judge.handle(Dark(why_dark, self.clock())), None)
+            self._apply(self.judge.handle(Dark(why_dark, self.clock())), None, seen=True)
             return self.every_s
         shot = self.capture.take()
         self.checks += 1
         why_dark = self.dark()   # turned off while it was captured: not judged
         if why_dark:
-            self._apply(self.judge.handle(Dark(why_dark, self.clock())), None)
+            self._apply(self.judge.handle(Dark(why_dark, self.clock())), None, seen=True)
             return self.every_s
         if shot.absent:
             if shot.why != self.absent:
@@ -101,10 +101,10 @@ class PictureWatch:
             return max(self.every_s, ABSENT_EVERY_S)
         self.absent = None
         if shot.picture is None:
-            effects = self.judge.handle(Failed(shot.why, self.clock()))
+            self._apply(self.judge.handle(Failed(shot.why, self.clock())), None, seen=False)
         else:
-            effects = self.judge.handle(Checked(measure(shot.picture), self.clock()))
-        self._apply(effects, shot.picture)
+            self._apply(self.judge.handle(Checked(measure(shot.picture), self.clock())),
+                        shot.picture, seen=True)
         return self.every_s
 
     def snapshot(self) -> dict:
@@ -137,7 +137,9 @@ class PictureWatch:
                 self.loop.turn()
                 self._stop.wait(min(left, SLICE_S))
 
-    def _apply(self, effects: list, picture) -> None:
+    def _apply(self, effects: list, picture, *, seen: bool) -> None:
+        """``seen``: the screen was looked at (or is meant dark): the verdict, told or
+        not, is a sample for ``on_verdict`` (the ladder acts on a state that persists)."""
         for effect in effects:
             if isinstance(effect, CheckFailed):
                 log.warning("picture check: the capture failed (%d so far): %s",
@@ -147,6 +149,8 @@ class PictureWatch:
                                     "captured_by": self.capture.how}))
             elif isinstance(effect, Changed):
                 self._changed(effect, picture)
+        if seen and self.on_verdict is not None and self.judge.verdict is not None:
+            self.on_verdict(self.judge.verdict)
 
     def _changed(self, change: Changed, picture) -> None:
         if change.news:
@@ -160,8 +164,6 @@ class PictureWatch:
                     and self.enqueue is not None and picture is not None:
                 self.enqueue(SCREENSHOT, capturing.png_of(picture))
                 self.uploads += 1
-        if self.on_verdict is not None:
-            self.on_verdict(change.verdict)
 
 
 def from_config(section: ScreenSection, commands: Commands, environ: dict, *,
