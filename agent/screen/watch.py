@@ -96,7 +96,7 @@ class PictureWatch:
             return self.every_s
         if shot.absent:
             if shot.why != self.absent:
-                log.warning("picture check: %s", shot.why)
+                log.info("picture check: %s", shot.why)   # a screen without one: not a fault
             self.absent = shot.why
             return max(self.every_s, ABSENT_EVERY_S)
         self.absent = None

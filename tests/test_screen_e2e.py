@@ -1,0 +1,51 @@
+"""The screen part in the running agent, against the reference fleet server and the
+real ScreenTinker 1.9: a real X server (Xvfb) shows what the test draws, the agent
+captures it with ImageMagick and judges it; the verdicts reach the server as events
+and 1.9's incident feed, and `edge-agent status` says what the screen shows."""
+import pytest
+
+from agent.app import status
+from devtools.harness import agent_config, wait_for
+from tests.test_picture import draw, xbm
+from tests.test_screentinker_real import (device_events, generation, only_19,  # noqa: F401
+                                          register_and_pair, st, st_config)
+
+pytestmark = pytest.mark.netns
+
+
+def events(server, kind):
+    return [e for e in server.admin("/admin/devices").get("screen-1", {}).get("events", [])
+            if e.get("type") == kind]
+
+
+def test_a_black_screen_is_told_once_and_a_lit_one_brings_ok(
+        netns, fleet, spawn_agent, agent_python, xvfb_pictures, tmp_path):
+    display = xvfb_pictures
+    draw(display, "-solid", "black")
+    server = fleet()
+    agent = spawn_agent(agent_python, agent_config(
+        server, tmp_path, screen={"x_display": display, "picture_every_s": 0.5}))
+    agent.wait_live(15)
+    black = wait_for(lambda: events(server, "screen.black"), 15, what="screen.black")
+    assert black[0]["mean"] < 16 and black[0]["captured_by"].startswith("import"), black
+    picture = agent.status()["screen"]["picture"]
+    assert picture["verdict"] == "black" and picture["every_s"] == 0.5, picture
+    draw(display, "-bitmap", xbm(tmp_path / "lit.xbm", 32, 12), "-fg", "white", "-bg", "#202020")
+    ok = wait_for(lambda: events(server, "screen.ok"), 15, what="screen.ok")
+    assert ok[0]["was"] == "black"
+    assert len(events(server, "screen.black")) == 1   # told on change, never per look
+    assert "picture     ok" in status.render(agent.status(), True)
+
+
+@only_19
+def test_a_black_screen_is_an_incident_in_screentinker_1_9s_feed(
+        st, spawn_agent, agent_python, xvfb_pictures, tmp_path):
+    display = xvfb_pictures
+    draw(display, "-solid", "black")
+    agent = spawn_agent(agent_python, st_config(
+        st, tmp_path, screen={"x_display": display, "picture_every_s": 0.5}))
+    device_id = register_and_pair(st, agent, tmp_path)
+    agent.wait_live(15)
+    rows = wait_for(lambda: [r for r in device_events(st, device_id)
+                             if r["type"] == "app_error"], 20, what="the incident row")
+    assert rows[0]["reason"] == "screen black" and "mean" in rows[0]["detail"], rows
