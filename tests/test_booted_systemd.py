@@ -870,6 +870,146 @@ def test_working_hours_reach_an_x_display_through_the_sandbox_only_with_the_read
         wait_online(s)
 
 
+# -- the screen's truth under the sandbox ---------------------------------------------
+PLAYER = "kiosk.service"
+PLAYER_GRANT = "/run/edge-agent-grants/restart-player"
+POWEROFF_GRANT = "/run/edge-agent-grants/poweroff"
+
+
+def with_allow(conf: str, allow: list[str]) -> str:
+    """The configuration with [commands] allow set to ``allow``."""
+    line = "allow = " + json.dumps(allow)
+    if re.search(r"^allow = .*$", conf, re.M):
+        return re.sub(r"^allow = .*$", line, conf, count=1, flags=re.M)
+    return conf + f"[commands]\n{line}\n"
+
+
+def can_power_off(screen) -> str:
+    """What logind, asking polkit, answers the edge-agent user: "yes" or "no"."""
+    out = screen.run(*as_user("edge-agent", "edge-agent", "busctl", "call",
+                              "org.freedesktop.login1", "/org/freedesktop/login1",
+                              "org.freedesktop.login1.Manager", "CanPowerOff")).stdout
+    return out.strip().removeprefix("s ").strip('"')
+
+
+def as_agent_systemctl(screen, *argv: str):
+    return screen.run(*as_user("edge-agent", "edge-agent", "systemctl", "--no-ask-password",
+                               *argv), check=False)
+
+
+def screen_events(site, kind):
+    return [e for e in site.server.device(site.device_id).get("events", [])
+            if e.get("type") == kind]
+
+
+@step(test_enrolls_and_pairs_under_systemd)
+def test_the_player_is_watched_and_restarted_through_polkit_only_while_allowed(site):
+    """A player unit killed is told (player.crashed) and restarted by the recovery
+    ladder as the edge-agent user, through polkit's grant for that one unit and verb;
+    restart-player answers with the unit read back active; another unit, another verb,
+    and the same unit once the configuration no longer allows it are refused by polkit.
+    poweroff's grant follows [commands] allow as reboot's does."""
+    s = site.screen
+    s.path(f"/etc/systemd/system/{PLAYER}").write_text(
+        "[Unit]\nDescription=a kiosk player's stand-in\n"
+        "[Service]\nExecStart=/bin/sleep infinity\nRestart=no\n")
+    s.path("/etc/systemd/system/other.service").write_text(
+        "[Service]\nExecStart=/bin/sleep infinity\n")
+    s.run("systemctl", "daemon-reload")
+    s.run("systemctl", "start", PLAYER, "other.service")
+    conf = s.path(CONF)
+    before = conf.read_text()
+    conf.write_text(with_allow(before, ["diagnostics", "logs", "restart-player", "poweroff"])
+                    + f'[screen]\nplayer_unit = "{PLAYER}"\nrecovery = true\n'
+                      'recovery_wait_s = 5\npicture_every_s = 0\n')
+    try:
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        assert s.run("head", "-n1", PLAYER_GRANT).stdout.strip() == PLAYER
+        assert exists(s, POWEROFF_GRANT) and can_power_off(s) == "yes"
+        assert as_agent_systemctl(s, "restart", PLAYER).returncode == 0
+        for verb, unit in (("restart", "other.service"), ("stop", PLAYER),
+                           ("restart", UNIT)):
+            r = as_agent_systemctl(s, verb, unit)
+            assert r.returncode != 0 and "Access denied" in r.stderr, (verb, unit, r)
+        r = command(site, "restart-player")
+        assert r["ok"] and "restarted" in r["output"], r
+        # killed, and no Restart= of its own: the ladder restarts it (a look every 10 s,
+        # acted on once the player has been down for 30 s)
+        s.run("systemctl", "kill", "--signal=KILL", PLAYER)
+        crashed = wait_for(lambda: screen_events(site, "player.crashed"), 30,
+                           what="player.crashed")
+        assert crashed[0]["unit"] == PLAYER and crashed[0]["result"] == "signal", crashed
+        rung = wait_for(lambda: screen_events(site, "screen.recovery"), 90,
+                        what="the ladder's restart")
+        assert rung[0]["rung"] == "restart-player" and rung[0]["ok"] is True, rung
+        wait_for(lambda: s.show(PLAYER, "ActiveState")["ActiveState"] == "active", 20,
+                 what="the player active again")
+        restarted = wait_for(lambda: [e for e in screen_events(site, "player.restarted")
+                                      if e.get("by") == "the agent"], 30,
+                             what="player.restarted by the agent")
+        assert restarted, restarted
+        player = status(s)[1]["screen"]["player"]
+        assert player["unit"] == PLAYER and player["active"] is True, player
+        # the operator takes it back: the grants follow at the next start
+        conf.write_text(before)
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        assert not exists(s, PLAYER_GRANT) and not exists(s, POWEROFF_GRANT)
+        r = as_agent_systemctl(s, "restart", PLAYER)
+        assert r.returncode != 0 and "Access denied" in r.stderr, r
+        assert can_power_off(s) == "no"
+    finally:
+        conf.write_text(before)
+        s.run("systemctl", "stop", PLAYER, "other.service", check=False)
+        s.run("rm", "-f", f"/etc/systemd/system/{PLAYER}", "/etc/systemd/system/other.service")
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+
+
+@step(test_enrolls_and_pairs_under_systemd,
+      test_working_hours_reach_an_x_display_through_the_sandbox_only_with_the_readmes_drop_in)
+def test_the_picture_is_captured_and_judged_under_the_sandbox_with_the_readmes_drop_in(site):
+    """The picture check in the unit's sandbox: ImageMagick's import on the X server the
+    drop-in opens, Pillow in the agent, its temporary file on the runtime tmpfs. A black
+    root is black (told once), a lit one ok; nothing the check does is refused by the
+    sandbox (system calls, memory that is written and run)."""
+    s = site.screen
+    s.run("systemd-run", "--unit=x-picture", "--uid=nobody", "Xvfb", ":0", "-nolisten", "tcp",
+          "-nolisten", "local", "-noreset", "-screen", "0", "640x360x24")
+    wait_for(lambda: s.run("xset", "-display", ":0", "q", check=False).returncode == 0, 15,
+             what="the X server in the container")
+    s.run("xsetroot", "-display", ":0", "-solid", "black")
+    conf = s.path(CONF)
+    before = conf.read_text()
+    conf.write_text(before + '[screen]\nx_display = ":0"\npicture_every_s = 1\n')
+    s.path(X11_DROP_IN).write_text("[Service]\nBindPaths=/tmp/.X11-unix\n")
+    try:
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        black = wait_for(lambda: screen_events(site, "screen.black"), 30, what="screen.black")
+        assert black[-1]["captured_by"].startswith("import"), black
+        s.path("/tmp/lit.xbm").write_text(
+            "#define t_width 8\n#define t_height 8\n"
+            "static unsigned char t_bits[] = {\n   0x0f, 0x0f, 0x0f, 0x0f, 0, 0, 0, 0};\n")
+        s.run("xsetroot", "-display", ":0", "-bitmap", "/tmp/lit.xbm", "-fg", "white",
+              "-bg", "black")
+        wait_for(lambda: screen_events(site, "screen.ok"), 30, what="screen.ok")
+        picture = status(s)[1]["screen"]["picture"]
+        assert picture["verdict"] == "ok" and not picture["failures"], picture
+        assert "picture check" not in text(e for e in agent_lines(s)
+                                           if int(e.get("PRIORITY", 6)) <= 3)
+    finally:
+        s.run("rm", "-f", X11_DROP_IN)
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "stop", "x-picture", check=False)
+        conf.write_text(before)
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+
+
 # -- the fleet updates the screen --------------------------------------------------------
 KEYS_DIR = "/etc/edge-agent/update-keys"
 UPDATE_UNIT = "edge-agent-update.service"

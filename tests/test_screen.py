@@ -220,6 +220,37 @@ def test_a_wayland_output_left_disabled_is_enabled_again_once(tmp_path):
     assert not screen.read_back(OFF).retried   # off is never retried
 
 
+def test_a_tv_left_in_standby_is_woken_and_shown_this_input_over_cec_once(tmp_path):
+    """A stand-in cec-ctl (no CEC adapter here: an emulation of its words, from
+    v4l-utils' cec-ctl) keeping the TV's power in a file: the display command turned
+    nothing on; the one retry sends Image View On to the TV and Active Source with the
+    adapter's physical address to everyone."""
+    from agent.screen.sources import Runner
+    power, sent = tmp_path / "power", tmp_path / "sent"
+    power.write_text("standby")
+    device = tmp_path / "cec0"
+    device.write_text("")
+    tool = tmp_path / "cec-ctl"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {sent}\n'
+        'case "$*" in\n'
+        f'  *--image-view-on*) echo on > {power} ;;\n'
+        f'  *--give-device-power-status*) read p < {power}; echo "  pwr-state: $p" ;;\n'
+        '  *--active-source*) ;;\n'
+        '  *) echo "Physical Address              : 1.0.0.0" ;;\n'
+        "esac\n")
+    tool.chmod(0o755)
+    runner = Runner()
+    screen = screen_service.Screen([Cec(str(device), runner, str(tmp_path))], 0.3, runner)
+    verdict = screen.read_back(ON)
+    assert verdict.said() == ("confirmed by CEC (on) after a retry "
+                              "(CEC Image View On, Active Source)"), verdict.said()
+    lines = sent.read_text().splitlines()
+    assert f"-d {device} --to 0 --image-view-on" in lines
+    assert f"-d {device} --to 15 --active-source phys-addr=1.0.0.0" in lines
+
+
 # -- the DRM connector, in a fake sysfs tree ------------------------------------------
 def connector(root, name="card0-HDMI-A-1", status="connected", dpms="On", enabled="enabled"):
     path = root / "class" / "drm" / name

@@ -17,7 +17,8 @@ monotonic clock, when to read again and what the answer is:
   ``contrary`` when the display did not reach the state asked for (on: a source reads
   off; off: every source reads on), or for want of any reading that tells.
 - A display asked on that still reads off is retried once, bounded: each source that
-  can mend it does one rung (X11: DPMS force on; Wayland: the output enabled again),
+  can mend it does one rung (X11: DPMS force on; Wayland: the output enabled again;
+  CEC: Image View On and Active Source),
   then it is read for one more settle. Never a second time, never for off.
 
 Inputs: ``Asked`` (the state, the time), ``Read`` (the readings, the time), ``Mended``

@@ -12,7 +12,8 @@ core.Reading (on, off, or cannot tell, in the source's own words).
 
 The sources that can wake a display asked on that still reads off have one rung each
 (``mend()``, run once by the core's retry): X11, DPMS forced on; Wayland, each output
-that reads disabled enabled again.
+that reads disabled enabled again; CEC, the TV woken (Image View On) and switched to
+this input (Active Source).
 
 A program runs through base/children.py: its own session, a bound, its group killed at
 the bound or when the agent stops, a failure told without its command line.
@@ -34,6 +35,8 @@ from .core import OFF, ON, Reading
 
 READ_TIMEOUT_S = 5.0     # one source's read, at most (cec-ctl waits on the TV's answer)
 MAX_ATTRIBUTE = 64       # a sysfs attribute's bytes
+# cec-ctl's adapter status: "Physical Address              : 1.0.0.0"
+PHYSICAL_ADDRESS = re.compile(r"Physical Address\s*:\s*([0-9a-f]\.[0-9a-f]\.[0-9a-f]\.[0-9a-f])")
 
 
 class Runner:
@@ -232,6 +235,22 @@ class Cec:
         if out is None:
             return Reading(self.name, None, why)
         return self.parse(out.decode(errors="replace"), why)
+
+    def mend(self) -> str:
+        """The TV woken and shown this input: Image View On to the TV, then Active
+        Source with this adapter's physical address (as `cec-ctl -d DEV` shows it) to
+        every device, which switches a TV left on another input."""
+        tool = shutil.which("cec-ctl", path=self.path) or "cec-ctl"
+        _, why = self.run([tool, "-d", self.device, "--to", "0", "--image-view-on"])
+        if why:
+            return f"CEC Image View On failed: {why}"
+        out, why = self.run([tool, "-d", self.device])
+        m = PHYSICAL_ADDRESS.search(out.decode(errors="replace")) if out is not None else None
+        if m is None:
+            return "CEC Image View On; no Active Source: " + (why or "no physical address")
+        _, why = self.run([tool, "-d", self.device, "--to", "15", "--active-source",
+                           f"phys-addr={m.group(1)}"])
+        return "CEC Image View On, Active Source" + (f" failed: {why}" if why else "")
 
     @classmethod
     def parse(cls, text: str, why: str = "") -> Reading:
