@@ -203,6 +203,18 @@ def test_a_fleet_managed_allow_list_grants_only_where_the_file_lets_the_fleet_ma
     assert "revision 7" in (base / "grants" / "reboot").read_text()
 
 
+def test_the_fleet_cannot_turn_on_the_ladder_that_would_grant_a_restart(ground):
+    """[screen] recovery lets root grant the player's restart: the operator's key
+    alone. An overlay that sets it is no overlay root takes: no grant."""
+    base, theirs = ground
+    overlay = overlay_file.Overlay(overlay_file.Revision(8, {"screen.recovery": True}))
+    (theirs / overlay_file.FILE).write_text(json.dumps(overlay.to_dict()))
+    shutil.chown(theirs / overlay_file.FILE, USER, GROUP)
+    r = step(base, config_text=CONFIG.format(allow='["diagnostics"]')
+             + f'[identity]\nstate_dir = "{theirs}"\n[screen]\nplayer_unit = "kiosk.service"\n')
+    assert r.returncode == 0 and not (base / "grants").exists(), r
+
+
 # -- poweroff and the player's restart --------------------------------------------------
 PLAYER_CONFIG = CONFIG + '[screen]\nplayer_unit = "kiosk.service"\nrecovery = {recovery}\n'
 

@@ -417,3 +417,11 @@ def test_a_reboot_that_cannot_be_counted_is_not_done(tmp_path):
     not_a_dir.write_text("")      # the state directory gone bad since the start
     ok, said = book.take()
     assert not ok and said.startswith(f"not rebooted: the reboot could not be counted in {not_a_dir}")
+
+
+def test_a_screen_with_nothing_to_wake_its_display_passes_that_rung_over_saying_why():
+    """No display_on_command: the wake would fail at once and hurry the ladder to a
+    reboot; it is passed over, with its reason, as a missing player is."""
+    ladder = Ladder(Policy(True, True, 3, True, 60.0, wake=False))
+    assert not ladder._allowed(L.WAKE_DISPLAY, 0.0)[0]
+    assert "display_on_command" in ladder._allowed(L.WAKE_DISPLAY, 0.0)[1]

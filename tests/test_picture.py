@@ -4,6 +4,7 @@ ImageMagick's import and shrunk by Pillow: black, a dark scene with detail that 
 a static board frozen only where content is declared to move, an animation ok, a
 display off by schedule never captured and never black."""
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -436,6 +437,7 @@ def test_which_tool_captures_this_screen():
 
 
 def test_a_screen_with_no_capture_tool_says_so_once_and_looks_again_rarely(caplog):
+    caplog.set_level(logging.INFO, logger="edge_agent.screen")   # said, not a fault
     w = from_config(ScreenSection(), commands(), {"PATH": "/nowhere"}, dark=lambda: None,
                     publish=lambda e: pytest.fail("no event for a screen without a tool"))
     assert w.check() == ABSENT_EVERY_S

@@ -340,7 +340,7 @@ def test_from_config_reads_the_budget_only_where_a_reboot_may_be_done(tmp_path, 
                                    str(tmp_path), publish=lambda e: None,
                                    reboot=lambda: (True, ""))
     assert m.book is None and m.player.unit == UNIT and not caplog.records
-    assert m.ladder.policy == Policy(True, True, 3, False, 60.0)
+    assert m.ladder.policy == Policy(True, True, 3, False, 60.0, wake=False)   # no wake given
     with caplog.at_level(logging.WARNING):
         m = mender_mod.from_config(Screen(recovery=True), ["reboot"], str(tmp_path),
                                    publish=lambda e: None, reboot=lambda: (True, ""))
@@ -349,3 +349,15 @@ def test_from_config_reads_the_budget_only_where_a_reboot_may_be_done(tmp_path, 
     m = mender_mod.from_config(Screen(), ["reboot"], str(tmp_path), publish=lambda e: None)
     assert not m.ladder.policy.enabled and m.book is None
     assert m.restart_player() == (False, "no player unit is set ([screen] player_unit)")
+
+
+def test_a_player_unit_systemd_does_not_have_is_said_once_and_never_mended(tmp_path, caplog):
+    """A typo in player_unit (LoadState=not-found, inactive): not a player down for the
+    ladder, which would otherwise restart, wake and reboot once a day for ever."""
+    rig = Rig(tmp_path)
+    rig.mender.player.show = lambda argv: (NOT_FOUND, "")
+    with caplog.at_level(logging.ERROR):
+        rig.run(3 * 3600, picture="ok")
+    assert rig.reboots == [] and rig.wakes == [] and rig.events == []
+    said = [r.getMessage() for r in caplog.records if "not watched nor mended" in r.getMessage()]
+    assert len(said) == 1 and "is not-found" in said[0]

@@ -81,7 +81,7 @@ class Agent:
             publish=self.outbox.put, enqueue=self._enqueue, gate=self.gate,
             scheduled_off=lambda: self.hours is not None and self.hours.expected_off(),
             wake=lambda: self._acted("display", {"state": "on"}),
-            reboot=lambda: self._acted("reboot", {}))
+            reboot=lambda: self._acted("reboot", {}), means_changed=lambda: self.runner.declare())
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
             check=lambda values: config_load.load(config.source, self.environ, fleet=values),
@@ -162,6 +162,7 @@ class Agent:
             if self.events is not None:
                 self.events.turn(now)
             self.inventory.turn(now)
+            self.screen.turn(now)
             self.board.turn(now)
 
     def _network_up(self) -> None:

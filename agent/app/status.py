@@ -234,7 +234,8 @@ def _screen_lines(screen, elapsed: float) -> list[str]:
                  if _number(picture.get("since_s")) else "")
         checked = (f", checked {ago(picture['checked_s_ago'])}"
                    if _number(picture.get("checked_s_ago")) else "")
-        why = f" ({picture['why']})" if picture.get("why") else ""
+        said = picture.get("dark") or picture.get("unavailable") or picture.get("failure")
+        why = f" ({said})" if said else ""
         lines.append(f"picture     {verdict}{since}{checked}{why}")
     player = screen.get("player")
     if isinstance(player, dict):

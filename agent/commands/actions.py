@@ -103,7 +103,9 @@ class Actions:
         self._configure = configure
         self.timeout_s = section.timeout_s
         self._lock = threading.Lock()
-        self._child: subprocess.Popen | None = None   # the configured command running now
+        # the programs running now: the command's, and the recovery ladder's wake or
+        # reboot on its own thread (agent/screen/mender.py)
+        self._children: set[subprocess.Popen] = set()
         self._stopping = False
         # every name of core.COMMANDS, and nothing else, runs here
         self.commands: dict[str, Callable[[dict], Outcome]] = {
@@ -251,8 +253,8 @@ class Actions:
         it spawned outlives the agent."""
         with self._lock:
             self._stopping = True
-            child = self._child
-        if child is not None:
+            running = list(self._children)
+        for child in running:
             children.kill_group(child)
         if self.updater is not None:
             self.updater.stop()
@@ -277,7 +279,7 @@ class Actions:
                     return Outcome(False, error="not run: the agent is stopping")
                 # its process group is killed on timeout and on stop
                 child = children.spawn(argv)
-                self._child = child
+                self._children.add(child)
         except OSError as e:
             return Outcome(False, error=children.failure(argv, error=e))
         try:
@@ -286,7 +288,7 @@ class Actions:
             return Outcome(False, error=children.failure(argv, timeout_s=self.timeout_s))
         finally:
             with self._lock:
-                self._child = None
+                self._children.discard(child)
         if child.returncode != 0:
             return Outcome(False, error=children.failure(argv, exited=child.returncode,
                                                          stderr=stderr))

@@ -364,8 +364,9 @@ def _validate(v: dict, origins: dict, env: dict, path: str, revision: int | None
         for key, spec in keys.items():
             _check_rule(f"{section}.{key}", spec, v[f"{section}.{key}"])
     _check_url(v["server.url"])
-    for key in ("screenshot_command", "display_on_command", "display_off_command"):
-        _check_command(f"commands.{key}", v[f"commands.{key}"])
+    for key in ("commands.screenshot_command", "commands.display_on_command",
+                "commands.display_off_command", "screen.capture_command"):
+        _check_command(key, v[key])
     for key in ("server.ca_file", "network.client_cert", "network.client_key"):
         if v[key] is not None and not os.path.isfile(v[key]):
             raise ConfigError(f"{key}: no such file: {v[key]}")

@@ -241,14 +241,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # is not frozen); the same picture this long is
         "content_moves": Key(bool, False, "screen.content_moves", fleet=True),
         "frozen_after_s": Key(float, 300.0, "screen.frozen_after_s", Range(30, DAY), fleet=True),
-        # a black or frozen verdict queues its thumbnail as a screenshot upload
+        # a black or frozen verdict queues its thumbnail as a screenshot upload, where
+        # [commands] allow lists screenshot (a picture of the screen is that command's)
         "upload_pictures": Key(bool, False, "screen.upload_pictures", fleet=True),
         # The player: the systemd unit that shows the content (a kiosk browser); its
         # state and restarts are reported, and the recovery ladder restarts it
         "player_unit": Key(str, None, "screen.player_unit", UNIT_NAME),
         # the recovery ladder (agent/screen/ladder.py): restart the player, wake the
         # display, then reboot (where [commands] allow lists reboot); off by default
-        "recovery": Key(bool, False, "screen.recovery", fleet=True),
+        # the operator's alone: it lets root grant the restart of player_unit
+        "recovery": Key(bool, False, "screen.recovery"),
         "player_restarts_per_hour": Key(int, 3, "screen.player_restarts_per_hour",
                                         Range(0, 20), fleet=True),
         # counted across reboots (a small file in state_dir, written before each reboot)

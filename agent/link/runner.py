@@ -128,6 +128,13 @@ class LinkRunner(Connecting, Sends, News):
             return
         self.wakeup.put((generation, news))
 
+    def declare(self) -> None:
+        """From any thread: what the screen can do changed; a profile that declares it at
+        registration (ScreenTinker's capabilities) says it again on the live link."""
+        message = self.profile.declaration()
+        if message is not None:
+            self.sink(None, inbox.Emit(*message))
+
     def events_queued(self) -> None:
         """From any thread: the outbox holds something new to send. Put on the link
         thread itself (telemetry, sampled on its tick) it needs no wake-up: each turn

@@ -87,6 +87,8 @@ class Sends:
                     message = self.profile.incident(event.payload())
                     if message is not None:
                         self._emit(*message, None)
+                        if self.transport is None:
+                            break   # the emit found the link gone: kept for the next one
                     self.outbox.ack(event.id)   # no ACK exists there: said once, or never
             return
         if self.core.state != LinkState.ONLINE or not self.core.watchdog.acked:

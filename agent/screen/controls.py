@@ -118,6 +118,7 @@ class Controls:
         self.clock = clock
         self.probe_every_s = probe_every_s
         self.logind = logind
+        self.on_change: Callable[[], None] | None = None   # after a probe that found new means
         self._lock = threading.Lock()          # the cache below
         self._probing = threading.Lock()       # one probe at a time
         self._chosen: dict[str, Means | None] = {}
@@ -160,6 +161,12 @@ class Controls:
             have.add("poweroff")
         return frozenset(have)
 
+    def stale(self) -> bool:
+        """Probed longer ago than ``probe_every_s`` (a sound server started late, a
+        monitor plugged in): time to look again, off the caller's thread."""
+        with self._lock:
+            return self._probed_at is None or self.clock() - self._probed_at >= self.probe_every_s
+
     def why_not(self) -> dict[str, str]:
         """For each command this screen has no means for, why (for status)."""
         with self._lock:
@@ -191,12 +198,15 @@ class Controls:
                     whys[name] = "; ".join(tried)[:MAX_WORDS] if tried \
                         else f"[screen] {name}_via is none"
             with self._lock:
-                if chosen != self._chosen:
+                changed = chosen != self._chosen
+                if changed:
                     log.info("screen controls: %s", ", ".join(
                         f"{name} through {m.via}" if m else f"no {name} ({whys[name]})"
                         for name, m in chosen.items()))
                 self._chosen, self._why_not = chosen, whys
                 self._probed_at = self.clock()
+            if changed and self.on_change is not None:
+                self.on_change()   # the server is told again what this screen can do
 
     def _means_for(self, name: str) -> Means | None:
         with self._lock:

@@ -106,6 +106,7 @@ class Policy:
     wait_s: float                  # [screen] recovery_wait_s
     confirm_s: float = CONFIRM_S
     wakes_per_hour: int = WAKES_PER_HOUR
+    wake: bool = True              # a display_on_command turns the display on
 
 
 @dataclass
@@ -290,6 +291,8 @@ class Ladder:
                 return False, (f"{rung}: done {p.restarts_per_hour} times in the hour"
                                if p.restarts_per_hour else f"{rung}: none allowed "
                                "([screen] player_restarts_per_hour = 0)")
+        if rung == WAKE_DISPLAY and not p.wake:
+            return False, f"{rung}: no [commands] display_on_command to wake it with"
         if rung == WAKE_DISPLAY and not self.budgets[rung].left(now):
             return False, f"{rung}: done {p.wakes_per_hour} times in the hour"
         if rung == REBOOT and not p.reboot:

@@ -35,7 +35,7 @@ log = logging.getLogger("edge_agent.screen")
 
 POLL_S = 10.0            # the player's unit read, the ladder's clock looked at
 MAX_PICTURES = 8         # verdicts held between two turns (one a minute is the default)
-RUNG_BOUND_S = 180.0     # a wake or a reboot's call, at most (their own bounds are less)
+RUNG_BOUND_S = 180.0     # a wake or a reboot's call, at most, unless the builder says more
 
 Outcome = Callable[[], "tuple[bool, str]"]
 
@@ -58,6 +58,7 @@ class Mender:
         self.meant_dark = meant_dark
         self._dark_told: bool | None = None
         self.player, self.book = player, book
+        self._unloaded_told: str | None = None   # a load state said once
         self.wake_fn, self.reboot_fn = wake, reboot
         self.poll_s = poll_s
         self.clock, self.wall = clock, wall
@@ -156,6 +157,11 @@ class Mender:
                 self.player_state, self.player_read_at = state, self.clock()
             if state.known:
                 effects += self._handle(PlayerSeen(state.up, self.clock(), state.said()))
+            elif state.load not in (None, "loaded") and state.load != self._unloaded_told:
+                log.error("screen: [screen] player_unit %s is %s: not watched nor mended "
+                          "until the configuration names a unit systemd has", state.unit,
+                          state.load)
+            self._unloaded_told = state.load if not state.known else None
         effects += self._handle(Tick(self.clock()))
         self._apply(effects)
 
@@ -209,7 +215,7 @@ def from_config(section: ScreenSection, commands_allow, state_dir: str, *,
                   and section.reboots_per_day > 0 and reboot is not None)
     policy = Policy(enabled=section.recovery, player=bool(section.player_unit),
                     restarts_per_hour=section.player_restarts_per_hour, reboot=may_reboot,
-                    wait_s=section.recovery_wait_s)
+                    wait_s=section.recovery_wait_s, wake=wake is not None)
     player = Player(section.player_unit) if section.player_unit else None
     book = RebootBook(state_dir, section.reboots_per_day) if may_reboot else None
     return Mender(Ladder(policy), publish, player=player, book=book, wake=wake,

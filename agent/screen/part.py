@@ -51,6 +51,7 @@ class ScreenPart:
         self.picture = picture
         self.controls: controlling.Controls | None = None
         self.mender: mending.Mender | None = None
+        self._prober = None   # the worker probing the controls' means, while it runs
 
     def dark(self, scheduled_off: Callable[[], bool]) -> str | None:
         """Why the display is meant to be dark now, or None."""
@@ -65,8 +66,19 @@ class ScreenPart:
             self.mender.start()
         if self.picture is not None:
             self.picture.start()
-        if self.controls is not None:   # what the server is told this screen can do
-            start_worker("screen-means", self.controls.probe, reason="the screen's means probed")
+        self._probe()
+
+    def turn(self, now: float) -> None:
+        """On a wake-up the link thread has anyway: the means looked for again when stale."""
+        if self.controls is not None and self.controls.stale():
+            self._probe()
+
+    def _probe(self) -> None:
+        """What the server is told this screen can do, found on a worker of its own: a
+        probe runs programs (each bounded), never on the caller's thread."""
+        if self.controls is not None and (self._prober is None or not self._prober.alive()):
+            self._prober = start_worker("screen-means", self.controls.probe,
+                                        reason="the screen's means probed")
 
     def means(self) -> frozenset | None:
         """The screen's commands it has the means for, as last probed; None: no controls."""
@@ -106,11 +118,12 @@ class ScreenPart:
 def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
              publish: Callable[[Event], None], enqueue: Callable[[str, bytes], object],
              gate: WatchdogGate | None, scheduled_off: Callable[[], bool],
-             wake: Callable[[], tuple[bool, str]], reboot: Callable[[], tuple[bool, str]]
-             ) -> ScreenPart:
+             wake: Callable[[], tuple[bool, str]], reboot: Callable[[], tuple[bool, str]],
+             means_changed: Callable[[], None] = lambda: None) -> ScreenPart:
     """``scheduled_off()``: the working hours have the display off now. ``wake()`` turns
     the display on and reads it back, ``reboot()`` asks for a reboot: the recovery
-    ladder's rungs, each (done, in words)."""
+    ladder's rungs, each (done, in words). ``means_changed()``: a probe found what the
+    screen can do changed (the server that was told at registration hears it again)."""
     section, commands = config.screen, config.commands
     display = None
     if commands.display_on_command or commands.display_off_command:
@@ -125,16 +138,22 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
         except Exception as e:   # the queue's refusals (NotQueued), each a line of words
             log.warning("picture check: the thumbnail was not queued: %s", e)
     if section.player_unit or section.recovery:
+        # a wake is the display command and its read-back; a reboot, the command's bound
+        rung_s = commands.timeout_s + (display.bound_s if display is not None else 0.0) + 10.0
         part.mender = mending.from_config(
-            section, commands.allow, config.state_dir, publish=publish, wake=wake,
-            reboot=reboot, meant_dark=lambda: part.dark(scheduled_off) is not None, gate=gate)
+            section, commands.allow, config.state_dir, publish=publish,
+            wake=wake if commands.display_on_command else None, reboot=reboot,
+            meant_dark=lambda: part.dark(scheduled_off) is not None, gate=gate,
+            rung_bound_s=rung_s)
     if {"restart-player", "brightness", "volume"} & set(commands.allow):
         part.controls = controlling.from_config(
             section, sysfs_root=sysfs, environ=environ,
             player=part.mender.player if part.mender else None)
+        part.controls.on_change = means_changed
     if section.picture_every_s > 0:
         part.picture = watch.from_config(
             section, commands, environ, dark=lambda: part.dark(scheduled_off),
-            publish=publish, enqueue=queue_thumbnail, gate=gate, temp_dir=runtime_dir,
+            publish=publish, gate=gate, temp_dir=runtime_dir,
+            enqueue=queue_thumbnail if "screenshot" in commands.allow else None,
             on_verdict=part.mender.on_picture if part.mender else None)
     return part

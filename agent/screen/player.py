@@ -55,7 +55,10 @@ class PlayerState:
 
     @property
     def known(self) -> bool:
-        return not self.error and self.active is not None
+        """Read, and a unit systemd has: a name it does not know (a typo) or a masked
+        unit is the configuration's fault, never a player down for the ladder to mend
+        with a reboot a day."""
+        return not self.error and self.active is not None and self.load in (None, "loaded")
 
     @property
     def up(self) -> bool:

@@ -34,6 +34,7 @@ class Screen:
         self.clock = clock
         self._stop = threading.Event()
         self._last: tuple[Verdict, float] | None = None   # the last verdict, and when
+        self._asked: str | None = None
         self.menders = tuple(name for name, s in self.sources.items() if hasattr(s, "mend"))
         # twice (the retry): the settle, a round of reads begun just before its end, and
         # the last look (Wayland's may be two runs of wlr-randr); the rungs between
@@ -41,6 +42,7 @@ class Screen:
             + 4 * len(self.menders) * READ_TIMEOUT_S
 
     def read_back(self, state: str) -> Verdict:
+        self._asked = state   # from now: the picture check counts an asked off as dark
         core = ReadBack({name: s.every_s for name, s in self.sources.items()}, self.settle_s,
                         self.menders)
         effects = core.handle(Asked(state, self.clock()))
@@ -68,7 +70,7 @@ class Screen:
     @property
     def asked(self) -> str | None:
         """The state the last display command or working hours asked for, if any."""
-        return self._last[0].state if self._last else None
+        return self._asked
 
     def snapshot(self) -> dict | None:
         """For status: the last read-back, how it was confirmed, and how long ago."""

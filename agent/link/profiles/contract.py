@@ -76,6 +76,10 @@ class ServerProfile(Protocol):
     def command_result(self, result: dict) -> tuple[str, dict, bool]:
         """(event, payload, whether the server confirms it)."""
 
+    def declaration(self) -> tuple[str, dict] | None:
+        """The message that tells the server again what this screen can do, where the
+        profile declares it (at registration), or None."""
+
     def incident(self, event: dict) -> tuple[str, dict] | None:
         """Where the server has no events (supports_events false): the message that
         tells it this one (an Event.payload()), sent once, or None: no place for it."""

@@ -63,6 +63,10 @@ class EdgeAgentProfile:
         return protocol.COMMAND_RESULT, result, True
 
     @staticmethod
+    def declaration() -> tuple[str, dict] | None:
+        return None   # the commands' refusals say what the screen cannot do
+
+    @staticmethod
     def incident(event: dict) -> tuple[str, dict] | None:
         return None   # every event goes as itself, until the server ACKs it
 

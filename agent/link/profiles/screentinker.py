@@ -235,6 +235,13 @@ class ScreenTinkerProfile:
                               "message": f"edge-agent {result['name']}: "
                                          f"{'ok' if result['ok'] else 'error'}: {text or ''}"[:2000]}, False
 
+    def declaration(self) -> tuple[str, dict] | None:
+        """A registration again, with the token: 1.9 stores the capabilities it declares
+        (and answers as at any registration); before the claim, nothing to declare."""
+        if self.ctx.token() is None or not self.ctx.claimed():
+            return None
+        return "device:register", self.register_payload()
+
     def incident(self, event: dict) -> tuple[str, dict] | None:
         """1.9's incident feed (screentinker_incidents.py); 1.2 drops it unread."""
         payload = screentinker_incidents.incident(event)
