@@ -336,7 +336,8 @@ def test_never_more_reboots_in_any_day_across_reboots(tmp_path, per_day):
 
 def test_an_unsynchronised_clock_that_comes_back_at_each_boot_never_loops(tmp_path):
     """No RTC, no NTP: every boot starts at the same saved time. The clock cannot tell a
-    day, so the budget is not given back, ever, until NTP answers."""
+    day, so the budget is not given back, ever, until NTP answers; and then a day after
+    it answered (the reboots before are placed at that moment)."""
     m = Machine(synced=False)
     saved = m.wall_now
     done = 0
@@ -347,7 +348,10 @@ def test_an_unsynchronised_clock_that_comes_back_at_each_boot_never_loops(tmp_pa
         done += book.take()[0]
     assert done == 2
     m.wall_now, m.is_synced = saved + 10 * DAY, True  # NTP: days have passed
-    assert m.book(tmp_path, 2).left() == 2
+    book = m.book(tmp_path, 2)
+    assert book.left() == 0
+    m.wall_now += DAY
+    assert book.left() == 2
 
 
 def test_an_unsynchronised_clock_running_behind_still_counts_the_day(tmp_path):
@@ -371,7 +375,7 @@ def test_the_file_is_written_durably_only_for_a_reboot_and_bounded(tmp_path):
         assert m.book(tmp_path, 10).take()[0]
     doc = json.loads((tmp_path / reboots.FILE).read_text())
     assert len(doc["reboots"]) == 8         # those of the last day
-    assert doc["reboots"][-1] == {"wall": m.wall_now, "synced": True, "boot": "boot-0"}
+    assert doc["reboots"][-1] == {"wall": m.wall_now, "synced": True, "boot": "boot-0", "why": ""}
     assert (tmp_path / reboots.FILE).stat().st_mode & 0o777 == 0o600
     assert os.path.getsize(tmp_path / reboots.FILE) < reboots.MAX_BYTES
 
@@ -425,3 +429,40 @@ def test_a_screen_with_nothing_to_wake_its_display_passes_that_rung_over_saying_
     ladder = Ladder(Policy(True, True, 3, True, 60.0, wake=False))
     assert not ladder._allowed(L.WAKE_DISPLAY, 0.0)[0]
     assert "display_on_command" in ladder._allowed(L.WAKE_DISPLAY, 0.0)[1]
+
+
+def test_reboots_made_before_the_clock_was_synchronised_count_a_day_from_when_it_is(tmp_path):
+    """A Pi boots on a saved clock that runs behind; NTP then jumps it forward by more
+    than a day. The reboots made before are placed at the jump, not aged out by it."""
+    clock = {"wall": 1_000_000.0, "synced": False}
+    book = RebootBook(str(tmp_path), 1, wall=lambda: clock["wall"],
+                      synced=lambda: clock["synced"], boot=lambda: "b")
+    assert book.take()[0]
+    clock.update(wall=1_000_000.0 + 3 * DAY, synced=True)   # NTP: three days later
+    assert book.left() == 0 and not book.take()[0]
+    clock["wall"] += DAY
+    assert book.left() == 1
+
+
+def test_why_the_ladder_rebooted_is_kept_with_the_count_and_told_after_the_reboot(tmp_path):
+    """The event said before the reboot lives in memory and goes down with it: the reason
+    is in the entry written just before, and the first start of the next boot tells it."""
+    from agent.screen.mender import Mender
+    m = Machine()
+    book = m.book(tmp_path, 2)
+    assert book.take("screen black")[0]
+    m.boots += 1                        # the next boot
+    book = m.book(tmp_path, 2)
+    told = []
+    mender = Mender(Ladder(Policy(True, False, 3, True, 60.0)), told.append, book=book)
+    mender.start(cold_start=True)
+    mender.stop()
+    mender.join(5)
+    assert [e.type for e in told] == ["screen.rebooted"]
+    assert told[0].details["why"] == "screen black" and told[0].details["reboots_left"] == 1
+    again = []                          # the agent restarted within the boot: told once
+    mender = Mender(Ladder(Policy(True, False, 3, True, 60.0)), again.append, book=book)
+    mender.start(cold_start=False)
+    mender.stop()
+    mender.join(5)
+    assert again == []

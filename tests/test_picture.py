@@ -351,16 +351,6 @@ def test_the_thread_checks_at_its_pace_and_stops_at_once(xvfb_pictures):
     assert [e.type for e in events] == ["screen.black"]
 
 
-def test_the_fleet_declares_the_content_moving_and_the_next_check_judges_it_so():
-    j = judge()
-    w = PictureWatch(capturing.Capture(None, "none"), j, 60.0, dark=lambda: None,
-                     publish=lambda e: None)
-    w.configure(ScreenSection(content_moves=True, frozen_after_s=120.0, upload_pictures=True,
-                              black_luma=20.0))
-    assert (j.content_moves, j.frozen_after_s, j.black_luma, w.upload_pictures) == (
-        True, 120.0, 20.0, True)
-
-
 def test_a_check_every_0_s_is_off_and_starts_no_thread():
     w = from_config(ScreenSection(picture_every_s=0), commands(), {}, dark=lambda: None,
                     publish=lambda e: None)

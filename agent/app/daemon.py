@@ -60,6 +60,7 @@ class Agent:
         self.storage = StorageHealth(state_dir)
         self.alarms = StorageAlarms(self.storage, config.queue_path)
         profile_class = PROFILES[config.server.profile]
+        cold_start = first_start_of_boot(runtime_dir)
         self.identity = DeviceIdentity(
             config.identity, config.server, runtime_dir, profile=profile_class,
             storage=self.alarms, on_change=self._refresh, gate=self.gate)
@@ -73,7 +74,7 @@ class Agent:
             pairing_code=ids.pairing_code, claimed=ids.claimed, on_claimed=ids.claimed_as,
             telemetry=lambda: {**telemetry.get(), **self.inventory.summary()},
             allowed_commands=config.commands.allow, means=lambda: self.screen.means(),
-            cold_start=first_start_of_boot(runtime_dir)))
+            cold_start=cold_start))
         self.updater = Updater(config.server.url, config.server.egress, state_dir,
                                config.server.connect_timeout_s, settled=self._update_settled)
         self.screen = screen_part.assemble(
@@ -81,7 +82,8 @@ class Agent:
             publish=self.outbox.put, enqueue=self._enqueue, gate=self.gate,
             scheduled_off=lambda: self.hours is not None and self.hours.expected_off(),
             wake=lambda: self._acted("display", {"state": "on"}),
-            reboot=lambda: self._acted("reboot", {}), means_changed=lambda: self.runner.declare())
+            reboot=lambda: self._acted("reboot", {}), means_changed=lambda: self.runner.declare(),
+            cold_start=cold_start)
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
             check=lambda values: config_load.load(config.source, self.environ, fleet=values),
@@ -172,7 +174,7 @@ class Agent:
         self.runner.network_up()
 
     def _enqueue(self, kind: str, payload: bytes) -> str:
-        """From the command thread: what a command queues (a log bundle, a screenshot)."""
+        """From the command or picture thread: what is queued (a log bundle, a screenshot)."""
         refusal = uncarried(self.profile, kind)
         if refusal:
             raise NotQueued(refusal)

@@ -11,7 +11,7 @@ command is allowed or ``[screen] recovery`` is on (the ladder restarts it).
 The unit's root-side steps keep the flags in step with the configuration:
 ``ExecStartPre=-+/usr/bin/python3 -I -m agent.programs.grants`` before every start, ``--revoke``
 after every stop (systemd runs ExecStopPost after a skipped ExecCondition too), so the grant
-exists only while an agent runs on a configuration that allows reboot.
+exists only while an agent runs on a configuration that allows what it grants.
 
 Why a flag and not a rule written at run time: polkit's JavaScript cannot read the
 TOML, polkitd's user is not in the edge-agent group that can, and bookworm's polkitd

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..base.backoff import ceiling
+
 BLACK, FROZEN, OK, DARK = "black", "frozen", "ok", "dark"
 VERDICTS = (BLACK, FROZEN, OK, DARK)
 BAD = (BLACK, FROZEN)
@@ -245,7 +247,8 @@ class Ladder:
 
     def _confirm_s(self, now: float) -> float:
         self.episodes = [t for t in self.episodes if now - t < HOUR]
-        return self.policy.confirm_s * min(MAX_BACKOFF, 2 ** len(self.episodes))
+        return ceiling(self.policy.confirm_s, self.policy.confirm_s * MAX_BACKOFF,
+                       len(self.episodes))
 
     def _wait(self, now: float) -> list:
         if self._ok(since=self.rung_at):

@@ -59,6 +59,7 @@ class Mender:
         self._dark_told: bool | None = None
         self.player, self.book = player, book
         self._unloaded_told: str | None = None   # a load state said once
+        self._why = ""                           # the rung being run: why
         self.wake_fn, self.reboot_fn = wake, reboot
         self.poll_s = poll_s
         self.clock, self.wall = clock, wall
@@ -88,7 +89,7 @@ class Mender:
         self._poke.set()
 
     def restart_player(self) -> tuple[bool, str]:
-        """What the ``restart-player`` command runs (on its own thread)."""
+        """The ladder's restart of the player (the command's goes through controls.py)."""
         if self.player is None:
             return False, "no player unit is set ([screen] player_unit)"
         return self.player.restart()
@@ -112,7 +113,15 @@ class Mender:
                             if picture else None),
                 "recovery": recovery}
 
-    def start(self) -> None:
+    def start(self, cold_start: bool = False) -> None:
+        """``cold_start``: this is the boot's first start of the agent: a reboot the
+        ladder asked for in the boot before is told now (its event, in memory, went down
+        with that boot)."""
+        last = self.book.last_before_this_boot() if cold_start and self.book else None
+        if last is not None:
+            self.publish(Event("screen.rebooted", self.wall(), {
+                "why": last.why, "at": round(last.wall, 3), "clock_synced": last.synced,
+                "reboots_left": self.book.left()}))
         self.loop.start()
 
     def stop(self) -> None:
@@ -178,6 +187,7 @@ class Mender:
                 self.publish(Event(effect.event_type, self.wall(), dict(effect.fields)))
             elif isinstance(effect, Rung):
                 log.warning("screen: recovery: %s (%s)", effect.rung, effect.why)
+                self._why = effect.why
                 ok, said = self._run_rung(effect.rung)
                 self.loop.turn()
                 effects = effects + self._handle(RungDone(effect.rung, ok, said,
@@ -192,7 +202,7 @@ class Mender:
             if rung == REBOOT:
                 if self.book is None or self.reboot_fn is None:
                     return False, "not rebooted: no reboot is allowed here"
-                counted, said = self.book.take()
+                counted, said = self.book.take(self._why)
                 if not counted:
                     return False, said
                 ok, done = self.reboot_fn()
@@ -207,7 +217,7 @@ def from_config(section: ScreenSection, commands_allow, state_dir: str, *,
                 publish: Callable[[Event], None], wake: Outcome | None = None,
                 reboot: Outcome | None = None, meant_dark: Callable[[], bool] | None = None,
                 gate: WatchdogGate | None = None,
-                rung_bound_s: float = RUNG_BOUND_S) -> Mender:
+                rung_bound_s: float = RUNG_BOUND_S, clock_trusted: bool = False) -> Mender:
     """The mender as ``[screen]`` and ``[commands] allow`` set it: the player read
     where a unit is set, the ladder on where ``recovery`` is, and reboots only where
     the allow list has reboot (and its budget read from ``state_dir``)."""
@@ -217,6 +227,8 @@ def from_config(section: ScreenSection, commands_allow, state_dir: str, *,
                     restarts_per_hour=section.player_restarts_per_hour, reboot=may_reboot,
                     wait_s=section.recovery_wait_s, wake=wake is not None)
     player = Player(section.player_unit) if section.player_unit else None
-    book = RebootBook(state_dir, section.reboots_per_day) if may_reboot else None
+    book = (RebootBook(state_dir, section.reboots_per_day,
+                       **({"synced": lambda: True} if clock_trusted else {}))
+            if may_reboot else None)
     return Mender(Ladder(policy), publish, player=player, book=book, wake=wake,
                   reboot=reboot, meant_dark=meant_dark, gate=gate, rung_bound_s=rung_bound_s)

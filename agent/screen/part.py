@@ -52,6 +52,7 @@ class ScreenPart:
         self.controls: controlling.Controls | None = None
         self.mender: mending.Mender | None = None
         self._prober = None   # the worker probing the controls' means, while it runs
+        self.cold_start = False   # the boot's first start of the agent
 
     def dark(self, scheduled_off: Callable[[], bool]) -> str | None:
         """Why the display is meant to be dark now, or None."""
@@ -63,7 +64,7 @@ class ScreenPart:
 
     def start(self) -> None:
         if self.mender is not None:
-            self.mender.start()
+            self.mender.start(self.cold_start)
         if self.picture is not None:
             self.picture.start()
         self._probe()
@@ -119,7 +120,8 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
              publish: Callable[[Event], None], enqueue: Callable[[str, bytes], object],
              gate: WatchdogGate | None, scheduled_off: Callable[[], bool],
              wake: Callable[[], tuple[bool, str]], reboot: Callable[[], tuple[bool, str]],
-             means_changed: Callable[[], None] = lambda: None) -> ScreenPart:
+             means_changed: Callable[[], None] = lambda: None,
+             cold_start: bool = False) -> ScreenPart:
     """``scheduled_off()``: the working hours have the display off now. ``wake()`` turns
     the display on and reads it back, ``reboot()`` asks for a reboot: the recovery
     ladder's rungs, each (done, in words). ``means_changed()``: a probe found what the
@@ -129,6 +131,7 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
     if commands.display_on_command or commands.display_off_command:
         display = service.from_config(section, commands, sysfs_root=sysfs, environ=environ)
     part = ScreenPart(display, None, publish)
+    part.cold_start = cold_start
 
     def queue_thumbnail(kind: str, data: bytes) -> None:
         # the verdict is told whatever the queue says: a full or failed card refuses the
@@ -144,7 +147,7 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
             section, commands.allow, config.state_dir, publish=publish,
             wake=wake if commands.display_on_command else None, reboot=reboot,
             meant_dark=lambda: part.dark(scheduled_off) is not None, gate=gate,
-            rung_bound_s=rung_s)
+            rung_bound_s=rung_s, clock_trusted=config.hours.clock == "trusted")
     if {"restart-player", "brightness", "volume"} & set(commands.allow):
         part.controls = controlling.from_config(
             section, sysfs_root=sysfs, environ=environ,

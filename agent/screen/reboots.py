@@ -22,7 +22,11 @@ An unsynchronised clock restarts from a time it saved, so it runs behind: an age
 on it is at most the real one, and an entry it calls older than a day is so. Counting
 boots instead would need a write to the card at every boot, and still not tell a day.
 The cost of the rule: a screen whose clock is never synchronised reboots at most
-``reboots_per_day`` times until it is; fail safe, and said in the refusal.
+``reboots_per_day`` times until it is; fail safe, and said in the refusal. Entries made
+before the clock is first seen synchronised are placed at that moment (the jump NTP makes
+would otherwise age them out at once): a day from then, not from when they were made.
+A clock synchronised by chrony or ntpsec, which leave no flag the sandboxed agent can
+read, is told by ``[hours] clock = "trusted"``, as the working hours are.
 """
 from __future__ import annotations
 
@@ -42,10 +46,13 @@ log = logging.getLogger("edge_agent.screen")
 
 FILE = "screen-reboots.json"
 DAY = 86400.0
-MAX_BYTES = 4096       # the file's bound: KEEP entries are well under it
+MAX_BYTES = 8192       # the file's bound: KEEP entries, each with its reason, are under it
 KEEP = 16              # entries kept: ten a day at most, and those of the day before
 MAX_BOOT_ID = 64
 DAMAGED = "damaged"    # the boot of the entries that stand for a file that was not read
+
+
+MAX_WHY = 120          # what an entry keeps of why the ladder rebooted, in ASCII (KEEP fit)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Entry:
     wall: float
     synced: bool
     boot: str
+    why: str = ""          # told at the first start after it: an event in memory is lost
 
 
 def counted(entries, now_wall: float, synced: bool) -> list:
@@ -73,11 +81,14 @@ def parse(raw: bytes) -> list:
         if not isinstance(item, dict):
             raise ValueError("an entry that is not an object")
         wall, synced, boot = item.get("wall"), item.get("synced"), item.get("boot", "")
+        why = item.get("why", "")
+        if not isinstance(why, str) or len(why) > MAX_WHY:
+            raise ValueError("an entry whose reason is not words")
         if (not isinstance(wall, (int, float)) or isinstance(wall, bool)
                 or not math.isfinite(wall) or not isinstance(synced, bool)
                 or not isinstance(boot, str) or len(boot) > MAX_BOOT_ID):
             raise ValueError("an entry without its time")
-        entries.append(Entry(float(wall), synced, boot))
+        entries.append(Entry(float(wall), synced, boot, why))
     return entries
 
 
@@ -94,21 +105,39 @@ class RebootBook:
         self.entries = self._load()
 
     def left(self) -> int:
-        return max(0, self.per_day - len(counted(self.entries, self.wall(), self.synced())))
+        now, synced = self._now()
+        return max(0, self.per_day - len(counted(self.entries, now, synced)))
 
-    def take(self) -> tuple[bool, str]:
+    def _now(self) -> tuple[float, bool]:
+        """The clock now; the first time it reads synchronised, the entries made before
+        (on a clock that could not place them, a damaged file's stand-ins) are placed
+        now: the jump NTP made would otherwise age them past the day at once."""
+        now, synced = self.wall(), self.synced()
+        if synced and any(not e.synced for e in self.entries):
+            self.entries = [e if e.synced else Entry(now, True, e.boot, e.why)
+                            for e in self.entries]
+        return now, synced
+
+    def last_before_this_boot(self) -> Entry | None:
+        """The ladder's newest reboot, if it was asked in another boot than this one."""
+        if self.entries and self.entries[-1].boot not in (self.boot(), DAMAGED):
+            return self.entries[-1]
+        return None
+
+    def take(self, why: str = "") -> tuple[bool, str]:
         """(True, words) once this reboot is counted on the card; else (False, why not):
         the budget is spent, or the count could not be written."""
-        now, synced = self.wall(), self.synced()
+        now, synced = self._now()
         today = counted(self.entries, now, synced)
         if len(today) >= self.per_day:
             clock = "" if synced else (" (the clock is not synchronised: a reboot made "
                                        "before it cannot be placed in time)")
             return False, (f"not rebooted: {len(today)} of {self.per_day} reboots a day "
                            f"spent{clock}")
-        entry = Entry(now, synced, self.boot()[:MAX_BOOT_ID])
+        entry = Entry(now, synced, self.boot()[:MAX_BOOT_ID],
+                      why.encode("ascii", "replace").decode()[:MAX_WHY])
         keep = today[-(KEEP - 1):] + [entry]
-        doc = {"reboots": [{"wall": e.wall, "synced": e.synced, "boot": e.boot}
+        doc = {"reboots": [{"wall": e.wall, "synced": e.synced, "boot": e.boot, "why": e.why}
                            for e in keep]}
         try:
             atomic_write(self.path, json.dumps(doc).encode(), 0o600, durable=True)

@@ -73,15 +73,6 @@ class PictureWatch:
     def join(self, timeout: float | None = None) -> None:
         self.loop.join(timeout)
 
-    def configure(self, section: ScreenSection) -> None:
-        """The keys the fleet may change (content_moves, frozen_after_s, upload_pictures)
-        and the thresholds, from a new ``[screen]``; from any thread, taken at the next
-        check. The verdict and the frozen timer carry on."""
-        judge = self.judge
-        judge.black_luma, judge.black_contrast = section.black_luma, section.black_contrast
-        judge.content_moves, judge.frozen_after_s = section.content_moves, section.frozen_after_s
-        self.upload_pictures = section.upload_pictures
-
     def check(self) -> float:
         """One check; returns how long to wait before the next."""
         why_dark = self.dark()
