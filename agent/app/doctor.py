@@ -26,7 +26,7 @@ EXIT_OF = {"configuration": EXIT_CONFIG, "clock": EXIT_CLOCK, "dns": EXIT_NETWOR
            "upgrade": EXIT_SERVER, "token": EXIT_SERVER, "upload": EXIT_SERVER,
            "storage": EXIT_STORAGE, "display": EXIT_DISPLAY}
 DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
-  0  every step ok (or only warnings and notes)
+  0  ok: every step, or only warnings and notes
   2  configuration: it does not load
   3  clock: far off the server's, or a certificate not valid yet by it
   4  network: the name, the route, the TCP handshake or the proxy
@@ -217,12 +217,17 @@ def judge_storage(found: dict) -> Step:
 
 
 def judge_display(readings: list[dict]) -> Step:
-    """``readings``: each source's reading (screen/core.py's Reading, as a dict)."""
+    """``readings``: each source's reading (screen/core.py's Reading, as a dict, with
+    ``unplugged`` where DRM found connectors and none connected)."""
     present = [r for r in readings if r["present"]]
     if not present:
         return step("display", INFO, "no display source here (no DRM connector, X display, "
                                      "Wayland or CEC adapter to read)")
     said = "; ".join(f"{r['source']}: {r['said']}" for r in present)
+    if any(r.get("unplugged") for r in present):
+        return step("display", FAIL, f"no display is connected ({said})",
+                    "the HDMI cable and the display's power; then systemctl restart the "
+                    "player if it does not find the display again")
     if any(r["state"] == "off" for r in present):
         return step("display", FAIL, f"reads off ({said})",
                     "turn it on (the TV's input and power; a display command); outside "

@@ -306,13 +306,17 @@ def _write_probe(state_dir: str) -> dict:
     return found
 
 
-def display(config: Config) -> list[dict]:
+def display(config: Config, sysfs_root: str = "/sys") -> list[dict]:
     """Each display source read once, as the screen part reads it (screen/sources.py)."""
     from ..screen.service import x_display_of
-    from ..screen.sources import Cec, Drm, Runner, Wayland, X11Dpms
+    from ..screen.sources import NO_CONNECTOR_CONNECTED, Cec, Drm, Runner, Wayland, X11Dpms
     runner = Runner(DISPLAY_TIMEOUT_S)
     path = os.environ.get("PATH")
-    sources = [Drm("/sys"), X11Dpms(x_display_of(config.screen, config.commands, os.environ),
+    sources = [Drm(sysfs_root), X11Dpms(x_display_of(config.screen, config.commands, os.environ),
                                     runner, path),
                Wayland(dict(os.environ), runner), Cec(config.screen.cec_device, runner, path)]
-    return [asdict(source.read()) for source in sources]
+    readings = [asdict(source.read()) for source in sources]
+    for reading in readings:
+        reading["unplugged"] = reading["source"] == Drm.name and \
+            reading["said"] == NO_CONNECTOR_CONNECTED
+    return readings
