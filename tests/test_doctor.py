@@ -300,6 +300,15 @@ def test_the_help_and_the_man_page_name_every_exit_status():
     assert ".B edge-agent doctor" in man
 
 
+def test_storage_as_another_user_than_the_directorys_owner_is_a_warning_saying_whom():
+    other = D.judge_storage({"dir": "/var/lib/edge-agent", "as": "pi", "owner": "edge-agent",
+                             "error": "Permission denied"})
+    assert other.verdict == "warn" and "sudo -u edge-agent edge-agent doctor" in other.todo
+    own = D.judge_storage({"dir": "/var/lib/edge-agent", "as": "edge-agent",
+                           "owner": "edge-agent", "error": "Read-only file system"})
+    assert own.verdict == "fail" and own.exit == 7, own
+
+
 def test_the_judges_say_the_clock_a_proxy_that_does_not_answer_and_a_silent_server():
     assert D.judge_clock(True, "timedatectl", 2.0).verdict == "ok"
     assert D.judge_clock(False, "timedatectl", None).verdict == "warn"

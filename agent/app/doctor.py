@@ -205,6 +205,11 @@ def judge_storage(found: dict) -> Step:
     """``found`` from doctor_probes.storage(): the state directory, as whom it was
     tried, the error if the write failed, the bytes free."""
     where, who = found["dir"], found.get("as", "")
+    owner = found.get("owner")
+    if found.get("error") and owner not in (None, who):
+        return step("storage", WARN, f"{where}: not writable as {who} ({found['error']}); "
+                                     f"the agent writes it as {owner}",
+                    f"run the doctor as {owner} (sudo -u {owner} edge-agent doctor)")
     if found.get("error"):
         return step("storage", FAIL, f"{where}: a write failed as {who}: {found['error']}",
                     "edge-agent status says whether the card is read-only or failing; "

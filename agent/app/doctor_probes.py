@@ -285,6 +285,7 @@ def storage(state_dir: str) -> dict:
 def _write_probe(state_dir: str) -> dict:
     found: dict = {"dir": state_dir}
     try:
+        found["owner"] = _user(os.stat(state_dir).st_uid)
         drop_to_owner(state_dir)
         found["as"] = _user(os.geteuid())
         path = os.path.join(state_dir, f".doctor-probe-{os.getpid()}")
