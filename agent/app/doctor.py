@@ -46,9 +46,6 @@ STEP_OF_REASON = {J.DNS_FAILED: "dns", J.NETWORK_UNREACHABLE: "route",
                   J.TLS_UNTRUSTED: "tls", J.CLOCK_BEHIND: "tls", J.TLS_EXPIRED: "tls",
                   J.TLS_FAILED: "tls", J.NO_ANSWER: "upgrade", J.CAPTIVE_PORTAL: "upgrade",
                   J.HTTP_ERROR: "upgrade", J.REFUSED: "token"}
-# the dialer's phases (dialer.dial): which steps a dial got through
-PASSED_BY_PHASE = {"dns_s": ("dns", "route"), "tcp_s": ("tcp",), "proxy_s": ("proxy",),
-                   "tls_s": ("tls",)}
 
 
 @dataclass(frozen=True)
