@@ -1,4 +1,5 @@
-"""Command line: `edge-agent run`, `status`, `enqueue`, `unpair`, `check-config`, `configured`."""
+"""Command line: `edge-agent run`, `status`, `enqueue`, `unpair`, `check-config`, `doctor`,
+`configured`."""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,8 @@ STATUS_EXITS = """exit status:
      or the token is only in memory
   3  not running (or no status file)
   4  running but unclaimed: waiting for an operator to enter the pairing code"""
+# the doctor's (app/doctor.py holds them; a light module, as --help needs them)
+from .app.doctor import DOCTOR_EXITS  # noqa: E402
 EXIT_CRASHED = 70   # EX_SOFTWARE: a bug; systemd restarts the agent (Restart=always)
 
 
@@ -81,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
                                               "from, and check that the agent's user can read "
                                               "every file it names; exit 0 ok, 2 not")
     chk.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+
+    doc = sub.add_parser("doctor", help="check each step now, in order (configuration, clock, "
+                                         "DNS, route, TCP, proxy, TLS, the upgrade, the token, "
+                                         "storage, the display): what fails and what to do",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=DOCTOR_EXITS)
+    doc.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    doc.add_argument("--json", action="store_true", help="print the steps as JSON, for scripts")
 
     cnd = sub.add_parser("configured", help="exit 0 if a fleet server url is set, 1 if not "
                                             "(systemd's ExecCondition: a fresh install waits "
@@ -137,6 +148,19 @@ def cmd_run(args) -> int:
         gc.enable()
     gc.freeze()
     return agent.run()
+
+
+def cmd_doctor(args) -> int:
+    from .app import doctor, doctor_probes   # the link's libraries: off `status`'s path
+    # the probes' own warnings (a screen source's, the link's) are for the agent's journal
+    logging.getLogger("edge_agent").addHandler(logging.NullHandler())
+    logging.getLogger("edge_agent").propagate = False
+    steps, notes = doctor_probes.examine(args.config)
+    if args.json:
+        print(json.dumps(doctor.as_json(steps, notes), indent=1))
+    else:
+        print(doctor.render(steps, notes))
+    return doctor.exit_status(steps)
 
 
 def cmd_configured(args) -> int:
@@ -390,7 +414,7 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     handlers = {"run": cmd_run, "status": cmd_status, "check-config": cmd_check_config,
                 "enqueue": cmd_enqueue, "unpair": cmd_unpair, "enroll": cmd_unpair,
-                "configured": cmd_configured}
+                "configured": cmd_configured, "doctor": cmd_doctor}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

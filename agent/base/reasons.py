@@ -38,3 +38,29 @@ CONNECT_FAILED = "connect-failed"            # none of the above
 OUTAGE_REASONS = frozenset({DNS_FAILED, NETWORK_UNREACHABLE, CONNECT_TIMEOUT,
                             CONNECTION_REFUSED, NO_ANSWER, PROXY_UNREACHABLE,
                             CAPTIVE_PORTAL})
+
+# What to do about a failed attempt, in docs/troubleshooting.md's words, shortened: the
+# doctor (app/doctor.py) says it beside the reason; tests/test_doctor.py holds the two
+# to each other, so the page and the command cannot give different advice.
+WHAT_TO_DO = {
+    DNS_FAILED: "resolvectl query HOST (or getent hosts HOST) on the screen; behind a proxy, "
+                "set [network] proxy: the proxy resolves the name",
+    NETWORK_UNREACHABLE: "the cable, Wi-Fi, DHCP: ip route",
+    CONNECT_TIMEOUT: "a firewall dropping the port; a site that allows only its proxy: "
+                     "set [network] proxy",
+    CONNECTION_REFUSED: "the server is down or listens on another port (ScreenTinker: 3001)",
+    NO_ANSWER: "the server (or a node behind its balancer) is stuck",
+    PROXY_UNREACHABLE: "the proxy's host and port in [network] proxy",
+    PROXY_AUTH: "the user and password in [network] proxy, percent-encoded",
+    PROXY_REFUSED: "the proxy must allow CONNECT to the server's port",
+    TLS_UNTRUSTED: "a TLS-inspecting box: its CA in [server] ca_file (which replaces the "
+                   "system's store) or added with update-ca-certificates",
+    CLOCK_BEHIND: "NTP: timedatectl; a Pi without an RTC boots at the last saved time",
+    TLS_EXPIRED: "the server's certificate, or timedatectl",
+    TLS_FAILED: "[network] client_cert for a server that asks for one",
+    CAPTIVE_PORTAL: "a hotel or guest network's login page; the queue holds meanwhile",
+    HTTP_ERROR: "the URL's path and port; a reverse proxy in front of the server must pass "
+                "websockets",
+    REFUSED: "the device was deleted on the server: it drops its token and pairs again "
+             "(a new code)",
+}

@@ -36,6 +36,8 @@ from .core import OFF, ON, Reading
 READ_TIMEOUT_S = 5.0     # one source's read, at most (cec-ctl waits on the TV's answer)
 MAX_ATTRIBUTE = 64       # a sysfs attribute's bytes
 # cec-ctl's adapter status: "Physical Address              : 1.0.0.0"
+# DRM's word for a card whose every connector is unplugged (the doctor fails on it)
+NO_CONNECTOR_CONNECTED = "no connector is connected"
 PHYSICAL_ADDRESS = re.compile(r"Physical Address\s*:\s*([0-9a-f]\.[0-9a-f]\.[0-9a-f]\.[0-9a-f])")
 
 
@@ -115,7 +117,7 @@ class Drm:
             shown = ", ".join(x for x in (enabled, dpms) if x) or "?"
             said.append(f"{os.path.basename(path)} {shown}")
         if not said:
-            return Reading(self.name, None, "no connector is connected")
+            return Reading(self.name, None, NO_CONNECTOR_CONNECTED)
         state = states.pop() if len(states) == 1 else None
         return Reading(self.name, state, "; ".join(said))
 

@@ -1,0 +1,326 @@
+"""`edge-agent doctor` (issue #40) against each real failure the real-sites tests make
+(tests/test_real_sites.py: its parts, in the test's own network namespace): the step
+that fails, its words and its exit status; against a healthy reference fleet server,
+every step ok; no secret in what it prints; the judges' words beside the page's."""
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from agent.app import doctor as D
+from agent.base import reasons as J
+from devtools import site
+from devtools.harness import REPO, agent_config
+
+PASSWORD = "pr0xy-s3cret"
+
+
+@pytest.fixture
+def parts(tmp_path):
+    p = site.Parts(tmp_path / "site")
+    (tmp_path / "site").mkdir()
+    yield p
+    p.close()
+
+
+def doctor(python, cfg, *, env: dict | None = None, prefix: tuple = (), text: bool = False):
+    """The doctor's JSON (or its text) and its exit status, as an operator runs it."""
+    args = [*prefix, python, "-m", "agent", "doctor", "--config", str(cfg)]
+    if not text:
+        args.append("--json")
+    start = time.monotonic()
+    r = subprocess.run(args, capture_output=True, text=True, timeout=90,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **(env or {})})
+    took = time.monotonic() - start
+    assert took < 40, f"the doctor took {took:.0f} s"
+    assert r.stderr == "", r.stderr
+    return (r.stdout if text else json.loads(r.stdout)), r.returncode
+
+
+def steps_of(report: dict) -> dict:
+    assert [s["name"] for s in report["steps"]] == list(D.STEPS), report
+    return {s["name"]: s for s in report["steps"]}
+
+
+def _config(server, tmp_path, name, server_section=None, network=None, **sections):
+    work = tmp_path / name
+    work.mkdir()
+    (work / "state").mkdir()
+    return agent_config(server, work, server=server_section or {}, network=network or {},
+                        **sections)
+
+
+def test_each_real_failure_fails_its_own_step_with_the_links_words_and_its_class(
+        netns, fleet, agent_python, parts, tmp_path):
+    server = fleet()
+    ca = site.SiteCA(tmp_path / "ca")
+    future_cert, future_key = ca.issue("future", "20300101000000Z", "20310101000000Z")
+    self_cert, self_key = site.self_signed(tmp_path / "self")
+    dropped = site.free_port()
+    netns.nft(f"add rule inet {netns.TABLE} input tcp dport {dropped} drop\n")
+    proxy_port, _ = parts.proxy("site-user", "right", connect_ports=(server.port,))
+    closed = site.free_port()
+    http = "http://127.0.0.1:{}".format
+    https = "https://127.0.0.1:{}".format
+    cases = [  # (step, reason, exit, words, server section, network section)
+        ("dns", "dns-failed", 4, "getent hosts fleet.invalid", {"url": "http://fleet.invalid:8470"}, {}),
+        ("route", "network-unreachable", 4, "ip route", {"url": "http://192.0.2.1:8470"}, {}),
+        ("tcp", "connection-refused", 4, "connection refused", {"url": http(closed)}, {}),
+        ("tcp", "connect-timeout", 4, "no answer to the TCP handshake", {"url": http(dropped)}, {}),
+        ("upgrade", "no-answer", 6, "no answer to the websocket upgrade",
+         {"url": http(parts.hung_server())}, {}),
+        ("tls", "tls-untrusted", 5, "[server] ca_file",
+         {"url": https(parts.tls_box(self_cert, self_key, server.port))}, {}),
+        ("tls", "clock-behind", 3, "not valid yet by this device's clock",
+         {"url": https(parts.tls_box(future_cert, future_key, server.port)), "ca_file": ca.cert}, {}),
+        ("proxy", "proxy-auth", 4, "asks for credentials", {"url": http(server.port)},
+         {"proxy": http(proxy_port)}),
+        ("proxy", "proxy-auth", 4, "refused the configured credentials", {"url": http(server.port)},
+         {"proxy": f"http://site-user:{PASSWORD}@127.0.0.1:{proxy_port}"}),
+        ("tcp", "proxy-unreachable", 4, "the proxy's host and port", {"url": http(server.port)},
+         {"proxy": http(closed)}),
+        ("upgrade", "captive-portal", 6, "login page",
+         {"url": http(parts.portal(302, {"Location": "http://portal.example/"}))}, {}),
+        ("upgrade", "captive-portal", 6, "a page (200)", {"url": http(parts.portal(200))}, {}),
+    ]
+    for n, (name, reason, code, words, server_section, network) in enumerate(cases):
+        cfg = _config(server, tmp_path, f"case-{n}", server_section, network)
+        report, rc = doctor(agent_python, cfg)
+        steps = steps_of(report)
+        failing = [s for s in report["steps"] if s["verdict"] == "fail"]
+        assert [s["name"] for s in failing] == [name], (reason, report)
+        assert failing[0]["reason"] == reason, (reason, failing[0])
+        assert words in failing[0]["said"] + failing[0]["todo"], (reason, failing[0])
+        assert rc == code == report["exit"], (reason, rc, report)
+        later = D.STEPS[D.STEPS.index(name) + 1:D.STEPS.index("token")]
+        assert all(steps[s]["verdict"] == "not checked" for s in later), (reason, report)
+        # what does not need the network is still checked
+        assert steps["storage"]["verdict"] == "ok" and steps["token"]["verdict"] == "ok"
+        text, _ = doctor(agent_python, cfg, text=True)
+        assert PASSWORD not in text + json.dumps(report), "the proxy password was printed"
+        assert "t0ken" not in text + json.dumps(report), "the token was printed"
+
+
+def test_against_a_healthy_fleet_server_every_step_is_ok_direct_through_tls_and_a_proxy(
+        netns, fleet, agent_python, parts, tmp_path):
+    server = fleet()
+    ca = site.SiteCA(tmp_path / "ca")
+    cert, key = ca.issue("box")
+    proxy_port, _ = parts.proxy("site-user", PASSWORD, connect_ports=(server.port,))
+    ways = {"direct": ({}, {}),
+            "tls": ({"url": f"https://127.0.0.1:{parts.tls_box(cert, key, server.port)}",
+                     "ca_file": ca.cert}, {}),
+            "proxy": ({}, {"proxy": f"http://site-user:{PASSWORD}@127.0.0.1:{proxy_port}"})}
+    for name, (server_section, network) in ways.items():
+        cfg = _config(server, tmp_path, name, server_section, network)
+        report, rc = doctor(agent_python, cfg)
+        steps = steps_of(report)
+        assert rc == 0 and report["exit"] == 0, report
+        assert not [s for s in report["steps"] if s["verdict"] in ("fail", "not checked")], report
+        for step in ("configuration", "dns", "tcp", "upgrade", "token", "storage"):
+            assert steps[step]["verdict"] in ("ok", "info"), (name, steps[step])
+        assert "Engine.IO open" in steps["upgrade"]["said"], steps["upgrade"]
+        assert steps["tls"]["verdict"] == ("ok" if name == "tls" else "info"), steps["tls"]
+        assert steps["proxy"]["verdict"] == ("ok" if name == "proxy" else "info"), steps["proxy"]
+        assert steps["clock"]["verdict"] != "fail", steps["clock"]
+        assert "off the server's" in steps["clock"]["said"], "the server's Date was not read"
+        assert steps["display"]["verdict"] == "info", steps["display"]   # no screen here
+        text, _ = doctor(agent_python, cfg, text=True)
+        assert PASSWORD not in text + json.dumps(report), "the proxy password was printed"
+        assert "***@" in steps["configuration"]["said"] or name != "proxy"
+        if name == "proxy":   # the tunnel's answer, which only the proxy gives
+            assert f"http://***@127.0.0.1:{proxy_port} accepted CONNECT" in steps["proxy"]["said"]
+    assert server.device() == {}, "the doctor joined a namespace in the device's name"
+
+
+def test_beside_a_running_agent_the_doctor_disturbs_nothing(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    server = fleet()
+    cfg = agent_config(server, tmp_path)
+    agent = spawn_agent(agent_python, cfg)
+    agent.wait_live(15)
+    before = server.device()
+    report, rc = doctor(agent_python, cfg)
+    assert rc == 0, report
+    assert any("an agent runs beside this" in n for n in report["notes"]), report
+    assert "the running agent's link is online" in steps_of(report)["token"]["said"]
+    after = server.device()
+    assert after["connects"] == before["connects"] == 1 and after["sockets"] == 1, after
+    assert after["refused"] == 0 and agent.link()["state"] == "online"
+    assert agent.link().get("connection", 1) == 1
+
+
+def test_a_clock_days_behind_the_servers_fails_the_clock_step(
+        netns, fleet, agent_python, tmp_path):
+    """libfaketime sets this process's clock three days back; the server's Date says so."""
+    if shutil.which("faketime") is None:
+        pytest.fail("the clock test needs faketime (.ci/run installs the faketime package)")
+    server = fleet()
+    cfg = _config(server, tmp_path, "behind")
+    report, rc = doctor(agent_python, cfg, prefix=("faketime", "-f", "-3d"),
+                        env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+    clock = steps_of(report)["clock"]
+    assert clock["verdict"] == "fail" and clock["reason"] == "clock-behind", clock
+    assert "3 days behind the server's" in clock["said"] and "timedatectl" in clock["todo"]
+    assert rc == 3 == report["exit"], report
+
+
+def test_the_stored_token_is_judged_on_disk_and_never_printed(tmp_path, agent_python):
+    """No network needed: a name that cannot resolve fails first, the token is still looked at."""
+    state = tmp_path / "state"
+    state.mkdir()
+    token = "t0ken" + "x" * 40
+    (state / "credentials.json").write_text(json.dumps({"device_id": "screen-1", "token": token}))
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[server]\nurl = "http://fleet.invalid:8470"\n[identity]\n'
+                   f'device_id = "screen-1"\nstate_dir = "{state}"\n'
+                   f'[runtime]\ndir = "{tmp_path / "run"}"\n')
+    os.chmod(state / "credentials.json", 0o644)
+    report, _ = doctor(agent_python, cfg)
+    found = steps_of(report)["token"]
+    assert found["verdict"] == "fail" and "mode 0644" in found["said"], found
+    assert "chmod 0600" in found["todo"]
+    os.chmod(state / "credentials.json", 0o600)
+    report, _ = doctor(agent_python, cfg)
+    assert steps_of(report)["token"]["verdict"] == "ok", report
+    (state / "credentials.json").write_text(json.dumps({"device_id": "screen-1", "token": "a b"}))
+    report, _ = doctor(agent_python, cfg)
+    assert steps_of(report)["token"]["verdict"] == "fail", report
+    assert (state / "credentials.json").exists(), "the doctor moved the agent's file"
+    text, _ = doctor(agent_python, cfg, text=True)
+    assert token not in text and token not in json.dumps(report)
+    os.unlink(state / "credentials.json")
+    report, _ = doctor(agent_python, cfg)
+    assert steps_of(report)["token"]["verdict"] == "warn", report
+    assert "pairing code" in steps_of(report)["token"]["todo"]
+
+
+def test_a_state_directory_its_owner_cannot_write_fails_storage_with_its_class(
+        tmp_path, agent_python):
+    """As root the probe becomes the directory's owner, as the agent would be: nobody's
+    directory, mode 0500, refuses it the write root could have made."""
+    nobody = pwd.getpwnam("nobody")
+    home = tempfile.mkdtemp(prefix="doctor-", dir="/tmp")   # nobody may enter, not write
+    try:
+        os.chmod(home, 0o755)
+        state = os.path.join(home, "state")
+        os.mkdir(state, 0o500)
+        os.chown(state, nobody.pw_uid, nobody.pw_gid)
+        cfg = tmp_path / "agent.toml"
+        cfg.write_text(f'[server]\nurl = "http://fleet.invalid:8470"\n[identity]\n'
+                       f'device_id = "screen-1"\ntoken = "t0ken{"x" * 40}"\n'
+                       f'state_dir = "{state}"\n[runtime]\ndir = "{tmp_path / "run"}"\n')
+        report, rc = doctor(agent_python, cfg)
+        storage = steps_of(report)["storage"]
+        assert storage["verdict"] == "fail" and "as nobody" in storage["said"], storage
+        assert "Permission denied" in storage["said"], storage
+        assert rc == 4, "the first failing step's class is the network's"
+        os.chmod(state, 0o700)
+        report, _ = doctor(agent_python, cfg)
+        storage = steps_of(report)["storage"]
+        assert storage["verdict"] == "ok" and "as nobody" in storage["said"], storage
+        assert os.listdir(state) == [], "the probe file was left behind"
+    finally:
+        shutil.rmtree(home)
+
+
+def _connector(root, name="card0-HDMI-A-1", status="connected", dpms="On"):
+    path = root / "class" / "drm" / name
+    path.mkdir(parents=True, exist_ok=True)
+    for attribute, value in (("status", status), ("dpms", dpms), ("enabled", "enabled")):
+        (path / attribute).write_text(value + "\n")
+
+
+def test_the_display_on_is_ok_off_or_unplugged_fails_with_its_class(tmp_path, xvfb):
+    """DRM's connector in a sysfs tree of real files (as tests/test_screen.py reads it),
+    beside a real X server, which Xvfb builds without DPMS: that source says it cannot
+    read, and the DRM reading decides."""
+    from agent.app import doctor_probes
+    from agent.config import load as cfgmod
+    display, _ = xvfb
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[server]\nurl = "http://fleet.invalid:8470"\n[identity]\n'
+                   f'state_dir = "{tmp_path / "state"}"\n[runtime]\ndir = "{tmp_path / "run"}"\n'
+                   f'[screen]\nx_display = "{display}"\ncec_device = "{tmp_path / "no-cec"}"\n')
+    config = cfgmod.load(str(cfg), env={})
+    sysfs = tmp_path / "sys"
+    _connector(sysfs)
+    shown = D.judge_display(doctor_probes.display(config, str(sysfs)))
+    assert shown.verdict == "ok" and "DRM: card0-HDMI-A-1 enabled, On" in shown.said, shown
+    _connector(sysfs, dpms="Off")
+    shown = D.judge_display(doctor_probes.display(config, str(sysfs)))
+    assert shown.verdict == "fail" and shown.exit == 8 and "reads off" in shown.said, shown
+    assert "working hours" in shown.todo
+    _connector(sysfs, status="disconnected")
+    shown = D.judge_display(doctor_probes.display(config, str(sysfs)))
+    assert shown.verdict == "fail" and "no display is connected" in shown.said, shown
+    assert "HDMI cable" in shown.todo
+    shown = D.judge_display(doctor_probes.display(config, str(tmp_path / "no-sysfs")))
+    assert shown.verdict == "info" and "no display source" in shown.said, shown
+
+
+def test_a_configuration_that_does_not_load_fails_first_and_nothing_else_is_checked(
+        tmp_path, agent_python):
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('[server]\nurl = "http://fleet.example:8470"\n[link]\nheartbeat_interval_s = "x"\n')
+    report, rc = doctor(agent_python, cfg)
+    steps = steps_of(report)
+    assert steps["configuration"]["verdict"] == "fail" and rc == 2, report
+    assert "heartbeat_interval_s" in steps["configuration"]["said"]
+    assert all(s["verdict"] == "not checked" for s in report["steps"][1:]), report
+
+
+# -- the words, the help and the page -------------------------------------------------
+def test_each_reasons_advice_is_the_troubleshooting_pages_own():
+    page = (REPO / "docs" / "troubleshooting.md").read_text()
+    for reason, advice in J.WHAT_TO_DO.items():
+        row = re.search(rf"^\| `{re.escape(reason)}` \|[^|]*\|(.*)\|$", page, re.M)
+        assert row, f"no row for {reason}"
+        cell = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", row.group(1)).replace("`", "")
+        assert advice in cell, f"{reason}: the doctor says {advice!r}, the page {cell!r}"
+    # every reason a step can fail with has its advice ("connect-failed": the system's words)
+    assert set(D.STEP_OF_REASON) - {J.CONNECT_FAILED} <= set(J.WHAT_TO_DO)
+
+
+def test_the_help_and_the_man_page_name_every_exit_status():
+    r = subprocess.run([sys.executable, "-m", "agent", "doctor", "--help"], capture_output=True,
+                       text=True, env={"PYTHONPATH": str(REPO)}, timeout=30)
+    man = (REPO / "debian" / "edge-agent.1").read_text()
+    for code, meaning in (("0", "ok"), ("2", "configuration"), ("3", "clock"), ("4", "network"),
+                          ("5", "TLS"), ("6", "server"), ("7", "storage"), ("8", "display")):
+        assert f"  {code}  {meaning}" in r.stdout, r.stdout
+        assert f"{code} {meaning}" in man.replace("\n", " ")
+    assert ".B edge-agent doctor" in man
+
+
+def test_storage_as_another_user_than_the_directorys_owner_is_a_warning_saying_whom():
+    other = D.judge_storage({"dir": "/var/lib/edge-agent", "as": "pi", "owner": "edge-agent",
+                             "error": "Permission denied"})
+    assert other.verdict == "warn" and "sudo -u edge-agent edge-agent doctor" in other.todo
+    own = D.judge_storage({"dir": "/var/lib/edge-agent", "as": "edge-agent",
+                           "owner": "edge-agent", "error": "Read-only file system"})
+    assert own.verdict == "fail" and own.exit == 7, own
+
+
+def test_the_judges_say_the_clock_a_proxy_that_does_not_answer_and_a_silent_server():
+    assert D.judge_clock(True, "timedatectl", 2.0).verdict == "ok"
+    assert D.judge_clock(False, "timedatectl", None).verdict == "warn"
+    assert D.judge_clock(None, "x", 45.0).verdict == "warn"
+    ahead = D.judge_clock(True, "timedatectl", -7200.0)
+    assert ahead.verdict == "fail" and "2 hours ahead of" in ahead.said and ahead.exit == 3
+    # reached, then no answer to CONNECT: the proxy's step, not the TCP handshake's
+    steps = D.judge_connect({"phases": {"dns_s": 0.0, "tcp_s": 0.001},
+                             "reason": J.PROXY_UNREACHABLE, "detail": "did not answer"},
+                            "http://p:3128", False)
+    assert [s.verdict for s in steps] == ["ok", "fail", "not checked", "not checked"]
+    silent = D.judge_connect({"phases": {"tcp_s": 0.0, "upgrade_s": 0.0},
+                              "eio_problem": "WebSocketTimeoutException"}, None, False)
+    assert silent[-1].verdict == "fail" and silent[-1].exit == 6
+    assert D.exit_status(steps) == 4
