@@ -227,3 +227,64 @@ def test_set_timezone_only_for_a_zone_this_screen_has(timedatectl):
     assert out.ok is True and out.output == "time zone set to Europe/Berlin"
     assert timedatectl.calls.read_text().splitlines() == [
         "--no-ask-password set-timezone Europe/Berlin"]
+
+
+# -- ScreenTinker 1.9's terminal and clock ---------------------------------------------------
+def st_profile(allowed):
+    from agent.link.profiles.contract import ProfileContext
+    from agent.link.profiles.screentinker import ScreenTinkerProfile
+    return ScreenTinkerProfile(ProfileContext(device_id=lambda: "st-1", token=lambda: None,
+                                              allowed_commands=frozenset(allowed)))
+
+
+def test_screentinkers_operator_commands_are_the_agents():
+    from agent.link.profiles.screentinker import ScreenTinkerProfile
+    command = ScreenTinkerProfile._command
+    assert command("shell", {"cmd": "uptime"}) == ("shell", {"cmd": "uptime"})
+    assert command("set_timezone", {"timezone": "Europe/Berlin"}) == \
+        ("set-timezone", {"zone": "Europe/Berlin"})
+    assert command("set_time", {"millis": 1800000000000}) == ("set-time", {"time": 1800000000.0})
+    assert set_time_args(command("set_time", {"millis": 1800000000123})[1]) == \
+        {"time": 1800000000}
+    # what they carry is the core's to check: refused there, by name
+    for kind, payload, check in (("shell", None, shell_args), ("shell", {"cmd": 5}, shell_args),
+                                 ("set_time", {"millis": "soon"}, set_time_args),
+                                 ("set_time", {"millis": True}, set_time_args),
+                                 ("set_time", {"millis": 10 ** 30}, set_time_args),
+                                 ("set_time", {}, set_time_args),
+                                 ("set_timezone", {"timezone": "../x"}, set_timezone_args)):
+        with pytest.raises(ValueError):
+            check(command(kind, payload)[1])
+
+
+def test_system_shell_and_system_time_are_declared_exactly_when_allowed():
+    assert st_profile(["diagnostics", "logs"]).capabilities() == []
+    assert st_profile(["shell"]).capabilities() == ["system.shell"]
+    assert st_profile(["set-timezone"]).capabilities() == ["system.time"]
+    assert st_profile(["set-time", "set-timezone", "shell", "reboot"]).capabilities() == [
+        "system.reboot", "system.shell", "system.time"]
+
+
+def test_a_shell_result_goes_to_screentinker_as_its_terminal_reads_it():
+    from agent.link import inbox
+    profile = st_profile(["shell"])
+    posted = []
+    handlers = profile.handlers(posted.append)
+    handlers["device:command"](None, {"type": "shell", "payload": {"cmd": "echo hi; false"}})
+    handlers["device:command"](None, {"type": "shell", "payload": {"cmd": "x" * 1100}})
+    [ran, refused] = [p.raw for p in posted if isinstance(p, inbox.CommandReceived)]
+    core = CommandCore(frozenset({"shell"}))
+    [run] = core.receive(ran, now=100.0)
+    out = actions().run(run.name, run.args)
+    [report] = core.finished(run.id, out.ok, out.output, out.error, 100.0, 101.0, out.extra)
+    assert profile.command_result(report.result) == ("device:shell-result", {
+        "device_id": "st-1", "cmd": "echo hi; false", "output": "hi\n", "exit": 1}, False)
+    # refused before it ran: the terminal is told why, and that it never ran
+    [report] = core.receive(refused, now=100.0)
+    event, payload, confirms = profile.command_result(report.result)
+    assert (event, payload["cmd"], payload["exit"]) == ("device:shell-result", "x" * 500, -1)
+    assert payload["output"] == "bad argument: cmd: at most 1000 characters"
+    # other results stay device:log lines
+    assert profile.command_result({"id": "a", "name": "set-time", "ok": False,
+                                   "error": "set-time refused: NTP synchronises this clock"}
+                                  )[0] == "device:log"
