@@ -21,12 +21,13 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # The screen's picture captured from a real X server (ImageMagick's import), and its
 # volume set and read back on a real, headless PipeWire (wpctl, pactl, ALSA's amixer
 # through the pulse plugin) on a session bus of its own (tests/test_controls.py).
+# The zones set-timezone checks a name against (tzdata; tests/test_operator_commands.py).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
            build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
            haproxy redis-server reprepro imagemagick
            pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils alsa-utils
-           libasound2-plugins dbus-daemon)
+           libasound2-plugins dbus-daemon tzdata)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)
