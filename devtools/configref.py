@@ -202,7 +202,8 @@ DOCS = {
                               "signed release with a known hole.",
     "fleet.proof_timeout_s": "Settings from the fleet are kept only if the link is proven live "
                              "with them within this, else the last good ones return.",
-    "fleet.manage_commands_allow": "true: the fleet may set [commands] allow too.",
+    "fleet.manage_commands_allow": "true: the fleet may set [commands] allow too (never "
+                                   "adding shell: only this file can).",
     "fleet.manage_server_url": "true: the fleet may move this screen to another server.",
     "log.level": "debug, info, warning or error.",
     "debug.stall_link_after_s": "The link thread wedges itself this long after start.",
