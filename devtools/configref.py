@@ -138,14 +138,18 @@ DOCS = {
     "commands.allow": "The commands the fleet may run here, of: "
                       + ", ".join(sorted(COMMANDS)) + ". Each is logged with the server's "
                       "command id. reboot is also gated by polkit, update by polkit and the "
-                      "release keys; configure takes settings from the fleet.",
+                      "release keys; configure takes settings from the fleet. shell runs one "
+                      "line as the agent's user in its sandbox; set-time and set-timezone go "
+                      "through timedated (polkit), set-time only while NTP does not "
+                      "synchronise the clock.",
     "commands.screenshot_command": "Prints a JPEG or PNG on stdout, e.g. \"grim -t jpeg -\" "
                                    "(split into words, no shell).",
     "commands.display_on_command": "Turns the display on, e.g. \"wlr-randr --output HDMI-A-1 "
                                    "--on\" (split into words, no shell).",
     "commands.display_off_command": "Turns the display off, e.g. \"wlr-randr --output "
                                     "HDMI-A-1 --off\".",
-    "commands.timeout_s": "A command running longer is ended (its whole process group).",
+    "commands.timeout_s": "A command (or a shell line) running longer is ended (its whole "
+                          "process group).",
     "hours.week": "[\"mon-fri 08:00-18:00\", \"sat 10:00-14:00\"]: the display on within these, "
                   "off outside; days not listed are off; empty: no schedule. Needs both "
                   "display commands.",
@@ -198,7 +202,8 @@ DOCS = {
                               "signed release with a known hole.",
     "fleet.proof_timeout_s": "Settings from the fleet are kept only if the link is proven live "
                              "with them within this, else the last good ones return.",
-    "fleet.manage_commands_allow": "true: the fleet may set [commands] allow too.",
+    "fleet.manage_commands_allow": "true: the fleet may set [commands] allow too (never "
+                                   "adding shell: only this file can).",
     "fleet.manage_server_url": "true: the fleet may move this screen to another server.",
     "log.level": "debug, info, warning or error.",
     "debug.stall_link_after_s": "The link thread wedges itself this long after start.",

@@ -118,10 +118,14 @@ def command(argv) -> int:
     p = argparse.ArgumentParser(prog="fleet-server command")
     p.add_argument("device_id")
     p.add_argument("name", help="diagnostics | logs | screenshot | display | restart-agent | reboot "
-                                    "| configure (update has its own: fleet-server update)")
+                                    "| configure | shell | set-time | set-timezone | ... "
+                                    "(update has its own: fleet-server update)")
     p.add_argument("--since", type=_duration, help="logs: how far back (30m, 1h, 2d)")
     p.add_argument("--priority", type=int, help="logs: the least important priority (0-7)")
     p.add_argument("--state", choices=["on", "off"], help="display: on or off")
+    p.add_argument("--cmd", help="shell: the one line to run")
+    p.add_argument("--time", help="set-time: ISO 8601 with its offset, or epoch seconds")
+    p.add_argument("--zone", help="set-timezone: an IANA zone such as Europe/Berlin")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="configure: a setting (the value as JSON, else a string), repeatable")
     p.add_argument("--expire", action="append", default=[], metavar="KEY=DURATION",
@@ -131,8 +135,12 @@ def command(argv) -> int:
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the result")
     p.add_argument("--url", default="http://127.0.0.1:8470")
     a = p.parse_args(argv)
+    when = a.time
+    if when is not None and when.lstrip("-").replace(".", "", 1).isdigit():
+        when = float(when)   # epoch seconds; anything else goes as text, checked by the screen
     args = {k: v for k, v in (("since_s", a.since), ("priority", a.priority),
-                              ("state", a.state)) if v is not None}
+                              ("state", a.state), ("cmd", a.cmd), ("time", when),
+                              ("zone", a.zone)) if v is not None}
     if a.name == "configure":
         try:
             args = _revision(a.set, a.expire, a.revision)

@@ -43,7 +43,10 @@ VOCABULARY = frozenset({
 NEEDS = {"reboot": "system.reboot", "shutdown": "system.reboot", "screen_on": "display.power",
          "screen_off": "display.power", "launch": "system.restart_player",
          "refresh": "system.restart_player", "screenshot": "remote.screenshot",
-         "set_volume": "audio.volume", "set_brightness": "display.brightness"}
+         "set_volume": "audio.volume", "set_brightness": "display.brightness",
+         "shell": "system.shell", "set_time": "system.time", "set_timezone": "system.time"}
+# what 1.9 relays of a device:shell-result to the dashboard (deviceSocket.js)
+SHELL_CMD_CHARS, SHELL_OUTPUT_CHARS = 500, 8000
 PLAY_LOG_MIN_GAP_S = 2.0  # 1.9 stores at most one play_start per device in this window
 
 
@@ -70,11 +73,12 @@ class State:
         self.telemetry: list[dict] = []
         self.sessions: dict[str, str] = {}       # sid -> authenticated device id
         self.last_play_start: dict[str, float] = {}  # device id -> monotonic, stored
+        self.shell_results: list[dict] = []      # what the dashboard's terminal was told
 
     def view(self) -> dict:
         return {"devices": self.rows, "play_logs": self.play_logs,
                 "screenshots": self.screenshots, "telemetry": self.telemetry[-50:],
-                "registers": self.registers,
+                "registers": self.registers, "shell_results": self.shell_results[-50:],
                 "pending": sorted(r["pairing_code"] for r in self.rows.values() if r["pairing_code"])}
 
 
@@ -217,6 +221,18 @@ def attach(server) -> None:
         dev = server.devices[device_id]
         dev.upload_requests.append(round(time.time(), 3))
         st.screenshots[device_id] = hashlib.sha256(raw).hexdigest()
+
+    @sio.on("device:shell-result", namespace=NS)
+    async def shell_result(sid, data=None):
+        # 1.9 relays it to the dashboard as dashboard:shell-result, as strings cut short
+        device_id = session(sid, data)
+        if device_id is None or not isinstance(data, dict) or data.get("device_id") != device_id:
+            return
+        st.shell_results.append({"device_id": device_id,
+                                 "cmd": str(data.get("cmd") or "")[:SHELL_CMD_CHARS],
+                                 "output": str(data.get("output") or "")[:SHELL_OUTPUT_CHARS],
+                                 "exit": data.get("exit")})
+        del st.shell_results[:-50]
 
     @sio.on("device:play-event", namespace=NS)
     async def play_event(sid, data=None):

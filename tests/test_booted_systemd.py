@@ -70,6 +70,8 @@ PYTHON = {"bookworm": "python3.11", "trixie": "python3.13"}
 # a display for working hours to turn off and on: an X server and xset, in the rootfs
 # beside what the package needs
 DISPLAY_STAND_IN = ["xvfb", "x11-xserver-utils"]
+# the zones set-timezone sets (a Pi's image has them; trixie's minbase does not)
+TIME_STAND_IN = ["tzdata"]
 # the alarms apt's output must not raise on install, upgrade or purge
 ALARMING = re.compile(r"could not|fail|error|warning", re.I)
 # what dpkg says when it stops to ask about a configuration file: never, unattended
@@ -148,7 +150,7 @@ def rootfs(release):
         pytest.fail(f"the booted-system tests need root and {', '.join(missing) or 'nothing'} "
                     "(.ci/run installs systemd-container and debootstrap)")
     control = REPO / "debian" / "control"
-    return ensure_rootfs(package_depends(control) + DISPLAY_STAND_IN,
+    return ensure_rootfs(package_depends(control) + DISPLAY_STAND_IN + TIME_STAND_IN,
                          package_depends(control, "Recommends"), suite=release)
 
 
@@ -966,6 +968,91 @@ def test_the_player_is_watched_and_restarted_through_polkit_only_while_allowed(s
         s.run("systemctl", "stop", PLAYER, "other.service", check=False)
         s.run("rm", "-f", f"/etc/systemd/system/{PLAYER}", "/etc/systemd/system/other.service")
         s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+
+
+# -- the operator's tools under the sandbox ----------------------------------------------
+TIME_GRANTS = {"set-time": "/run/edge-agent-grants/set-time",
+               "set-timezone": "/run/edge-agent-grants/set-timezone"}
+
+
+def polkit_allows(screen, action: str) -> bool:
+    """What polkit answers the edge-agent user asking for ``action`` itself (pkcheck on
+    its own process: no agent, so nothing it may answer for itself)."""
+    return screen.run(*as_user("edge-agent", "edge-agent", "sh", "-c",
+                               f"exec pkcheck --action-id {action} --process $$"),
+                      check=False).returncode == 0
+
+
+def time_zone(screen) -> str:
+    return screen.run("timedatectl", "show", "-p", "Timezone", "--value").stdout.strip()
+
+
+@step(test_enrolls_and_pairs_under_systemd)
+def test_polkit_grants_the_clock_and_zone_only_while_allowed_and_the_shell_stays_in_the_sandbox(site):
+    """set-timezone reaches timedated from inside the unit's sandbox through polkit's
+    grant, only while [commands] allow lists it; set-time's grant follows it the same
+    way (never exercised: the container shares the host's clock); the shell line runs
+    as the edge-agent user, in a read-only system."""
+    s = site.screen
+    assert s.run("test", "-f", "/usr/share/zoneinfo/Asia/Tokyo", check=False).returncode == 0, \
+        "no tzdata in the root filesystem (TIME_STAND_IN)"
+    zone_before = time_zone(s)
+    conf = s.path(CONF)
+    before = conf.read_text()
+    assert not polkit_allows(s, "org.freedesktop.timedate1.set-timezone")
+    assert not polkit_allows(s, "org.freedesktop.timedate1.set-time")
+    conf.write_text(with_allow(before, ["diagnostics", "logs", "shell", "set-time",
+                                        "set-timezone"]))
+    try:
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        for flag in TIME_GRANTS.values():
+            assert s.run("stat", "-c", "%a %U:%G %F", flag).stdout.strip() == \
+                "644 root:root regular file"
+        assert polkit_allows(s, "org.freedesktop.timedate1.set-timezone")
+        assert polkit_allows(s, "org.freedesktop.timedate1.set-time")
+        # nothing else of timedated's comes with them
+        assert not polkit_allows(s, "org.freedesktop.timedate1.set-ntp")
+        assert not polkit_allows(s, "org.freedesktop.timedate1.set-local-rtc")
+
+        r = command(site, "set-timezone", {"zone": "Asia/Tokyo"})
+        assert r["ok"] and r["output"] == "time zone set to Asia/Tokyo", r
+        assert time_zone(s) == "Asia/Tokyo"
+        r = command(site, "set-timezone", {"zone": "Europe/Nowhere"})
+        assert not r["ok"] and r["error"].startswith("no such time zone here"), r
+
+        r = command(site, "shell", {"cmd": "id -un; touch /etc/edge-agent-was-here; "
+                                           "sleep 60 & echo $!"})
+        lines = r["output"].splitlines()
+        assert lines[0] == "edge-agent" and "Read-only file system" in lines[1], r
+        assert r["exit"] == 0 and r["ok"], r
+        assert s.run("test", "-e", "/etc/edge-agent-was-here", check=False).returncode != 0
+        sleeper = lines[-1]
+        # killed with its group before the result went; systemd, the container's init,
+        # reaps the orphan within moments
+        wait_for(lambda: s.run("test", "-d", f"/proc/{sleeper}", check=False).returncode != 0,
+                 5, interval=0.1, what="the background sleep gone with its line")
+        said = text(unit_lines(s))
+        assert "shell line from the fleet: 'id -un; touch /etc/edge-agent-was-here; " in said
+
+        # the operator takes them back: the grants follow at the next start
+        conf.write_text(before)
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        assert not any(exists(s, flag) for flag in TIME_GRANTS.values())
+        assert not polkit_allows(s, "org.freedesktop.timedate1.set-timezone")
+        assert not polkit_allows(s, "org.freedesktop.timedate1.set-time")
+        r = s.run(*as_user("edge-agent", "edge-agent", "timedatectl", "--no-ask-password",
+                           "set-timezone", "Europe/Berlin"), check=False)
+        assert r.returncode != 0 and "Access denied" in r.stderr, r
+        assert time_zone(s) == "Asia/Tokyo"
+        r = command(site, "set-timezone", {"zone": "Europe/Berlin"})
+        assert not r["ok"] and "'set-timezone' is not allowed on this screen" in r["error"], r
+    finally:
+        conf.write_text(before)
+        s.run("timedatectl", "set-timezone", zone_before, check=False)
         s.run("systemctl", "restart", UNIT)
         wait_online(s)
 

@@ -178,3 +178,29 @@ def test_screenshot_and_display_run_the_configured_commands(
     assert on["ok"] and marks.read_text() == "on\n"
     off = result_of(server, ask(server, "display", {"state": "off"})["id"])
     assert off["ok"] is False and "exited 3: no such output" in off["error"]
+
+
+def test_a_shell_line_from_the_operators_command_line_runs_as_the_agent_and_answers_its_exit(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """The agent's own protocol: `fleet-server command ... shell --cmd` runs one line in
+    the agent's process's user, answers its output and exit; set-time with no time in
+    bounds is refused before anything runs."""
+    server = fleet()
+    spawn_agent(agent_python, cfg(server, tmp_path, allow=["diagnostics", "shell", "set-time"],
+                                  timeout_s=5)).wait_live(15)
+
+    def operator(*argv):
+        return subprocess.run([str(REPO / "scripts" / "fleet-server"), "command", "screen-1",
+                               *argv, "--url", server.url, "--wait", "20"],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
+    r = operator("shell", "--cmd", "id -u; echo to-stderr >&2; exit 5")
+    result = json.loads(r.stdout)
+    assert (result["ok"], result["exit"], result["error"]) == (False, 5, "exited 5"), result
+    assert result["output"] == f"{os.getuid()}\nto-stderr\n"
+    r = operator("shell", "--cmd", "echo $((40 + 2))")
+    assert r.returncode == 0 and json.loads(r.stdout)["output"] == "42\n", r
+    r = operator("set-time", "--time", "2027-01-15T08:00:00")   # no offset
+    result = json.loads(r.stdout)
+    assert result["ok"] is False and "started_at" not in result
+    assert "bad argument: time: ISO 8601 needs its offset" in result["error"]

@@ -156,6 +156,12 @@ def test_the_polkit_rule_and_the_unit_name_the_flag_this_module_writes():
     assert grants.wanted(frozenset({"logs", "reboot"})) == frozenset({"reboot"})
     assert grants.wanted(frozenset({"update"})) == frozenset({"update"})
     assert grants.wanted(frozenset({"poweroff", "volume"})) == frozenset({"poweroff"})
+    # timedated's two actions, each by its own command; the shell needs no grant (it
+    # runs as the agent's user, in its sandbox)
+    assert grants.wanted(frozenset({"shell", "set-timezone"})) == frozenset({"set-timezone"})
+    assert grants.wanted(frozenset({"set-time"})) == frozenset({"set-time"})
+    assert 'action.id == "org.freedesktop.timedate1.set-time")' in rule
+    assert 'action.id == "org.freedesktop.timedate1.set-timezone")' in rule
 
 
 def test_root_runs_the_installed_module_not_one_planted_in_its_working_directory(ground):

@@ -246,3 +246,24 @@ def test_the_server_sends_a_command_only_for_a_capability_the_allow_list_declare
     wait_for(dark.exists, 10, what="the display_off command run")
     done = wait_for(lambda: agent.status().get("commands"), 10, what="the command reported")
     assert [(c["command"], c["result"].startswith("refused")) for c in done] == [("display", False)]
+
+
+def test_the_dashboards_terminal_reaches_the_agent_only_where_the_shell_is_allowed(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """1.9's shell {cmd} runs one line as the agent's user and its device:shell-result
+    reaches the dashboard's terminal; set_time is sent only with system.time declared."""
+    server, agent = st_agent(fleet, spawn_agent, agent_python, tmp_path, commands={
+        "allow": ["diagnostics", "logs", "shell"], "timeout_s": 5})
+    device_id = paired(server, agent)
+    assert tables(server)["devices"][device_id]["capabilities"] == ["system.shell"]
+    assert server.admin("/admin/screentinker", {"device_id": device_id, "command": "set_time",
+                                                "payload": {"millis": 1800000000000}}) \
+        == {"delivered": False, "reason": "unsupported", "capability": "system.time"}
+    assert server.admin("/admin/screentinker", {"device_id": device_id, "command": "shell",
+                                                "payload": {"cmd": "echo $((6 * 7)); exit 3"}}) \
+        == {"delivered": True}
+    [result] = wait_for(lambda: tables(server)["shell_results"], 10, what="the shell's result")
+    assert result == {"device_id": device_id, "cmd": "echo $((6 * 7)); exit 3",
+                      "output": "42\n", "exit": 3}
+    [done] = wait_for(lambda: agent.status().get("commands"), 10, what="the command reported")
+    assert done["command"] == "shell" and done["result"] == "failed: 42\n"

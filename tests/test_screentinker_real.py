@@ -475,6 +475,47 @@ def test_the_dashboards_screen_buttons_reach_the_screens_own_commands(
 
 
 @only_19
+def test_the_dashboards_terminal_runs_a_line_as_the_agents_user_and_shows_its_result(
+        st, spawn_agent, agent_python, tmp_path):
+    """1.9's terminal (shell {cmd}, gated on system.shell) runs one line as the agent's
+    user and 1.9 relays the device:shell-result to the dashboard (dashboard:shell-result
+    {device_id, cmd, output, exit}); set_timezone is sent (system.time declared) and
+    refused with words for a zone this screen lacks, set_time refused while the screen
+    cannot tell that NTP leaves its clock alone."""
+    agent = spawn_agent(agent_python, st_config(st, tmp_path, commands={
+        "allow": ["diagnostics", "logs", "shell", "set-time", "set-timezone"],
+        "timeout_s": 5}))
+    device_id = register_and_pair(st, agent, tmp_path)
+    agent.wait_live(15)
+    declared = wait_for(lambda: st.device(device_id)["capabilities"], 10,
+                        what="capabilities stored at the re-register with the token")
+    assert json.loads(declared) == ["system.shell", "system.time"]
+    dashboard = dashboard_of(st)
+    results = []
+    dashboard.on("dashboard:shell-result", results.append, namespace="/dashboard")
+    try:
+        def press(kind, payload):
+            return dashboard.call("dashboard:device-command", {
+                "device_id": device_id, "type": kind, "payload": payload},
+                namespace="/dashboard", timeout=10)
+        assert press("shell", {"cmd": "id -u; echo oops >&2; exit 3"}) == {"delivered": True}
+        [result] = wait_for(lambda: results, 15, what="dashboard:shell-result")
+        assert result == {"device_id": device_id, "cmd": "id -u; echo oops >&2; exit 3",
+                          "output": f"{os.getuid()}\noops\n", "exit": 3}, result
+        assert press("set_timezone", {"timezone": "Europe/Nowhere"}) == {"delivered": True}
+        assert press("set_time", {"millis": 1800000000000}) == {"delivered": True}
+    finally:
+        dashboard.disconnect()
+    done = wait_for(lambda: len(agent.status().get("commands", [])) >= 3
+                    and agent.status()["commands"], 15, what="the three commands answered")
+    by_name = {c["command"]: c["result"] for c in done}
+    assert by_name["set-timezone"].startswith("failed: no such time zone here"), by_name
+    assert by_name["set-time"].startswith("failed: set-time refused: "), by_name
+    assert "shell line from the fleet: 'id -u; echo oops >&2; exit 3': exit 3" \
+        in agent.log_text()
+
+
+@only_19
 def test_the_dashboards_debug_switch_is_an_hour_of_debug_logging_then_the_file_again(
         st, spawn_agent, agent_python, tmp_path):
     """1.9's set_debug, as settings from the fleet: applied by a restart (systemd's;

@@ -68,6 +68,16 @@ def test_the_fleets_values_obey_the_files_rules_and_the_environment_still_wins(t
             cfgmod.load(path, {}, fleet=values)
     managed = base_file(tmp_path, "[fleet]\nmanage_commands_allow = true\nmanage_server_url = true\n")
     assert "reboot" in cfgmod.load(managed, {}, fleet={"commands.allow": ["reboot"]}).commands.allow
+    # the shell is the operator's own to allow: the fleet may keep or drop it, never add it
+    with pytest.raises(cfgmod.ConfigError, match=r"commands.allow \(from the fleet\): shell is "
+                                                 "allowed only by the screen's own file"):
+        cfgmod.load(managed, {}, fleet={"commands.allow": ["logs", "shell"]})
+    (tmp_path / "shell").mkdir()
+    shell_file = base_file(tmp_path / "shell", '[fleet]\nmanage_commands_allow = true\n[commands]\n'
+                                     'allow = ["logs", "shell"]\n')
+    assert cfgmod.load(shell_file, {}, fleet={"commands.allow": ["shell", "reboot"]}
+                       ).commands.allow == {"shell", "reboot"}
+    assert cfgmod.load(shell_file, {}, fleet={"commands.allow": ["logs"]}).commands.allow == {"logs"}
     with pytest.raises(cfgmod.ConfigError, match="server.url: must be an http"):
         cfgmod.load(managed, {}, fleet={"server.url": "file:///etc/shadow"})
     env = cfgmod.load(path, {"EDGE_AGENT_LOG_LEVEL": "warning"}, fleet={"log.level": "debug"})

@@ -9,15 +9,106 @@ and the journal."""
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+# what a bounded run still reads once its own process has exited: output its pipe
+# holds, not a background child that keeps it open (that one is killed with the group)
+LEFTOVER_S = 0.2
+READ_CHUNK = 65536
 
 
-def spawn(argv: list[str], env: dict | None = None) -> subprocess.Popen:
-    """Started with no stdin and both outputs piped, in ``env`` (default: the agent's);
+def spawn(argv: list[str], env: dict | None = None,
+          merge_stderr: bool = False) -> subprocess.Popen:
+    """Started with no stdin and both outputs piped (``merge_stderr``: into one pipe, in
+    the order written, as a terminal shows them), in ``env`` (default: the agent's);
     OSError (not found, not allowed) passes as it is."""
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, env=env)
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                            start_new_session=True, env=env)
+
+
+@dataclass
+class Bounded:
+    """What a bounded run gave: the first ``max_bytes`` of its output, how many more
+    bytes it wrote (read and dropped), its exit status (None: killed, at the time bound
+    or, ``flooded``, past the output's)."""
+    output: bytes
+    dropped: int
+    exit: int | None
+    took_s: float
+    flooded: bool = False
+
+
+def collect(child: subprocess.Popen, timeout_s: float, max_bytes: int, max_drain: int,
+            mono: Callable[[], float] = time.monotonic) -> Bounded:
+    """Reads ``child``'s (merged) output, keeping at most ``max_bytes``, until it exits
+    and its pipe is drained, or ``timeout_s``; past ``max_drain`` bytes more it is
+    stopped (a `yes` would otherwise spin a core until the bound). Whatever is left of its process group
+    then (a background child it forked, the whole line at the bound) is killed while
+    its zombie still holds the group's id, so no other process can be hit; then it is
+    reaped. Memory is bounded whatever it writes, and time by ``timeout_s`` plus a
+    moment."""
+    start = mono()
+    deadline = start + timeout_s
+    kept, dropped = bytearray(), 0
+    fd = child.stdout.fileno()
+    os.set_blocking(fd, False)
+    exited_at = None
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            now = mono()
+            if exited_at is None and _exited(child.pid):
+                exited_at = now
+            end = deadline if exited_at is None else min(deadline, exited_at + LEFTOVER_S)
+            if now >= end:
+                break
+            # short waits: the exit of a child whose pipe a grandchild holds is seen
+            if not sel.select(min(end - now, 0.05)):
+                continue
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                continue
+            if not chunk:   # EOF: every writer is gone; wait for the exit itself
+                if exited_at is None:
+                    _wait_exit(child.pid, deadline, mono)
+                    exited_at = mono() if _exited(child.pid) else None
+                break
+            room = max_bytes - len(kept)
+            kept += chunk[:room]
+            dropped += max(0, len(chunk) - room)
+            if dropped > max_drain:
+                break
+    flooded = dropped > max_drain
+    timed_out = exited_at is None
+    kill_group(child)   # the zombie (or the live child) keeps the group's id ours
+    child.stdout.close()
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass  # SIGKILLed: only an uninterruptible sleep keeps it
+    return Bounded(bytes(kept), dropped, None if timed_out or flooded else child.returncode,
+                   mono() - start, flooded)
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child exited, without reaping it (its pid, the group's id, stays
+    ours until it is reaped)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _wait_exit(pid: int, deadline: float, mono: Callable[[], float]) -> None:
+    while not _exited(pid) and mono() < deadline:
+        time.sleep(0.01)
 
 
 def finish(child: subprocess.Popen, timeout_s: float) -> tuple[bytes, bytes]:

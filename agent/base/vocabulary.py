@@ -5,7 +5,12 @@ from __future__ import annotations
 
 # the commands the fleet server may ask of a screen ([commands] allow, docs/PROTOCOL.md)
 COMMAND_NAMES = ("diagnostics", "logs", "screenshot", "display", "restart-agent", "reboot",
-                 "update", "configure", "restart-player", "brightness", "volume", "poweroff")
+                 "update", "configure", "restart-player", "brightness", "volume", "poweroff",
+                 "shell", "set-time", "set-timezone")
+# commands the fleet's settings may never add to [commands] allow, even where the
+# screen's file lets the fleet manage it: a shell line as the agent's user is the
+# operator's own choice, made in the file (or the environment) on the screen
+OPERATOR_ONLY_COMMANDS = frozenset({"shell"})
 MAX_COMMAND_ID = 64     # characters of a command's id, wherever one is kept
 
 # the fleet servers the link speaks to ([server] profile, agent/link/profiles/)

@@ -29,6 +29,7 @@ from ..update.rules import NotStaged
 from ..base.upload_kinds import LOG, SCREENSHOT
 from ..screen.core import Display
 from .core import LATER, Outcome
+from .operator import OperatorTools
 
 log = logging.getLogger("edge_agent.commands")
 
@@ -107,11 +108,14 @@ class Actions:
         # reboot on its own thread (agent/screen/mender.py)
         self._children: set[subprocess.Popen] = set()
         self._stopping = False
+        self.operator = OperatorTools(section.timeout_s, self._start, self._release, self._run)
         # every name of core.COMMANDS, and nothing else, runs here
         self.commands: dict[str, Callable[[dict], Outcome]] = {
             "diagnostics": self.diagnostics, "logs": self.logs, "screenshot": self.screenshot,
             "display": self.display, "restart-agent": self.restart_agent, "reboot": self.reboot,
             "update": self.update, "configure": self.configure, "poweroff": self.poweroff,
+            "shell": self.operator.shell, "set-time": self.operator.set_time,
+            "set-timezone": self.operator.set_timezone,
             **{name: self._screen_control(name) for name in NEEDS if name != "poweroff"}}
 
     def run(self, name: str, args: dict, command_id: str = "") -> Outcome:
@@ -271,24 +275,35 @@ class Actions:
             return Outcome(False, error="the configured command is empty")
         return self._run(argv)
 
-    def _run(self, argv: list[str]):
-        """``argv``'s output, bounded and killed on stop, or an Outcome saying why not."""
+    def _start(self, argv: list[str], merge_stderr: bool = False):
+        """``argv`` started, its process group killed on stop (the caller bounds it in
+        time and calls _release), or an Outcome saying why not."""
         try:
             with self._lock:
                 if self._stopping:
                     return Outcome(False, error="not run: the agent is stopping")
                 # its process group is killed on timeout and on stop
-                child = children.spawn(argv)
+                child = children.spawn(argv, merge_stderr=merge_stderr)
                 self._children.add(child)
         except OSError as e:
             return Outcome(False, error=children.failure(argv, error=e))
+        return child
+
+    def _release(self, child) -> None:
+        with self._lock:
+            self._children.discard(child)
+
+    def _run(self, argv: list[str]):
+        """``argv``'s output, bounded and killed on stop, or an Outcome saying why not."""
+        child = self._start(argv)
+        if isinstance(child, Outcome):
+            return child
         try:
             stdout, stderr = children.finish(child, self.timeout_s)
         except subprocess.TimeoutExpired:
             return Outcome(False, error=children.failure(argv, timeout_s=self.timeout_s))
         finally:
-            with self._lock:
-                self._children.discard(child)
+            self._release(child)
         if child.returncode != 0:
             return Outcome(False, error=children.failure(argv, exited=child.returncode,
                                                          stderr=stderr))

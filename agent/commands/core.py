@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Callable
 
 from ..base.vocabulary import MAX_COMMAND_ID
@@ -93,12 +95,74 @@ def level_args(args: dict) -> dict:
     return {"level": float(level)}
 
 
+# the shell's one line: what 1.9's dashboard shows of it (cmd.slice(0, 500)) and more
+MAX_SHELL_LINE = 1000
+# what a shell's result keeps of its output (JSON-escaped, as the ledger writes it):
+# what 1.9's dashboard shows (output.slice(0, 8000)); a few such results in the ledger
+# stay far below its bound, and once confirmed each is cut to SUMMARY like any other
+SHELL_OUTPUT = 8000
+OUTPUT_LIMIT = {"shell": SHELL_OUTPUT}
+# set-time's bounds: a clock set before this build existed, or past 2100, is a mistake
+# (a millisecond value sent as seconds, a year typed wrong), never a correction
+EARLIEST_TIME = 1735689600.0   # 2025-01-01T00:00:00Z
+LATEST_TIME = 4102444800.0     # 2100-01-01T00:00:00Z
+# an IANA zone's shape, the configuration's TIME_ZONE rule; the shell checks that it
+# exists under /usr/share/zoneinfo
+ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9][A-Za-z0-9_+-]*){0,2}")
+MAX_ZONE = 64
+
+
+def shell_args(args: dict) -> dict:
+    """One command line for ``sh -c``: text, one line, no control characters (what the
+    journal and the dashboard show of it is what runs)."""
+    cmd = args.get("cmd")
+    if set(args) != {"cmd"} or not isinstance(cmd, str) or not cmd.strip():
+        raise ValueError("cmd: one command line")
+    if len(cmd) > MAX_SHELL_LINE:
+        raise ValueError(f"cmd: at most {MAX_SHELL_LINE} characters")
+    if any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in cmd):
+        raise ValueError("cmd: one line, without control characters")
+    return {"cmd": cmd}
+
+
+def set_time_args(args: dict) -> dict:
+    """``time``: seconds since the epoch, or ISO 8601 with its offset (``Z``, ``+02:00``):
+    a time without one would mean whatever zone the screen is in, which may be the very
+    thing being corrected. Returns whole seconds since the epoch."""
+    when = args.get("time")
+    if set(args) != {"time"}:
+        raise ValueError("time: seconds since the epoch or ISO 8601 with an offset")
+    if isinstance(when, str) and len(when) <= 40:
+        try:
+            parsed = datetime.fromisoformat(when.strip().replace("z", "Z"))
+        except ValueError:
+            raise ValueError("time: not ISO 8601 (2026-12-05T19:40:00Z)") from None
+        if parsed.tzinfo is None:
+            raise ValueError("time: ISO 8601 needs its offset (Z or +hh:mm)")
+        when = parsed.timestamp()
+    elif isinstance(when, bool) or not isinstance(when, (int, float)) \
+            or not math.isfinite(when):
+        raise ValueError("time: seconds since the epoch or ISO 8601 with an offset")
+    if not EARLIEST_TIME <= when < LATEST_TIME:
+        raise ValueError("time: out of bounds (2025 to 2100)")
+    return {"time": int(when)}
+
+
+def set_timezone_args(args: dict) -> dict:
+    zone = args.get("zone")
+    if set(args) != {"zone"} or not isinstance(zone, str) or len(zone) > MAX_ZONE \
+            or not ZONE_NAME.fullmatch(zone):
+        raise ValueError("zone: an IANA time zone such as Europe/Berlin")
+    return {"zone": zone}
+
+
 COMMANDS: dict[str, ArgCheck] = {
     "diagnostics": no_args, "logs": logs_args, "screenshot": no_args,
     "display": display_args, "restart-agent": no_args, "reboot": no_args,
     "update": order_args, "configure": revision_args,
     "restart-player": no_args, "brightness": level_args, "volume": level_args,
     "poweroff": no_args,
+    "shell": shell_args, "set-time": set_time_args, "set-timezone": set_timezone_args,
 }
 # What a restart of the agent or of the device in the middle means for each command.
 SURVIVES = {"restart-agent": "the agent restarted", "reboot": "the device rebooted",
@@ -357,7 +421,7 @@ class CommandCore:
         if started is not None:
             result["started_at"] = round(started, 3)
         if output:
-            result["output"] = _clip(str(output), MAX_OUTPUT)
+            result["output"] = _clip(str(output), OUTPUT_LIMIT.get(name, MAX_OUTPUT))
         if error:
             result["error"] = _clip(str(error), MAX_ERROR)
         if extra:

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 from ..base.boot import boot_id
 from ..base.egress import Egress, EgressError, no_proxy_from_env, parse_no_proxy, parse_proxy, proxy_from_env
 from ..base.identifiers import DEVICE_ID_RULE, TOKEN_RULE, usable_device_id, usable_token
-from ..base.vocabulary import COMMAND_NAMES
+from ..base.vocabulary import COMMAND_NAMES, OPERATOR_ONLY_COMMANDS
 from . import overlay as fleet_store, revision as fleet_rules
 from .model import POLICIES, SECTIONS, Config
 from .week import Schedule, ScheduleError
@@ -281,6 +281,11 @@ def _with_fleet(values: dict, origins: dict, fleet: dict) -> tuple[dict, dict]:
                               + (f" ([fleet] {gate.split('.')[1]} is off)" if gate else ""))
         coerced = _coerce(f"{name} (from the fleet)", spec.type, value, False)
         _check_rule(f"{name} (from the fleet)", spec, coerced)
+        if name == "commands.allow":
+            added = sorted(set(coerced) & OPERATOR_ONLY_COMMANDS - set(values[name]))
+            if added:
+                raise ConfigError(f"commands.allow (from the fleet): {added[0]} is allowed only "
+                                  "by the screen's own file")
         if origins[name] != "env":
             values[name], origins[name] = coerced, "fleet"
     return values, origins

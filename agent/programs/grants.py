@@ -3,7 +3,7 @@ allow, [screen] player_unit), no more.
 
 The agent's privileged acts are asked of root services: logind for a reboot or a power-off,
 systemd for edge-agent-update.service (a self-update) and for a restart of the player's
-unit (``[screen] player_unit``). polkit allows each
+unit (``[screen] player_unit``), timedated for the clock and the time zone. polkit allows each
 (/usr/share/polkit-1/rules.d/50-edge-agent.rules) only while its flag file exists in
 GRANTS_DIR; the player's flag holds, on its first line, the one unit that may be
 restarted, and exists only where a player unit is set and either the ``restart-player``
@@ -34,7 +34,8 @@ from ..base.logs import early
 
 GRANTS_DIR = "/run/edge-agent-grants"
 # grant name -> the command in [commands] allow that needs it
-GRANTABLE = {"reboot": "reboot", "update": "update", "poweroff": "poweroff"}
+GRANTABLE = {"reboot": "reboot", "update": "update", "poweroff": "poweroff",
+             "set-time": "set-time", "set-timezone": "set-timezone"}
 FLAG_TEXT = ("polkit lets the edge-agent user {name} (50-edge-agent.rules): [commands] allow "
              "in {source} lists it. Written by edge-agent.service's ExecStartPre, removed "
              "when it stops.\n")

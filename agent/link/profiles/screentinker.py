@@ -67,8 +67,28 @@ class ScreenTinkerProfile:
     # screen's own file again
     DEBUG_FOR_S = 3600
 
+    # the dashboard's operator tools (1.9's payloads: frontend/js/views/device-detail.js
+    # sends shell {cmd}; its players read set_time {millis}, set_timezone {timezone});
+    # the command core checks what they carry
+    OPERATOR = {"shell": ("shell", "cmd", "cmd"), "set_timezone": ("set-timezone", "timezone", "zone")}
+    # what 1.9 relays of a shell result to the dashboard (deviceSocket.js slices it so)
+    SHELL_CMD_SHOWN = 500
+    NOT_RUN = -1       # the exit of a line that never ran, as 1.9's players tell it
+    SHELL_LINES = 64   # the lines of shell commands still awaiting their result, at most
+
     @classmethod
     def _command(cls, kind, payload) -> tuple[str, dict]:
+        fields = payload if isinstance(payload, dict) else {}
+        if kind in cls.OPERATOR:
+            name, theirs, ours = cls.OPERATOR[kind]
+            return name, {ours: fields.get(theirs)}
+        if kind == "set_time":
+            ms = fields.get("millis")
+            # whole milliseconds within reach of a float; anything else goes as it is,
+            # and the core refuses it by name
+            if isinstance(ms, int) and not isinstance(ms, bool) and abs(ms) < 10 ** 18:
+                ms = ms / 1000
+            return "set-time", {"time": ms}
         if kind == "set_debug":
             on = isinstance(payload, dict) and payload.get("enabled") is True
             return "configure", {"settings": {"log.level": {
@@ -82,9 +102,13 @@ class ScreenTinkerProfile:
     # (server/lib/player-capabilities.js); names it does not know are dropped unread.
     # shutdown needs system.reboot too (power-off "shares the reboot capability"): it is
     # declared for reboot; a shutdown where poweroff is not allowed is refused, and says so
+    # set_time and set_timezone share system.time: it is declared where either is
+    # allowed, and the other is refused with words
     CAPABILITIES = {"reboot": "system.reboot", "display": "display.power",
                     "screenshot": "remote.screenshot", "restart-player": "system.restart_player",
-                    "brightness": "display.brightness", "volume": "audio.volume"}
+                    "brightness": "display.brightness", "volume": "audio.volume",
+                    "shell": "system.shell", "set-time": "system.time",
+                    "set-timezone": "system.time"}
     # commands that need a means of the screen's, declared only where it has it
     NEEDS_MEANS = frozenset({"restart-player", "brightness", "volume", "poweroff"})
     # What the player (not this agent) handles: content, playback, remote view, walls.
@@ -104,6 +128,7 @@ class ScreenTinkerProfile:
         self._network_returned = False
         self._lock = threading.Lock()
         self._registered_with_token = False
+        self._shell_lines: dict[str, str] = {}   # command id -> its line, for its result
 
     @property
     def paired(self) -> bool:
@@ -210,8 +235,10 @@ class ScreenTinkerProfile:
             kind = data.get("type") if isinstance(data, dict) else None
             name, args = self._command(kind, data.get("payload") if kind else None)
             # no command ids on this protocol: each message is one request
-            post(inbox.CommandReceived(
-                {"id": "st-" + secrets.token_hex(6), "name": name, "args": args}, "device:command"))
+            cid = "st-" + secrets.token_hex(6)
+            if name == "shell":
+                self._remember_line(cid, args.get("cmd"))
+            post(inbox.CommandReceived({"id": cid, "name": name, "args": args}, "device:command"))
 
         def screenshot_request(_t, data=None, *_):
             post(inbox.CommandReceived({"id": "st-" + secrets.token_hex(6), "name": "screenshot",
@@ -228,7 +255,20 @@ class ScreenTinkerProfile:
     def command_result(self, result: dict) -> tuple[str, dict, bool]:
         """No result channel on this protocol: a device:log line, which newer servers
         show on the dashboard (the released one ignores it); the journal and `edge-agent
-        status` have it too."""
+        status` have it too. A shell line's result is 1.9's own device:shell-result,
+        which it relays to the dashboard's terminal (``exit`` -1: it never ran, and the
+        output says why)."""
+        if result["name"] == "shell":
+            with self._lock:
+                cmd = self._shell_lines.pop(result["id"], "")
+            exit_status = result.get("exit")
+            if isinstance(exit_status, bool) or not isinstance(exit_status, int):
+                exit_status = self.NOT_RUN
+            output = result.get("output") or ""
+            if exit_status == self.NOT_RUN:
+                output = result.get("error") or output
+            return "device:shell-result", {"device_id": self.ctx.device_id(), "cmd": cmd,
+                                           "output": output, "exit": exit_status}, False
         text = result.get("output") if result["ok"] else result.get("error")
         return "device:log", {"device_id": self.ctx.device_id(), "tag": "edge-agent",
                               "level": "i" if result["ok"] else "w",
@@ -241,6 +281,13 @@ class ScreenTinkerProfile:
         if self.ctx.token() is None or not self.ctx.claimed():
             return None
         return "device:register", self.register_payload()
+
+    def _remember_line(self, cid: str, cmd) -> None:
+        """The line a shell result answers: the result names its command by id only."""
+        with self._lock:
+            self._shell_lines[cid] = cmd[:self.SHELL_CMD_SHOWN] if isinstance(cmd, str) else ""
+            while len(self._shell_lines) > self.SHELL_LINES:
+                del self._shell_lines[next(iter(self._shell_lines))]
 
     def incident(self, event: dict) -> tuple[str, dict] | None:
         """1.9's incident feed (screentinker_incidents.py); 1.2 drops it unread."""
