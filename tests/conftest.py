@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 import subprocess
@@ -80,15 +81,12 @@ def built_debs() -> tuple[Path, Path]:
 
 
 # -- a real X server (working hours, the display's read-back) -----------------------
-@pytest.fixture
-def xvfb():
-    """Xvfb on a display number it picks free itself (-displayfd), and its process."""
-    if shutil.which("Xvfb") is None or shutil.which("xset") is None:
-        pytest.fail("a real X server's tests need Xvfb and xset (.ci/run installs xvfb and "
-                    "x11-xserver-utils)")
+@contextlib.contextmanager
+def _x_server(size: str, *extra: str):
+    """Xvfb on a display number it picks free itself (-displayfd): (display, process)."""
     read_end, write_end = os.pipe()
-    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-screen", "0", "320x240x24",
-                             "-nolisten", "tcp"], pass_fds=(write_end,),
+    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-screen", "0", size,
+                             "-nolisten", "tcp", *extra], pass_fds=(write_end,),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(write_end)
     try:
@@ -106,6 +104,16 @@ def xvfb():
 
 
 @pytest.fixture
+def xvfb():
+    """A real X server and its process (working hours, the display's read-back)."""
+    if shutil.which("Xvfb") is None or shutil.which("xset") is None:
+        pytest.fail("a real X server's tests need Xvfb and xset (.ci/run installs xvfb and "
+                    "x11-xserver-utils)")
+    with _x_server("320x240x24") as server:
+        yield server
+
+
+@pytest.fixture
 def xvfb_pictures():
     """Xvfb that keeps what is drawn on it (-noreset: a server resets, its root black
     again, when its last client leaves, as xsetroot does), 16:9, and its display. The
@@ -114,20 +122,5 @@ def xvfb_pictures():
     if missing:
         pytest.fail(f"the picture check's tests need {', '.join(missing)} (.ci/run installs "
                     "xvfb, x11-xserver-utils and imagemagick)")
-    read_end, write_end = os.pipe()
-    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-screen", "0", "320x180x24",
-                             "-nolisten", "tcp", "-noreset"], pass_fds=(write_end,),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(write_end)
-    try:
-        with os.fdopen(read_end, "rb") as f:
-            number = f.readline().strip().decode()
-        assert number.isdigit(), "Xvfb said no display number"
-        display = f":{number}"
-        wait_for(lambda: subprocess.run(["xset", "-display", display, "q"],
-                                        capture_output=True).returncode == 0, 10,
-                 what="Xvfb answering")
+    with _x_server("320x180x24", "-noreset") as (display, _):
         yield display
-    finally:
-        proc.kill()
-        proc.wait()

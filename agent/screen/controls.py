@@ -133,22 +133,11 @@ class Controls:
 
     # -- what this screen has ----------------------------------------------------
     def means(self) -> frozenset:
-        """The commands this screen has the means for, from any thread (the link's,
-        at a registration): as last probed, or probed now when stale, which costs a
-        run of each candidate program, each bounded (the daemon may ``probe()`` at
-        start and on a timer instead, off the link's thread)."""
-        with self._lock:
-            fresh = self._probed_at is not None \
-                and self.clock() - self._probed_at < self.probe_every_s
-        if not fresh:
+        """As ``known()``, probed first when stale: it runs each candidate program, each
+        bounded, on the caller's thread (the daemon probes on a worker instead)."""
+        if self.stale():
             self.probe()
-        with self._lock:
-            have = {name for name in LEVELS if self._chosen.get(name) is not None}
-        if self.player is not None:
-            have.add("restart-player")
-        if self.logind():
-            have.add("poweroff")
-        return frozenset(have)
+        return self.known()
 
     def known(self) -> frozenset:
         """The means as last probed, never probing on the caller's thread (the link's,
