@@ -23,6 +23,7 @@ from .link.profiles import PROFILES, uncarried
 from .config import overlay as fleet_store
 from .settings.service import FleetSettings
 from .base.upload_kinds import KINDS
+from .base.journal_fields import MessageId, journal
 
 EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
 # status: running, and no operator has claimed the screen yet (it shows a pairing code)
@@ -119,7 +120,8 @@ def cmd_run(args) -> int:
             # a fresh start, so that root's ExecStartPre grants what the good one allows
             logging.getLogger("edge_agent").warning(
                 "fleet settings revision %d rolled back: %s; restarting", ended.revision,
-                ended.why)
+                ended.why, extra=journal(MessageId.SETTINGS_ROLLED_BACK, REVISION=ended.revision,
+                                         EVENT="config.rolled-back"))
             return EXIT_DEGRADED
     except OSError as e:   # the count is lost, the deadline still holds
         logging.getLogger("edge_agent").error("cannot count this start on fleet settings "
@@ -147,7 +149,9 @@ def cmd_run(args) -> int:
     finally:
         gc.enable()
     gc.freeze()
-    return agent.run()
+    logs.stamp(DEVICE_ID=agent.identity.device_id)   # read per record: the server may rename it
+    with crashes.watched_run(config.runtime.dir):
+        return agent.run()
 
 
 def cmd_doctor(args) -> int:

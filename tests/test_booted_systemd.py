@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from agent import __version__ as V
+from agent.base.journal_fields import MessageId
 from agent.commands import ledger
 from devtools.booted import SUITES, BootedDebian, ensure_rootfs, package_depends
 from devtools.harness import REPO, FleetServerProcess, wait_for
@@ -571,6 +572,43 @@ def test_journal_priorities_and_status_lines(site):
         x.startswith(("waiting for pairing", "online", "reconnecting")) for x in site.statuses)
 
 
+@step(test_enrolls_and_pairs_under_systemd,
+      test_a_silent_drop_past_watchdogsec_restarts_and_continues_the_backoff)
+def test_the_journal_selects_the_agents_records_by_their_fields_and_explains_them(site):
+    """What a log pipeline and an operator select by: the record of the link the silent
+    drop cost, found by its reason as `journalctl -u edge-agent REASON=...` finds it,
+    with the screen's fields; the restart after the watchdog's kill said with its id;
+    and `journalctl -x` explaining both from the catalog the package installed."""
+    s = site.screen
+    lost = [e for e in agent_lines(s) if e.get("MESSAGE_ID") == MessageId.LINK_LOST]
+    assert lost, text(agent_lines(s)[-40:])
+    reason = lost[-1]["REASON"]
+    found = [e for e in s.journal("-u", UNIT, f"REASON={reason}")
+             if e.get("MESSAGE_ID") == MessageId.LINK_LOST]
+    assert found and found[-1]["__CURSOR"] == lost[-1]["__CURSOR"], found
+    record = found[-1]
+    assert record["MESSAGE"].startswith("link lost: "), record
+    assert (record["PRIORITY"], record["SYSLOG_IDENTIFIER"], record["_TRANSPORT"]) == \
+        ("4", "edge-agent", "journal"), record
+    assert (record["DEVICE_ID"], record["VERSION"]) == (site.device_id, V), record
+    assert record["CONNECTION"].isdigit() and record["_SYSTEMD_UNIT"] == UNIT, record
+    # every record of the agent's own carries the screen's fields, its start included
+    started = [e for e in agent_lines(s) if e["MESSAGE"].startswith(f"edge-agent {V} starting")]
+    assert started and started[-1].get("DEVICE_ID") == site.device_id, started[-1]
+    restarted = [e for e in agent_lines(s) if e.get("MESSAGE_ID") == MessageId.RESTARTED_AFTER_KILL]
+    assert restarted and restarted[-1]["PRIORITY"] == "4", text(agent_lines(s)[-40:])
+    paired = {e.get("MESSAGE_ID") for e in agent_lines(s, site.start_cursor)}
+    assert {MessageId.PAIRING_CODE_SHOWN, MessageId.PAIRING_CLAIMED} <= paired, paired
+    # the catalog, installed by the package and read in by systemd's dpkg trigger
+    explained = s.run("journalctl", "--no-pager", "-x", "-u", UNIT,
+                      f"MESSAGE_ID={MessageId.LINK_LOST}").stdout
+    assert f"Subject: Link to the fleet server lost: {reason}" in explained, explained[-2000:]
+    assert "docs/troubleshooting.md" in explained
+    explained = s.run("journalctl", "--no-pager", "-x", "-u", UNIT,
+                      f"MESSAGE_ID={MessageId.RESTARTED_AFTER_KILL}").stdout
+    assert "Subject: Started again after the previous process was killed" in explained
+
+
 def command(site, name, args=None, timeout=30.0) -> dict:
     """What `fleet-server command` does: queue it for the screen, wait for the result."""
     server = site.server
@@ -643,21 +681,33 @@ def test_the_journal_takes_words_from_outside_as_one_entry_at_their_own_priority
     """journald splits a stream at NUL as well as LF and takes a new <N> as the next
     entry's priority: a command id or a ScreenTinker refusal text made entries at
     emergency priority credited to the agent. The agent's own logging, under the real
-    journald, with the words a hostile fleet sends."""
+    journald, with the words a hostile fleet sends: on journald's socket, as the agent
+    writes, and on the stream it falls back to when the socket is out of its reach."""
     s = site.screen
     ident = f"edge-agent-forgery-{os.getpid()}"
+    hostile = "'x\\x00<0>forged emergency\\n<1>forged alert\\r<2>crit \\x1b]52;c;eA==\\x07'"
     code = ("import logging; from agent.base import logs; logs.setup('info'); "
-            "logging.getLogger('edge_agent').warning('refused: %s', "
-            "'x\\x00<0>forged emergency\\n<1>forged alert\\r<2>crit \\x1b]52;c;eA==\\x07')")
-    s.run("systemd-run", "--wait", "--quiet", "-p", "User=edge-agent",
-          "-p", "StandardOutput=journal", "-p", "StandardError=journal",
-          "-p", "SyslogLevelPrefix=yes", "-p", f"SyslogIdentifier={ident}",
-          "/usr/bin/python3", "-I", "-c", code)
-    entries = wait_for(lambda: s.journal("-t", ident) or None, 10, interval=0.2,
-                       what="the line in the journal")
-    assert len(entries) == 1, [(e.get("PRIORITY"), e.get("MESSAGE")) for e in entries]
-    assert entries[0]["PRIORITY"] == "4"
-    assert entries[0]["MESSAGE"].startswith("refused: x\\x00<0>forged emergency\\n<1>forged")
+            f"logging.getLogger('edge_agent').warning('refused: %s', {hostile}, "
+            f"extra={{'journal': {{'COMMAND_ID': {hostile[:-1]} {ident}'}}}})")
+    for socket_out_of_reach in (False, True):
+        s.run("systemd-run", "--wait", "--quiet", "-p", "User=edge-agent",
+              "-p", "StandardOutput=journal", "-p", "StandardError=journal",
+              "-p", "SyslogLevelPrefix=yes", "-p", f"SyslogIdentifier={ident}",
+              *(("-p", "InaccessiblePaths=/run/systemd/journal/socket")
+                if socket_out_of_reach else ()),
+              "/usr/bin/python3", "-I", "-c", code)
+    # the socket's record: the agent's identifier, found by the field it carries
+    entries = wait_for(lambda: [e for e in s.journal("SYSLOG_IDENTIFIER=edge-agent", "_TRANSPORT=journal")
+                                if ident in str(e.get("COMMAND_ID"))] or None, 10,
+                       interval=0.2, what="the record in the journal")
+    streamed = wait_for(lambda: s.journal("-t", ident) or None, 10, interval=0.2,
+                        what="the line the stream carried")
+    for said in (entries, streamed):
+        assert len(said) == 1, [(e.get("PRIORITY"), e.get("MESSAGE")) for e in said]
+        assert said[0]["PRIORITY"] == "4"
+        assert said[0]["MESSAGE"].startswith("refused: x\\x00<0>forged emergency\\n<1>forged")
+    assert entries[0]["_TRANSPORT"] == "journal" and streamed[0]["_TRANSPORT"] == "stdout"
+    assert entries[0]["COMMAND_ID"].startswith("x\\x00<0>forged emergency\\n<1>forged")
 
 
 @step(test_enrolls_and_pairs_under_systemd)

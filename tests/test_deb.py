@@ -30,13 +30,15 @@ def test_every_package_of_the_agent_is_in_the_deb(built_debs):
 
 def test_the_deb_carries_the_journal_gate_and_the_polkit_rule(built_debs):
     """The agent's `logs` command needs the socket and its helper (the agent is not in
-    systemd-journal); its `reboot` needs the rule. Each as a root-owned 0644 file."""
+    systemd-journal); its `reboot` needs the rule; `journalctl -x` the catalog. Each as a
+    root-owned 0644 file."""
     listing = subprocess.run(["dpkg-deb", "-c", str(built_debs[0])], capture_output=True,
                              text=True, timeout=60).stdout
     for path in ("./usr/lib/systemd/system/edge-agent-logs.socket",
                  "./usr/lib/systemd/system/edge-agent-logs@.service",
                  "./usr/lib/systemd/system/edge-agent.service",
-                 "./usr/share/polkit-1/rules.d/50-edge-agent.rules"):
+                 "./usr/share/polkit-1/rules.d/50-edge-agent.rules",
+                 "./usr/lib/systemd/catalog/edge-agent.catalog"):
         assert re.search(rf"^-rw-r--r-- root/root .* {re.escape(path)}$", listing, re.M), path
 
 

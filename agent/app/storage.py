@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..base.card import FAILED, READ_ONLY, UNAVAILABLE, card_failure, describe
+from ..base.journal_fields import MessageId, journal
 from ..events.model import Event, storage_failed
 
 log = logging.getLogger("edge_agent")
@@ -124,7 +125,8 @@ class StorageAlarms:
         notice = self.health.unavailable(part, path, e, holds)
         if notice is None:
             return
-        log.log(notice.level, "%s", notice.message)
+        log.log(notice.level, "%s", notice.message, extra=journal(
+            MessageId.STORAGE_DEGRADED, EVENT=notice.event.type if notice.event else None))
         if notice.event is not None:
             if self._held is not None:
                 self._held.append(notice.event)

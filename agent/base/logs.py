@@ -1,8 +1,12 @@
-"""Logging for journald: one line per event, a syslog priority prefix when under systemd.
+"""Logging for journald: one record per event, with the fields a pipeline selects by.
 
-With ``JOURNAL_STREAM`` set (systemd connected stderr to the journal), each line
-starts with ``<N>`` so journald records the right priority; elsewhere lines carry a
-timestamp and level for a human at a terminal.
+With ``JOURNAL_STREAM`` set (systemd connected stderr to the journal) and journald's
+socket there, each record is a datagram of the native protocol: its text, priority,
+``SYSLOG_IDENTIFIER=edge-agent``, the screen's DEVICE_ID and VERSION, and the fields its
+log call named (base/journal_fields.py). A datagram that cannot be sent at once (the
+socket gone, journald's queue full) is written to stderr instead, as a line starting
+with ``<N>`` so journald still records its priority: a line is never lost and logging
+never waits. Elsewhere lines carry a timestamp and level for a human at a terminal.
 
 The client libraries' loggers go through the same handler and the same rate limit,
 at the levels they log at by default (the link's own lines say when and why a
@@ -16,11 +20,15 @@ import logging
 import math
 import os
 import re
+import socket
 import sys
 import threading
 import time
 import traceback
 from collections import deque
+
+from .. import __version__
+from .journal_fields import FIELD_CHARS, FIELDS, datagram
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4,
@@ -272,24 +280,111 @@ def _owner(tb) -> str:
     return "edge_agent"
 
 
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+IDENTIFIER = "edge-agent"
+# Fields every record carries, set once at start (stamp()): which screen, which release.
+_STAMP: dict = {"VERSION": __version__}
+
+
+def stamp(**fields) -> None:
+    """Fields for every record from now on: ``stamp(DEVICE_ID=...)`` once the id is
+    known; a value may be a function, read at each record (an id the server may
+    change)."""
+    _STAMP.update({name: value for name, value in fields.items() if name in FIELDS})
+
+
+def _stamped() -> dict[str, str]:
+    out = {}
+    for name, value in _STAMP.items():
+        try:
+            value = value() if callable(value) else value
+        except Exception:   # a record is never lost for a field
+            continue
+        if value is not None:
+            out[name] = clean(str(value), FIELD_CHARS)
+    return out
+
+
+class NativeJournal:
+    """journald's own socket, a datagram per record. Unconnected, so a journald that
+    restarts is found again at the next record; non-blocking, so a full queue is an
+    answer (False), not a wait."""
+
+    def __init__(self, path: str = JOURNAL_SOCKET):
+        self.path = path
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._socket.setblocking(False)
+
+    def send(self, data: bytes) -> bool:
+        try:
+            self._socket.sendto(data, self.path)
+            return True
+        except OSError:   # no socket, nobody on it, EAGAIN, a record too large
+            return False
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def _given_fields(record: logging.LogRecord) -> dict[str, str]:
+    """The fields the log call named (``extra=journal(...)``): known names only, each
+    value one clean bounded line."""
+    given = getattr(record, "journal", None)
+    if not isinstance(given, dict):
+        return {}
+    return {name: clean(str(value), FIELD_CHARS) for name, value in given.items()
+            if name in FIELDS and value is not None}
+
+
+def record_fields(record: logging.LogRecord, text: str) -> list[tuple[str, str]]:
+    fields = {**_stamped(), **_given_fields(record)}
+    return [("MESSAGE", text), ("PRIORITY", str(_PRIORITY.get(record.levelno, 6))),
+            ("SYSLOG_IDENTIFIER", IDENTIFIER), *sorted(fields.items())]
+
+
 class JournalHandler(logging.StreamHandler):
-    """stderr, rate-limited; when it is closed (the agent stops) it says what its limit
+    """journald's socket when ``native`` is given, else (and whenever a send fails)
+    stderr; rate-limited; when it is closed (the agent stops) it says what its limit
     held back since the last line of each kind."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, native: NativeJournal | None = None):
         super().__init__(stream or sys.stderr)
+        self.native = native
+        # the record's own text: the datagram carries the priority, and a traceback
+        # keeps its lines (a value with newlines is still one record there)
+        self._text = logging.Formatter("%(message)s")
         self.repeats = RepeatFilter()
         # in this order: a line's kind is read off the record as its logger made it
         self.addFilter(self.repeats)
         self.addFilter(LibraryLines())
         self.addFilter(OneLine())
 
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.native is not None:
+            try:
+                text = "\n".join(clean(line, TRACEBACK_CHARS)
+                                 for line in self._text.format(record).split("\n"))
+                data = datagram(record_fields(record, clean_bound(text)))
+            except Exception:
+                self.handleError(record)
+                return
+            if self.native.send(data):
+                return
+        super().emit(record)
+
     def close(self) -> None:
         try:
             for name, level, line in self.repeats.held_back():
                 self.emit(logging.LogRecord(name, level, __file__, 0, line, (), None))
         finally:
+            if self.native is not None:
+                self.native.close()
             super().close()
+
+
+def clean_bound(text: str) -> str:
+    """A record's whole text within TRACEBACK_CHARS, its lines already clean."""
+    return text if len(text) <= TRACEBACK_CHARS else text[:TRACEBACK_CHARS] + "..."
 
 
 def under_journal(stream=None) -> bool:
@@ -332,10 +427,12 @@ class RecentLines(logging.Handler):
 RECENT = RecentLines()
 
 
-def setup(level: str = "info") -> None:
+def setup(level: str = "info", journal_socket: str = JOURNAL_SOCKET) -> None:
     handler = JournalHandler(sys.stderr)
     if under_journal():
         handler.setFormatter(JournalFormatter("%(message)s"))
+        if os.path.exists(journal_socket):
+            handler.native = NativeJournal(journal_socket)
     else:
         handler.setFormatter(TerminalFormatter("%(asctime)s %(levelname)s %(message)s"))
     root = logging.getLogger("edge_agent")

@@ -16,6 +16,7 @@ import time
 from typing import Callable
 
 from ..base.boot import boot_token
+from ..base.journal_fields import journal
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from . import ledger
@@ -158,12 +159,13 @@ class CommandService:
             # a flood: one line a minute per kind (logs.RepeatFilter keys on the first
             # argument), not a line per command on the SD card
             log.warning("server command not run (%s): %s (%s)", quiet_why, result["id"],
-                        result["name"])
+                        result["name"], extra=journal(COMMAND_ID=result["id"]))
             return
         level = logging.INFO if result["ok"] else logging.WARNING
         log.log(level, "server command %s (%s): %s %s", result["id"], result["name"],
                 "ok" if result["ok"] else "error:",
-                ((result.get("output") if result["ok"] else result.get("error")) or "")[:300])
+                ((result.get("output") if result["ok"] else result.get("error")) or "")[:300],
+                extra=journal(COMMAND_ID=result["id"]))
 
     def _work(self) -> None:
         """The executor's body: a bug here (outside a command's own run) restarts it,

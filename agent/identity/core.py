@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..base.backoff import Backoff, BackoffPolicy
+from ..base.journal_fields import MessageId
 
 # Retries of a credentials write the disk refused: 1 s doubling to 5 minutes. No jitter:
 # the disk is this device's own, nobody else retries against it.
@@ -118,6 +119,7 @@ class Forget:
 class Note:
     level: int
     message: str
+    message_id: str | None = None   # a moment the journal's catalog explains
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,8 @@ class IdentityCore:
             self.current = replace(cur, claimed=True, pairing_code=None)
             named = f" as {event.name!r}" if event.name else ""
             return [Store(cur.token, cur.device_id, None, claimed=True),
-                    Note(logging.INFO, f"paired: an operator added this screen{named}"),
+                    Note(logging.INFO, f"paired: an operator added this screen{named}",
+                         MessageId.PAIRING_CLAIMED),
                     ResumeUploads(), StatusChanged()]
         if isinstance(event, UnpairedByServer):
             if self.preprovisioned:
@@ -240,7 +243,7 @@ class IdentityCore:
                 return [Note(logging.INFO, "enrollment: unpaired while the pairing answer was "
                                            "on its way; not keeping that token")]
             self.current = replace(cur, token=event.token, claimed=True)
-            return [Store(event.token), Note(logging.INFO, "paired"),
+            return [Store(event.token), Note(logging.INFO, "paired", MessageId.PAIRING_CLAIMED),
                     ResumeLink(), ResumeUploads(), StatusChanged()]
         if isinstance(event, Refused):
             if self.preprovisioned:

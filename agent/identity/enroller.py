@@ -21,6 +21,7 @@ from ..base.clock import SystemClock
 from ..base.egress import Egress, HostileAnswer, read_capped
 from ..base.fsutil import atomic_write, read_json
 from ..base.hardware import hardware_facts
+from ..base.journal_fields import MessageId, journal
 from ..runtime.deadline import deadline
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
@@ -226,7 +227,8 @@ class Enroller:
     def _show(self, code: PairingCode) -> None:
         expires_wall = time.time() + (code.expires_at - self.clock.monotonic())
         log.info("pairing code %s: enter it on the fleet server (valid for %.0f min)",
-                 code.display, (code.expires_at - self.clock.monotonic()) / 60)
+                 code.display, (code.expires_at - self.clock.monotonic()) / 60,
+                 extra=journal(MessageId.PAIRING_CODE_SHOWN))
         try:
             # for a signage player's UI to read and display
             write_file(self.runtime_dir, code.display)

@@ -9,6 +9,7 @@ import os
 import threading
 
 from ..base.fsutil import atomic_write
+from ..base.journal_fields import MessageId, journal
 
 log = logging.getLogger("edge_agent.identity")
 
@@ -55,7 +56,8 @@ class Board:
             return
         if new:
             self._written = False
-            log.info("pairing code %s: enter it on %s (%s)", display, self.where, self.expiry)
+            log.info("pairing code %s: enter it on %s (%s)", display, self.where, self.expiry,
+                     extra=journal(MessageId.PAIRING_CODE_SHOWN))
         try:   # one that failed is tried again at the next change, said once per code
             write_file(self.runtime_dir, display)
             self._written = True

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..base.clock import Clock, SystemClock
+from ..base.journal_fields import journal
 from ..runtime.threads import Alarm, Timers
 from ..runtime.watchdog_gate import WatchdogGate
 from . import core as C
@@ -175,7 +176,7 @@ class IdentityService:
     def _run(self, effect) -> None:
         h = self.hooks
         if isinstance(effect, C.Note):
-            log.log(effect.level, "%s", effect.message)
+            log.log(effect.level, "%s", effect.message, extra=journal(effect.message_id))
         elif isinstance(effect, C.RestartEnrollment):
             h.restart_enrollment(effect.generation)
         elif isinstance(effect, C.Reregister):

@@ -20,6 +20,7 @@ from ..base.clock import Clock, SystemClock
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from ..base import reasons as J
+from ..base.journal_fields import MessageId, journal
 from . import inbox, tcpinfo
 from .cargo import Cargo
 from .connect_bound import ConnectBound
@@ -373,9 +374,13 @@ class LinkRunner(Connecting, Sends, News):
                 transport.close()
             return
         log.warning("link lost: %s, reconnecting in %.1fs", self._why(reason),
-                    self.core.attempt_at() - self.clock.monotonic())
+                    self.core.attempt_at() - self.clock.monotonic(), extra=self._lost(reason))
         if transport is not None:
             transport.abort()
+
+    def _lost(self, reason: str) -> dict:
+        return journal(MessageId.LINK_LOST, REASON=reason,
+                       CONNECTION=self.core.journal.total_connections)
 
     def _why(self, reason: str) -> str:
         wd = self.core.watchdog
@@ -400,7 +405,7 @@ class LinkRunner(Connecting, Sends, News):
         transport, self.transport = self.transport, None
         log.warning("link lost: %s%s, reconnecting in %.1fs", reason,
                     f" ({detail})" if detail else "",
-                    self.core.attempt_at() - self.clock.monotonic())
+                    self.core.attempt_at() - self.clock.monotonic(), extra=self._lost(reason))
         if transport is not None:
             transport.abort()
 

@@ -11,6 +11,7 @@ from typing import Callable
 
 from ..base.clock import NOTABLE_SKEW_S
 from ..base import reasons as J
+from ..base.journal_fields import MessageId, journal
 from .idle_memory import network_key
 from .transport import SocketIOTransport, TransportError
 
@@ -45,7 +46,8 @@ class Connecting:
             self.core.on_connect_failed(now, e.reason, e.detail)
             delay = self.core.attempt_at() - now
             log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",
-                        self.server.display, e.reason, e.detail, delay, attempt + 1)
+                        self.server.display, e.reason, e.detail, delay, attempt + 1,
+                        extra=journal(REASON=e.reason))
             if e.reason == J.REFUSED and self._on_refused is not None:
                 self._on_refused(e.detail)
             return
@@ -65,7 +67,8 @@ class Connecting:
                  self.server.display, transport.local_addr(),
                  f" via {dialed.via}" if dialed is not None and dialed.via != "direct" else "",
                  took * 1000, _phases(dialed), _race_said(transport),
-                 self.core.journal.total_connections)
+                 self.core.journal.total_connections,
+                 extra=journal(MessageId.LINK_UP, CONNECTION=self.core.journal.total_connections))
         if skew is not None and abs(skew) >= NOTABLE_SKEW_S:
             log.warning("this device's clock is %.0f s %s the server's: is it synchronised "
                         "(NTP reachable from this site)?", abs(skew),

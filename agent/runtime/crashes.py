@@ -13,7 +13,12 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import logging
+import os
 import sys
+from contextlib import contextmanager
+
+from ..base.fsutil import atomic_write, read_bounded
+from ..base.journal_fields import MessageId, journal
 
 log = logging.getLogger("edge_agent")
 
@@ -28,3 +33,36 @@ def prepare(stream=None) -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
     except (OSError, AttributeError) as e:
         log.warning("cannot turn off core dumps: %s", e)
+
+
+RUN_MARK = "running"
+
+
+@contextmanager
+def watched_run(runtime_dir: str):
+    """The agent's run, marked in the runtime directory (tmpfs, kept across restarts of
+    the unit, emptied at boot: nothing on the card) and unmarked when it ends in any way
+    Python sees. A mark found at start is a previous process that ended without a
+    word: killed by systemd's watchdog (its usual cause), the OOM killer or a stop that
+    timed out; this start says so, once, with an id the journal's catalog explains."""
+    path = os.path.join(runtime_dir, RUN_MARK)
+    try:
+        before = read_bounded(path, 32).decode("ascii", "replace").strip()
+    except (OSError, ValueError):   # absent (the last run stopped), a link, too long
+        before = None
+    if before:
+        log.warning("started again after the previous process (pid %s) was killed without "
+                    "stopping: most often systemd's watchdog (journalctl -x -u edge-agent "
+                    "has its 'Watchdog timeout' and the threads' stacks)", before[:12],
+                    extra=journal(MessageId.RESTARTED_AFTER_KILL))
+    try:
+        atomic_write(path, str(os.getpid()).encode(), 0o644, durable=False)
+    except OSError as e:
+        log.warning("cannot mark this run in %s: %s", path, e.strerror)
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

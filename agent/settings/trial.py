@@ -9,6 +9,7 @@ import time
 from typing import Callable
 
 from ..config.schema import ConfigError
+from ..base.journal_fields import MessageId, journal
 from ..events.model import Event
 from ..runtime.threads import Timers
 from ..runtime.watchdog_gate import WatchdogGate
@@ -19,6 +20,10 @@ log = logging.getLogger("edge_agent")
 
 # the fleet's revision has been applied; this long for its result to go out first
 APPLY_AFTER_S = 1.0
+
+# the endings the journal's catalog explains (an expired key is neither)
+SETTINGS_MOMENTS = {rules.KEPT: MessageId.SETTINGS_KEPT,
+                    rules.ROLLED_BACK: MessageId.SETTINGS_ROLLED_BACK}
 
 
 class SettingsTrial:
@@ -117,7 +122,9 @@ class SettingsTrial:
         level = logging.INFO if ended.result == rules.KEPT else logging.WARNING
         log.log(level, "fleet settings revision %d %s%s%s", ended.revision, ended.result,
                 f" ({', '.join(ended.keys)})" if ended.keys else "",
-                f": {ended.why}" if ended.why else "")
+                f": {ended.why}" if ended.why else "",
+                extra=journal(SETTINGS_MOMENTS.get(ended.result), REVISION=ended.revision,
+                              EVENT=f"config.{ended.result}"))
         self._publish(Event(f"config.{ended.result}", time.time(),
                             {"revision": ended.revision, "why": ended.why,
                              "keys": list(ended.keys)}))

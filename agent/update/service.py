@@ -27,6 +27,7 @@ import urllib3
 
 from ..base.egress import HostileAnswer, body_chunks, fleet_url
 from ..base.fsutil import atomic_write, read_json
+from ..base.journal_fields import MessageId, journal
 from ..runtime.deadline import deadline
 from ..runtime.threads import start_worker
 from . import records, rules
@@ -62,6 +63,10 @@ def installed_version() -> str:
         return records.installed_version()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+# the outcomes the journal's catalog explains
+_MOMENTS = {rules.COMMITTED: MessageId.UPDATE_COMMITTED,
+            rules.ROLLED_BACK: MessageId.UPDATE_ROLLED_BACK}
 
 
 class Updater:
@@ -346,7 +351,7 @@ class Updater:
             entry = rules.outcome_of(cid, self.history())
             if entry is not None:
                 ok, text = rules.describe(entry)
-                self._settle(cid, ok, text)
+                self._settle(cid, ok, text, _MOMENTS.get(entry.get("outcome")))
                 return
             if not self._in_hand(cid):
                 self._settle(cid, False, "the installer lost the order; nothing changed")
@@ -357,11 +362,12 @@ class Updater:
                                          f"{UPDATE_UNIT})")
                 return
 
-    def _settle(self, cid: str, ok: bool, text: str) -> None:
+    def _settle(self, cid: str, ok: bool, text: str, moment: str | None = None) -> None:
         with self._lock:
             self._pending.pop(cid, None)
         self._clean(cid)
-        (log.info if ok else log.warning)("update %s: %s", cid, text)
+        (log.info if ok else log.warning)("update %s: %s", cid, text,
+                                          extra=journal(moment, COMMAND_ID=cid))
         self.settled(cid, ok, text)
 
     def _clean(self, cid: str) -> None:
