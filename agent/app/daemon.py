@@ -27,6 +27,7 @@ from ..link.liveness import heal_window_s
 from ..link.profiles import PROFILES, ProfileContext, uncarried
 from ..link.runner import LinkRunner
 from ..link.schedule_store import ScheduleStore
+from ..metrics import service as metrics
 from ..runtime.mainwait import MainThreadWait
 from ..screen import part as screen_part
 from ..runtime.systemd import Notifier, WatchdogPetter, watchdog_period_s
@@ -127,11 +128,14 @@ class Agent:
                 fallback_interval_s=e.fallback_interval_s, udev_source=e.udev_source,
                 telemetry_every_s=e.telemetry_every_s, sample=telemetry.get,
                 scheduled_off=self.hours.expected_off if self.hours else lambda: False)
+        self.metrics = metrics.from_config(   # None unless [metrics] enabled
+            config.metrics, runtime_dir, journal=lambda: self.runner.core.journal,
+            counts=lambda: (self.commands.results, self.notifier.pets))
         self.board = StatusBoard(
             config.status_path, self.notifier, device_id=self.identity.device_id,
             server=config.server.display, storage=self.storage,
             pairing=self.identity.pairing, link_now=self.runner.snapshot,
-            on_pairing=self.identity.show_code, sections={
+            on_pairing=self.identity.show_code, metrics=self.metrics, sections={
                 "credentials": ids.storage, "uploads": self.uploads.snapshot,
                 "events": lambda: {"mode": self.events.mode if self.events else "disabled",
                                    **self.outbox.snapshot()},
@@ -278,5 +282,7 @@ class Agent:
             part.stop()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.join(3.0)
+        if self.metrics is not None:
+            self.metrics.stop()
         log.info("edge-agent stopped")
         return 1 if failed else 0
