@@ -147,6 +147,14 @@ def test_the_text_is_what_prometheus_reads_back():
 
 
 def test_the_shell_writes_the_file_readable_by_node_exporter_and_removes_it_on_stop(tmp_path):
+    old = os.umask(0o077)   # the unit's UMask=0077, for what the shell makes
+    try:
+        _writes_and_removes(tmp_path)
+    finally:
+        os.umask(old)
+
+
+def _writes_and_removes(tmp_path):
     now = [0.0]
     journal = ConnectionJournal()
     path = str(tmp_path / "run" / "metrics" / "edge-agent.prom")
@@ -154,6 +162,7 @@ def test_the_shell_writes_the_file_readable_by_node_exporter_and_removes_it_on_s
                               render=service.renderer(), clock=lambda: now[0])
     metrics.document({"link": {"state": "online", "proven_live": True}})
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644, "node_exporter's user reads it"
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o755
     assert parsed(open(path).read())[("edge_agent_link_up", frozenset())] == 1
     metrics.document({"link": {"state": "waiting"}})
     assert parsed(open(path).read())[("edge_agent_link_up", frozenset())] == 1, "not yet due"

@@ -100,7 +100,7 @@ class Metrics:
             return
         self.core.written(now)   # a failed write is tried again only after every_s too
         try:
-            os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
+            self._make_directory()
             # 0644: node_exporter reads it as its own user; tmpfs: not durable, whole
             atomic_write(self.path, self._render(self.core.families()), 0o644, durable=False)
         except OSError as e:
@@ -111,6 +111,16 @@ class Metrics:
         if self._failed is not None:
             log.info("metrics textfile %s written again", self.path)
             self._failed = None
+
+
+    def _make_directory(self) -> None:
+        """The textfile's directory, made readable by node_exporter's user where this
+        makes it (the unit's UMask=0077 would leave it 0700); one that exists is the
+        operator's, left as it is."""
+        directory = os.path.dirname(self.path)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+            os.chmod(directory, 0o755)
 
 
 def from_config(section, runtime_dir: str, *, journal: Callable[[], ConnectionJournal],
