@@ -27,7 +27,6 @@ from ..link.liveness import heal_window_s
 from ..link.profiles import PROFILES, ProfileContext, uncarried
 from ..link.runner import LinkRunner
 from ..link.schedule_store import ScheduleStore
-from ..metrics import service as metrics
 from ..runtime.mainwait import MainThreadWait
 from ..screen import part as screen_part
 from ..runtime.systemd import Notifier, WatchdogPetter, watchdog_period_s
@@ -128,9 +127,12 @@ class Agent:
                 fallback_interval_s=e.fallback_interval_s, udev_source=e.udev_source,
                 telemetry_every_s=e.telemetry_every_s, sample=telemetry.get,
                 scheduled_off=self.hours.expected_off if self.hours else lambda: False)
-        self.metrics = metrics.from_config(   # None unless [metrics] enabled
-            config.metrics, runtime_dir, journal=lambda: self.runner.core.journal,
-            counts=lambda: (self.commands.results, self.notifier.pets))
+        self.metrics = None
+        if config.metrics.enabled:   # loaded only where asked for: the start pays nothing
+            from ..metrics import service as metrics
+            self.metrics = metrics.from_config(
+                config.metrics, runtime_dir, journal=lambda: self.runner.core.journal,
+                counts=lambda: (self.commands.results, self.notifier.pets))
         self.board = StatusBoard(
             config.status_path, self.notifier, device_id=self.identity.device_id,
             server=config.server.display, storage=self.storage,
