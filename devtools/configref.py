@@ -45,6 +45,7 @@ SECTIONS = {
               "/etc/edge-agent/update-keys/).",
     "fleet": "Settings from the fleet (\"configure\" in [commands] allow).",
     "log": "The journal.",
+    "metrics": "Metrics in Prometheus' text format, for node_exporter's textfile collector.",
     "debug": "Test hooks: never set on a screen.",
 }
 
@@ -206,6 +207,16 @@ DOCS = {
                                    "adding shell: only this file can).",
     "fleet.manage_server_url": "true: the fleet may move this screen to another server.",
     "log.level": "debug, info, warning or error.",
+    "metrics.enabled": "Write the agent's metrics (the link, its heals, the queue, commands, "
+                       "update and settings, watchdog pets) in Prometheus' text format for "
+                       "node_exporter's textfile collector. Needs python3-prometheus-client "
+                       "(recommended by the package); docs/operate.md lists the series.",
+    "metrics.textfile": "Where the metrics are written; unset: metrics/edge-agent.prom in the "
+                        "runtime directory (tmpfs), which the package links into "
+                        "node_exporter's textfile directory. Keep it on tmpfs: it is rewritten "
+                        "every few seconds.",
+    "metrics.every_s": "The least time between two writes of the textfile; a change waits at "
+                       "most this, and the link thread's next wake-up (30 s at most).",
     "debug.stall_link_after_s": "The link thread wedges itself this long after start.",
     "debug.link_max_wait_s": "The link loop's longest wait (30 s), shortened.",
     "debug.sysfs_root": "Read display, power and network state from this tree, not /sys.",
@@ -230,6 +241,7 @@ EXAMPLES = {
     "screen.x_display": ":0",
     "screen.capture_command": "grim -t ppm -",
     "screen.player_unit": "kiosk.service",
+    "metrics.textfile": "/run/edge-agent/metrics/edge-agent.prom",
 }
 # Not for an operator's file (test hooks): in docs/configure.md, not in agent.toml.
 HIDDEN_SECTIONS = ("debug",)

@@ -73,6 +73,10 @@ PYTHON = {"bookworm": "python3.11", "trixie": "python3.13"}
 DISPLAY_STAND_IN = ["xvfb", "x11-xserver-utils"]
 # the zones set-timezone sets (a Pi's image has them; trixie's minbase does not)
 TIME_STAND_IN = ["tzdata"]
+# what reads the agent's metrics on a fleet watched by Prometheus: Debian's node_exporter,
+# its textfile collector at its own default directory; by debootstrap, without the
+# collectors it recommends (their timers would write files of their own beside ours)
+METRICS_READER = ["prometheus-node-exporter"]
 # the alarms apt's output must not raise on install, upgrade or purge
 ALARMING = re.compile(r"could not|fail|error|warning", re.I)
 # what dpkg says when it stops to ask about a configuration file: never, unattended
@@ -151,7 +155,8 @@ def rootfs(release):
         pytest.fail(f"the booted-system tests need root and {', '.join(missing) or 'nothing'} "
                     "(.ci/run installs systemd-container and debootstrap)")
     control = REPO / "debian" / "control"
-    return ensure_rootfs(package_depends(control) + DISPLAY_STAND_IN + TIME_STAND_IN,
+    return ensure_rootfs(package_depends(control) + DISPLAY_STAND_IN + TIME_STAND_IN
+                         + METRICS_READER,
                          package_depends(control, "Recommends"), suite=release)
 
 
@@ -391,6 +396,36 @@ def test_enrolls_and_pairs_under_systemd(site):
     assert s.run("readlink", f"/proc/{main_pid(s)}/exe").stdout.strip() == \
         f"/usr/bin/{PYTHON[site.release]}"
     site.device_id = doc["device_id"]
+
+
+@step(test_enrolls_and_pairs_under_systemd)
+def test_node_exporter_shows_the_agents_metrics_through_the_packages_link(site):
+    """[metrics] enabled: the textfile on tmpfs, read by Debian's prometheus-node-exporter
+    as it comes (its default textfile directory holds the package's link to it)."""
+    s = site.screen
+    s.path(CONF).write_text(s.path(CONF).read_text() + "[metrics]\nenabled = true\nevery_s = 1\n")
+    s.run("systemctl", "restart", UNIT)
+    wait_online(s)
+    assert s.run("systemctl", "is-active", "prometheus-node-exporter.service",
+                 check=False).stdout.strip() == "active"
+    scrape = ("import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
+              "'http://127.0.0.1:9100/metrics', timeout=5).read().decode())")
+
+    def proven():
+        out = s.run("python3", "-c", scrape, check=False).stdout
+        return out if re.search(r"^edge_agent_link_proven_live 1(\.0)?$", out, re.M) else None
+    out = wait_for(proven, 30, interval=0.5, what="node_exporter to show the link proven live")
+    assert re.search(r"^edge_agent_link_up 1(\.0)?$", out, re.M), out
+    assert re.search(r"^node_textfile_scrape_error 0$", out, re.M), out
+    for series in ("edge_agent_link_connect_seconds_count", "edge_agent_queue_items",
+                   "edge_agent_link_heartbeat_rtt_seconds_bucket", "edge_agent_watchdog_pets_total",
+                   'edge_agent_commands_total{result="ok"}', 'edge_agent_settings_state{state='):
+        assert series in out, f"{series} not in node_exporter's /metrics"
+    path = "/run/edge-agent/metrics/edge-agent.prom"
+    assert s.run("stat", "-f", "-c", "%T", path).stdout.strip() == "tmpfs", "never the card"
+    assert s.run("stat", "-c", "%a %U", path).stdout.split() == ["644", "edge-agent"]
+    assert s.run("readlink", "/var/lib/prometheus/node-exporter/edge-agent.prom"
+                 ).stdout.strip() == path
 
 
 @step(test_enrolls_and_pairs_under_systemd)

@@ -223,7 +223,8 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
                "network.client_cert": str(cert), "network.client_key": str(key),
                "hours.week": "mon-fri 08:00-18:00", "hours.exceptions": "2026-12-25 off",
                "hours.timezone": "Europe/Berlin", "screen.x_display": ":0",
-               "screen.player_unit": "kiosk.service", "screen.mixer_control": "PCM"}
+               "screen.player_unit": "kiosk.service", "screen.mixer_control": "PCM",
+               "metrics.textfile": "/run/other/agent.prom"}
     for section, keys in C.SCHEMA.items():
         for key, spec in keys.items():
             name = f"{section}.{key}"

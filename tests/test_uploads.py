@@ -356,15 +356,17 @@ def test_an_outage_holds_the_queue_writes_nothing_and_ends_when_the_link_is_back
 
 def test_refused_credentials_hold_the_queue_and_lose_nothing(store):
     clock = FakeClock(wall_offset=0.0)
+    queued_at = clock.wall()
     for kind in ("screenshot", "log", "proof-of-play"):
         store.enqueue(kind, b'{"%s": 1}' % kind.encode(), now=clock.wall())
+        clock.advance(1.0)
     sender = FakeSender({b"": Outcome(AUTH, "HTTP 401")})
     worker = make_worker(store, sender, clock)
     for _ in range(20):
         worker._work_once()
         clock.advance(60.0)
     assert store.stats() == {"items": 3, "bytes": store.stats()["bytes"], "dead_letter": 0,
-                             "dropped": {}}
+                             "dropped": {}, "oldest_at": queued_at}
     sender.answers = {}
     worker.link_up()  # what pairing anew does
     worker._work_once()

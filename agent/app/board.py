@@ -29,7 +29,8 @@ class StatusBoard:
     def __init__(self, path: str, notifier: Notifier, *, device_id: Callable[[], str],
                  server: str, storage: StorageHealth, pairing: Callable[[], dict | None],
                  link_now: Callable[[], dict], sections: dict[str, Callable[[], object]],
-                 on_pairing: Callable[[dict | None], None] = lambda pairing: None):
+                 on_pairing: Callable[[dict | None], None] = lambda pairing: None,
+                 metrics=None):
         self._path = path
         self._notifier = notifier
         self._device_id = device_id
@@ -39,6 +40,7 @@ class StatusBoard:
         self._link_now = link_now
         self._sections = sections
         self._on_pairing = on_pairing
+        self._metrics = metrics   # metrics/service.py's Metrics, where [metrics] is on
         self.link: dict = {}   # the link's state as it last published it
         self._said_at = time.monotonic()
         self._lock = threading.Lock()
@@ -62,9 +64,14 @@ class StatusBoard:
                 status_file.write(self._path, doc)
             except OSError as e:
                 log.warning("cannot write status file %s: %s", self._path, e.strerror)
+        if self._metrics is not None:
+            self._metrics.document(doc)
 
     def turn(self, now: float) -> None:
-        """On the link thread's wake-up: systemd's line, when it has not been said lately."""
+        """On the link thread's wake-up: systemd's line, when it has not been said lately,
+        and the metrics' turn."""
+        if self._metrics is not None:
+            self._metrics.turn(now)
         if self._notifier.enabled and now - self._said_at >= STATUS_REFRESH_S:
             self._said_at = now
             self._say(self._link_now(), self._pairing())

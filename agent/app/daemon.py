@@ -129,11 +129,17 @@ class Agent:
                 fallback_interval_s=e.fallback_interval_s, udev_source=e.udev_source,
                 telemetry_every_s=e.telemetry_every_s, sample=telemetry.get,
                 scheduled_off=self.hours.expected_off if self.hours else lambda: False)
+        self.metrics = None
+        if config.metrics.enabled:   # loaded only where asked for: the start pays nothing
+            from ..metrics import service as metrics
+            self.metrics = metrics.from_config(
+                config.metrics, runtime_dir, journal=lambda: self.runner.core.journal,
+                counts=lambda: (self.commands.results, self.notifier.pets))
         self.board = StatusBoard(
             config.status_path, self.notifier, device_id=self.identity.device_id,
             server=config.server.display, storage=self.storage,
             pairing=self.identity.pairing, link_now=self.runner.snapshot,
-            on_pairing=self.identity.show_code, sections={
+            on_pairing=self.identity.show_code, metrics=self.metrics, sections={
                 "credentials": ids.storage, "uploads": self.uploads.snapshot,
                 "events": lambda: {"mode": self.events.mode if self.events else "disabled",
                                    **self.outbox.snapshot()},
@@ -281,5 +287,7 @@ class Agent:
             part.stop()
         # Queued items are already durable; stopping only ends the round in progress.
         self.uploads.join(3.0)
+        if self.metrics is not None:
+            self.metrics.stop()
         log.info("edge-agent stopped")
         return 1 if failed else 0

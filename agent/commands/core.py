@@ -190,6 +190,10 @@ class Run:
     args: dict
 
 
+# a Report's why for a duplicate's stored result: said again, not a new result
+RESEND = "a resend"
+
+
 @dataclass(frozen=True)
 class Report:
     result: dict
@@ -316,7 +320,7 @@ class CommandCore:
         if known is not None:
             # a duplicate (a resend after a lost receipt ACK): never a second run; the
             # result goes again if there is one (and on every connection until confirmed)
-            return [Report(known.result, False, "a resend")] if known.result is not None else []
+            return [Report(known.result, False, RESEND)] if known.result is not None else []
         expires = raw.get("expires_at")
         if isinstance(expires, bool) or not isinstance(expires, (int, float)) \
                 or not math.isfinite(expires):

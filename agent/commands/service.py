@@ -21,7 +21,7 @@ from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from . import ledger
 from .actions import Actions
-from .core import CommandCore, LATER, Outcome, Report, Run
+from .core import CommandCore, LATER, RESEND, Outcome, Report, Run
 
 log = logging.getLogger("edge_agent.commands")
 
@@ -63,6 +63,9 @@ class CommandService:
         self._boot, self._pid = boot_token(runtime_dir), os.getpid()
         self._jobs: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
+        # results said since start, by the metrics' words: ok, error (it ran and
+        # failed), refused (it never ran); a resend's stored result is not a new one
+        self.results = {"ok": 0, "error": 0, "refused": 0}
         self.loop = Loop("commands", self._work, gate=gate,
                          max_silence_s=max_silence_s(getattr(actions, "timeout_s",
                                                              LONGEST_TIMEOUT_S))
@@ -155,6 +158,9 @@ class CommandService:
         return None
 
     def _log_result(self, result: dict, quiet_why: str = "") -> None:
+        if quiet_why != RESEND:
+            kind = "ok" if result["ok"] else "error" if "started_at" in result else "refused"
+            self.results[kind] += 1
         if quiet_why:
             # a flood: one line a minute per kind (logs.RepeatFilter keys on the first
             # argument), not a line per command on the SD card

@@ -124,6 +124,13 @@ class Log:
 
 
 @dataclass(frozen=True)
+class Metrics:
+    enabled: bool
+    textfile: str | None
+    every_s: float
+
+
+@dataclass(frozen=True)
 class Debug:
     stall_link_after_s: float | None
     link_max_wait_s: float | None
@@ -138,7 +145,7 @@ class Debug:
 SECTIONS = {"server": Server, "identity": Identity, "runtime": Runtime, "link": Link,
             "uploads": UploadPolicy, "events": Events, "watchdog": Watchdog,
             "commands": Commands, "hours": Hours, "screen": Screen, "update": Update,
-            "fleet": Fleet, "log": Log, "debug": Debug}
+            "fleet": Fleet, "log": Log, "metrics": Metrics, "debug": Debug}
 POLICIES = {"link.liveness": LivenessPolicy, "link.backoff": BackoffPolicy,
             "link.keepalive": KeepalivePolicy, "link.idle": IdlePolicy}
 
@@ -159,6 +166,7 @@ class Config:
     update: Update
     fleet: Fleet
     log: Log
+    metrics: Metrics
     debug: Debug
     source: str = ""
     # where each key's value came from: default (the schema), package (the package's

@@ -75,6 +75,9 @@ class Text:
 # An absolute path: no control characters, no empty components (one reading of a
 # segment each, so a long bad value cannot make the match backtrack).
 ABS_PATH = Text("an absolute path (/...)", re.compile(r"(?:/[^\x00-\x1f\x7f/]+)+/?|/"), 1024)
+# node_exporter's textfile collector reads only files named *.prom
+PROM_PATH = Text("an absolute path ending in .prom",
+                 re.compile(r"(?:/[^\x00-\x1f\x7f/]+)*/[^\x00-\x1f\x7f/]+\.prom"), 1024)
 # Run through shlex.split, never a shell: one line of printable characters.
 COMMAND_LINE = Text("one line of printable characters", re.compile(r"[^\x00-\x1f\x7f]+"))
 X_DISPLAY = Text("an X display such as :0",
@@ -286,6 +289,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "log": {
         "level": Key(str, "info", "log.level", LOG_LEVELS, fleet=True),
+    },
+    "metrics": {
+        # Prometheus' text format for node_exporter's textfile collector (docs/operate.md,
+        # metrics); off: a screen nobody scrapes pays nothing for it
+        "enabled": Key(bool, False, "metrics.enabled"),
+        # unset: <[runtime] dir>/metrics/edge-agent.prom; tmpfs, never the card; node_exporter
+        # reads only *.prom
+        "textfile": Key(str, None, "metrics.textfile", PROM_PATH),
+        # the least time between two writes: a change waits at most this (and the link
+        # thread's next wake-up, 30 s at most); never a write per heartbeat
+        "every_s": Key(float, 15.0, "metrics.every_s", Range(1, 3600)),
     },
     "debug": {
         # Test hook: the link thread wedges itself this long after start.

@@ -37,6 +37,12 @@ class ConnectionRecord:
         self.rtt_ms_max = ms if self.rtt_ms_max is None else max(self.rtt_ms_max, ms)
 
     @property
+    def rtt_ms_sum(self) -> float:
+        """Of every acked heartbeat's round trip: the metrics' histogram takes what it
+        has not read yet from it."""
+        return self._rtt_sum
+
+    @property
     def rtt_ms_avg(self) -> float | None:
         if not self.heartbeats_acked:
             return None

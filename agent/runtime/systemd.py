@@ -26,6 +26,7 @@ class Notifier:
             self._notifier = sdnotify.SystemdNotifier()
         self._lock = threading.Lock()
         self._last_status: str | None = None
+        self.pets = 0   # sent since start: the metrics' count
 
     def send(self, *fields: str) -> None:
         if self._notifier is not None:
@@ -46,6 +47,7 @@ class Notifier:
 
     def pet(self) -> None:
         self.send("WATCHDOG=1")
+        self.pets += 1
 
 
 def watchdog_period_s(environ=None) -> float | None:

@@ -390,7 +390,10 @@ class QueueStore:
         with self._locked():
             count, total = self._spool.n_items, self._spool.n_bytes
             dead = self._dead_letter.count()
-        return {"items": count, "bytes": total, "dead_letter": dead, "dropped": dict(self.dropped)}
+            # the index holds items in the order they were queued: the first is the oldest
+            oldest = next(iter(self._spool.live.values()), None)
+        return {"items": count, "bytes": total, "dead_letter": dead, "dropped": dict(self.dropped),
+                "oldest_at": oldest.created_at if oldest is not None else None}
 
     def close(self) -> None:
         with self._mutex:
