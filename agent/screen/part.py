@@ -23,8 +23,12 @@ from ..config.model import Config
 from ..events.model import Event
 from ..runtime.threads import start_worker
 from ..runtime.watchdog_gate import WatchdogGate
-from . import controls as controlling, mender as mending, service, watch
+from typing import TYPE_CHECKING
+
 from .core import Verdict
+
+if TYPE_CHECKING:   # each is imported where this screen has a use for it
+    from . import controls as controlling, mender as mending, service, watch
 
 log = logging.getLogger("edge_agent.screen")
 
@@ -32,7 +36,7 @@ log = logging.getLogger("edge_agent.screen")
 class CommandDisplay:
     """The read-back as the display command sees it: the verdict, also told as an event."""
 
-    def __init__(self, display: service.Screen, publish: Callable[[Event], None]):
+    def __init__(self, display: "service.Screen", publish: Callable[[Event], None]):
         self.display, self.publish = display, publish
         self.bound_s = display.bound_s
 
@@ -44,13 +48,13 @@ class CommandDisplay:
 
 
 class ScreenPart:
-    def __init__(self, display: service.Screen | None, picture: watch.PictureWatch | None,
+    def __init__(self, display: "service.Screen | None", picture: "watch.PictureWatch | None",
                  publish: Callable[[Event], None]):
         self.display = display          # the hours' read-back
         self.command_display = CommandDisplay(display, publish) if display else None
         self.picture = picture
-        self.controls: controlling.Controls | None = None
-        self.mender: mending.Mender | None = None
+        self.controls: "controlling.Controls | None" = None
+        self.mender: "mending.Mender | None" = None
         self._prober = None   # the worker probing the controls' means, while it runs
         self.cold_start = False   # the boot's first start of the agent
 
@@ -129,6 +133,7 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
     section, commands = config.screen, config.commands
     display = None
     if commands.display_on_command or commands.display_off_command:
+        from . import service
         display = service.from_config(section, commands, sysfs_root=sysfs, environ=environ)
     part = ScreenPart(display, None, publish)
     part.cold_start = cold_start
@@ -143,20 +148,33 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
     if section.player_unit or section.recovery:
         # a wake is the display command and its read-back; a reboot, the command's bound
         rung_s = commands.timeout_s + (display.bound_s if display is not None else 0.0) + 10.0
+        from . import mender as mending
         part.mender = mending.from_config(
             section, commands.allow, config.state_dir, publish=publish,
             wake=wake if commands.display_on_command else None, reboot=reboot,
             meant_dark=lambda: part.dark(scheduled_off) is not None, gate=gate,
             rung_bound_s=rung_s, clock_trusted=config.hours.clock == "trusted")
     if {"restart-player", "brightness", "volume"} & set(commands.allow):
+        from . import controls as controlling
         part.controls = controlling.from_config(
             section, sysfs_root=sysfs, environ=environ,
             player=part.mender.player if part.mender else None)
         part.controls.on_change = means_changed
-    if section.picture_every_s > 0:
+    if section.picture_every_s > 0 and something_to_capture(config, environ):
+        from . import watch
         part.picture = watch.from_config(
             section, commands, environ, dark=lambda: part.dark(scheduled_off),
             publish=publish, gate=gate, temp_dir=runtime_dir,
             enqueue=queue_thumbnail if "screenshot" in commands.allow else None,
             on_verdict=part.mender.on_picture if part.mender else None)
     return part
+
+
+def something_to_capture(config: Config, environ: dict) -> bool:
+    """A display this agent is told of: a capture command, an X display (the key, the
+    display commands', the environment's) or a Wayland one. A box without one (an IoT
+    player, a headless test) loads no picture check at all."""
+    commands = config.commands
+    return bool(config.screen.capture_command or config.screen.x_display
+                or commands.display_on_command or commands.display_off_command
+                or environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"))
