@@ -18,7 +18,7 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # hours' X11 recipe on a real X server (Xvfb, xset); a fleet of two nodes behind a load
 # balancer, one of them hung (haproxy; redis-server shares the nodes' Socket.IO emits).
 # A signed APT repository of the releases, as scripts/release makes it (reprepro).
-# The screen's picture captured from a real X server (ImageMagick's import), and its
+# The screen's picture captured from a real X server (xwd, ImageMagick's import), and its
 # volume set and read back on a real, headless PipeWire (wpctl, pactl, ALSA's amixer
 # through the pulse plugin) on a session bus of its own (tests/test_controls.py).
 # The doctor's clock judged against the server's with this process three days back
@@ -27,7 +27,7 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
            build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
-           haproxy redis-server reprepro imagemagick
+           haproxy redis-server reprepro imagemagick x11-apps
            pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils alsa-utils
            libasound2-plugins dbus-daemon faketime tzdata)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's

@@ -117,10 +117,11 @@ def xvfb():
 def xvfb_pictures():
     """Xvfb that keeps what is drawn on it (-noreset: a server resets, its root black
     again, when its last client leaves, as xsetroot does), 16:9, and its display. The
-    picture check's tests draw with xsetroot and capture with ImageMagick's import."""
-    missing = [tool for tool in ("Xvfb", "xset", "xsetroot", "import") if not shutil.which(tool)]
+    picture check's tests draw with xsetroot and capture with xwd and ImageMagick's import."""
+    missing = [tool for tool in ("Xvfb", "xset", "xsetroot", "xwd", "import")
+               if not shutil.which(tool)]
     if missing:
         pytest.fail(f"the picture check's tests need {', '.join(missing)} (.ci/run installs "
-                    "xvfb, x11-xserver-utils and imagemagick)")
+                    "xvfb, x11-xserver-utils, x11-apps and imagemagick)")
     with _x_server("320x180x24", "-noreset") as (display, _):
         yield display

@@ -6,6 +6,7 @@ display off by schedule never captured and never black."""
 import io
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -219,13 +220,13 @@ def test_a_real_black_screen_is_black_and_its_thumbnail_is_queued_as_a_png(xvfb_
     assert w.check() == 60.0
     assert [e.type for e in events] == ["screen.black"] and verdicts == [BLACK]
     assert events[0].details == {"mean": 0.0, "contrast": 0.0, "was": None,
-                                 "captured_by": f"import on {display}"}
+                                 "captured_by": f"xwd on {display}"}
     [(kind, png)] = uploads
     from PIL import Image
     with Image.open(io.BytesIO(png)) as im:
         assert (kind, im.format, im.mode, im.size) == (SCREENSHOT, "PNG", "L", (64, 36))
     snap = w.snapshot()
-    assert snap["verdict"] == BLACK and snap["captured_by"] == f"import on {display}"
+    assert snap["verdict"] == BLACK and snap["captured_by"] == f"xwd on {display}"
     assert (snap["mean"], snap["contrast"], snap["failures"], snap["uploads"]) == (0.0, 0.0, 0, 1)
 
 
@@ -240,17 +241,23 @@ def test_checks_write_nothing_to_storage_not_even_the_capture_tools_temporary_fi
     display, clock = xvfb_pictures, Clock()
     draw(display, "-solid", "gray")
     w, events, uploads, verdicts = watch_of(display, clock)
+    # ImageMagick's import (where xwd is not installed) writes its picture to a temporary
+    # file before it prints it: on the tmpfs choose() gives it
+    def by_import(temp_dir=None):
+        chosen = capturing.choose(None, display, {"PATH": os.environ["PATH"]}, temp_dir=temp_dir)
+        return capturing.Capture([shutil.which("import"), "-display", display, "-window",
+                                  "root", "-depth", "8", "pgm:-"], "import", env=chosen.env)
     os.sync()
     before = write_bytes()
     for _ in range(5):
         w.check()
-    # import writes its picture to a temporary file before it prints it: on the tmpfs
+        assert by_import().take().picture is not None
     assert w.checks == 5 and w.snapshot()["failure"] is None
     assert write_bytes() - before == 0
-    # the proof can fail: the same capture with its temporary file on a disk (the
-    # checkout's: /tmp may be a tmpfs) writes
+    # the proof can fail: import with its temporary file on a disk (the checkout's: /tmp
+    # may be a tmpfs) writes
     with tempfile.TemporaryDirectory(dir=REPO) as disk:
-        on_disk = capturing.choose(None, display, {"PATH": os.environ["PATH"]}, temp_dir=disk)
+        on_disk = by_import(temp_dir=disk)
         before = write_bytes()
         assert on_disk.take().picture is not None
         assert write_bytes() - before > 0
@@ -412,8 +419,7 @@ def test_stop_kills_a_capture_running_and_refuses_the_next():
 def test_which_tool_captures_this_screen():
     path = {"PATH": os.environ["PATH"]}
     c = capturing.choose(None, ":7", path)
-    assert c.argv[1:] == ["-display", ":7", "-window", "root", "-depth", "8", "pgm:-"]
-    assert c.how == "import on :7"
+    assert c.argv[1:] == ["-display", ":7", "-root", "-silent"] and c.how == "xwd on :7"
     wayland = capturing.choose(None, ":7", {"WAYLAND_DISPLAY": "wayland-1", "PATH": "/nowhere"})
     assert wayland.take() == capturing.Shot(why="no capture tool on this Wayland screen: grim "
                                                 "is not installed", absent=True)
@@ -423,7 +429,7 @@ def test_which_tool_captures_this_screen():
     # the X display the display commands name, as the read-back asks it
     w = from_config(ScreenSection(), commands("xset -display :9 dpms force off"),
                     path, dark=lambda: None, publish=lambda e: None)
-    assert w.capture.how == "import on :9"
+    assert w.capture.how == "xwd on :9"
 
 
 def test_a_screen_with_no_capture_tool_says_so_once_and_looks_again_rarely(caplog):

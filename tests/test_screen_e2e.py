@@ -27,7 +27,7 @@ def test_a_black_screen_is_told_once_and_a_lit_one_brings_ok(
         server, tmp_path, screen={"x_display": display, "picture_every_s": 0.5}))
     agent.wait_live(15)
     black = wait_for(lambda: events(server, "screen.black"), 15, what="screen.black")
-    assert black[0]["mean"] < 16 and black[0]["captured_by"].startswith("import"), black
+    assert black[0]["mean"] < 16 and black[0]["captured_by"].startswith("xwd"), black
     picture = agent.status()["screen"]["picture"]
     assert picture["verdict"] == "black" and picture["every_s"] == 0.5, picture
     draw(display, "-bitmap", xbm(tmp_path / "lit.xbm", 32, 12), "-fg", "white", "-bg", "#202020")

@@ -2,9 +2,10 @@
 
 Which tool: ``[screen] capture_command`` when set (it prints a PNG, PPM or JPEG on
 stdout); else on Wayland (``WAYLAND_DISPLAY``) ``grim -t ppm -``; else on X11 (the X
-display the read-back asks, service.x_display_of) ImageMagick's ``import``, asked for an
-8-bit grey PGM: a third of the bytes of a colour one to read and decode, and the judge
-wants grey. None of these: no capture on this screen (said, not a failure).
+display the read-back asks, service.x_display_of) ``xwd -root`` (x11-apps), its dump's
+pixels taken by Pillow as they are (a third of the CPU of ImageMagick's ``import``,
+measured: most of import's is its own start), else ImageMagick's ``import``, asked for
+an 8-bit grey PGM. None of these: no capture on this screen (said, not a failure).
 
 ImageMagick's import writes its picture to a temporary file before it prints it (2 MB a
 1080p check, on the card where /tmp is on it): every tool runs with its temporary files
@@ -24,6 +25,7 @@ import os
 import selectors
 import shlex
 import shutil
+import struct
 import subprocess
 import threading
 import time
@@ -93,7 +95,7 @@ class Capture:
         if child is not None:
             children.kill_group(child)
 
-    def _run(self) -> tuple[bytes, str]:
+    def _run(self) -> tuple[bytes | bytearray, str]:
         argv = self.argv
         try:
             with self._lock:
@@ -115,10 +117,11 @@ class Capture:
             return b"", f"{children.program(argv)} printed no picture"
         return out, ""
 
-    def _read(self, child: subprocess.Popen) -> tuple[bytes, bytes, str]:
-        """stdout whole (at most max_bytes), stderr's tail, or why not; the child reaped."""
+    def _read(self, child: subprocess.Popen) -> tuple[bytearray, bytes, str]:
+        """stdout whole (at most max_bytes), stderr's tail, or why not; the child reaped.
+        One buffer grown in place: a frame's 8 MB is held once, not as chunks and a join."""
         deadline = time.monotonic() + self.timeout_s
-        chunks, size, err = [], 0, b""
+        out, size, err = bytearray(), 0, b""
         why = ""
         with selectors.DefaultSelector() as sel:
             sel.register(child.stdout, selectors.EVENT_READ)
@@ -138,7 +141,7 @@ class Capture:
                             why = (f"{children.program(self.argv)} printed more than "
                                    f"{_size(self.max_bytes)}")
                             break
-                        chunks.append(block)
+                        out += block
                     else:
                         err = (err + block)[-MAX_STDERR:]
         if why or self._stopping:
@@ -156,8 +159,6 @@ class Capture:
                 pass    # SIGKILLed; only an uninterruptible sleep keeps it
         if self._stopping and not why:
             why = "not captured: the agent is stopping"
-        out = b"".join(chunks)
-        chunks.clear()
         return out, err, why
 
 
@@ -177,10 +178,62 @@ def pillow():
     return Image
 
 
+# xwd's dump (X11/XWDFile.h): a header of 25 big-endian 32-bit words, then the window's
+# name, the colour map (12 bytes an entry), then the pixels, a row each bytes_per_line
+_XWD_WORDS = struct.Struct(">25I")
+_XWD_VERSION, _ZPIXMAP, _TRUE_COLOR = 7, 2, 4
+# (bits per pixel, red, green, blue masks, byte order) -> Pillow's raw mode
+_XWD_RAW = {(32, 0xFF0000, 0xFF00, 0xFF, 0): "BGRX", (32, 0xFF0000, 0xFF00, 0xFF, 1): "XRGB",
+            (16, 0xF800, 0x7E0, 0x1F, 0): "BGR;16"}
+
+
+def is_xwd(data: bytes) -> bool:
+    return len(data) >= _XWD_WORDS.size and \
+        struct.unpack_from(">I", data, 4)[0] == _XWD_VERSION
+
+
+def _xwd_size(data: bytes) -> tuple[int, int]:
+    return _XWD_WORDS.unpack_from(data)[4:6]
+
+
+def _fit(width: int, height: int) -> tuple[int, int]:
+    """The thumbnail's size for a picture of this size: its aspect, the longer side
+    THUMB_SIZE's."""
+    scale = min(THUMB_SIZE[0] / width, THUMB_SIZE[1] / height, 1.0)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _open_xwd(Image, data: bytes):
+    """xwd's dump as a Pillow image over its pixels (no copy): the true-colour forms an
+    X server shows a screen in; another is told, in one line."""
+    (header_size, _version, pixmap_format, _depth, width, height, _xoffset, byte_order,
+     _unit, _bit_order, _pad, bits_per_pixel, bytes_per_line, visual_class, red, green,
+     blue, _bits_per_rgb, _entries, ncolors, *_window) = _XWD_WORDS.unpack_from(data)
+    raw = _XWD_RAW.get((bits_per_pixel, red, green, blue, byte_order))
+    if pixmap_format != _ZPIXMAP or visual_class != _TRUE_COLOR or raw is None:
+        raise NotAPicture(f"the capture is an XWD of {bits_per_pixel} bits a pixel not read "
+                          "here (set [screen] capture_command)")
+    if width * height > MAX_PIXELS:
+        raise NotAPicture(f"the capture is too large to decode: {width}x{height} pixels")
+    start = header_size + 12 * ncolors
+    if width < 1 or height < 1 or bytes_per_line * height > len(data) - start \
+            or bytes_per_line < width * bits_per_pixel // 8:
+        raise NotAPicture("the capture is not a picture: an XWD cut short")
+    # every step-th row only (the stride skips the rest, no copy): the thumbnail has
+    # THUMB_SIZE's rows, each the mean of four still; a frame's 8 MB is not converted
+    step = max(1, height // (THUMB_SIZE[1] * 4))
+    return Image.frombuffer("RGB", (width, height // step), memoryview(data)[start:], "raw",
+                            raw, bytes_per_line * step, 1)
+
+
 def thumbnail(Image, data: bytes) -> Picture:
     """The picture in ``data`` decoded, grey, at most THUMB_SIZE; NotAPicture, in one
     line, when it is not a picture Pillow reads or is too large to be a screen."""
     try:
+        if is_xwd(data):
+            (width, height), rows = _xwd_size(data), _open_xwd(Image, data)
+            small = rows.resize(_fit(width, height), Image.Resampling.BOX).convert("L")
+            return Picture(small.width, small.height, small.tobytes())
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size
             im.draft("L", (max(1, w // 8), max(1, h // 8)))   # JPEG: decoded small
@@ -223,10 +276,14 @@ def choose(capture_command: str | None, x_display: str | None, environ: dict,
                                  "installed")
         return Capture([grim, "-t", "ppm", "-"], "grim", env=env, timeout_s=timeout_s)
     if x_display:
+        xwd = shutil.which("xwd", path=path)
+        if xwd is not None:
+            return Capture([xwd, "-display", x_display, "-root", "-silent"],
+                           f"xwd on {x_display}", env=env, timeout_s=timeout_s)
         tool = shutil.which("import", path=path)
         if tool is None:
-            return Capture(None, "no capture tool on this X screen: ImageMagick's import "
-                                 "is not installed (imagemagick)")
+            return Capture(None, "no capture tool on this X screen: neither xwd (x11-apps) "
+                                 "nor ImageMagick's import (imagemagick) is installed")
         return Capture([tool, "-display", x_display, "-window", "root", "-depth", "8",
                         "pgm:-"], f"import on {x_display}", env=env, timeout_s=timeout_s)
     return Capture(None, "no capture tool on this screen: no WAYLAND_DISPLAY, no X display")

@@ -1,6 +1,6 @@
 """The picture check's cost (issue #39): a real Xvfb screen of a Pi's 1920x1080 showing a
-detailed picture, checked N times back to back as the agent checks it (ImageMagick's
-import, Pillow's thumbnail, the judge), in this process.
+detailed picture, checked N times back to back as the agent checks it (xwd, Pillow's
+thumbnail, the judge), in this process.
 
 - CPU per check: this process's (Pillow, the judge) and the capture tool's (its children's
   rusage), projected at the default rate (once a minute) as a share of one core and,
@@ -105,7 +105,7 @@ def measure(checks: int = 20, screen: tuple = SCREEN) -> PictureCost:
     from agent.config.model import Commands, Screen
     from agent.screen.watch import from_config
 
-    missing = [t for t in ("Xvfb", "xset", "xsetroot", "import") if shutil.which(t) is None]
+    missing = [t for t in ("Xvfb", "xset", "xsetroot", "xwd") if shutil.which(t) is None]
     if missing:
         raise RuntimeError(f"the picture bench needs {', '.join(missing)} "
                            "(xvfb, x11-xserver-utils, imagemagick)")
@@ -154,7 +154,7 @@ def section(cost: PictureCost, footprint=None) -> list[str]:
     share = cost.cpu_ms / 1000 / DEFAULT_EVERY_S * 100
     lines = ["## Picture check's cost", "",
              f"{cost.checks} checks of a real {cost.screen} showing a detailed picture, back to "
-             "back: ImageMagick's import (an 8-bit grey PGM), Pillow's thumbnail, the judge, in "
+             "back: xwd (x11-apps), Pillow taking every few rows of its dump, the judge, in "
              "one process. CPU: this process's (process_time) and the capture tool's "
              "(RUSAGE_CHILDREN); not the X server's. RSS: VmRSS/VmHWM of this process.", "",
              "| verdict | CPU ms/check (agent + tool) | wall ms/check "
