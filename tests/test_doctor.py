@@ -324,3 +324,30 @@ def test_the_judges_say_the_clock_a_proxy_that_does_not_answer_and_a_silent_serv
                               "eio_problem": "WebSocketTimeoutException"}, None, False)
     assert silent[-1].verdict == "fail" and silent[-1].exit == 6
     assert D.exit_status(steps) == 4
+
+
+def test_the_failing_step_is_where_the_dial_stopped_not_what_the_reason_word_guesses():
+    """A TLS handshake nobody answers is no-answer (a word the upgrade uses too), and a
+    connection cut after the upgrade is connect-failed (a word TCP uses too): the step
+    that failed is the first phase the dial did not finish."""
+    from agent.app import doctor
+    from agent.base import reasons as J
+    in_tls = doctor.judge_connect({"phases": {"tcp_s": 0.01}, "reason": J.NO_ANSWER,
+                                   "detail": "no answer to the TLS handshake"}, None, True)
+    assert [(s.name, s.verdict) for s in in_tls] == [
+        ("tcp", doctor.OK), ("proxy", doctor.INFO), ("tls", doctor.FAIL),
+        ("upgrade", doctor.NOT_CHECKED)], in_tls
+    after = doctor.judge_connect({"phases": {"tcp_s": 0.01, "tls_s": 0.02, "upgrade_s": 0.03},
+                                  "reason": J.CONNECT_FAILED, "detail": "cut"}, None, True)
+    assert [(s.name, s.verdict) for s in after][-1] == ("upgrade", doctor.FAIL), after
+    assert all(s.verdict != doctor.FAIL for s in after[:-1]), after
+
+
+def test_the_doctors_text_carries_no_terminal_escape_a_server_chose():
+    """The link's detail is a server's words; a technician runs doctor as root."""
+    from agent.app import doctor
+    osc52 = "\x1b]52;c;cm0gLXJmIC8K\x07"
+    text = doctor.render([doctor.step("upgrade", doctor.FAIL, f"refused {osc52}\rok",
+                                      "ask the server")], [f"note \x9b2J"])
+    assert not any(c in text for c in "\x1b\x07\r\x9b"), repr(text)
+    assert "\\x1b]52" in text

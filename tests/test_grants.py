@@ -346,3 +346,29 @@ def test_polkit_lets_the_agent_restart_that_one_unit_and_nothing_else(ground):
     assert step(base, allow='["reboot"]').returncode == 0
     assert polkit_answers(grants_dir, [restart("kiosk.service"), cases[-2]]) == [
         "not_handled", "no"]
+
+
+# -- node_exporter's link to the metrics ---------------------------------------------------
+def test_node_exporters_link_exists_only_while_the_agent_writes_its_metrics(ground):
+    """Debian's node_exporter reads every file of its textfile directory: a link there to
+    a file no agent writes (metrics off, the agent stopped) is a scrape error on every
+    screen. Root's start step makes it for an agent with metrics on and its stop step
+    takes it away; a file of that name that is not the agent's link is left alone."""
+    base, _ = ground
+    reader = base / "node-exporter"
+    reader.mkdir()
+    link = reader / "edge-agent.prom"
+    run = base / "run"
+    metrics_on = CONFIG.format(allow='["diagnostics"]') + \
+        f'[runtime]\ndir = "{run}"\n[metrics]\nenabled = true\n'
+    r = step(base, "--node-exporter-dir", str(reader))
+    assert r.returncode == 0 and not os.path.lexists(link), r     # metrics off: none
+    r = step(base, "--node-exporter-dir", str(reader), config_text=metrics_on)
+    assert os.readlink(link) == f"{run}/metrics/edge-agent.prom", r
+    assert "node_exporter reads the metrics" in r.stdout
+    r = step(base, "--revoke", "--node-exporter-dir", str(reader), config_text=metrics_on)
+    assert r.returncode == 0 and not os.path.lexists(link), r
+    link.write_text("someone else's numbers\n")
+    step(base, "--node-exporter-dir", str(reader), config_text=metrics_on)
+    step(base, "--revoke", "--node-exporter-dir", str(reader))
+    assert link.read_text() == "someone else's numbers\n"

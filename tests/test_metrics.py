@@ -197,7 +197,8 @@ def test_off_by_default_and_the_path_from_the_runtime_directory(tmp_path):
     assert config.metrics.enabled is False
     assert service.from_config(config.metrics, "/run/x", journal=ConnectionJournal,
                                counts=lambda: ({}, 0)) is None
-    assert service.textfile_path(None, "/run/x") == "/run/x/metrics/edge-agent.prom"
+    assert load.load(str(cfg), {"EDGE_AGENT_RUNTIME_DIR": "/run/x"}).metrics_path == \
+        "/run/x/metrics/edge-agent.prom"
     cfg.write_text(cfg.read_text() + '[metrics]\ntextfile = "/run/x/metrics.txt"\n')
     with pytest.raises(load.ConfigError, match="ending in .prom"):
         load.load(str(cfg), {})

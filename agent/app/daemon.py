@@ -133,7 +133,7 @@ class Agent:
         if config.metrics.enabled:   # loaded only where asked for: the start pays nothing
             from ..metrics import service as metrics
             self.metrics = metrics.from_config(
-                config.metrics, runtime_dir, journal=lambda: self.runner.core.journal,
+                config.metrics, config.metrics_path, journal=lambda: self.runner.core.journal,
                 counts=lambda: (self.commands.results, self.notifier.pets))
         self.board = StatusBoard(
             config.status_path, self.notifier, device_id=self.identity.device_id,

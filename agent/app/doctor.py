@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..base import reasons as J
+from ..base.logs import clean
+from .status import STATUS_LINE_CHARS
 
 OK, INFO, WARN, FAIL, NOT_CHECKED = "ok", "info", "warn", "fail", "not checked"
 # the order they are checked and printed in
@@ -116,9 +118,7 @@ def judge_connect(dial: dict, proxied: str | None, secure: bool) -> list[Step]:
     ``phases`` (dialer.dial's), and ``reason``/``detail`` if it failed, ``eio`` (what
     the server's Engine.IO said) if it was upgraded."""
     phases, reason = dial.get("phases", {}), dial.get("reason")
-    failed_at = STEP_OF_REASON.get(reason) if reason else None
-    if reason == J.PROXY_UNREACHABLE and "tcp_s" in phases:
-        failed_at = "proxy"     # reached, then it did not answer CONNECT
+    failed_at = _failed_step(phases, reason, proxied, secure)
     steps: list[Step] = []
     failed: str | None = None
     for name in ("tcp", "proxy", "tls", "upgrade"):
@@ -137,6 +137,24 @@ def judge_connect(dial: dict, proxied: str | None, secure: bool) -> list[Step]:
             if steps[-1].verdict == FAIL:
                 failed = name
     return steps
+
+
+def _failed_step(phases: dict, reason: str | None, proxied: str | None,
+                 secure: bool) -> str | None:
+    """Where the dial stopped: the first of its phases it did not finish (the reason
+    says why, in words, and not where: a handshake unanswered is ``no-answer`` in TLS as
+    after the upgrade); past them all, the upgrade's answer, or the token's refusal."""
+    if reason is None:
+        return None
+    named = STEP_OF_REASON.get(reason)
+    if named in ("dns", "route"):
+        return named
+    for name in ("tcp", "proxy", "tls", "upgrade"):
+        if (name == "proxy" and proxied is None) or (name == "tls" and not secure):
+            continue
+        if f"{name}_s" not in phases:
+            return name
+    return "token" if named == "token" else "upgrade"
 
 
 def _passed(name: str, dial: dict, proxied: str | None) -> Step:
@@ -253,13 +271,13 @@ def render(steps: list[Step], notes: list[str]) -> str:
     width = max(len(s) for s in STEPS)
     lines = [f"note: {n}" for n in notes]
     for s in steps:
-        line = f"{s.name:<{width}}  {s.verdict:<11}  {s.said}"
-        if s.reason:
-            line += f" [{s.reason}]"
+        lines.append(f"{s.name:<{width}}  {s.verdict:<11}  {s.said}"
+                     + (f" [{s.reason}]" if s.reason else ""))
         if s.todo:
-            line += f"\n{'':<{width}}  {'':<11}  what to do: {s.todo}"
-        lines.append(line)
-    return "\n".join(lines)
+            lines.append(f"{'':<{width}}  {'':<11}  what to do: {s.todo}")
+    # a server's refusal and a library's words are in it: never a terminal escape on
+    # the screen of a technician who runs this as root
+    return "\n".join(clean(line, STATUS_LINE_CHARS) for line in lines)
 
 
 def _duration(seconds: float) -> str:

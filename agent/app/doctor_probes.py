@@ -21,6 +21,7 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 from dataclasses import asdict
 from urllib.parse import urlsplit
 
@@ -275,7 +276,12 @@ def storage(state_dir: str) -> dict:
             out = f.read(4096)
     finally:
         os.close(read_end)
-        os.waitpid(pid, 0)
+        # a child stuck in an fsync on a dying card outlives SIGKILL: looked at once,
+        # then left to init; the doctor never waits on the card it diagnoses
+        for _ in range(20):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+            time.sleep(0.05)
     try:
         return json.loads(out)
     except ValueError:

@@ -8,9 +8,10 @@ COMMAND_NAMES = ("diagnostics", "logs", "screenshot", "display", "restart-agent"
                  "update", "configure", "restart-player", "brightness", "volume", "poweroff",
                  "shell", "set-time", "set-timezone")
 # commands the fleet's settings may never add to [commands] allow, even where the
-# screen's file lets the fleet manage it: a shell line as the agent's user is the
+# screen's file lets the fleet manage it: a shell line as the agent's user, and a clock
+# set by hand (its polkit grant implies NTP's switch, docs/security.md), are the
 # operator's own choice, made in the file (or the environment) on the screen
-OPERATOR_ONLY_COMMANDS = frozenset({"shell"})
+OPERATOR_ONLY_COMMANDS = frozenset({"shell", "set-time"})
 MAX_COMMAND_ID = 64     # characters of a command's id, wherever one is kept
 
 # the fleet servers the link speaks to ([server] profile, agent/link/profiles/)

@@ -98,7 +98,8 @@ class CommandService:
                     self._persist()
                     self._log_result(reports[-1].result)
                     continue
-                log.info("server command %s: running %r %s", a.id, a.name, a.args or "")
+                log.info("server command %s: running %r %s", a.id, a.name, a.args or "",
+                         extra=journal(COMMAND_ID=a.id))
                 self._jobs.put(a)
             else:
                 reports.append(a)

@@ -198,6 +198,12 @@ class Config:
     def schedule_path(self) -> str:
         return os.path.join(self.runtime.dir, "backoff.json")
 
+    @property
+    def metrics_path(self) -> str:
+        """[metrics] textfile, or the runtime directory's (tmpfs under systemd)."""
+        return self.metrics.textfile or os.path.join(self.runtime.dir, "metrics",
+                                                     "edge-agent.prom")
+
 
 def redact_url(url: str) -> str:
     parsed = urlparse(url)

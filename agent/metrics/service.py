@@ -20,14 +20,6 @@ from .core import Family, MetricsCore
 
 log = logging.getLogger("edge_agent.metrics")
 
-TEXTFILE_NAME = "edge-agent.prom"
-
-
-def textfile_path(configured: str | None, runtime_dir: str) -> str:
-    """[metrics] textfile, or the runtime directory's (tmpfs under systemd)."""
-    return configured or os.path.join(runtime_dir, "metrics", TEXTFILE_NAME)
-
-
 def renderer() -> Callable[[list[Family]], bytes] | None:
     """The text format's writer, prometheus_client's (Debian's python3-prometheus-client),
     imported here, only where metrics are on: an agent without them never pays for it."""
@@ -74,6 +66,11 @@ class Metrics:
         self._journal, self._counts, self._render, self._clock = journal, counts, render, clock
         self._lock = threading.Lock()
         self._failed: str | None = None   # the last write's error, said once
+        self._stopped = False
+        # a file a killed process left (the runtime directory outlives a restart) says
+        # the link was up: gone before this process says anything
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
     def document(self, doc: dict) -> None:
         """From any thread: the status board's document, as it was just written."""
@@ -92,21 +89,23 @@ class Metrics:
     def stop(self) -> None:
         """The numbers end with the process: a file left would say the link is up."""
         with self._lock, contextlib.suppress(OSError):
+            self._stopped = True   # a late refresh of the board writes nothing again
             os.unlink(self.path)
 
     def _write_if_due(self) -> None:
         now = self._clock()
-        if not self.core.due(now):
+        if self._stopped or not self.core.due(now):
             return
         self.core.written(now)   # a failed write is tried again only after every_s too
         try:
             self._make_directory()
             # 0644: node_exporter reads it as its own user; tmpfs: not durable, whole
             atomic_write(self.path, self._render(self.core.families()), 0o644, durable=False)
-        except OSError as e:
-            if self._failed != e.strerror:
-                log.warning("cannot write the metrics textfile %s: %s", self.path, e.strerror)
-            self._failed = e.strerror
+        except Exception as e:   # a write (OSError) or the library's rendering: said once,
+            why = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"[:200]
+            if self._failed != why:   # never raised into the thread that refreshed the board
+                log.warning("cannot write the metrics textfile %s: %s", self.path, why)
+            self._failed = why
             return
         if self._failed is not None:
             log.info("metrics textfile %s written again", self.path)
@@ -123,10 +122,10 @@ class Metrics:
             os.chmod(directory, 0o755)
 
 
-def from_config(section, runtime_dir: str, *, journal: Callable[[], ConnectionJournal],
+def from_config(section, path: str, *, journal: Callable[[], ConnectionJournal],
                 counts: Callable[[], tuple[dict, int]]) -> Metrics | None:
-    """The metrics [metrics] asks for: None where it is off, or (said once) without the
-    library."""
+    """The metrics [metrics] asks for, written to ``path`` (Config.metrics_path): None
+    where it is off, or (said once) without the library."""
     if not section.enabled:
         return None
     render = renderer()
@@ -134,6 +133,5 @@ def from_config(section, runtime_dir: str, *, journal: Callable[[], ConnectionJo
         log.error("[metrics] enabled, but prometheus_client is not installed "
                   "(apt install python3-prometheus-client): no metrics")
         return None
-    path = textfile_path(section.textfile, runtime_dir)
     log.info("metrics: %s, at most every %gs", path, section.every_s)
     return Metrics(path, section.every_s, journal=journal, counts=counts, render=render)

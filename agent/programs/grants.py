@@ -163,6 +163,41 @@ def _text(fd: int, name: str) -> str | None:
         os.close(flag)
 
 
+# Debian's prometheus-node-exporter reads textfiles here by default; the agent's is on
+# tmpfs, and a link here says where. Made only while an agent writes it: a link to
+# nothing is node_exporter's scrape error, on every screen with metrics off.
+NODE_EXPORTER_DIR = "/var/lib/prometheus/node-exporter"
+METRICS_LINK = "edge-agent.prom"
+
+
+def sync_metrics_link(target: str | None, directory: str = NODE_EXPORTER_DIR) -> str | None:
+    """The link in node_exporter's directory to ``target`` (None: no link); what changed
+    ("+metrics", "-metrics") or None. Through a descriptor of the directory, never
+    following a link there; a file of that name that is not our link is left alone."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None    # no node_exporter here (or not a directory): nothing to point
+    try:
+        try:
+            current = os.readlink(METRICS_LINK, dir_fd=fd)
+        except FileNotFoundError:
+            current = None
+        except OSError:
+            return None    # a file, not a link: someone else's
+        if target is not None and current != target:
+            if current is not None:
+                os.unlink(METRICS_LINK, dir_fd=fd)
+            os.symlink(target, METRICS_LINK, dir_fd=fd)
+            return "+metrics"
+        if target is None and current is not None and current.endswith("/" + METRICS_LINK):
+            os.unlink(METRICS_LINK, dir_fd=fd)
+            return "-metrics"
+        return None
+    finally:
+        os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m agent.programs.grants",
@@ -170,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=config_mod.DEFAULT_PATH)
     parser.add_argument("--revoke", action="store_true", help="remove every grant")
     parser.add_argument("--dir", default=GRANTS_DIR, help=argparse.SUPPRESS)
+    parser.add_argument("--node-exporter-dir", default=NODE_EXPORTER_DIR, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     grants: frozenset = frozenset()
-    player = None
+    player = metrics = None
     source = args.config
     if not args.revoke:
         try:
@@ -182,9 +218,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             grants = wanted(config.commands.allow)
             player = player_unit(config.screen, config.commands.allow)
+            metrics = config.metrics_path if config.metrics.enabled else None
             if config.origins.get("commands.allow") == "fleet":
                 source = (f"the fleet's settings revision {config.fleet_revision} (which "
                           f"{args.config} lets it manage)")
+    try:
+        if sync_metrics_link(metrics, args.node_exporter_dir) == "+metrics":
+            early(f"edge-agent: node_exporter reads the metrics at {metrics}", 6, sys.stdout)
+    except OSError as e:
+        early(f"edge-agent: grants: node_exporter's link: {e.strerror}", 4, sys.stdout)
     try:
         changed = sync(flags(grants, player, source, args.config), args.dir, source)
     except (GrantError, OSError) as e:
