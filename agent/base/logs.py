@@ -5,8 +5,8 @@ socket there, each record is a datagram of the native protocol: its text, priori
 ``SYSLOG_IDENTIFIER=edge-agent``, the screen's DEVICE_ID and VERSION, and the fields its
 log call named (base/journal_fields.py). A datagram that cannot be sent at once (the
 socket gone, journald's queue full) is written to stderr instead, as a line starting
-with ``<N>`` so journald still records its priority: a line is never lost and logging
-never waits. Elsewhere lines carry a timestamp and level for a human at a terminal.
+with ``<N>`` so journald still records its priority: a line is never lost, and never
+waits on the socket (the line to stderr is an ordinary write). Elsewhere lines carry a timestamp and level for a human at a terminal.
 
 The client libraries' loggers go through the same handler and the same rate limit,
 at the levels they log at by default (the link's own lines say when and why a
