@@ -55,7 +55,7 @@ def test_the_operator_tools_are_refused_unless_allowed(name, args):
 
 
 @pytest.mark.parametrize("args", [{}, {"cmd": ""}, {"cmd": "   "}, {"cmd": 5},
-                                  {"cmd": "id\nreboot"}, {"cmd": "id\rx"}, {"cmd": "a\x00b"},
+                                  {"cmd": "id\nreboot"}, {"cmd": "id\rx"}, {"cmd": "a\x00b"}, {"cmd": "ls \u202e fdp.exe"}, {"cmd": "a\x85b"},
                                   {"cmd": "a\x1b[2Jb"}, {"cmd": "x" * 1001},
                                   {"cmd": "id", "as": "root"}])
 def test_a_shell_line_is_one_clean_line(args):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -120,8 +121,10 @@ def shell_args(args: dict) -> dict:
         raise ValueError("cmd: one command line")
     if len(cmd) > MAX_SHELL_LINE:
         raise ValueError(f"cmd: at most {MAX_SHELL_LINE} characters")
-    if any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in cmd):
-        raise ValueError("cmd: one line, without control characters")
+    # controls (C0, DEL, C1) and invisible formatting (bidirectional overrides, zero
+    # widths): what an operator reads of the line must be what runs; a tab is a space
+    if any(c != "\t" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in cmd):
+        raise ValueError("cmd: one line, without control or invisible characters")
     return {"cmd": cmd}
 
 
