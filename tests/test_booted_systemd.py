@@ -1181,7 +1181,7 @@ def test_the_picture_is_captured_and_judged_under_the_sandbox_with_the_readmes_d
         assert "picture check" not in text(e for e in agent_lines(s)
                                            if int(e.get("PRIORITY", 6)) <= 3)
     finally:
-        s.run("rm", "-f", X11_DROP_IN)
+        s.run("rm", "-f", X11_DROP_IN, "/root/lit.xbm")
         s.run("systemctl", "daemon-reload")
         s.run("systemctl", "stop", "x-picture", check=False)
         conf.write_text(before)
