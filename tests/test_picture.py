@@ -462,3 +462,34 @@ def test_pillow_is_imported_only_when_a_capture_runs():
                          text=True, timeout=30)
     assert out.stdout.strip() == "False", out.stderr
 
+
+
+def xwd_dump(width, height, pixel=lambda x, y: (x % 256, y % 256, 7)) -> bytes:
+    """An XWD dump as xwd writes a 24-bit TrueColor root: 32 bits a pixel, LSB first."""
+    import struct
+    name = b"xwdump\x00"
+    header_size = 100 + len(name)
+    bpl = width * 4
+    words = [header_size, 7, 2, 24, width, height, 0, 0, 32, 0, 32, 32, bpl, 4,
+             0xFF0000, 0xFF00, 0xFF, 8, 256, 0, width, height, 0, 0, 0]
+    rows = b"".join(bytes(c for x in range(width) for c in (*reversed(pixel(x, y)), 0))
+                    for y in range(height))
+    return struct.pack(">25I", *words) + name + rows
+
+
+def test_an_xwd_dump_kept_row_by_row_as_it_streams_is_the_same_thumbnail():
+    """RowPicker keeps only the rows the thumbnail takes, whatever the blocks' sizes: the
+    same picture as the whole dump decoded, and a dump cut short said so, never raised."""
+    Image = capturing.pillow()
+    dump = xwd_dump(320, 720)        # every 5th row of 720 kept
+    whole = capturing.thumbnail(Image, dump)
+    for block in (1, 7, 100, 4096, len(dump)):
+        picker, out = capturing.RowPicker.of(dump), bytearray()
+        for at in range(0, len(dump), block):
+            picker.take(dump[at:at + block], out)
+        picker.done(out)
+        assert len(out) < len(dump) // 4
+        assert capturing.thumbnail(Image, bytes(out)) == whole, block
+    assert (whole.width, whole.height) == (28, 64)
+    with pytest.raises(capturing.NotAPicture, match="cut short"):
+        capturing.thumbnail(Image, dump[:len(dump) // 2])

@@ -119,9 +119,11 @@ class Capture:
 
     def _read(self, child: subprocess.Popen) -> tuple[bytearray, bytes, str]:
         """stdout whole (at most max_bytes), stderr's tail, or why not; the child reaped.
-        One buffer grown in place: a frame's 8 MB is held once, not as chunks and a join."""
+        One buffer, not chunks and a join; of an XWD dump only the rows the thumbnail
+        takes are kept as they stream by (RowPicker): a frame's 8 MB is never held."""
         deadline = time.monotonic() + self.timeout_s
         out, size, err = bytearray(), 0, b""
+        rows: RowPicker | None = None
         why = ""
         with selectors.DefaultSelector() as sel:
             sel.register(child.stdout, selectors.EVENT_READ)
@@ -141,9 +143,16 @@ class Capture:
                             why = (f"{children.program(self.argv)} printed more than "
                                    f"{_size(self.max_bytes)}")
                             break
-                        out += block
+                        if size == len(block):   # the first: an XWD dump's header
+                            rows = RowPicker.of(block)
+                        if rows is None:
+                            out += block
+                        else:
+                            rows.take(block, out)
                     else:
                         err = (err + block)[-MAX_STDERR:]
+        if rows is not None:
+            rows.done(out)
         if why or self._stopping:
             children.kill_group(child)
         for pipe in (child.stdout, child.stderr):
@@ -192,8 +201,55 @@ def is_xwd(data: bytes) -> bool:
         struct.unpack_from(">I", data, 4)[0] == _XWD_VERSION
 
 
+def _row_step(height: int) -> int:
+    """Every step-th row: at least two kept for each of the thumbnail's rows."""
+    return max(1, height // (THUMB_SIZE[1] * 2))
+
+
+class RowPicker:
+    """An XWD dump kept as it streams by: its header and colour map whole, then only
+    every _row_step-th row of pixels; at the end the header says the rows kept, so the
+    result is an XWD dump of a picture that many rows high."""
+
+    def __init__(self, head: int, bytes_per_line: int, height: int):
+        self.head, self.bytes_per_line = head, bytes_per_line
+        self.step = _row_step(height)
+        self.rows = height // self.step
+        self.at = 0
+
+    @classmethod
+    def of(cls, first: bytes) -> "RowPicker | None":
+        if not is_xwd(first):
+            return None
+        words = _XWD_WORDS.unpack_from(first)
+        if words[12] < 1 or words[5] < 1:
+            return None   # the decoder says what is wrong with it
+        return cls(words[0] + 12 * words[19], words[12], words[5])
+
+    def take(self, block: bytes, out: bytearray) -> None:
+        i = 0
+        while i < len(block):
+            if self.at < self.head:
+                n = min(len(block) - i, self.head - self.at)
+                out += block[i:i + n]
+            else:
+                row, col = divmod(self.at - self.head, self.bytes_per_line)
+                n = min(len(block) - i, self.bytes_per_line - col)
+                if row % self.step == 0 and row // self.step < self.rows:
+                    out += block[i:i + n]
+            i += n
+            self.at += n
+
+    def done(self, out: bytearray) -> None:
+        if len(out) >= _XWD_WORDS.size:
+            struct.pack_into(">I", out, 20, self.rows)   # pixmap_height: the rows kept
+
+
 def _xwd_size(data: bytes) -> tuple[int, int]:
-    return _XWD_WORDS.unpack_from(data)[4:6]
+    """The picture's size as shown: the window's (the root's), which RowPicker leaves as
+    it was, else the pixmap's."""
+    words = _XWD_WORDS.unpack_from(data)
+    return (words[20], words[21]) if words[20] and words[21] else (words[4], words[5])
 
 
 def _fit(width: int, height: int) -> tuple[int, int]:
@@ -219,11 +275,13 @@ def _open_xwd(Image, data: bytes):
     if width < 1 or height < 1 or bytes_per_line * height > len(data) - start \
             or bytes_per_line < width * bits_per_pixel // 8:
         raise NotAPicture("the capture is not a picture: an XWD cut short")
-    # every step-th row only (the stride skips the rest, no copy): the thumbnail has
-    # THUMB_SIZE's rows, each the mean of four still; a frame's 8 MB is not converted
-    step = max(1, height // (THUMB_SIZE[1] * 4))
-    return Image.frombuffer("RGB", (width, height // step), memoryview(data)[start:], "raw",
-                            raw, bytes_per_line * step, 1)
+    # every step-th row only (a dump RowPicker kept has only those: step 1); bytes:
+    # Pillow 9.4, bookworm's, decodes from an immutable buffer only
+    step = _row_step(height)
+    stride = bytes_per_line * step
+    rows = b"".join(data[at:at + bytes_per_line]
+                    for at in range(start, start + stride * (height // step), stride))
+    return Image.frombytes("RGB", (width, height // step), rows, "raw", raw, bytes_per_line, 1)
 
 
 def thumbnail(Image, data: bytes) -> Picture:
