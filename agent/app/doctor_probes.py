@@ -12,7 +12,6 @@ proxy and CA), so what passes here is what the agent's connect meets.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import pwd
@@ -26,11 +25,13 @@ from dataclasses import asdict
 from urllib.parse import urlsplit
 
 from ..base import children, status_file
+from ..base.clock import kernel_synced
 from ..base.egress import default_port
 from ..base.fsutil import UnsafePath, drop_to_owner, read_json
 from ..base.identifiers import token_problem
 from ..config import load as cfgmod
 from ..config.model import Config
+from ..identity import credentials
 from . import doctor as D
 from . import status as status_view
 
@@ -40,9 +41,7 @@ CONNECT_TIMEOUT_S = 10.0     # the dial and the upgrade together, at most
 OPEN_TIMEOUT_S = 5.0         # Engine.IO's open packet after the upgrade
 STORAGE_TIMEOUT_S = 5.0      # a write and its fsync on a slow card
 DISPLAY_TIMEOUT_S = 3.0      # one display source's program
-MAX_TOKEN_FILE = 64 * 1024
 MAX_OPEN_PACKET = 4096
-_TIME_ERROR = 5              # adjtimex(2): the clock is not synchronised
 
 
 def examine(config_path: str) -> tuple[list[D.Step], list[str]]:
@@ -112,13 +111,11 @@ def clock_sync() -> tuple[bool | None, str]:
             return said == b"yes", "timedatectl"
     except (OSError, subprocess.TimeoutExpired):
         pass
-    try:   # no systemd to ask (a container): the kernel's own flag, set by any NTP client
-        state = ctypes.CDLL(None, use_errno=True).adjtimex(ctypes.create_string_buffer(512))
-    except (OSError, AttributeError):
+    # no systemd to ask (a container): the kernel's own flag, set by any NTP client
+    synced = kernel_synced()
+    if synced is None:
         return None, "neither timedatectl nor adjtimex answered"
-    if state < 0:
-        return None, "adjtimex failed"
-    return state != _TIME_ERROR, "the kernel's NTP state"
+    return synced, "the kernel's NTP state"
 
 
 # -- the network: the name, the route, then the agent's own dial and upgrade -----------
@@ -188,13 +185,13 @@ def upgrade(url: str, egress, timeout: float) -> dict:
     """The link's own dial and websocket upgrade (link/upgrade.py), then Engine.IO's open
     packet: {phases, reason and detail if it failed, eio (the ping interval), skew_s}."""
     from ..link.dialer import DialError           # the link's libraries: only when asked
-    from ..link.upgrade import _dial_and_upgrade
+    from ..link.upgrade import dial_and_upgrade
     parts = urlsplit(url)
     scheme = "wss" if parts.scheme in ("https", "wss") else "ws"
     ws_url = f"{scheme}://{parts.netloc}/socket.io/?transport=websocket&EIO=4"
     phases: dict = {}
     try:
-        answer = _dial_and_upgrade(ws_url, egress, timeout, {}, phases=phases)
+        answer = dial_and_upgrade(ws_url, egress, timeout, {}, phases=phases)
     except DialError as e:
         return {"phases": phases, "reason": e.reason, "detail": e.detail}
     found: dict = {"phases": phases}
@@ -225,7 +222,7 @@ def token(config: Config, agent: dict | None) -> dict:
         found["link_state"] = link["state"]
     if config.identity.token is not None:
         return {**found, "where": "config"}
-    path = os.path.join(config.identity.state_dir, "credentials.json")
+    path = os.path.join(config.identity.state_dir, credentials.FILE)
     try:
         st = os.stat(path)
         found["agent_user"] = _user(os.stat(config.identity.state_dir).st_uid)
@@ -235,7 +232,7 @@ def token(config: Config, agent: dict | None) -> dict:
         return {**found, "where": path, "unreadable": e.strerror}
     found.update(where=path, mode=stat.S_IMODE(st.st_mode), owner=_user(st.st_uid))
     try:
-        doc = read_json(path, MAX_TOKEN_FILE, follow_links=True)
+        doc = read_json(path, credentials.MAX_BYTES, follow_links=True)
     except ValueError:
         return {**found, "problem": "not JSON"}
     except OSError as e:

@@ -35,22 +35,28 @@ class SystemClock:
         return time.time()
 
 
-def wall_synced(flag: str = TIMESYNCD_FLAG) -> bool:
-    """Whether the kernel says the wall clock is synchronised (adjtimex, read only),
-    or, where that call is not allowed (the unit's ProtectClock=), whether
-    systemd-timesyncd has synchronised it since boot. Unknown counts as not: trusting a
-    stale clock loses data, distrusting a good one only keeps items longer."""
+def kernel_synced() -> bool | None:
+    """Whether the kernel says the wall clock is synchronised (adjtimex, read only: any
+    NTP client sets its flag); None where that call is not allowed (the unit's
+    ProtectClock=) or fails."""
     global _libc
     try:
         if _libc is None:
             _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         timex = ctypes.create_string_buffer(_TIMEX_BYTES)   # modes 0: read, set nothing
         state = _libc.adjtimex(timex)
-        if state >= 0:
-            return state != TIME_ERROR
     except (OSError, AttributeError):
-        pass
-    return os.path.exists(flag)
+        return None
+    return state != TIME_ERROR if state >= 0 else None
+
+
+def wall_synced(flag: str = TIMESYNCD_FLAG) -> bool:
+    """Whether the kernel says the wall clock is synchronised, or, where it cannot be
+    asked, whether systemd-timesyncd has synchronised it since boot. Unknown counts as
+    not: trusting a stale clock loses data, distrusting a good one only keeps items
+    longer."""
+    synced = kernel_synced()
+    return synced if synced is not None else os.path.exists(flag)
 
 
 class FakeClock:

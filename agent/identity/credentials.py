@@ -17,6 +17,7 @@ from ..base.identifiers import token_problem, usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
 MAX_BYTES = 64 * 1024
+FILE = "credentials.json"   # in the state directory
 
 
 class CredentialsUnreadable(OSError):
@@ -27,7 +28,7 @@ class CredentialsUnreadable(OSError):
 
 class Credentials:
     def __init__(self, state_dir: str):
-        self.path = os.path.join(state_dir, "credentials.json")
+        self.path = os.path.join(state_dir, FILE)
 
     def _read(self):
         """The file's document (read again after an I/O error); FileNotFoundError when

@@ -78,7 +78,7 @@ class _Upgraded:
         self.server_date = _http_date((ws.handshake_response.headers or {}).get("date"))
 
 
-def _dial_and_upgrade(url: str, egress: Egress, timeout: float, options: dict,
+def dial_and_upgrade(url: str, egress: Egress, timeout: float, options: dict,
                       on_dialed: Callable[[Dialed], None] | None = None,
                       phases: dict | None = None) -> _Upgraded:
     """Dials ``url`` and asks for the websocket upgrade, within ``timeout``; raises
@@ -128,7 +128,7 @@ class _RacingDial:
 
     def _run(self) -> None:
         try:
-            answer = _dial_and_upgrade(*self._args, on_dialed=self._dialed_now,
+            answer = dial_and_upgrade(*self._args, on_dialed=self._dialed_now,
                                        phases=self._phases)
         except DialError as e:
             self.error = e
@@ -246,7 +246,7 @@ class _BoundedWebsocketModule:
         if context.race_after_s is not None and context.race_after_s < timeout:
             answer = _race(url, context, timeout, options)
         else:
-            answer = _dial_and_upgrade(url, context.egress, timeout, options)
+            answer = dial_and_upgrade(url, context.egress, timeout, options)
         context.dialed = answer.dialed
         context.upgraded = True
         context.answered_at = answer.answered_at
