@@ -215,8 +215,12 @@ def test_the_shared_names_are_each_parts_own_table():
     from agent.base import vocabulary
     from agent.commands.core import COMMANDS
     from agent.link.profiles import PROFILES
+    from agent.commands.actions import NEEDS
+    from agent.screen.controls import LEVELS
     assert tuple(COMMANDS) == vocabulary.COMMAND_NAMES
     assert tuple(PROFILES) == vocabulary.PROFILE_NAMES
+    assert tuple(NEEDS) == vocabulary.SCREEN_MEANS
+    assert set(LEVELS) < set(vocabulary.SCREEN_CONTROLS)
 
 
 def test_no_file_over_600_lines_no_class_over_400_and_a_thin_composition_root():

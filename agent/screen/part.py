@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Callable
 
+from ..base.vocabulary import SCREEN_CONTROLS
 from ..config.model import Config
 from ..events.model import Event
 from ..runtime.threads import start_worker
@@ -154,7 +155,7 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
             wake=wake if commands.display_on_command else None, reboot=reboot,
             meant_dark=lambda: part.dark(scheduled_off) is not None, gate=gate,
             rung_bound_s=rung_s, clock_trusted=config.hours.clock == "trusted")
-    if {"restart-player", "brightness", "volume"} & set(commands.allow):
+    if set(SCREEN_CONTROLS) & set(commands.allow):
         from . import controls as controlling
         part.controls = controlling.from_config(
             section, sysfs_root=sysfs, environ=environ,

@@ -17,6 +17,7 @@ from ... import __version__
 from ...base.hardware import board_serial, machine_id
 from ...base.identifiers import new_code
 from ...base.identifiers import usable_device_id, usable_token
+from ...base.vocabulary import SCREEN_MEANS
 from ...base.upload_kinds import PROOF_OF_PLAY, SCREENSHOT
 from .. import inbox
 from . import screentinker_incidents
@@ -110,7 +111,7 @@ class ScreenTinkerProfile:
                     "shell": "system.shell", "set-time": "system.time",
                     "set-timezone": "system.time"}
     # commands that need a means of the screen's, declared only where it has it
-    NEEDS_MEANS = frozenset({"restart-player", "brightness", "volume", "poweroff"})
+    NEEDS_MEANS = frozenset(SCREEN_MEANS)
     # What the player (not this agent) handles: content, playback, remote view, walls.
     PLAYER_EVENTS = frozenset({
         "device:playlist-update", "device:content-delete", "device:remote-start",
