@@ -170,7 +170,8 @@ DOCS = {
     "screen.picture_every_s": "How often the screen is captured and judged black, frozen "
                               "or ok (What the screen shows); 0: never.",
     "screen.capture_command": "Prints an image of the screen (PNG, PPM or JPEG). Unset: "
-                              "grim on Wayland, ImageMagick's import on X11.",
+                              "grim on Wayland; on X11 xwd (x11-apps), else ImageMagick's "
+                              "import.",
     "screen.black_luma": "Black: the picture's mean luminance (0-255) below this, and...",
     "screen.black_contrast": "...its contrast (the standard deviation of luminance) below "
                              "this: a dark scene with detail is not black.",
@@ -340,7 +341,11 @@ One TOML file, `/etc/edge-agent/agent.toml` (root:edge-agent, 0640; made by the 
 its first install and never changed by an upgrade), read key by key over the package's
 defaults in `/usr/lib/edge-agent/agent.toml` (every key below, commented out at its
 default). Every key can be set in the environment as `EDGE_AGENT_<SECTION>_<KEY>` (dots as
-underscores), which wins over both files and over the fleet's settings. Where each value
+underscores), which wins over both files and over the fleet's settings. A list there is
+its items separated by commas, `EDGE_AGENT_COMMANDS_ALLOW=reboot,logs` (a working-hours
+entry's spans then separated by spaces), or a JSON list,
+`EDGE_AGENT_COMMANDS_ALLOW='["reboot","logs"]'`; any other list syntax is refused with
+one line saying these two. Where each value
 in force comes from, layer by layer (built-in default, the package's defaults, this
 screen's file, the fleet's settings, the environment): `edge-agent check-config`, and
 `edge-agent status --json` under `settings.origins`.

@@ -63,6 +63,31 @@ def test_env_overrides_win(tmp_path):
     assert cfg.link.liveness.missed_acks == 2
 
 
+def test_a_list_in_the_environment_is_comma_separated_or_a_json_list(tmp_path):
+    """The form configure.md documents (items separated by commas) and a JSON list, the
+    same list; a JSON list used to be split at its commas (unknown command '["reboot"')."""
+    for given in ("reboot, logs", '["reboot","logs"]', ' [ "reboot" , "logs" ] '):
+        cfg = C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_COMMANDS_ALLOW": given})
+        assert cfg.commands.allow == {"reboot", "logs"}, given
+    cfg = C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_COMMANDS_ALLOW": "[]"})
+    assert cfg.commands.allow == set()
+    week = '["mon-fri 08:00-12:00,13:00-18:00", "sat 10:00-14:00"]'   # a span's comma kept
+    cfg = C.load(write(tmp_path, GOOD), env={
+        "EDGE_AGENT_HOURS_WEEK": week, "EDGE_AGENT_COMMANDS_DISPLAY_ON_COMMAND": "true",
+        "EDGE_AGENT_COMMANDS_DISPLAY_OFF_COMMAND": "true"})
+    assert cfg.hours.week == ("mon-fri 08:00-12:00,13:00-18:00", "sat 10:00-14:00")
+
+
+@pytest.mark.parametrize("given", ["['reboot', 'logs']", '["reboot", logs]', '["reboot", 1]',
+                                   '{"reboot": 1}', '[["reboot"]]', 'reboot,"logs"]'])
+def test_a_list_in_the_environment_in_another_syntax_is_refused_with_the_syntax(tmp_path, given):
+    with pytest.raises(C.ConfigError) as e:
+        C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_COMMANDS_ALLOW": given})
+    assert str(e.value) == (
+        "commands.allow (from EDGE_AGENT_COMMANDS_ALLOW): a list is written reboot,logs "
+        f'(items separated by commas) or as a JSON list ["reboot", "logs"], got {given!r}')
+
+
 BASE = {"server": {"url": "http://127.0.0.1:8470"},
         "identity": {"device_id": "screen-1", "token": "t0ken"}}
 

@@ -9,10 +9,13 @@ settings; the environment. Every problem is reported as one line naming the key
 traceback.
 
 Environment overrides are ``EDGE_AGENT_<SECTION>_<KEY>`` with dots as underscores,
-e.g. ``EDGE_AGENT_LINK_BACKOFF_BASE_S=2`` for ``[link.backoff] base_s``.
+e.g. ``EDGE_AGENT_LINK_BACKOFF_BASE_S=2`` for ``[link.backoff] base_s``. A list there
+is its items separated by commas (``reboot,logs``) or a JSON list (``["reboot","logs"]``);
+anything else that looks like a list is refused with that syntax.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -78,7 +81,7 @@ def _coerce(name: str, typ: type, value: Any, from_env: bool) -> Any:
             raise ConfigError(f"{name}: expected true or false, got {type(value).__name__}")
         return value
     if typ is list:
-        items = ([x.strip() for x in value.split(",") if x.strip()] if from_env else value)
+        items = _env_list(name, value) if from_env else value
         if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
             raise ConfigError(f"{name}: expected a list of strings")
         return items
@@ -100,6 +103,36 @@ def _coerce(name: str, typ: type, value: Any, from_env: bool) -> Any:
     if not isinstance(value, typ) or isinstance(value, bool):
         raise ConfigError(f"{name}: expected a {typ.__name__}, got {type(value).__name__}")
     return value
+
+
+# An example of each list key's items, for the one line that says how a list is written
+_LIST_EXAMPLES = {"commands.allow": ("reboot", "logs"),
+                  "hours.week": ("mon-fri 08:00-18:00", "sat 10:00-14:00"),
+                  "hours.exceptions": ("2026-12-25 off", "2026-12-24 08:00-12:00")}
+# No item of any list has these: a value with one is a list in another syntax (TOML's
+# quotes, a bracket left over), which splitting at commas would turn into odd items
+_NOT_IN_AN_ITEM = re.compile(r"[\[\]\"']")
+
+
+def _env_list(name: str, value: str) -> list:
+    """A list from the environment: its items separated by commas, or a JSON list of
+    strings (unambiguous: no item starts with "["). Anything else that looks like a
+    list is refused with the syntax, never split into items nobody wrote."""
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError:
+            items = None
+        if isinstance(items, list) and all(isinstance(x, str) for x in items):
+            return [x.strip() for x in items if x.strip()]
+    else:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not any(_NOT_IN_AN_ITEM.search(x) for x in items):
+            return items
+    first, second = _LIST_EXAMPLES.get(name.partition(" ")[0], ("first", "second"))
+    raise ConfigError(f"{name}: a list is written {first},{second} (items separated by "
+                      f"commas) or as a JSON list {json.dumps([first, second])}, got {value!r}")
 
 
 def _read_toml(path: str) -> dict:

@@ -234,7 +234,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # one core at most; once a minute is what a fleet notices a dead screen by.
         "picture_every_s": Key(float, 60.0, "screen.picture_every_s", Range(0, 3600)),
         # prints an image of the screen (PNG, PPM or JPEG) on stdout; unset: grim on
-        # Wayland, ImageMagick's import on X11
+        # Wayland; on X11 xwd, else ImageMagick's import (screen/capture.py)
         "capture_command": Key(str, None, "screen.capture_command", COMMAND_LINE),
         # black: the picture's mean luminance (0-255) and its contrast (the standard
         # deviation of luminance) both below these; a dark scene with detail has contrast
