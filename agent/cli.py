@@ -149,7 +149,8 @@ def cmd_run(args) -> int:
     finally:
         gc.enable()
     gc.freeze()
-    logs.stamp(DEVICE_ID=agent.identity.device_id)   # read per record: the server may rename it
+    # DEVICE_ID fixed for the process; the id a server assigns, read per record, beside it
+    logs.stamp_ids(agent.identity.ids.core.local_device_id, agent.identity.device_id)
     with crashes.watched_run(config.runtime.dir):
         return agent.run()
 

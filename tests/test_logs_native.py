@@ -160,6 +160,52 @@ def test_the_line_rate_limit_holds_on_the_socket_too(journald, stamped):
     assert stream.getvalue() == ""
 
 
+CONNECT_FAILED = "connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)"
+
+
+def test_a_reason_held_back_is_counted_on_the_next_record_of_that_reason(journald, stamped):
+    """`journalctl REASON=proxy-unreachable` listed 1 of 3 failures: the link's connect
+    line was one kind whatever its reason, so another reason's record passed where this
+    one's were held back, and no record of this reason ever said how many."""
+    path, received, _ = journald
+    clock = FakeClock()
+    log, stream, handler = native_logger(path, clock)
+    for attempt, reason in enumerate(("proxy-unreachable", "dns-failed", "proxy-unreachable",
+                                      "proxy-unreachable")):
+        log.warning(CONNECT_FAILED, "https://fleet.example.org", reason, "no answer", 2.0,
+                    attempt + 1, extra=journal(REASON=reason))
+    first = received()
+    assert [r["REASON"] for r in first] == [["proxy-unreachable"], ["dns-failed"]]
+    assert not [r for r in first if "HELD_BACK" in r]
+    clock.advance(61)
+    log.warning(CONNECT_FAILED, "https://fleet.example.org", "proxy-unreachable", "no answer",
+                2.0, 5, extra=journal(REASON="proxy-unreachable"))
+    [record] = received()
+    assert record["REASON"] == ["proxy-unreachable"] and record["HELD_BACK"] == ["2"]
+    assert record["MESSAGE"][0].endswith("(attempt 5) (2 more like this in the last 61s)")
+    handler.close()
+    assert stream.getvalue() == ""
+
+
+def test_what_is_held_back_at_the_stop_is_said_with_its_reason(journald, stamped):
+    """The agent stops with a burst of one reason held back: the line that says so is
+    found by the same REASON= and carries the count as a field."""
+    path, received, _ = journald
+    clock = FakeClock()
+    log, stream, handler = native_logger(path, clock)
+    for attempt in range(3):
+        log.warning(CONNECT_FAILED, "https://fleet.example.org", "proxy-unreachable",
+                    "no answer", 2.0, attempt + 1, extra=journal(REASON="proxy-unreachable"))
+    assert len(received()) == 1
+    clock.advance(5)
+    handler.close()
+    [said] = received()
+    assert said["REASON"] == ["proxy-unreachable"] and said["HELD_BACK"] == ["2"]
+    assert said["MESSAGE"][0].startswith("held back 2 more like this in the last 5s: "
+                                         "connect to https://fleet.example.org failed")
+    assert said["PRIORITY"] == ["4"] and said["DEVICE_ID"] == ["ea-0123456789abcdef"]
+
+
 def test_no_socket_means_the_line_goes_to_stderr_with_its_priority(tmp_path, stamped):
     log, stream, _ = native_logger(str(tmp_path / "no-journald-here"))
     log.warning("link lost: %s", "silence", extra=journal(REASON="silence"))
@@ -219,6 +265,36 @@ def test_setup_uses_the_socket_when_stderr_is_the_journal(journald, tmp_path, mo
             logger = logging.getLogger(name)
             logger.handlers[:], logger.propagate = handlers, propagate
             logger.setLevel(level)
+
+
+def test_device_id_is_one_id_for_the_process_and_the_servers_has_its_own_field(
+        journald, stamped, tmp_path):
+    """A first run against ScreenTinker: DEVICE_ID changed in the middle of it from this
+    screen's own id to the id the server assigned at registration. One id for the whole
+    process in DEVICE_ID; the server's id in SERVER_DEVICE_ID once there is one."""
+    from agent.identity.credentials import Credentials
+    from agent.identity.service import IdentityService
+    path, received, _ = journald
+    log, _, _ = native_logger(path)
+    ids = IdentityService.load("ea-0123456789abcdef", Credentials(str(tmp_path)), None,
+                               device_id_configured=False, pairs_in_link=True)
+    logs.stamp_ids(ids.core.local_device_id, ids.device_id)
+    log.info("edge-agent starting")
+    ids.registered("st-token-0123456789", "st-4242", "123456")
+    assert ids.device_id() == "st-4242"   # what the link now says to the server
+    log.info("link up")
+    before, after = received()
+    assert before["DEVICE_ID"] == after["DEVICE_ID"] == ["ea-0123456789abcdef"]
+    assert "SERVER_DEVICE_ID" not in before and after["SERVER_DEVICE_ID"] == ["st-4242"]
+    # the next process starts with the server's id as its current one: the same fields
+    again = IdentityService.load("ea-0123456789abcdef", Credentials(str(tmp_path)), None,
+                                 device_id_configured=False, pairs_in_link=True)
+    assert again.device_id() == "st-4242"
+    logs.stamp_ids(again.core.local_device_id, again.device_id)
+    log.info("edge-agent starting")
+    [record] = received()
+    assert (record["DEVICE_ID"], record["SERVER_DEVICE_ID"]) == (["ea-0123456789abcdef"],
+                                                                 ["st-4242"])
 
 
 def test_a_value_with_a_newline_takes_the_binary_safe_form():

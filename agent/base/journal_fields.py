@@ -4,7 +4,8 @@ operator looks for (explained by systemd/edge-agent.catalog under ``journalctl -
 the native protocol's datagram that carries them to journald.
 
 A log call names its fields with ``extra=journal(REASON=..., CONNECTION=...)``; the
-handler (base/logs.py) adds DEVICE_ID and VERSION to every record. Pure: no I/O here.
+handler (base/logs.py) adds DEVICE_ID and VERSION to every record (SERVER_DEVICE_ID once
+a server assigned an id of its own), and HELD_BACK where its rate limit held lines back. Pure: no I/O here.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import struct
 # becomes a field of its own, and no call can set journald's (PRIORITY, MESSAGE) or
 # forge a trusted one (those start with "_" and journald drops them anyway).
 FIELDS = frozenset({
-    "DEVICE_ID",    # this screen, as the fleet knows it
+    "DEVICE_ID",    # this screen's own id: one for the whole process (and every process)
+    "SERVER_DEVICE_ID",   # the id a server assigned (ScreenTinker's), where it is another
     "VERSION",      # the agent's version
     "REASON",       # why a link ended or an attempt failed (base/reasons.py)
     "CONNECTION",   # the link's connection number, as status and the report count them
@@ -23,6 +25,7 @@ FIELDS = frozenset({
     "EVENT",        # the kind of an event told to the server (display.off, config.kept)
     "REVISION",     # a fleet settings revision
     "MESSAGE_ID",   # one of the moments below
+    "HELD_BACK",    # how many lines of this kind the rate limit held back before this one
 })
 # A value is one clean line of at most this many characters: fields are for selecting
 # and grouping, the record's text says the rest.

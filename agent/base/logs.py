@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from typing import Callable
 
 from .. import __version__
 from .journal_fields import FIELD_CHARS, FIELDS, datagram
@@ -116,11 +117,25 @@ class OneLine(logging.Filter):
         return True
 
 
+# The fields that make a line a kind of its own: a pipeline selects by them
+# (journalctl REASON=proxy-unreachable), so one reason's lines are never held back
+# behind another's, and what is held back is told where that selection finds it.
+KIND_FIELDS = ("REASON",)
+
+
+def _kind_fields(record: logging.LogRecord) -> dict:
+    given = getattr(record, "journal", None)
+    if not isinstance(given, dict):
+        return {}
+    return {name: given[name] for name in KIND_FIELDS if given.get(name) is not None}
+
+
 class RepeatFilter(logging.Filter):
     """At most one line per kind of warning per window, and a burst of ``INFO_BURST``
     per kind of info line: a flapping link, or a server repeating itself, must not
-    write thousands of lines to the SD card. The next line that passes says how many
-    of its kind were held back. Kinds a server can vary without end (each line its
+    write thousands of lines to the SD card. The next line of its kind that passes
+    says how many were held back, in its words and in its HELD_BACK field (a kind
+    includes its REASON field: KIND_FIELDS). Kinds a server can vary without end (each line its
     own text) meet a budget of ``LINES_PER_WINDOW`` lines a window, one budget per
     level (debug, info, warning, error and worse), so a flood of one level never holds
     back the lines of another: the agent's own errors are still written when a server
@@ -134,7 +149,8 @@ class RepeatFilter(logging.Filter):
         super().__init__()
         self.window_s = window_s
         self.clock = clock
-        # kind -> [window began at, held back since, level, text for held_back(), passed]
+        # kind -> [window began at, held back since, level, text for held_back(), passed,
+        #          the kind's fields]
         self._seen: dict[tuple, list] = {}
         # level class -> [window began at, lines passed, held back]
         self._budgets: dict[int, list] = {}
@@ -153,7 +169,8 @@ class RepeatFilter(logging.Filter):
                 else None
         else:
             detail = _NUMBERS.sub("#", first) if isinstance(first, str) else None
-        kind = (record.name, record.msg, detail)
+        fields = _kind_fields(record)
+        kind = (record.name, record.msg, detail, tuple(sorted(fields.items())))
         now = self.clock()
         entry = self._seen.get(kind)
         if entry is not None and now - entry[0] < self.window_s:
@@ -169,6 +186,9 @@ class RepeatFilter(logging.Filter):
         notes = []
         if entry is not None and entry[1]:
             notes.append(f"{entry[1]} more like this in the last {now - entry[0]:.0f}s")
+            given = getattr(record, "journal", None)
+            record.journal = {**(given if isinstance(given, dict) else {}),
+                              "HELD_BACK": entry[1]}
         budget = self._budgets[_level_class(record.levelno)]
         if budget[2] and budget[1] == 1:
             notes.append(f"{budget[2]} lines of other kinds held back in the last "
@@ -179,7 +199,7 @@ class RepeatFilter(logging.Filter):
         if entry is None and len(self._seen) >= self.MAX_KINDS:
             self._seen.pop(next(iter(self._seen)))
         sample = f"{text}: {detail}" if library and detail else text
-        self._seen[kind] = [now, 0, record.levelno, sample[:LIBRARY_LINE_CHARS], 1]
+        self._seen[kind] = [now, 0, record.levelno, sample[:LIBRARY_LINE_CHARS], 1, fields]
         return True
 
     def _within_budget(self, level: int, now: float) -> bool:
@@ -194,18 +214,21 @@ class RepeatFilter(logging.Filter):
         budget[1] += 1
         return True
 
-    def held_back(self) -> list[tuple[str, int, str]]:
-        """What was held back and not yet told, as (logger, level, line), and forgets it:
-        said when the agent stops, so a burst it ended with is counted too."""
+    def held_back(self) -> list[tuple[str, int, str, dict]]:
+        """What was held back and not yet told, as (logger, level, line, journal fields:
+        the kind's and HELD_BACK), and forgets it: said when the agent stops, so a burst
+        it ended with is counted too."""
         now = self.clock()
         lines = [(name, entry[2], f"held back {entry[1]} more like this in the last "
-                                  f"{now - entry[0]:.0f}s: {entry[3]}")
+                                  f"{now - entry[0]:.0f}s: {entry[3]}",
+                  {**entry[5], "HELD_BACK": entry[1]})
                  for (name, *_), entry in self._seen.items() if entry[1]]
         for level, budget in sorted(self._budgets.items()):
             if budget[2]:
                 lines.append(("edge_agent", max(level, logging.INFO),
                               f"held back {budget[2]} {logging.getLevelName(level).lower()} "
-                              f"lines over the budget of {self.LINES_PER_WINDOW} a window"))
+                              f"lines over the budget of {self.LINES_PER_WINDOW} a window",
+                              {"HELD_BACK": budget[2]}))
         self._seen.clear()
         self._budgets.clear()
         return lines
@@ -287,10 +310,22 @@ _STAMP: dict = {"VERSION": __version__}
 
 
 def stamp(**fields) -> None:
-    """Fields for every record from now on: ``stamp(DEVICE_ID=...)`` once the id is
-    known; a value may be a function, read at each record (an id the server may
-    change)."""
+    """Fields for every record from now on (VERSION, the ids: stamp_ids); a value may
+    be a function, read at each record (an id the server may change)."""
     _STAMP.update({name: value for name, value in fields.items() if name in FIELDS})
+
+
+def stamp_ids(own: str, current: Callable[[], str]) -> None:
+    """The screen's ids on every record from now on: DEVICE_ID its own (the configured
+    or derived id, one for the whole process and the same in the next), so a pipeline
+    that groups by it never sees a screen split in two when a server (ScreenTinker)
+    assigns an id of its own at registration; that id, ``current()`` at each record, in
+    SERVER_DEVICE_ID wherever it is another."""
+    stamp(DEVICE_ID=own, SERVER_DEVICE_ID=lambda: _another(current(), own))
+
+
+def _another(value: str, own: str) -> str | None:
+    return None if value == own else value
 
 
 def _stamped() -> dict[str, str]:
@@ -374,8 +409,10 @@ class JournalHandler(logging.StreamHandler):
 
     def close(self) -> None:
         try:
-            for name, level, line in self.repeats.held_back():
-                self.emit(logging.LogRecord(name, level, __file__, 0, line, (), None))
+            for name, level, line, fields in self.repeats.held_back():
+                record = logging.LogRecord(name, level, __file__, 0, line, (), None)
+                record.journal = fields
+                self.emit(record)
         finally:
             if self.native is not None:
                 self.native.close()
