@@ -746,6 +746,50 @@ def test_the_journal_takes_words_from_outside_as_one_entry_at_their_own_priority
 
 
 @step(test_enrolls_and_pairs_under_systemd)
+def test_every_failure_of_a_reason_is_found_by_it_written_or_counted(site):
+    """`journalctl REASON=proxy-unreachable` listed 1 of 3 failures: the rate limit held
+    two back behind another reason's line and no record of that reason said so. Under
+    the real journald, as the unit's agent writes (its user, journald's socket), the
+    rate limit's clock stepped past its window: the records a selection by REASON finds
+    account for every failure, the held-back ones in HELD_BACK."""
+    s = site.screen
+    ident = f"held-back-{os.getpid()}-{time.monotonic_ns()}"
+    code = ("import logging; from agent.base import logs; "
+            "from agent.base.journal_fields import journal; logs.setup('info'); "
+            "log = logging.getLogger('edge_agent'); now = [0.0]; "
+            "log.handlers[0].repeats.clock = lambda: now[0]\n"
+            "def fail(reason, n):\n"
+            "    log.warning('connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)', "
+            f"'{ident}', reason, 'no answer', 2.0, n, extra=journal(REASON=reason))\n"
+            "for n, reason in enumerate(['proxy-unreachable', 'dns-failed', "
+            "'proxy-unreachable', 'proxy-unreachable']): fail(reason, n + 1)\n"
+            "now[0] = 61.0; fail('proxy-unreachable', 5)\n"
+            "now[0] = 70.0; fail('proxy-unreachable', 6); fail('proxy-unreachable', 7)\n")
+    s.run("systemd-run", "--wait", "--quiet", "-p", "User=edge-agent",
+          "-p", "StandardOutput=journal", "-p", "StandardError=journal",
+          "-p", "SyslogLevelPrefix=yes", "/usr/bin/python3", "-I", "-c", code)
+
+    def found():
+        said = [e for e in s.journal("SYSLOG_IDENTIFIER=edge-agent", "REASON=proxy-unreachable")
+                if ident in str(e.get("MESSAGE"))]
+        return said if len(said) >= 3 else None
+    said = wait_for(found, 10, interval=0.2, what="the records of that reason")
+    shown = [(e["MESSAGE"], e.get("HELD_BACK")) for e in said]
+    assert len(said) == 3, shown
+    first, next_one, at_stop = said
+    assert first["MESSAGE"].endswith("(attempt 1)") and "HELD_BACK" not in first, shown
+    assert next_one["MESSAGE"].endswith("(attempt 5) (2 more like this in the last 61s)")
+    assert next_one["HELD_BACK"] == "2" and next_one["_TRANSPORT"] == "journal", shown
+    assert at_stop["MESSAGE"].startswith("held back 2 more like this in the last 9s: ")
+    assert at_stop["HELD_BACK"] == "2" and at_stop["PRIORITY"] == "4", shown
+    # every failure of that reason: the records written and the ones they count
+    assert len(said) + sum(int(e.get("HELD_BACK", 0)) for e in said) == 6, shown
+    other = [e for e in s.journal("SYSLOG_IDENTIFIER=edge-agent", "REASON=dns-failed")
+             if ident in str(e.get("MESSAGE"))]
+    assert len(other) == 1 and "HELD_BACK" not in other[0], other
+
+
+@step(test_enrolls_and_pairs_under_systemd)
 def test_nothing_the_agents_user_writes_runs_at_the_next_start(site):
     """The agent's user owns its home (the state directory, $HOME under systemd): hooks
     planted there, where Python looks for a user's own, are never imported by the
