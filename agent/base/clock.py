@@ -8,10 +8,11 @@ place that says whether the wall clock can be trusted yet.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import time
 from typing import Protocol
+
+from .libc import libc
 
 TIME_ERROR = 5         # adjtimex(2): the clock is not synchronised (STA_UNSYNC and kin)
 TIMESYNCD_FLAG = "/run/systemd/timesync/synchronized"
@@ -19,7 +20,6 @@ _TIMEX_BYTES = 512     # struct timex is 208 bytes on 64-bit; room to spare, mod
 # A skew from the server's clock worth telling a person about: its Date header has
 # whole seconds and the answer takes a while to arrive, so less than this is noise.
 NOTABLE_SKEW_S = 30.0
-_libc = None
 
 
 class Clock(Protocol):
@@ -39,12 +39,9 @@ def kernel_synced() -> bool | None:
     """Whether the kernel says the wall clock is synchronised (adjtimex, read only: any
     NTP client sets its flag); None where that call is not allowed (the unit's
     ProtectClock=) or fails."""
-    global _libc
     try:
-        if _libc is None:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         timex = ctypes.create_string_buffer(_TIMEX_BYTES)   # modes 0: read, set nothing
-        state = _libc.adjtimex(timex)
+        state = libc().adjtimex(timex)
     except (OSError, AttributeError):
         return None
     return state != TIME_ERROR if state >= 0 else None

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 from ..base.fsutil import atomic_write, read_bounded
 from ..base.journal_fields import MessageId, journal
+from ..base.libc import libc
 
 log = logging.getLogger("edge_agent")
 
@@ -28,8 +29,7 @@ PR_SET_DUMPABLE = 4  # linux/prctl.h
 def prepare(stream=None) -> None:
     faulthandler.enable(file=stream or sys.stderr, all_threads=True)
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        if libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
     except (OSError, AttributeError) as e:
         log.warning("cannot turn off core dumps: %s", e)

@@ -23,6 +23,7 @@ import struct
 import zlib
 from typing import NamedTuple
 
+from ..base.libc import libc
 from ..base.upload_kinds import LOG, PROOF_OF_PLAY, SCREENSHOT
 
 log = logging.getLogger("edge_agent.uploads")
@@ -233,23 +234,17 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-_libc = None
-
-
 def reserve(fd: int, length: int) -> None:
     """Allocates the segment's blocks up front, past its end (its size still says where
     the items end): an enqueue's sync then writes its pages and the inode, not also the
     allocation bitmaps. Best effort: a file system without fallocate just allocates as
     it goes."""
-    global _libc
     try:
-        if _libc is None:
-            # here, not at the top: only a new segment needs it (os has no
-            # FALLOC_FL_KEEP_SIZE), and most processes, `edge-agent enqueue` too, make none
-            import ctypes
-            import ctypes.util
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-        _libc.fallocate(fd, 1, 0, length)   # 1: FALLOC_FL_KEEP_SIZE
+        # here, not at the top: only a new segment needs it (os has no
+        # FALLOC_FL_KEEP_SIZE), and most processes, `edge-agent enqueue` too, make none
+        import ctypes
+        fallocate = libc().fallocate
+        fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+        fallocate(fd, 1, 0, length)   # 1: FALLOC_FL_KEEP_SIZE
     except (OSError, AttributeError):
         pass
