@@ -57,6 +57,29 @@ def test_refusals_are_results_and_run_nothing():
     assert c.receive({"id": "x" * 65, "name": "diagnostics"}, now=1.0) == []
 
 
+HUGE = 10 ** 400   # a JSON integer Python reads whole; math.isfinite(HUGE) raises OverflowError
+
+
+def test_a_number_too_large_for_a_float_is_refused_not_raised():
+    """A server's integer of 400 digits where a number is asked: each place that asked
+    "a finite number?" with math.isfinite raised OverflowError into the link's thread;
+    one rule (config/revision.finite) answers no."""
+    c = core(allow={"diagnostics", "brightness", "set-time", "configure"})
+    cases = {
+        "x": ({"name": "diagnostics", "expires_at": HUGE}, "malformed: expires_at"),
+        "l": ({"name": "brightness", "args": {"level": HUGE}}, "bad argument: level"),
+        "s": ({"name": "set-time", "args": {"time": HUGE}}, "bad argument: time"),
+        "c": ({"name": "configure", "args": {"settings": {"log.level": {
+            "value": "debug", "expires_in_s": HUGE}}}}, "bad argument: settings.log.level"),
+        "v": ({"name": "configure", "args": {"settings": {"log.level": HUGE}}}, "bad argument"),
+    }
+    for cid, (body, why) in cases.items():
+        actions = c.receive({"id": cid, **body}, now=100.0)
+        assert not [a for a in actions if isinstance(a, Run)], cid
+        [r] = results(actions)
+        assert r["ok"] is False and why in r["error"], (cid, r)
+
+
 def test_a_reboot_interrupted_by_its_reboot_is_done_not_run_again(tmp_path):
     path = str(tmp_path / "commands.json")
     c = core()

@@ -34,7 +34,6 @@ A flood from the server costs bounded work, memory and disk:
 from __future__ import annotations
 
 import json
-import math
 import unicodedata
 import re
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from datetime import datetime
 from typing import Callable
 
 from ..base.vocabulary import MAX_COMMAND_ID
-from ..config.revision import revision_args
+from ..config.revision import finite, revision_args
 from ..update.rules import order_args
 
 MAX_ID = MAX_COMMAND_ID
@@ -89,9 +88,7 @@ def level_args(args: dict) -> dict:
     """brightness and volume: ``level``, a fraction from 0 to 1 (ScreenTinker's slider
     sends percent / 100)."""
     level = args.get("level")
-    if set(args) != {"level"} or isinstance(level, bool) \
-            or not isinstance(level, (int, float)) or not math.isfinite(level) \
-            or not 0 <= level <= 1:
+    if set(args) != {"level"} or finite(level) is None or not 0 <= level <= 1:
         raise ValueError("level: a number from 0 to 1")
     return {"level": float(level)}
 
@@ -143,8 +140,7 @@ def set_time_args(args: dict) -> dict:
         if parsed.tzinfo is None:
             raise ValueError("time: ISO 8601 needs its offset (Z or +hh:mm)")
         when = parsed.timestamp()
-    elif isinstance(when, bool) or not isinstance(when, (int, float)) \
-            or not math.isfinite(when):
+    elif finite(when) is None:
         raise ValueError("time: seconds since the epoch or ISO 8601 with an offset")
     if not EARLIEST_TIME <= when < LATEST_TIME:
         raise ValueError("time: out of bounds (2025 to 2100)")
@@ -325,8 +321,7 @@ class CommandCore:
             # result goes again if there is one (and on every connection until confirmed)
             return [Report(known.result, False, RESEND)] if known.result is not None else []
         expires = raw.get("expires_at")
-        if isinstance(expires, bool) or not isinstance(expires, (int, float)) \
-                or not math.isfinite(expires):
+        if finite(expires) is None:
             expires = None   # malformed ones are refused below, and recorded
         elif self.floor is not None and expires <= self.floor:
             return [self._refused(cid, name, now, "too old", (
@@ -403,8 +398,7 @@ class CommandCore:
             return f"unknown command {str(name)[:40]!r}"
         expires = raw.get("expires_at")
         if expires is not None:
-            if isinstance(expires, bool) or not isinstance(expires, (int, float)) \
-                    or not math.isfinite(expires):
+            if finite(expires) is None:
                 return "malformed: expires_at must be a time in seconds"
             if now > expires:
                 return f"expired {now - expires:.0f}s before it arrived"

@@ -9,13 +9,12 @@ never an exception: the local file alone is always a configuration that runs.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 
 from ..base.fsutil import atomic_write, read_json, retrying
 from . import revision as revision_rules
-from .revision import Expiry
+from .revision import Expiry, finite
 
 FILE = "fleet-settings.json"
 MAX_BYTES = 256 * 1024
@@ -49,10 +48,10 @@ class Revision:
         expiries = {}
         for key, e in until.items():
             if not isinstance(e, dict) or not isinstance(e.get("boot"), str) \
-                    or _finite(e.get("at")) is None:
+                    or finite(e.get("at")) is None:
                 raise ValueError(f"until.{key}")
-            expiries[key] = Expiry(e["boot"], _finite(e["at"]))
-        received = _finite(d.get("received_at", 0.0))
+            expiries[key] = Expiry(e["boot"], finite(e["at"]))
+        received = finite(d.get("received_at", 0.0))
         if received is None:
             raise ValueError("received_at")
         return Revision(rev, values, expiries, received)
@@ -60,16 +59,6 @@ class Revision:
 
 def _count(value, top: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and 0 <= value <= top
-
-
-def _finite(value) -> float | None:
-    """The number as a finite float, or None (a bool, a string, inf, nan, or an integer
-    too large for a float: 400 digits raise OverflowError in float())."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, int) and abs(value) > 2 ** 63:
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _outcome(doc):
@@ -83,7 +72,7 @@ def _outcome(doc):
               "why": lambda v: isinstance(v, str) and len(v) <= 4096,
               "keys": lambda v: isinstance(v, list) and len(v) <= revision_rules.MAX_SETTINGS
               and all(isinstance(k, str) and len(k) <= 200 for k in v),
-              "at": lambda v: _finite(v) is not None,
+              "at": lambda v: finite(v) is not None,
               "announced": lambda v: isinstance(v, bool)}
     for key, ok in checks.items():
         if key in doc and not ok(doc[key]):

@@ -22,6 +22,18 @@ MAX_TEXT = 2048
 KEY = re.compile(r"[a-z][a-z0-9_]{0,31}(?:\.[a-z][a-z0-9_]{0,31}){1,3}")
 
 
+def finite(value) -> float | None:
+    """A number from outside (a JSON document, a server's message) as a finite float, or
+    None: a bool, a string, inf, nan, or an integer too large for a float (400 digits
+    raise OverflowError in float() and in math.isfinite()). The one test of "a finite
+    number" for what a server or a file on the card says."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and abs(value) > 2 ** 63:
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def revision_args(args: dict) -> dict:
     """The configure command's arguments: ``{"revision": n, "settings": {"log.level":
     "debug", "link.heartbeat_interval_s": {"value": 10, "expires_in_s": 3600}}}``.
@@ -46,8 +58,7 @@ def revision_args(args: dict) -> dict:
                 raise ValueError(f"settings.{key}: a value, or {{value, expires_in_s}}")
             expiry = given.get("expires_in_s")
             if expiry is not None:
-                if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) \
-                        or not math.isfinite(expiry) or not 0 < expiry <= MAX_EXPIRY_S:
+                if finite(expiry) is None or not 0 < expiry <= MAX_EXPIRY_S:
                     raise ValueError(f"settings.{key}.expires_in_s: seconds, at most "
                                      f"{MAX_EXPIRY_S:g}")
                 expires[key] = float(expiry)
