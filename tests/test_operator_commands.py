@@ -130,6 +130,15 @@ def test_a_line_past_its_bound_is_killed_with_everything_it_forked():
     assert wait_gone(pid)
 
 
+def test_the_lines_own_process_is_reaped_when_killed_at_its_bound():
+    """Killed at its bound, the line's own process is waited for (base/children's one
+    reaping): no zombie of the agent's is left behind."""
+    out = actions(timeout_s=1.0).run("shell", {"cmd": "echo $$; sleep 60"})
+    pid = int(out.output.splitlines()[0])
+    assert out.extra == {"exit": TIMED_OUT}
+    assert not os.path.exists(f"/proc/{pid}"), "a zombie: killed but never reaped"
+
+
 def test_output_past_the_bound_is_cut_and_said_and_its_exit_kept():
     out = actions().run("shell", {"cmd": "head -c 100000 /dev/zero | tr '\\0' a; exit 4"})
     assert out.extra == {"exit": 4} and out.error == "exited 4"

@@ -88,11 +88,7 @@ def collect(child: subprocess.Popen, timeout_s: float, max_bytes: int, max_drain
     flooded = dropped > max_drain
     timed_out = exited_at is None
     kill_group(child)   # the zombie (or the live child) keeps the group's id ours
-    child.stdout.close()
-    try:
-        child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass  # SIGKILLed: only an uninterruptible sleep keeps it
+    _reap(child)
     return Bounded(bytes(kept), dropped, None if timed_out or flooded else child.returncode,
                    mono() - start, flooded)
 
