@@ -12,14 +12,17 @@ cellular), until one succeeds.
 
 Even the bound's floor (4 s) is long for a device whose new connection landed on the
 hung node again. So a connect with no answer after ``RACE_MULTIPLE`` times the learnt
-handshake (at least ``RACE_FLOOR_S``) is raced by one second dial, which the balancer
-may send to a healthy node; the first to answer wins. A second dial is also one more
-connection for the server, so it is never made while the server is struggling for
-everyone, as far as this device can tell: held off by a throttle, retrying after a loss
-every device saw at once (the server went away: a reconnect window, when the server
-sets one, is in force then), answered 429/503, or handshakes slow (one slower than the
-race's threshold, or a race in which neither dial answered) until one is quick again.
-A storm gets no extra load.
+handshake (at least ``RACE_FLOOR_S``) is raced by a second dial, which the balancer may
+send to a healthy node, and while none has answered by a further one each such
+interval (``RACE_AT_ONCE`` at once, ``RACE_DIALS`` in all): a balancer's round robin
+sends the second dial to the hung node too about half the time, and one more interval
+is cheaper than the bound.
+The first to answer wins. Each dial is also one more connection for the server, so
+none is made while the server is struggling for everyone, as far as this device can
+tell: held off by a throttle, retrying after a loss every device saw at once (the
+server went away: a reconnect window, when the server sets one, is in force then),
+answered 429/503, or handshakes slow (one slower than the race's threshold, or a race
+in which no dial answered) until one is quick again. A storm gets no extra load.
 """
 from __future__ import annotations
 
@@ -31,9 +34,15 @@ FLOOR_S = 4.0
 MULTIPLE = 4.0
 SAMPLES = 8
 # a connect unanswered this long (times the slowest recent handshake, at least the
-# floor) is raced by a second dial
-RACE_FLOOR_S = 1.0
+# floor) is raced by a second dial, and by one more each such interval while none has
+# answered: at most RACE_AT_ONCE at once (the oldest unanswered one is given up for the
+# next), RACE_DIALS in all. Behind round robin over two nodes, one of them hung, each
+# dial lands there about one time in two: four, one in 16, and a balancer's health
+# check has failed it by the fourth (every 0.5 s, out after 2).
+RACE_FLOOR_S = 0.5
 RACE_MULTIPLE = 3.0
+RACE_AT_ONCE = 3
+RACE_DIALS = 4
 
 
 class ConnectBound:
@@ -54,8 +63,8 @@ class ConnectBound:
         return min(self.ceiling_s, learnt * 2 ** self._escalation)
 
     def race_after(self, *, held: bool = False, shared_loss: bool = False) -> float | None:
-        """Seconds after which the next connect, still unanswered, is raced by one second
-        dial; None: no race. ``held``: a server throttle is in force; ``shared_loss``:
+        """Seconds after which the next connect, still unanswered, is raced by a second
+        dial (and the interval between further ones); None: no race. ``held``: a server throttle is in force; ``shared_loss``:
         the retries follow a loss every device on the server saw."""
         threshold = self._threshold()
         if threshold is None or held or shared_loss or self.struggling:
@@ -71,7 +80,8 @@ class ConnectBound:
         self._escalation = 0
 
     def timed_out(self, raced: bool = False) -> None:
-        """A connect the bound ended; ``raced``: a second dial had no answer either."""
+        """A connect the bound ended; ``raced``: the race's other dials had no answer
+        either."""
         if raced:
             self.struggling = True
         if self.current() < self.ceiling_s:

@@ -147,10 +147,11 @@ def _phases(dialed) -> str:
 
 
 def _race_said(transport) -> str:
-    """ after a race won by the second dial (begun 1.0 s in): what the race changed."""
+    """ after a race won by the second dial (begun 0.5 s in): what the race changed."""
     if not getattr(transport, "raced", False):
         return ""
     offset = getattr(transport, "winner_offset_s", 0.0)
     if offset > 0:
-        return f" after a race won by the second dial (begun {offset:.1f} s in)"
+        return (f" after a race won by the {getattr(transport, 'winner', 'second')} dial "
+                f"(begun {offset:.1f} s in)")
     return " after a race won by the first dial"

@@ -145,8 +145,13 @@ class SocketIOTransport:
 
     @property
     def raced(self) -> bool:
-        """A second dial raced this connect's first."""
+        """Further dials raced this connect's first."""
         return self._dialing.raced
+
+    @property
+    def winner(self) -> str:
+        """Which dial of a race won: "first", "second", ..."""
+        return self._dialing.winner
 
     @property
     def winner_offset_s(self) -> float:

@@ -9,9 +9,10 @@ websocket-client in engineio.client's namespace (``_BoundedWebsocketModule``), a
 transport's connect hands it its ``DialContext`` through ``DIALING``.
 
 A dial whose upgrade has no answer after ``race_after_s`` (the connect bound decides
-when, and whether: ``connect_bound.py``) is raced by one second dial within the same
-deadline, each on a thread of its own, so a balancer may send it to a node that
-answers; the first answered wins, the other is aborted at once. The race covers the
+when, and whether: ``connect_bound.py``) is raced by a second dial within the same
+deadline, and while none answers by one more each ``race_after_s`` (``RACE_DIALS`` in
+all), each on a thread of its own, so a balancer may send one to a node that answers;
+the first answered wins, the others are aborted at once. The race covers the
 dial and the upgrade: a frozen node answers neither. What follows (Engine.IO's open,
 the namespace's connect) runs on the winner alone.
 """
@@ -36,6 +37,7 @@ from ..base.egress import Egress
 from ..base import reasons as J
 from ..runtime.threads import start_worker
 from . import sockopts
+from .connect_bound import RACE_AT_ONCE, RACE_DIALS
 from .dialer import MAX_HEADER_BYTES, DialError, Dialed, dial
 from .frames import BoundedWebSocket
 
@@ -57,6 +59,7 @@ class DialContext:
         self.answered_at: float | None = None   # this device's wall time when it came
         self.raced = False                      # a second dial was made
         self.winner_offset_s = 0.0              # when the winning dial began, into the connect
+        self.winner = "first"                   # which dial of a race won
 
 
 # Set by SocketIOTransport.open() around the library's connect, which calls
@@ -115,6 +118,7 @@ class _RacingDial:
     def __init__(self, url: str, egress: Egress, deadline: float, options: dict,
                  offset_s: float, done: "queue.Queue[_RacingDial]"):
         self.offset_s = offset_s
+        self.given_up = False
         self.answer: _Upgraded | None = None
         self.error: DialError | None = None
         self._dialed: Dialed | None = None
@@ -154,8 +158,21 @@ class _RacingDial:
         answers it): what has not answered is beyond, the server's side."""
         return "tcp_s" in self._phases
 
+    def give_up(self) -> None:
+        """Unanswered while newer dials wait: aborted, to keep the race's dials at once
+        bounded."""
+        self.given_up = True
+        self.lose()
+
+    def outcome(self) -> DialError:
+        """How this dial ended, for the connect's error."""
+        if self.given_up:
+            return DialError(J.NO_ANSWER, "connected, then no answer before it was given "
+                                          "up for a newer dial", timed_out=True)
+        return self.error
+
     def lose(self) -> None:
-        """The other dial won: this one is aborted (an RST), whatever phase it is in."""
+        """Another dial won: this one is aborted (an RST), whatever phase it is in."""
         with self._lock:
             self._lost = True
             answer, dialed = self.answer, self._dialed
@@ -173,56 +190,77 @@ def _close_quietly(sock) -> None:
         pass
 
 
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+
+
 def _race(url: str, context: DialContext, timeout: float, options: dict) -> _Upgraded:
-    """The first dial; if it has no answer after ``context.race_after_s``, one second
-    dial beside it, within the same deadline. The first answered wins, the other is
-    aborted. A dial that fails with an answer (refused, an HTTP error) before the race
-    begins ends the connect as a single dial would."""
+    """The first dial; while none has answered, one more beside them each
+    ``context.race_after_s``, within the same deadline: ``RACE_AT_ONCE`` at once (the
+    oldest unanswered is given up for the next), ``RACE_DIALS`` in all. The first
+    answered wins, the others are aborted. A dial that fails with an answer (refused, an
+    HTTP error) before the race begins ends the connect as a single dial would; one the
+    server answered busy (429, 503) ends the racing."""
     start = time.monotonic()
     deadline = start + timeout
     done: queue.Queue[_RacingDial] = queue.Queue()
     dials = [_RacingDial(url, context.egress, deadline, dict(options), 0.0, done)]
-    failed: list[_RacingDial] = []
+    failed: list[_RacingDial] = []   # ended with an error, or given up for a newer dial
     may_race = True
     while True:
-        if len(dials) == 1 and may_race:
-            wait = max(0.0, start + context.race_after_s - time.monotonic())
+        more = may_race and len(dials) < RACE_DIALS
+        if more:
+            wait = max(0.0, start + dials[-1].offset_s + context.race_after_s - time.monotonic())
         else:   # each dial ends by the deadline; the margin is for its thread to say so
             wait = max(0.0, deadline - time.monotonic()) + ABORT_JOIN_S
         try:
             finished = done.get(timeout=wait)
         except queue.Empty:
-            if len(dials) == 1 and may_race and not dials[0].connected():
+            if more and not dials[-1].connected():
                 # still resolving the name or waiting for the TCP handshake: the resolver
-                # or the network is what is slow, and a second dial would only ask it
+                # or the network is what is slow, and another dial would only ask it
                 # twice (a DNS outage raced doubled the queries); a hung node completes
                 # the handshake and then says nothing
                 may_race = False
                 continue
-            if len(dials) == 1 and may_race:
+            if more and time.monotonic() < deadline:
                 context.raced = True
-                log.info("connect: no answer in %.1fs, racing a second dial",
-                         time.monotonic() - start)
+                log.info("connect: no answer in %.1fs, racing a %s dial",
+                         time.monotonic() - start, _ORDINALS[len(dials)])
+                waiting = [d for d in dials if d not in failed]
+                if len(waiting) >= RACE_AT_ONCE:
+                    waiting[0].give_up()
+                    failed.append(waiting[0])
                 dials.append(_RacingDial(url, context.egress, deadline, dict(options),
                                          time.monotonic() - start, done))
                 continue
+            if more:
+                may_race = False
+                continue
             for d in dials:
                 d.lose()
-            raise DialError(J.NO_ANSWER, "neither dial answered by the deadline",
+            raise DialError(J.NO_ANSWER, f"none of {len(dials)} dials answered by the deadline"
+                            if len(dials) > 1 else "no answer by the deadline",
                             timed_out=True) from None
         if finished.answer is not None:
             for other in dials:
                 if other is not finished:
                     other.lose()
             context.winner_offset_s = finished.offset_s
+            context.winner = _ORDINALS[dials.index(finished)]
             return finished.answer
         if len(dials) == 1:
             raise finished.error
+        if finished in failed:   # given up for a newer dial: its end says nothing new
+            continue
         failed.append(finished)
-        if len(failed) == 2:
-            first, second = dials[0].error, dials[1].error
-            raise DialError(first.reason, f"{first.detail}; a second dial: {second.detail}",
-                            timed_out=first.timed_out and second.timed_out)
+        if finished.error.busy:
+            may_race = False
+        if len(failed) == len(dials):   # each answered with a failure: no more dials
+            first, *others = [d.outcome() for d in dials]
+            raise DialError(first.reason, first.detail + "".join(
+                f"; a {_ORDINALS[n]} dial: {e.detail}" for n, e in enumerate(others, 1)),
+                timed_out=all(e.timed_out for e in [first, *others]),
+                busy=any(e.busy for e in [first, *others]))
 
 
 class _BoundedWebsocketModule:
