@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from ..base import children
+from ..base.server_clock import FAR_S
 from .core import SHELL_OUTPUT, Outcome, _clip
 
 log = logging.getLogger("edge_agent.commands")
@@ -43,16 +44,20 @@ NOTES_ROOM = 160      # what the notes after a shell's output may take
 
 class OperatorTools:
     def __init__(self, timeout_s: float, start: Callable, release: Callable[[object], None],
-                 run: Callable, zoneinfo: str = ZONEINFO):
+                 run: Callable, zoneinfo: str = ZONEINFO,
+                 server_far: Callable[[float], float | None] = lambda when: None):
         """``start(argv, merge_stderr)``: the child, tracked so the agent's stop kills
         it, or an Outcome saying why it did not start; ``release(child)`` when it is done.
         ``run(argv)``: a program's CompletedProcess, or an Outcome saying why it failed
-        (the commands' own helpers, commands/actions.py)."""
+        (the commands' own helpers, commands/actions.py). ``server_far(when)``: how far
+        ``when`` is from the server's clock when that is more than a day, else None
+        (base/server_clock.py)."""
         self.timeout_s = timeout_s
         self._start = start
         self._release = release
         self._run = run
         self.zoneinfo = zoneinfo
+        self._server_far = server_far
 
     # -- shell ----------------------------------------------------------------------
     def shell(self, args: dict) -> Outcome:
@@ -95,6 +100,13 @@ class OperatorTools:
 
     # -- the clock ------------------------------------------------------------------
     def set_time(self, args: dict) -> Outcome:
+        far = None if args.get("force") else self._server_far(args["time"])
+        if far is not None:
+            # 2062 typed for 2026 would refuse every command the fleet sends after it
+            return Outcome(False, error=(
+                f"set-time refused: {_when(args['time'])} is {_span(abs(far))} "
+                f"{'ahead of' if far > 0 else 'behind'} the server's clock (more than "
+                f"{_span(FAR_S)}); send force: true to set it anyway"))
         synced = self._run([TIMEDATECTL, "show", "-p", "NTPSynchronized", "--value"])
         if isinstance(synced, Outcome):
             return Outcome(False, error="set-time refused: cannot tell whether NTP "
@@ -111,7 +123,8 @@ class OperatorTools:
                        when.strftime("%Y-%m-%d %H:%M:%S UTC")])
         if isinstance(r, Outcome):
             return Outcome(False, error=f"set-time refused: {r.error}")
-        log.warning("the clock set from the fleet to %s", when.isoformat())
+        log.warning("the clock set from the fleet to %s%s", when.isoformat(),
+                    " (forced: the server's clock not asked)" if args.get("force") else "")
         return Outcome(True, f"clock set to {when.isoformat()}")
 
     def set_timezone(self, args: dict) -> Outcome:
@@ -131,6 +144,18 @@ class OperatorTools:
 def shown_line(cmd: str) -> str:
     """The line as the journal shows it: quoted (its escapes visible), bounded."""
     return repr(cmd if len(cmd) <= SHELL_SHOWN else cmd[:SHELL_SHOWN - 3] + "...")
+
+
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _span(seconds: float) -> str:
+    days = seconds / 86400
+    if days >= 730:
+        return f"{days / 365.25:.0f} years"
+    return f"{days:.0f} day{'s' if round(days) != 1 else ''}" if days >= 1 \
+        else f"{seconds / 3600:.0f} hours"
 
 
 def _is_tzif(path: str) -> bool:
