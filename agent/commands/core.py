@@ -107,8 +107,8 @@ OUTPUT_LIMIT = {"shell": SHELL_OUTPUT}
 # (a millisecond value sent as seconds, a year typed wrong), never a correction
 EARLIEST_TIME = 1735689600.0   # 2025-01-01T00:00:00Z
 LATEST_TIME = 4102444800.0     # 2100-01-01T00:00:00Z
-# an IANA zone's shape, the configuration's TIME_ZONE rule; the shell checks that it
-# exists under /usr/share/zoneinfo
+# an IANA zone's shape, the configuration's TIME_ZONE rule; the shell checks that
+# tzdata lists it and its file is inside the zone database (commands/operator.py)
 ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9][A-Za-z0-9_+-]*){0,2}")
 MAX_ZONE = 64
 

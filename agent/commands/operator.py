@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from ..base import children
+from ..base.fsutil import read_bounded
 from ..base.server_clock import FAR_S
 from .core import SHELL_OUTPUT, Outcome, _clip
 
@@ -33,6 +34,8 @@ log = logging.getLogger("edge_agent.commands")
 SHELL = "/bin/sh"
 TIMEDATECTL = "timedatectl"
 ZONEINFO = "/usr/share/zoneinfo"
+TZDATA_LIST = "tzdata.zi"     # tzdata's own list of zones and links, in zic's input form
+MAX_TZDATA_LIST = 1 << 20     # about 110 KB in 2025
 # a shell line's output beyond what its result keeps is read and dropped up to this, so
 # a long listing still ends with its own exit; past it the line is stopped
 SHELL_DRAIN = 1 << 20
@@ -129,11 +132,12 @@ class OperatorTools:
 
     def set_timezone(self, args: dict) -> Outcome:
         zone = args["zone"]
-        path = os.path.join(self.zoneinfo, zone)
-        # a zone file is a TZif file; a directory (Europe) or posixrules is not a zone
-        if not os.path.isfile(path) or not _is_tzif(path):
+        # a name tzdata lists (what timedatectl list-timezones reads), whose file is a
+        # TZif file inside the database: tzdata's own localtime -> /etc/localtime would
+        # make /etc/localtime a link to itself, posixrules is rules, Europe a directory
+        if zone not in zone_names(self.zoneinfo) or not _in_database(self.zoneinfo, zone):
             return Outcome(False, error=f"no such time zone here: {zone!r} "
-                                        f"(not under {self.zoneinfo})")
+                                        f"(not in tzdata's list of zones under {self.zoneinfo})")
         r = self._run([TIMEDATECTL, "--no-ask-password", "set-timezone", zone])
         if isinstance(r, Outcome):
             return Outcome(False, error=f"set-timezone refused: {r.error}")
@@ -158,10 +162,34 @@ def _span(seconds: float) -> str:
         else f"{seconds / 3600:.0f} hours"
 
 
-def _is_tzif(path: str) -> bool:
+def zone_names(zoneinfo: str) -> frozenset:
+    """The zones tzdata lists in ``tzdata.zi`` (Debian 12 and 13 ship it; systemd's
+    list-timezones reads it): each zone (``Z name``) and each link's name (``L target
+    name``); empty when it cannot be read, so nothing is taken."""
     try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"TZif"
-    except OSError:
+        text = read_bounded(os.path.join(zoneinfo, TZDATA_LIST), MAX_TZDATA_LIST,
+                            follow_links=True).decode("ascii", "replace")
+    except (OSError, ValueError):
+        return frozenset()
+    names = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "Z":
+            names.add(fields[1])
+        elif len(fields) >= 3 and fields[0] == "L":
+            names.add(fields[2])
+    return frozenset(names)
+
+
+def _in_database(zoneinfo: str, zone: str) -> bool:
+    """The zone's file resolves inside the zone database (a link within it, as UTC ->
+    Etc/UTC, is fine; one out of it is not) and is a TZif file."""
+    root = os.path.realpath(zoneinfo)
+    real = os.path.realpath(os.path.join(root, zone))
+    if not real.startswith(root + os.sep):
+        return False
+    try:
+        return read_bounded(real, 1 << 20)[:4] == b"TZif"
+    except (OSError, ValueError):
         return False
 
