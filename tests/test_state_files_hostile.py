@@ -18,42 +18,10 @@ from devtools.harness import agent_config, wait_for
 HUGE = "9" * 400
 
 
-@pytest.mark.netns
-def test_a_400_digit_reboot_count_is_a_damaged_file_at_a_real_start(
-        netns, fleet, spawn_agent, agent_python, tmp_path):
+def _started_on_damage(fleet, spawn_agent, agent_python, tmp_path) -> str:
+    """A real agent started on the state directory as the test left it: alive, its link
+    proven, the damaged reboot count said in one line. Its log."""
     server = fleet()
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "screen-reboots.json").write_text(
-        '{"reboots": [{"wall": %s, "synced": true, "boot": "b"}]}' % HUGE)
-    cfg = agent_config(server, tmp_path, screen={"recovery": True},
-                       commands={"allow": ["diagnostics", "logs", "reboot"]})
-    agent = spawn_agent(agent_python, cfg)
-    wait_for(lambda: agent.link().get("proven_live") or not agent.alive(), 15,
-             what="the agent online or gone")
-    assert agent.alive(), agent.log_text()[-3000:]
-    agent.wait_live(15)
-    lines = [line for line in agent.log_text().splitlines() if "screen-reboots.json" in line]
-    assert len(lines) == 1 and "count as spent" in lines[0], lines
-    assert "Traceback" not in agent.log_text()
-
-
-@pytest.mark.netns
-@pytest.mark.parametrize("kind", ["400 digits", "a list", "invalid UTF-8", "fifo"])
-def test_every_state_file_damaged_at_once_is_a_real_start_online(
-        netns, fleet, spawn_agent, agent_python, tmp_path, kind):
-    """The reboot count, the learnt idle limits, the fleet's overlay, the command ledger
-    and the reconnect schedule all damaged: the agent starts, proves its link, and
-    names each file it could not use in one line."""
-    server = fleet()
-    state, run = tmp_path / "state", tmp_path / "run"
-    state.mkdir()
-    run.mkdir()
-    files = [state / "screen-reboots.json", state / "idle-limits.json",
-             state / "fleet-settings.json", state / "commands.jsonl", run / "backoff.json"]
-    for path in files:
-        _hostile(path, kind)
-    (state / "commands.jsonl").rename(state / "commands.json")
     cfg = agent_config(server, tmp_path, screen={"recovery": True},
                        commands={"allow": ["diagnostics", "logs", "reboot"]})
     agent = spawn_agent(agent_python, cfg)
@@ -64,6 +32,33 @@ def test_every_state_file_damaged_at_once_is_a_real_start_online(
     assert "Traceback" not in log and "crashed" not in log, log[-3000:]
     said = [line for line in log.splitlines() if "screen-reboots.json" in line]
     assert len(said) == 1 and "count as spent" in said[0], said
+    return log
+
+
+@pytest.mark.netns
+def test_a_400_digit_reboot_count_is_a_damaged_file_at_a_real_start(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "screen-reboots.json").write_text(
+        '{"reboots": [{"wall": %s, "synced": true, "boot": "b"}]}' % HUGE)
+    _started_on_damage(fleet, spawn_agent, agent_python, tmp_path)
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("kind", ["400 digits", "a list", "invalid UTF-8", "fifo"])
+def test_every_state_file_damaged_at_once_is_a_real_start_online(
+        netns, fleet, spawn_agent, agent_python, tmp_path, kind):
+    """The reboot count, the learnt idle limits, the fleet's overlay, the command ledger
+    and the reconnect schedule all damaged: the agent starts, proves its link, and
+    names each file it could not use in one line."""
+    state, run = tmp_path / "state", tmp_path / "run"
+    state.mkdir()
+    run.mkdir()
+    for path in (state / "screen-reboots.json", state / "idle-limits.json",
+                 state / "fleet-settings.json", state / "commands.jsonl", run / "backoff.json"):
+        _hostile(path, kind)
+    (state / "commands.jsonl").rename(state / "commands.json")
+    log = _started_on_damage(fleet, spawn_agent, agent_python, tmp_path)
     assert any("commands.json" in line for line in log.splitlines()), log[-3000:]
 
 
