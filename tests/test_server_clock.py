@@ -3,7 +3,7 @@ clock cannot refuse the fleet's commands, set-time refuses a time far from the s
 unless forced, and a clock far from the server's is a status line and an event.
 
 Before: a device clock 36 years ahead (2062 typed for 2026 passed set-time's bounds)
-refused every command that carries ``expires_at`` ("expired 1136073600 s before it
+refused every command that carries ``expires_at`` ("expired 1135295... s before it
 arrived"), the set-time that would repair it included."""
 from __future__ import annotations
 
