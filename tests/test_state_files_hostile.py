@@ -8,7 +8,7 @@ Before: a 400-digit ``wall`` in ``screen-reboots.json`` (the agent's user writes
 a fleet ``shell`` line can) raised OverflowError at every start: exit 70, for ever."""
 from __future__ import annotations
 
-import json
+import logging
 import os
 
 import pytest
@@ -138,6 +138,10 @@ READERS = {"screen-reboots.json": _reboots, "schedule.json": _schedule,
            "status.json": _status, "history": _history}
 
 
+SAY_IT = {"screen-reboots.json", "schedule.json", "idle-limits.json", "commands.jsonl",
+          "credentials.json"}
+
+
 def _file_of(name: str) -> str:
     from agent.config import overlay
     from agent.identity import credentials
@@ -153,4 +157,8 @@ def test_every_state_file_reader_takes_its_safe_default(tmp_path, reader, kind, 
     state = tmp_path / "state"
     state.mkdir()
     _hostile(state / _file_of(reader), kind)
+    caplog.set_level(logging.INFO)
     assert READERS[reader](state)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # said once by the readers that say it; the others hand their reason to their caller
+    assert len(said) == (1 if reader in SAY_IT else 0), said
