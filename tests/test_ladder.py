@@ -397,7 +397,7 @@ def test_a_damaged_file_is_told_once_and_spends_the_day(tmp_path, caplog, conten
     assert (tmp_path / reboots.FILE).read_bytes() == content    # not rewritten
     m.wall_now += DAY
     assert book.left() == 2 and book.take()[0]                  # a day later: a good file
-    assert len(reboots.parse((tmp_path / reboots.FILE).read_bytes())) == 1
+    assert len(reboots.parse(json.loads((tmp_path / reboots.FILE).read_bytes()))) == 1
 
 
 def test_a_file_that_is_a_link_or_a_fifo_is_damaged_not_followed(tmp_path):

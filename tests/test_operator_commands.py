@@ -238,6 +238,46 @@ def test_set_timezone_only_for_a_zone_this_screen_has(timedatectl):
         "--no-ask-password set-timezone Europe/Berlin"]
 
 
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory/../localtime",
+                                  "right", "Etc", "zone1970.tab", "tzdata.zi", "leapseconds"])
+def test_set_timezone_takes_only_a_zone_of_tzdatas_own_list(timedatectl, zone):
+    """tzdata ships zoneinfo/localtime -> /etc/localtime: timedated would make
+    /etc/localtime a link to itself, and every program would fall back to UTC.
+    posixrules is a file of rules, not a zone. Only the names tzdata lists are zones."""
+    assert os.path.islink("/usr/share/zoneinfo/localtime"), "tzdata ships the link"
+    out = actions().run("set-timezone", {"zone": zone})
+    assert out.ok is False and out.error.startswith(f"no such time zone here: {zone!r}"), out
+    assert not timedatectl.calls.exists()
+
+
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "UTC", "Etc/GMT+2", "America/New_York"])
+def test_the_zones_tzdata_lists_are_taken(timedatectl, zone):
+    out = actions().run("set-timezone", {"zone": zone})
+    assert out.ok is True, out
+    assert timedatectl.calls.read_text().splitlines() == [
+        f"--no-ask-password set-timezone {zone}"]
+
+
+def test_a_listed_zone_that_leads_out_of_the_zone_database_is_refused(tmp_path, timedatectl):
+    """A copy of the database where a listed name is a link out of it (as localtime
+    is), and one that is a link inside it (as UTC is, to Etc/UTC)."""
+    from agent.commands.operator import OperatorTools
+    zi = tmp_path / "zoneinfo"
+    (zi / "Etc").mkdir(parents=True)
+    shutil.copy("/usr/share/zoneinfo/Etc/UTC", zi / "Etc" / "UTC")
+    (zi / "UTC").symlink_to("Etc/UTC")
+    (zi / "Etc" / "Out").symlink_to("/usr/share/zoneinfo/Europe/Berlin")
+    (zi / "tzdata.zi").write_text("# version test\nZ Etc/UTC 0 - UTC\nL Etc/UTC UTC\n"
+                                  "L Etc/UTC Etc/Out\n")
+    done = []
+    tools = OperatorTools(5.0, None, None, lambda argv: done.append(argv) or
+                          __import__("subprocess").CompletedProcess(argv, 0, b"", b""),
+                          zoneinfo=str(zi))
+    assert tools.set_timezone({"zone": "Etc/Out"}).ok is False
+    assert tools.set_timezone({"zone": "UTC"}).ok is True
+    assert done == [["timedatectl", "--no-ask-password", "set-timezone", "UTC"]]
+
+
 # -- ScreenTinker 1.9's terminal and clock ---------------------------------------------------
 def st_profile(allowed):
     from agent.link.profiles.contract import ProfileContext

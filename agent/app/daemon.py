@@ -12,6 +12,7 @@ import time
 from .. import __version__
 from ..base.boot import first_start_of_boot
 from ..base.hardware import hardware_facts
+from ..base.server_clock import ServerClock
 from ..commands.actions import Actions, NotQueued
 from ..commands.core import Outcome
 from ..commands.service import CommandService
@@ -90,24 +91,26 @@ class Agent:
             publish=self.outbox.put, stop=self._stop, fleet_problem=config.fleet_problem,
             origins=config.origins, gate=self.gate,
             adjusted=[config_load.adjustment_text(*a) for a in config.adjusted])
+        self.server_clock = ServerClock()   # as the link measures it: expiry, set-time
         self.actions = Actions(
             config.commands, config.server.url, snapshot=lambda: self.board.document(),
             link_socket=lambda: self.runner.raw_socket(), request_restart=self._restart_requested,
             enqueue=self._enqueue, updater=self.updater, configure=self.settings.configure,
             undeliverable=lambda kind: uncarried(self.profile, kind),
-            screen=self.screen.command_display, controls=self.screen.controls)
+            screen=self.screen.command_display, controls=self.screen.controls,
+            server_far=lambda t: self.server_clock.far(t, time.monotonic()))
         self.commands = CommandService(
             config.commands_path, config.commands.allow, self.actions,
             on_finished=lambda *result: self.runner.command_finished(*result),
             runtime_dir=runtime_dir, ids_ours=profile_class.pairs_in_link,
-            on_storage_error=self.alarms.ledger, gate=self.gate)
+            on_storage_error=self.alarms.ledger, gate=self.gate, server_now=self.server_clock.now)
         self.runner = LinkRunner(
             config.link, config.server, profile=self.profile, identity=self.identity.current,
             debug=config.debug, on_status=self._link_changed, outbox=self.outbox,
             on_turn=self._link_turn, gate=self.gate, on_link_up=lambda: self.uploads.link_up(),
             on_refused=ids.refused,
             schedule_store=self.schedule, idle_memory=IdleMemory(state_dir),
-            commands=self.commands,
+            commands=self.commands, server_clock=self.server_clock,
             paused=self.identity.token() is None and not self.profile.pairs_in_link)
         self.uploads = uploads_part.assemble(
             config.uploads, config.queue_path, profile=self.profile, link=self.runner,

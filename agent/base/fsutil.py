@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import secrets
 import stat
@@ -134,16 +135,80 @@ def retrying(read, tries: int = 3, pause_s: float = 0.2):
             time.sleep(pause_s * (attempt + 1))
 
 
+# A number in a state file: none the agent writes (times in ms, counts, sizes) has more
+# digits or is larger; more is damage, refused as it is parsed, before int() or any
+# arithmetic could raise (400 digits overflow float(); 1e999 is inf, NaN compares false)
+MAX_DIGITS = 19
+MAX_NUMBER = 1e19
+
+
+class Damaged(ValueError):
+    """A state file that is not what its writer wrote: one line saying why."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise Damaged(f"a number of {len(text.lstrip('-'))} digits")
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    value = float(text[:64]) if len(text) <= 64 else math.inf
+    if not math.isfinite(value) or abs(value) >= MAX_NUMBER:
+        raise Damaged(f"a number out of bounds ({text[:20]})")
+    return value
+
+
+def _no_constant(name: str):
+    raise Damaged(f"{name} where a number belongs")
+
+
+def loads(raw: bytes | str):
+    """A state file's JSON, numbers bounded as they are parsed (MAX_DIGITS, finite and
+    under MAX_NUMBER; NaN and Infinity refused): Damaged (a ValueError) for anything
+    else, invalid UTF-8 and nesting past the parser's depth included."""
+    try:
+        return json.loads(raw, parse_int=_bounded_int, parse_float=_bounded_float,
+                          parse_constant=_no_constant)
+    except Damaged:
+        raise
+    except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
+        raise Damaged("not JSON") from None
+
+
 def read_json(path: str, max_bytes: int, follow_links: bool = False,
               dir_fd: int | None = None):
-    """The JSON document in ``path``, read as ``read_bounded`` does; ValueError (of
-    which FileTooLarge is one) for a file too large or not JSON, nested past the parser's
-    depth included."""
+    """The JSON document in ``path``, read as ``read_bounded`` does and parsed by
+    ``loads``; ValueError (of which FileTooLarge and Damaged are) for a file too large,
+    not JSON or with a number out of bounds."""
     raw = read_bounded(path, max_bytes, follow_links, dir_fd)
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
-        raise ValueError(f"{path}: not JSON") from None
+        return loads(raw)
+    except Damaged as e:
+        raise Damaged(f"{path}: {e}") from None
+
+
+def load_state(path: str, max_bytes: int, shape, *, follow_links: bool = False,
+               dir_fd: int | None = None) -> tuple[object, str | None]:
+    """The one loader of the agent's state files. ``shape(document)`` makes the file's
+    value of its document (raising ValueError, TypeError, KeyError or the like for one
+    its writer never wrote). Returns (value, None); (None, None) when there is no file;
+    (None, why) when it is damaged: too large, not a regular file, a link, unreadable,
+    not JSON, a number out of bounds, the wrong shape. Never raises: the caller says
+    ``why`` once and uses the file's safe default."""
+    try:
+        return shape(read_json(path, max_bytes, follow_links, dir_fd)), None
+    except FileNotFoundError:
+        return None, None
+    except NotRegularFile:
+        return None, "not a regular file"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return None, "a symbolic link"
+        return None, e.strerror or type(e).__name__
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError,
+            RecursionError) as e:
+        return None, (str(e).rsplit(": ", 1)[-1] or type(e).__name__)[:120]
 
 
 def set_aside(path: str, why: str) -> str | None:

@@ -79,7 +79,8 @@ class Actions:
                  enqueue: Callable[[str, bytes], str], updater: "Updates | None" = None,
                  configure: Callable[[dict], tuple[bool, str]] | None = None,
                  undeliverable: Callable[[str], str | None] = lambda kind: None,
-                 screen: Display | None = None, controls: ScreenControls | None = None):
+                 screen: Display | None = None, controls: ScreenControls | None = None,
+                 server_far: Callable[[float], float | None] = lambda when: None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
         ``updater`` settles an update's result itself, later (its own callback).
         ``configure(args)`` stages a revision of settings (agent/settings/): (staged,
@@ -108,7 +109,8 @@ class Actions:
         # reboot on its own thread (agent/screen/mender.py)
         self._children: set[subprocess.Popen] = set()
         self._stopping = False
-        self.operator = OperatorTools(section.timeout_s, self._start, self._release, self._run)
+        self.operator = OperatorTools(section.timeout_s, self._start, self._release, self._run,
+                                      server_far=server_far)
         # every name of core.COMMANDS, and nothing else, runs here
         self.commands: dict[str, Callable[[dict], Outcome]] = {
             "diagnostics": self.diagnostics, "logs": self.logs, "screenshot": self.screenshot,

@@ -104,8 +104,8 @@ OUTPUT_LIMIT = {"shell": SHELL_OUTPUT}
 # (a millisecond value sent as seconds, a year typed wrong), never a correction
 EARLIEST_TIME = 1735689600.0   # 2025-01-01T00:00:00Z
 LATEST_TIME = 4102444800.0     # 2100-01-01T00:00:00Z
-# an IANA zone's shape, the configuration's TIME_ZONE rule; the shell checks that it
-# exists under /usr/share/zoneinfo
+# an IANA zone's shape, the configuration's TIME_ZONE rule; the shell checks that
+# tzdata lists it and its file is inside the zone database (commands/operator.py)
 ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9][A-Za-z0-9_+-]*){0,2}")
 MAX_ZONE = 64
 
@@ -128,10 +128,14 @@ def shell_args(args: dict) -> dict:
 def set_time_args(args: dict) -> dict:
     """``time``: seconds since the epoch, or ISO 8601 with its offset (``Z``, ``+02:00``):
     a time without one would mean whatever zone the screen is in, which may be the very
-    thing being corrected. Returns whole seconds since the epoch."""
+    thing being corrected. ``force``: true to set a time far from the server's clock
+    (commands/operator.py). Returns whole seconds since the epoch, and force if given."""
     when = args.get("time")
-    if set(args) != {"time"}:
+    if not {"time"} <= set(args) <= {"time", "force"}:
         raise ValueError("time: seconds since the epoch or ISO 8601 with an offset")
+    force = args.get("force", False)
+    if not isinstance(force, bool):
+        raise ValueError("force: true or false")
     if isinstance(when, str) and len(when) <= 40:
         try:
             parsed = datetime.fromisoformat(when.strip().replace("z", "Z"))
@@ -144,7 +148,7 @@ def set_time_args(args: dict) -> dict:
         raise ValueError("time: seconds since the epoch or ISO 8601 with an offset")
     if not EARLIEST_TIME <= when < LATEST_TIME:
         raise ValueError("time: out of bounds (2025 to 2100)")
-    return {"time": int(when)}
+    return {"time": int(when), **({"force": True} if force else {})}
 
 
 def set_timezone_args(args: dict) -> dict:
@@ -304,9 +308,12 @@ class CommandCore:
 
     # -- inputs -----------------------------------------------------------------
     def receive(self, raw, now: float, boot_id: str = "", pid: int = 0,
-                mono: float | None = None) -> list:
+                mono: float | None = None, server_now: float | None = None) -> list:
         """A command from the server (any shape). ``now`` is wall time (for reports),
-        ``mono`` the monotonic clock (for the rate; ``now`` when not given). Returns
+        ``mono`` the monotonic clock (for the rate; ``now`` when not given),
+        ``server_now`` the server's clock as the link measured it (base/server_clock.py):
+        ``expires_at`` is the server's time, judged by the server's clock, so a device
+        clock years off refuses nothing; this device's only before any measure. Returns
         what to do."""
         if not isinstance(raw, dict):
             return []  # no id to answer to: the receipt ACK is all the server gets
@@ -336,7 +343,7 @@ class CommandCore:
                 f"rate-limited: more than {BURST} commands at once or one every "
                 f"{1 / RATE_PER_S:.0f}s; not run, send it again in "
                 f"{self.bucket.wait_s():.0f}s"))]
-        why = self._refusal(raw, now)
+        why = self._refusal(raw, now if server_now is None else server_now)
         if why is None and sum(e.state == "running" for e in self.entries.values()) >= MAX_PENDING:
             return [self._refused(cid, name, now, "busy", (
                 f"busy: {MAX_PENDING} commands queued or running; not run, send it again "
@@ -400,7 +407,7 @@ class CommandCore:
         if expires is not None:
             if finite(expires) is None:
                 return "malformed: expires_at must be a time in seconds"
-            if now > expires:
+            if now > expires:   # the server's clock where the link measured it
                 return f"expired {now - expires:.0f}s before it arrived"
         args = raw.get("args", {})
         if args is not None and not isinstance(args, dict):

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..base.fsutil import FileTooLarge, atomic_write, read_bounded, retrying, set_aside
+from ..base.fsutil import FileTooLarge, atomic_write, loads, read_bounded, retrying, set_aside
 from .core import Entry
 
 log = logging.getLogger("edge_agent.commands")
@@ -87,7 +87,7 @@ def load(path: str, now: float) -> Loaded:
 
 def _apply(out: Loaded, line: bytes) -> bool:
     try:
-        rec = json.loads(line)
+        rec = loads(line)
         if "e" in rec:
             entry = Entry.from_dict(rec["e"])
             if entry is None:
@@ -113,7 +113,7 @@ def _load_v1(path: str, raw: bytes, now: float) -> Loaded:
     """The single JSON document of earlier builds, which a flood could grow past 1 MiB."""
     out = Loaded(size=len(raw), rewrite=True)
     try:
-        for d in json.loads(raw)["entries"]:
+        for d in loads(raw)["entries"]:
             e = Entry.from_dict(d) if isinstance(d, dict) else None
             if e is not None:
                 out.entries[e.id] = e

@@ -25,6 +25,8 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from ..base import children
+from ..base.fsutil import read_bounded
+from ..base.server_clock import FAR_S
 from .core import SHELL_OUTPUT, Outcome, _clip
 
 log = logging.getLogger("edge_agent.commands")
@@ -32,6 +34,8 @@ log = logging.getLogger("edge_agent.commands")
 SHELL = "/bin/sh"
 TIMEDATECTL = "timedatectl"
 ZONEINFO = "/usr/share/zoneinfo"
+TZDATA_LIST = "tzdata.zi"     # tzdata's own list of zones and links, in zic's input form
+MAX_TZDATA_LIST = 1 << 20     # about 110 KB in 2025
 # a shell line's output beyond what its result keeps is read and dropped up to this, so
 # a long listing still ends with its own exit; past it the line is stopped
 SHELL_DRAIN = 1 << 20
@@ -43,16 +47,20 @@ NOTES_ROOM = 160      # what the notes after a shell's output may take
 
 class OperatorTools:
     def __init__(self, timeout_s: float, start: Callable, release: Callable[[object], None],
-                 run: Callable, zoneinfo: str = ZONEINFO):
+                 run: Callable, zoneinfo: str = ZONEINFO,
+                 server_far: Callable[[float], float | None] = lambda when: None):
         """``start(argv, merge_stderr)``: the child, tracked so the agent's stop kills
         it, or an Outcome saying why it did not start; ``release(child)`` when it is done.
         ``run(argv)``: a program's CompletedProcess, or an Outcome saying why it failed
-        (the commands' own helpers, commands/actions.py)."""
+        (the commands' own helpers, commands/actions.py). ``server_far(when)``: how far
+        ``when`` is from the server's clock when that is more than a day, else None
+        (base/server_clock.py)."""
         self.timeout_s = timeout_s
         self._start = start
         self._release = release
         self._run = run
         self.zoneinfo = zoneinfo
+        self._server_far = server_far
 
     # -- shell ----------------------------------------------------------------------
     def shell(self, args: dict) -> Outcome:
@@ -95,6 +103,13 @@ class OperatorTools:
 
     # -- the clock ------------------------------------------------------------------
     def set_time(self, args: dict) -> Outcome:
+        far = None if args.get("force") else self._server_far(args["time"])
+        if far is not None:
+            # 2062 typed for 2026 would refuse every command the fleet sends after it
+            return Outcome(False, error=(
+                f"set-time refused: {_when(args['time'])} is {_span(abs(far))} "
+                f"{'ahead of' if far > 0 else 'behind'} the server's clock (more than "
+                f"{_span(FAR_S)}); send force: true to set it anyway"))
         synced = self._run([TIMEDATECTL, "show", "-p", "NTPSynchronized", "--value"])
         if isinstance(synced, Outcome):
             return Outcome(False, error="set-time refused: cannot tell whether NTP "
@@ -111,16 +126,18 @@ class OperatorTools:
                        when.strftime("%Y-%m-%d %H:%M:%S UTC")])
         if isinstance(r, Outcome):
             return Outcome(False, error=f"set-time refused: {r.error}")
-        log.warning("the clock set from the fleet to %s", when.isoformat())
+        log.warning("the clock set from the fleet to %s%s", when.isoformat(),
+                    " (forced: the server's clock not asked)" if args.get("force") else "")
         return Outcome(True, f"clock set to {when.isoformat()}")
 
     def set_timezone(self, args: dict) -> Outcome:
         zone = args["zone"]
-        path = os.path.join(self.zoneinfo, zone)
-        # a zone file is a TZif file; a directory (Europe) or posixrules is not a zone
-        if not os.path.isfile(path) or not _is_tzif(path):
+        # a name tzdata lists (what timedatectl list-timezones reads), whose file is a
+        # TZif file inside the database: tzdata's own localtime -> /etc/localtime would
+        # make /etc/localtime a link to itself, posixrules is rules, Europe a directory
+        if zone not in zone_names(self.zoneinfo) or not _in_database(self.zoneinfo, zone):
             return Outcome(False, error=f"no such time zone here: {zone!r} "
-                                        f"(not under {self.zoneinfo})")
+                                        f"(not in tzdata's list of zones under {self.zoneinfo})")
         r = self._run([TIMEDATECTL, "--no-ask-password", "set-timezone", zone])
         if isinstance(r, Outcome):
             return Outcome(False, error=f"set-timezone refused: {r.error}")
@@ -133,10 +150,46 @@ def shown_line(cmd: str) -> str:
     return repr(cmd if len(cmd) <= SHELL_SHOWN else cmd[:SHELL_SHOWN - 3] + "...")
 
 
-def _is_tzif(path: str) -> bool:
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _span(seconds: float) -> str:
+    days = seconds / 86400
+    if days >= 730:
+        return f"{days / 365.25:.0f} years"
+    return f"{days:.0f} day{'s' if round(days) != 1 else ''}" if days >= 1 \
+        else f"{seconds / 3600:.0f} hours"
+
+
+def zone_names(zoneinfo: str) -> frozenset:
+    """The zones tzdata lists in ``tzdata.zi`` (Debian 12 and 13 ship it; systemd's
+    list-timezones reads it): each zone (``Z name``) and each link's name (``L target
+    name``); empty when it cannot be read, so nothing is taken."""
     try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"TZif"
-    except OSError:
+        text = read_bounded(os.path.join(zoneinfo, TZDATA_LIST), MAX_TZDATA_LIST,
+                            follow_links=True).decode("ascii", "replace")
+    except (OSError, ValueError):
+        return frozenset()
+    names = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "Z":
+            names.add(fields[1])
+        elif len(fields) >= 3 and fields[0] == "L":
+            names.add(fields[2])
+    return frozenset(names)
+
+
+def _in_database(zoneinfo: str, zone: str) -> bool:
+    """The zone's file resolves inside the zone database (a link within it, as UTC ->
+    Etc/UTC, is fine; one out of it is not) and is a TZif file."""
+    root = os.path.realpath(zoneinfo)
+    real = os.path.realpath(os.path.join(root, zone))
+    if not real.startswith(root + os.sep):
+        return False
+    try:
+        return read_bounded(real, 1 << 20)[:4] == b"TZif"
+    except (OSError, ValueError):
         return False
 

@@ -44,13 +44,16 @@ class CommandService:
                  clock: Callable[[], float] = time.time,
                  mono: Callable[[], float] = time.monotonic, ids_ours: bool = False,
                  on_storage_error: Callable[[str, OSError], None] | None = None,
-                 gate: WatchdogGate | None = None):
+                 gate: WatchdogGate | None = None,
+                 server_now: Callable[[float], float | None] = lambda mono: None):
         """``ids_ours``: the server's protocol has no command ids (ScreenTinker), the
         profile mints a random one per message, which nothing can send again, so
         forgetting one needs no horizon (core.py). ``on_finished(id, outcome, started)``
         hands a finished command to the link thread, whose finished() records it.
         ``on_storage_error(path, error)``: the ledger could not be written. ``gate``: the
-        executor is on the watchdog gate while a command runs."""
+        executor is on the watchdog gate while a command runs. ``server_now(mono)``: the
+        server's clock as the link measured it (base/server_clock.py), None before a
+        measure: a command's expiry is judged by it, never by this device's clock."""
         self.path = path
         loaded = ledger.load(path, clock())
         self._ledger = ledger.Ledger(path, loaded)
@@ -58,6 +61,7 @@ class CommandService:
         self.core = CommandCore(allow, loaded.entries, loaded.floor, loaded.closed, ids_ours)
         self.actions = actions
         self._on_finished = on_finished
+        self._server_now = server_now
         self._clock = clock
         self._mono = mono
         self._boot, self._pid = boot_token(runtime_dir), os.getpid()
@@ -85,8 +89,9 @@ class CommandService:
         return reports
 
     def received(self, raw) -> list[Report]:
-        now = self._clock()
-        actions = self.core.receive(raw, now, self._boot, self._pid, self._mono())
+        now, mono = self._clock(), self._mono()
+        actions = self.core.receive(raw, now, self._boot, self._pid, mono,
+                                    server_now=self._server_now(mono))
         problem = self._persist()  # before anything runs: a command id runs at most once
         reports = []
         for a in actions:

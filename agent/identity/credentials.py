@@ -12,7 +12,7 @@ import logging
 import os
 import time
 
-from ..base.fsutil import atomic_write, read_json, retrying, set_aside
+from ..base.fsutil import NotRegularFile, atomic_write, read_json, retrying, set_aside
 from ..base.identifiers import token_problem, usable_device_id
 
 log = logging.getLogger("edge_agent.identity")
@@ -38,6 +38,8 @@ class Credentials:
             return retrying(lambda: read_json(self.path, MAX_BYTES, follow_links=True))
         except FileNotFoundError:
             raise
+        except NotRegularFile:   # a FIFO or a device is damage, not a card that failed
+            raise ValueError(f"{self.path}: not a regular file") from None
         except OSError as e:
             raise CredentialsUnreadable(e.errno, f"cannot read {self.path}: "
                                                  f"{e.strerror or type(e).__name__}") from None

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 
-from ..base.fsutil import atomic_write, read_json
+from ..base.fsutil import atomic_write, load_state
 
 log = logging.getLogger("edge_agent.link")
 
@@ -63,15 +63,10 @@ class IdleMemory:
         self.path = os.path.join(state_dir, FILE)
 
     def _load(self) -> dict:
-        try:
-            doc = read_json(self.path, MAX_BYTES)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as e:
-            log.warning("ignoring the learnt idle limits in %s: %s", self.path,
-                        getattr(e, "strerror", None) or e)
-            return {}
-        return doc if isinstance(doc, dict) else {}
+        doc, why = load_state(self.path, MAX_BYTES, _object)
+        if why is not None:
+            log.warning("ignoring the learnt idle limits in %s: %s", self.path, why)
+        return doc or {}
 
     def recall(self, network: str) -> dict | None:
         entry = self._load().get(network)
@@ -87,3 +82,9 @@ class IdleMemory:
             atomic_write(self.path, json.dumps(doc, sort_keys=False).encode(), 0o600)
         except OSError as e:
             log.warning("cannot keep the learnt idle limit in %s: %s", self.path, e.strerror)
+
+
+def _object(doc) -> dict:
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    return doc

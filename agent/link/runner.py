@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from ..base.clock import Clock, SystemClock
+from ..base.server_clock import ServerClock
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from ..base import reasons as J
@@ -61,11 +62,14 @@ class LinkRunner(Connecting, Sends, News):
                  schedule_store: ScheduleStore | None = None,
                  commands=None, paused: bool = False,
                  idle_memory: IdleMemory | None = None,
+                 server_clock: ServerClock | None = None,
                  rng: random.Random | None = None, race: bool = True):
         """``profile``: the server's (link/profiles/); ``identity()``: (device id, token)
         to connect with, None while there is none. ``paused``: nothing to connect with
         yet (not paired); resume() when there is. ``race=False``: never a second dial
-        (the behaviour before it, for comparisons)."""
+        (the behaviour before it, for comparisons). ``server_clock``: where each
+        handshake's measure of the server's clock goes (base/server_clock.py), for the
+        parts that judge by it."""
         self.link, self.server, self.debug = link, server, debug
         self.clock = clock or SystemClock()
         self.core = LinkCore(LinkPolicy(liveness=link.liveness, backoff=link.backoff,
@@ -98,6 +102,7 @@ class LinkRunner(Connecting, Sends, News):
         self._published: tuple | None = None
         self._warned: set[str] = set()
         self.commands = commands        # the command service (remote operations), if any
+        self.server_clock = server_clock or ServerClock()
         self._pings_seen = 0
         self._tcp_before: dict[int, tcpinfo.TcpProgress | None] = {}  # seq -> before its write
         self._loop_thread: int | None = None
@@ -300,6 +305,7 @@ class LinkRunner(Connecting, Sends, News):
                 _stall_forever()
             for action in self.core.poll(now):
                 self._execute(action)
+            self._judge_clock()
             self._flush_outbox()
             self._publish()
             if self._on_turn is not None and self._others_may_turn():
@@ -411,7 +417,7 @@ class LinkRunner(Connecting, Sends, News):
 
     # -- status -----------------------------------------------------------------
     def snapshot(self) -> dict:
-        return self.core.snapshot(self.clock.monotonic())
+        return self._clock_now(self.core.snapshot(self.clock.monotonic()))
 
     def journal_snapshot(self, last: int = 10) -> list[dict]:
         """The latest connections, for `edge-agent status`."""

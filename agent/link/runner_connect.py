@@ -10,8 +10,10 @@ import time
 from typing import Callable
 
 from ..base.clock import NOTABLE_SKEW_S
+from ..base.server_clock import CLOCK_SKEWED
 from ..base import reasons as J
 from ..base.journal_fields import MessageId, journal
+from ..events.model import Event
 from .idle_memory import network_key
 from .transport import SocketIOTransport, TransportError
 
@@ -20,6 +22,32 @@ log = logging.getLogger("edge_agent.link")
 
 class Connecting:
     """LinkRunner's part that connects (a mixin of it: its state is the runner's)."""
+
+    # -- the server's clock, as each handshake measures it (base/server_clock.py) -------
+    def _judge_clock(self) -> None:
+        """This device's clock gone far from the server's, or back: an event and a
+        status line, on a change only (in memory: nothing on the card)."""
+        change = self.server_clock.change(self.clock.wall(), self.clock.monotonic())
+        if change is None:
+            return
+        kind, skew = change
+        if kind == CLOCK_SKEWED:
+            log.warning("this device's clock is %.0f s %s the server's: commands' expiry "
+                        "is judged by the server's clock", abs(skew),
+                        "behind" if skew > 0 else "ahead of")
+        else:
+            log.info("this device's clock is back within %.0f s of the server's", abs(skew))
+        self._published = None      # the status file says it now
+        if self.outbox is not None:
+            self.outbox.put(Event(kind, self.clock.wall(), {"skew_s": round(skew, 1)}))
+
+    def _clock_now(self, snapshot: dict) -> dict:
+        """The link's snapshot with the skew as it is now, not as the handshake saw it:
+        a set-time or NTP's jump since shows at once."""
+        skew = self.server_clock.skew_s(self.clock.wall(), self.clock.monotonic())
+        if skew is not None and snapshot.get("clock_skew_s") is not None:
+            snapshot["clock_skew_s"] = round(skew, 1)
+        return snapshot
 
     def _connect(self, attempt: int) -> None:
         if self.identity() is None and not self.profile.pairs_in_link:
@@ -60,6 +88,7 @@ class Connecting:
         self._tcp_before.clear()
         now = self.clock.monotonic()
         skew = transport.clock_skew_s()
+        self.server_clock.measured_skew(skew, self.clock.wall(), self.clock.monotonic())
         self.core.on_connected(now, self.clock.wall(), transport.server_ping_interval_s,
                                transport.local_addr(), took, skew)
         dialed = transport.dialed

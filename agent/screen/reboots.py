@@ -40,7 +40,7 @@ from typing import Callable
 
 from ..base.boot import boot_id
 from ..base.clock import wall_synced
-from ..base.fsutil import atomic_write, read_bounded
+from ..base.fsutil import atomic_write, load_state
 
 log = logging.getLogger("edge_agent.screen")
 
@@ -69,10 +69,9 @@ def counted(entries, now_wall: float, synced: bool) -> list:
             if now_wall - e.wall < DAY or (not e.synced and not synced)]
 
 
-def parse(raw: bytes) -> list:
-    """The entries of the file's bytes; ValueError for anything but the file this
-    module writes."""
-    doc = json.loads(raw)
+def parse(doc) -> list:
+    """The entries of the file's document (base/fsutil.py's loader has bounded its
+    numbers); ValueError for anything but the file this module writes."""
     if not isinstance(doc, dict) or not isinstance(doc.get("reboots"), list) \
             or len(doc["reboots"]) > KEEP:
         raise ValueError("not a list of reboots")
@@ -148,12 +147,9 @@ class RebootBook:
         return True, f"reboot {len(today) + 1} of {self.per_day} a day"
 
     def _load(self) -> list:
-        try:
-            return parse(read_bounded(self.path, MAX_BYTES))
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError, RecursionError) as e:
-            why = getattr(e, "strerror", None) or str(e) or type(e).__name__
-            log.warning("screen: %s cannot be read (%s): the day's reboots count as spent",
-                        self.path, why)
-            return [Entry(self.wall(), self.synced(), DAMAGED)] * self.per_day
+        entries, why = load_state(self.path, MAX_BYTES, parse)
+        if why is None:
+            return entries or []
+        log.warning("screen: %s cannot be read (%s): the day's reboots count as spent",
+                    self.path, why)
+        return [Entry(self.wall(), self.synced(), DAMAGED)] * self.per_day

@@ -5,18 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..base.fsutil import read_json
+from ..base.fsutil import load_state
 from . import rules
 
 
 def read_history(root_dir: str) -> list:
     """The outcomes the root side kept (rules.remember), oldest first; [] when there
     are none or the file is not a history."""
-    try:
-        doc = read_json(os.path.join(root_dir, rules.HISTORY_FILE), rules.MAX_RECORD_BYTES)
-    except (OSError, ValueError):
-        return []
-    return doc if isinstance(doc, list) else []
+    doc, _ = load_state(os.path.join(root_dir, rules.HISTORY_FILE), rules.MAX_RECORD_BYTES,
+                        _entries)
+    return doc or []
 
 
 def installed_version(fully: bool = False) -> str:
@@ -30,3 +28,9 @@ def installed_version(fully: bool = False) -> str:
     if r.returncode != 0 or (fully and abbrev.strip() != "ii"):
         return ""
     return version
+
+
+def _entries(doc) -> list:
+    if not isinstance(doc, list) or not all(isinstance(d, dict) for d in doc):
+        raise ValueError("not a list of outcomes")
+    return doc

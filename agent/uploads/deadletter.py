@@ -10,6 +10,8 @@ import json
 import os
 from typing import Callable
 
+from ..base.fsutil import loads
+
 NAME = "dead-letter.jsonl"
 MAX_BYTES = 1 << 20
 _FILES = (NAME + ".1", NAME)   # oldest first
@@ -46,7 +48,7 @@ class DeadLetterFile:
         for name in _FILES:
             try:
                 text = self._read(name).decode("utf-8", "replace")
-                out += [json.loads(line) for line in text.splitlines(keepends=True)
+                out += [loads(line) for line in text.splitlines(keepends=True)
                         if line.endswith("\n")]
             except (FileNotFoundError, ValueError):
                 pass
