@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,13 +31,14 @@ def parts(tmp_path):
     p.close()
 
 
-def doctor(python, cfg, *, env: dict | None = None, prefix: tuple = (), text: bool = False):
+def doctor(python, cfg, *, env: dict | None = None, prefix: tuple = (), text: bool = False,
+           timeout: float = 90):
     """The doctor's JSON (or its text) and its exit status, as an operator runs it."""
     args = [*prefix, python, "-m", "agent", "doctor", "--config", str(cfg)]
     if not text:
         args.append("--json")
     start = time.monotonic()
-    r = subprocess.run(args, capture_output=True, text=True, timeout=90,
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
                        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **(env or {})})
     took = time.monotonic() - start
     assert took < 40, f"the doctor took {took:.0f} s"
@@ -275,6 +277,107 @@ def test_a_configuration_that_does_not_load_fails_first_and_nothing_else_is_chec
     assert steps["configuration"]["verdict"] == "fail" and rc == 2, report
     assert "heartbeat_interval_s" in steps["configuration"]["said"]
     assert all(s["verdict"] == "not checked" for s in report["steps"][1:]), report
+
+
+def _unreachable_config(tmp_path, state, token: str | None = None) -> Path:
+    """A configuration whose server name cannot resolve (the network steps fail first,
+    exit 4) over ``state``; the runtime directory (the status file's) beside it."""
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[server]\nurl = "http://fleet.invalid:8470"\n[identity]\n'
+                   f'device_id = "screen-1"\nstate_dir = "{state}"\n'
+                   + (f'token = "{token}"\n' if token else "")
+                   + f'[runtime]\ndir = "{tmp_path / "run"}"\n')
+    return cfg
+
+
+def _inotify_opens(path: str):
+    """A watch on ``path`` for opens and reads (inotify(7), through libc): call the
+    result to learn whether anything opened or read the file since."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0 and libc.inotify_add_watch(fd, path.encode(), 0x20 | 0x01) >= 0
+
+    def opened() -> bool:
+        try:
+            return bool(os.read(fd, 4096))
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+    return opened
+
+
+def test_as_root_a_credentials_link_the_agents_user_planted_is_never_opened(
+        tmp_path, agent_python):
+    """Security #49.5: the state directory is the agent's user's (nobody here); a
+    credentials.json it made a link to a root-only file is a finding, never read by root."""
+    assert os.geteuid() == 0, "this test proves what root does"
+    nobody = pwd.getpwnam("nobody")
+    secret = tmp_path / "root-only.json"
+    content = "r00t-only-" + "s" * 40
+    secret.write_text(json.dumps({"device_id": "screen-1", "token": content}))
+    os.chmod(secret, 0o600)
+    home = tempfile.mkdtemp(prefix="doctor-", dir="/tmp")
+    try:
+        os.chmod(home, 0o755)
+        state = os.path.join(home, "state")
+        os.mkdir(state, 0o700)
+        os.symlink(secret, os.path.join(state, "credentials.json"))
+        os.lchown(os.path.join(state, "credentials.json"), nobody.pw_uid, nobody.pw_gid)
+        os.chown(state, nobody.pw_uid, nobody.pw_gid)
+        cfg = _unreachable_config(tmp_path, state)
+        opened = _inotify_opens(str(secret))
+        report, rc = doctor(agent_python, cfg)
+        text, _ = doctor(agent_python, cfg, text=True)
+        assert not opened(), "the doctor opened the file the link points to"
+        found = steps_of(report)["token"]
+        assert found["verdict"] == "fail" and "link" in found["said"], found
+        assert content not in text + json.dumps(report)
+        assert rc == 4 == report["exit"], report   # the network's class comes first
+    finally:
+        shutil.rmtree(home)
+
+
+def test_a_server_that_upgrades_then_only_pings_ends_the_upgrade_step_at_its_deadline(
+        tmp_path, agent_python):
+    """Security #49.6: each websocket ping would restart a read timeout; the step has one
+    deadline whatever arrives."""
+    from devtools.hostile_http import pinging_upgrade_server
+    state = tmp_path / "state"
+    state.mkdir()
+    with pinging_upgrade_server(every_s=0.5) as url:
+        cfg = _unreachable_config(tmp_path, state, token="t0ken" + "x" * 40)
+        cfg.write_text(cfg.read_text().replace("http://fleet.invalid:8470", url))
+        start = time.monotonic()
+        report, rc = doctor(agent_python, cfg, timeout=40)
+        took = time.monotonic() - start
+    upgrade = steps_of(report)["upgrade"]
+    assert upgrade["verdict"] == "fail" and rc == 6, report
+    assert "Engine.IO" in upgrade["said"], upgrade
+    print(f"the doctor against a server that only pings: {took:.1f} s")
+    assert took < 12, f"{took:.1f} s: past the step's deadline"
+
+
+@pytest.mark.parametrize("link", ["x", [1], 3, None, {"state": 5}, {"reason": ["refused"]}])
+def test_a_damaged_status_file_is_a_finding_and_every_step_is_still_shown(
+        tmp_path, agent_python, link):
+    """Security #49.7: the running agent's status file (its pid alive: this test's) with
+    a link of the wrong type."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "status.json").write_text(json.dumps({"pid": os.getpid(),
+                                                              "link": link}))
+    cfg = _unreachable_config(tmp_path, state, token="t0ken" + "x" * 40)
+    report, rc = doctor(agent_python, cfg)
+    token = steps_of(report)["token"]
+    if link is None:   # no link yet: a starting agent's file, nothing damaged
+        assert token["verdict"] == "ok", token
+    else:
+        assert token["verdict"] == "warn" and "status file" in token["said"], token
+        assert "link" in token["said"], token
+    assert rc == 4 == report["exit"], report
 
 
 # -- the words, the help and the page -------------------------------------------------

@@ -182,7 +182,19 @@ def not_checked(name: str, because: str) -> Step:
 
 def judge_token(found: dict) -> Step:
     """``found`` from doctor_probes.token(): where the token is, its mode and owner, its
-    shape, and what the running agent last heard from the server. Never the token."""
+    shape, and what the running agent last heard from the server. Never the token. A
+    damaged status file (``status_problem``) is said, a warning at least."""
+    judged = _judge_token(found)
+    problem = found.get("status_problem")
+    if not problem:
+        return judged
+    said = f"{judged.said}; the running agent's status file is damaged: {problem}"
+    if judged.verdict in (OK, INFO):
+        return step("token", WARN, said, "systemctl restart edge-agent writes it anew")
+    return Step(judged.name, judged.verdict, said, judged.todo, judged.reason, judged.exit)
+
+
+def _judge_token(found: dict) -> Step:
     if found.get("refused"):
         return of_reason("token", J.REFUSED, f"the running agent's last connect was "
                                              f"refused: {found['refused']}")
@@ -197,6 +209,10 @@ def judge_token(found: dict) -> Step:
         return step("token", WARN, f"{where}: not readable here ({found['unreadable']})",
                     "run the doctor as edge-agent (sudo -u edge-agent edge-agent doctor) "
                     "or as root")
+    if (found.get("problem") or "").startswith("a symbolic link"):
+        return step("token", FAIL, f"{where}: {found['problem']}",
+                    f"rm {where} (the agent's own file is never a link), then systemctl "
+                    f"restart edge-agent: it enrolls again (a new pairing code)")
     if found.get("problem"):
         return step("token", FAIL, f"{where}: unusable ({found['problem']})",
                     "the agent sets it aside and enrolls again at its next start "
