@@ -454,3 +454,50 @@ def test_the_doctors_text_carries_no_terminal_escape_a_server_chose():
                                       "ask the server")], [f"note \x9b2J"])
     assert not any(c in text for c in "\x1b\x07\r\x9b"), repr(text)
     assert "\\x1b]52" in text
+
+
+# -- the environment the unit gives the agent (operator #50.2) ------------------------
+def test_an_environment_file_is_read_by_systemds_rules():
+    """systemd.exec(5)'s EnvironmentFile= (src/basic/env-file.c): the booted tier
+    proves the same file against systemd itself."""
+    from agent.app.unit_env import parse_env_file
+    text = ("# a comment\n; another\n  https_proxy = http://p:3128  \n"
+            "EDGE_AGENT_LOG_LEVEL='debug'\n"
+            'no_proxy="a,b \\"c\\" \\$d \\x"\n'
+            "SPLIT=one\\\ntwo\n"
+            "ESCAPED=a\\ b\\\\c\n"
+            "EMPTY=\n"
+            "http_proxy=late")
+    assert parse_env_file(text) == [
+        ("https_proxy", "http://p:3128"), ("EDGE_AGENT_LOG_LEVEL", "debug"),
+        ("no_proxy", 'a,b "c" $d \\x'), ("SPLIT", "onetwo"), ("ESCAPED", "a b\\c"),
+        ("EMPTY", ""), ("http_proxy", "late")]
+
+
+def test_systemctls_show_and_the_units_files_say_each_value_and_where_it_was_set():
+    from agent.app import unit_env
+    shown = ('LoadState=loaded\nEnvironment=PYTHONNOUSERSITE=1 "https_proxy=http://u:p w@h:1" '
+             '"EDGE_AGENT_X=a\\"b"\n'
+             'EnvironmentFiles=/etc/edge-agent/site.env (ignore_errors=yes)\n'
+             'EnvironmentFiles=/etc/default/x y (ignore_errors=no)\n'
+             'FragmentPath=/usr/lib/systemd/system/edge-agent.service\n'
+             'DropInPaths=/etc/systemd/system/edge-agent.service.d/a.conf\n')
+    props = unit_env.parse_show(shown)
+    assert props["EnvironmentFiles"] == [("/etc/edge-agent/site.env", True),
+                                         ("/etc/default/x y", False)]
+    assert unit_env.parse_assignments(props["Environment"]) == [
+        ("PYTHONNOUSERSITE", "1"), ("https_proxy", "http://u:p w@h:1"), ("EDGE_AGENT_X", 'a"b')]
+    files = [("/usr/lib/systemd/system/edge-agent.service", "[Service]\nEnvironment=https_proxy=x\n"),
+             ("/etc/systemd/system/edge-agent.service.d/a.conf",
+              '[Service]\nEnvironment="https_proxy=http://u:p w@h:1" PYTHONNOUSERSITE=1\n')]
+    assert unit_env.setter("https_proxy", files) == files[1][0]
+    assert unit_env.setter("EDGE_AGENT_X", files) is None
+    env = unit_env.UnitEnvironment(values={"https_proxy": "http://h:1"},
+                                   origins={"https_proxy": "Environment= in a.conf"})
+    # the shell's proxy is not the agent's; its other variables stay
+    assert env.over({"http_proxy": "http://shell:1", "PATH": "/bin"}) == {
+        "https_proxy": "http://h:1", "PATH": "/bin"}
+    assert "https_proxy from Environment= in a.conf" in env.said()
+    outside = unit_env.UnitEnvironment(problem="not booted with systemd")
+    assert outside.over({"http_proxy": "x"}) == {"http_proxy": "x"}
+    assert "not read (not booted with systemd)" in outside.said()

@@ -36,6 +36,7 @@ from ..config.model import Config
 from ..identity import credentials
 from . import doctor as D
 from . import status as status_view
+from . import unit_env
 
 RESOLVE_TIMEOUT_S = 5.0      # getent: a resolver that does not answer
 CLOCK_TIMEOUT_S = 3.0        # timedatectl: a bus that does not answer
@@ -54,13 +55,16 @@ def examine(config_path: str) -> tuple[list[D.Step], list[str]]:
         notes.append("run as root: the state directory is written as its owner; run it as "
                      "the agent's user to see exactly what it sees "
                      "(sudo -u edge-agent edge-agent doctor)")
+    unit = unit_env.read()   # what systemd gives the agent, not this shell (#50.2)
+    notes += [unit.said(), *unit.notes]
+    environ = unit.over(os.environ)
     try:
-        config = cfgmod.load(config_path)
+        config = cfgmod.load(config_path, env=environ)
     except cfgmod.ConfigError as e:
         first = D.step("configuration", D.FAIL, f"{config_path}: {e}",
                        "edge-agent check-config says the same; fix the key it names")
         return [first] + [D.not_checked(n, "configuration") for n in D.STEPS[1:]], notes
-    steps = [_configuration(config)]
+    steps = [_configuration(config, unit)]
     agent = _running_agent(config)
     if agent:
         notes.append(f"an agent runs beside this (pid {agent.get('pid')}): it is not touched")
@@ -75,7 +79,7 @@ def examine(config_path: str) -> tuple[list[D.Step], list[str]]:
                                           "the fleet server; uploads go the way the upgrade "
                                           "went, and edge-agent status shows the queue"))
     steps.append(storage_step)
-    steps.append(D.judge_display(display(config)))
+    steps.append(D.judge_display(display(config, environ=environ)))
     return steps, notes
 
 
@@ -83,10 +87,14 @@ def _failed(steps: list[D.Step]) -> str | None:
     return next((s.name for s in steps if s.verdict == D.FAIL), None)
 
 
-def _configuration(config: Config) -> D.Step:
+def _configuration(config: Config, unit: "unit_env.UnitEnvironment") -> D.Step:
+    proxy = config.server.egress.proxy
+    came = ""
+    if proxy is not None and proxy.source.endswith("(environment)"):
+        name = proxy.source.split(" ")[0]
+        came = f" from {name}, {unit.origin(name)}"
     said = (f"{config.source}: ok (profile {config.server.profile}, server "
-            f"{config.server.display}, proxy "
-            f"{config.server.egress.proxy.display if config.server.egress.proxy else 'none'})")
+            f"{config.server.display}, proxy {proxy.display if proxy else 'none'}{came})")
     if config.fleet_problem:
         return D.step("configuration", D.WARN, said + f"; the fleet's settings are not "
                                                       f"applied: {config.fleet_problem}",
@@ -371,15 +379,17 @@ def _write_probe(state_dir: str) -> dict:
     return found
 
 
-def display(config: Config, sysfs_root: str = "/sys") -> list[dict]:
-    """Each display source read once, as the screen part reads it (screen/sources.py)."""
+def display(config: Config, sysfs_root: str = "/sys", environ=None) -> list[dict]:
+    """Each display source read once, as the screen part reads it (screen/sources.py),
+    in the agent's environment (``environ``: the unit's; default this process's)."""
+    environ = os.environ if environ is None else environ
     from ..screen.service import x_display_of
     from ..screen.sources import NO_CONNECTOR_CONNECTED, Cec, Drm, Runner, Wayland, X11Dpms
     runner = Runner(DISPLAY_TIMEOUT_S)
-    path = os.environ.get("PATH")
-    sources = [Drm(sysfs_root), X11Dpms(x_display_of(config.screen, config.commands, os.environ),
+    path = environ.get("PATH")
+    sources = [Drm(sysfs_root), X11Dpms(x_display_of(config.screen, config.commands, environ),
                                     runner, path),
-               Wayland(dict(os.environ), runner), Cec(config.screen.cec_device, runner, path)]
+               Wayland(dict(environ), runner), Cec(config.screen.cec_device, runner, path)]
     readings = [asdict(source.read()) for source in sources]
     for reading in readings:
         reading["unplugged"] = reading["source"] == Drm.name and \
