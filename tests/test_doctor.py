@@ -501,3 +501,132 @@ def test_systemctls_show_and_the_units_files_say_each_value_and_where_it_was_set
     outside = unit_env.UnitEnvironment(problem="not booted with systemd")
     assert outside.over({"http_proxy": "x"}) == {"http_proxy": "x"}
     assert "not read (not booted with systemd)" in outside.said()
+
+
+# -- the screen's means (operator #50.5) ----------------------------------------------
+def test_an_x_screen_without_dpms_is_said_so_and_the_screen_step_lists_its_means(
+        tmp_path, xvfb):
+    """A real X server (Xvfb has no DPMS) configured, xwd there to capture it: the display
+    step says DPMS is what is missing, not "no display source here"; the screen step
+    lists each means, the running agent's last verdict and its age, the player's state."""
+    from agent.app import doctor_probes
+    from agent.config import load as cfgmod
+    display, _ = xvfb
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[server]\nurl = "http://fleet.invalid:8470"\n[identity]\n'
+                   f'state_dir = "{tmp_path / "state"}"\n[runtime]\ndir = "{tmp_path / "run"}"\n'
+                   f'[screen]\nx_display = "{display}"\ncec_device = "{tmp_path / "no-cec"}"\n'
+                   f'player_unit = "kiosk.service"\n')
+    config = cfgmod.load(str(cfg), env={})
+    env = {"PATH": "/usr/bin:/bin"}
+    readings = doctor_probes.display(config, str(tmp_path / "no-sysfs"), environ=env)
+    shown = D.judge_display(readings)
+    assert "the X server has no DPMS" in shown.said and "here" not in shown.said, shown
+    agent = {"pid": os.getpid(), "updated_at": time.time() - 20,
+             "screen": {"picture": {"verdict": "black", "checked_s_ago": 40}}}
+    screen = D.judge_screen(doctor_probes.screen(config, env, agent, readings))
+    assert screen.name == "screen" and screen.verdict == "warn", screen
+    assert f"capture: xwd on {display}" in screen.said, screen
+    assert "X11 DPMS: none (the X server has no DPMS)" in screen.said, screen
+    assert "DRM: none (no DRM connector in sysfs)" in screen.said, screen
+    assert "CEC: none" in screen.said, screen
+    assert "picture: black, checked 1 minute ago" in screen.said, screen
+    assert "player kiosk.service: " in screen.said, screen
+    for damaged in ({"screen": "x"}, {"screen": {"picture": {"verdict": 3}}}):
+        found = doctor_probes.screen(config, env, {"pid": 1, **damaged}, readings)
+        assert D.judge_screen(found).verdict == "warn" and found["status_problem"], found
+    quiet = D.judge_screen(doctor_probes.screen(config, env, None, readings))
+    assert "picture: no agent runs here" in quiet.said, quiet
+
+
+def test_a_failed_player_unit_fails_the_screen_step_with_the_displays_class():
+    found = {"capture": "xwd on :0", "can_capture": True, "means": [("DRM", True, "On")],
+             "player": "kiosk.service", "player_said": "failed (exit-code, status 1)",
+             "player_state": "failed", "picture_why": "not checked yet"}
+    failed = D.judge_screen(found)
+    assert failed.verdict == "fail" and failed.exit == 8, failed
+    assert "journalctl -u kiosk.service" in failed.todo
+
+
+# -- the project's repository the way apt reaches it (operator #50.3) -------------------
+@pytest.fixture
+def repository(tmp_path):
+    """An HTTP server holding a repository's dists/stable/InRelease: its base URL."""
+    import http.server
+    import threading
+    root = tmp_path / "www"
+    (root / "edge-agent" / "dists" / "stable").mkdir(parents=True)
+    (root / "edge-agent" / "dists" / "stable" / "InRelease").write_text(
+        "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA512\n\nOrigin: edge-agent\n")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(root), **kw)
+
+        def log_message(self, *a):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/edge-agent"
+    server.shutdown()
+
+
+def test_the_repository_is_fetched_through_apts_proxy_or_fails_with_the_packages_class(
+        netns, fleet, agent_python, repository, tmp_path):
+    """apt's own configuration (APT_CONFIG: apt-config reads it) names the proxy and the
+    sources; the InRelease goes through the proxy (its log shows it), a proxy that
+    refuses the credentials fails the step (exit 9), no sources file skips it."""
+    server = fleet()
+    work = Path(tempfile.mkdtemp(prefix="doctor-apt-", dir="/tmp"))   # tinyproxy (nobody)
+    os.chmod(work, 0o755)                                              # writes its log here
+    parts = site.Parts(work)
+    try:
+        port, log = parts.proxy("site-user", PASSWORD)
+        sources = work / "sources.list.d"
+        sources.mkdir()
+        apt_conf = work / "apt.conf"
+        cfg = _config(server, tmp_path, "apt")
+
+        def with_apt(password: str):
+            apt_conf.write_text(f'Dir::Etc::sourceparts "{sources}";\n'
+                                f'Acquire::http::Proxy "http://site-user:{password}'
+                                f'@127.0.0.1:{port}/";\n')
+            report, rc = doctor(agent_python, cfg, env={"APT_CONFIG": str(apt_conf)})
+            text, _ = doctor(agent_python, cfg, env={"APT_CONFIG": str(apt_conf)}, text=True)
+            assert password not in text + json.dumps(report), "the proxy password was printed"
+            return steps_of(report)["repository"], rc
+        found, rc = with_apt(PASSWORD)
+        assert found["verdict"] == "info" and "no project repository configured" in \
+            found["said"], found
+        assert rc == 0, found
+        (sources / "edge-agent.list").write_text(
+            f"# the project's\ndeb [signed-by=/etc/apt/keyrings/edge-agent.gpg] {repository} "
+            f"stable main\n")
+        found, rc = with_apt(PASSWORD)
+        assert found["verdict"] == "ok" and rc == 0, found
+        assert f"{repository}/dists/stable/InRelease fetched via http://***@127.0.0.1:{port}" \
+            in found["said"], found
+        assert f"GET {repository}/dists/stable/InRelease" in log.read_text(), \
+            "the InRelease did not go through apt's proxy"
+        found, rc = with_apt("wrong")
+        assert found["verdict"] == "fail" and rc == 9, (found, rc)
+        assert "Acquire::http::Proxy" in found["todo"] and "CAInfo" in found["todo"], found
+    finally:
+        parts.close()
+        shutil.rmtree(work)
+
+
+def test_apts_sources_and_proxy_are_read_as_apt_writes_them():
+    from agent.app import apt_repository as A
+    deb822 = ("Types: deb\nURIs: https://apt.example.org/edge-agent\nSuites: stable\n"
+              "Components: main\nSigned-By: /etc/apt/keyrings/edge-agent.gpg\n")
+    repo = A.parse_sources("edge-agent.sources", deb822)
+    assert repo.inrelease == "https://apt.example.org/edge-agent/dists/stable/InRelease"
+    flat = A.parse_sources("edge-agent.list", "deb [trusted=no] http://h/r ./\n")
+    assert flat.inrelease == "http://h/r/InRelease", flat
+    config = A.parse_dump('Acquire::http::Proxy "http://p:3128";\n'
+                          'Acquire::http::Proxy::apt.example.org "DIRECT";\n'
+                          'Acquire::https::CAInfo "/etc/ssl/site.pem";\n')
+    assert A.apt_proxy(config, "https://apt.example.org/x") == (None, "Acquire::http::Proxy::apt.example.org")
+    assert A.apt_proxy(config, "https://other.example/x") == ("http://p:3128", "Acquire::http::Proxy")
+    assert A.apt_ca(config, "https://other.example/x") == "/etc/ssl/site.pem"

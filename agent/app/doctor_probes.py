@@ -36,7 +36,7 @@ from ..config.model import Config
 from ..identity import credentials
 from . import doctor as D
 from . import status as status_view
-from . import unit_env
+from . import apt_repository, unit_env
 
 RESOLVE_TIMEOUT_S = 5.0      # getent: a resolver that does not answer
 CLOCK_TIMEOUT_S = 3.0        # timedatectl: a bus that does not answer
@@ -79,7 +79,10 @@ def examine(config_path: str) -> tuple[list[D.Step], list[str]]:
                                           "the fleet server; uploads go the way the upgrade "
                                           "went, and edge-agent status shows the queue"))
     steps.append(storage_step)
-    steps.append(D.judge_display(display(config, environ=environ)))
+    readings = display(config, environ=environ)
+    steps.append(D.judge_display(readings))
+    steps.append(D.judge_screen(screen(config, environ, agent, readings)))
+    steps.append(D.judge_repository(apt_repository.examine()))
     return steps, notes
 
 
@@ -377,6 +380,53 @@ def _write_probe(state_dir: str) -> dict:
         found["error"] = e.strerror or type(e).__name__
     found.setdefault("as", _user(os.geteuid()))
     return found
+
+
+def screen(config: Config, environ, agent: dict | None, readings: list[dict]) -> dict:
+    """What this screen has, as the screen part finds it (its capture's choice, the
+    display sources' readings), what the running agent last saw of the picture (its
+    status file, each field by its type), the player unit's state (screen/player.py)."""
+    from ..screen.capture import choose
+    from ..screen.player import Player
+    from ..screen.service import x_display_of
+    capture = choose(config.screen.capture_command,
+                     x_display_of(config.screen, config.commands, environ), environ)
+    found: dict = {"capture": capture.how, "can_capture": capture.argv is not None,
+                   "means": [(r["source"], r["present"], r["said"]) for r in readings]}
+    found.update(_last_picture(agent))
+    unit = config.screen.player_unit
+    if unit:
+        state = Player(unit).state()
+        found.update(player=unit, player_said=state.said(), player_state=state.active,
+                     player_load=state.load)
+    return found
+
+
+def _last_picture(agent: dict | None) -> dict:
+    if agent is None:
+        return {"picture_why": "no agent runs here, so no verdict"}
+    shown = agent.get("screen")
+    if shown is None:
+        return {"picture_why": "the running agent watches no picture"}
+    picture = shown.get("picture") if isinstance(shown, dict) else None
+    if not isinstance(shown, dict) or not isinstance(picture, (dict, type(None))):
+        return {"status_problem": "its screen is not an object"}
+    if picture is None:
+        return {"picture_why": "the running agent watches no picture ([screen] "
+                               "picture_every_s)"}
+    verdict, ago = picture.get("verdict"), picture.get("checked_s_ago")
+    if not isinstance(verdict, (str, type(None))):
+        return {"status_problem": f"screen.picture.verdict is {_json_type(verdict)}"}
+    if verdict is None:
+        return {"picture_why": "not checked yet"}
+    number = (int, float)
+    updated = agent.get("updated_at")
+    age = None
+    if isinstance(ago, number) and not isinstance(ago, bool):
+        elapsed = (time.time() - updated if isinstance(updated, number)
+                   and not isinstance(updated, bool) else 0.0)
+        age = max(0.0, ago + max(0.0, elapsed))
+    return {"picture": verdict[:40], "picture_age_s": age}
 
 
 def display(config: Config, sysfs_root: str = "/sys", environ=None) -> list[dict]:
