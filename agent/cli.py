@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="check each step now, in order (configuration, clock, "
                                          "DNS, route, TCP, proxy, TLS, the upgrade, the token, "
-                                         "storage, the display): what fails and what to do",
+                                         "storage, the display, the screen's means, the "
+                                         "package repository): what fails and what to do",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=DOCTOR_EXITS)
     doc.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)

@@ -397,7 +397,8 @@ def test_the_help_and_the_man_page_name_every_exit_status():
                        text=True, env={"PYTHONPATH": str(REPO)}, timeout=30)
     man = (REPO / "debian" / "edge-agent.1").read_text()
     for code, meaning in (("0", "ok"), ("2", "configuration"), ("3", "clock"), ("4", "network"),
-                          ("5", "TLS"), ("6", "server"), ("7", "storage"), ("8", "display")):
+                          ("5", "TLS"), ("6", "server"), ("7", "storage"), ("8", "display"),
+                          ("9", "packages")):
         assert f"  {code}  {meaning}" in r.stdout, r.stdout
         assert f"{code} {meaning}" in man.replace("\n", " ")
     assert ".B edge-agent doctor" in man
