@@ -631,3 +631,29 @@ def test_apts_sources_and_proxy_are_read_as_apt_writes_them():
     assert A.apt_proxy(config, "https://apt.example.org/x") == (None, "Acquire::http::Proxy::apt.example.org")
     assert A.apt_proxy(config, "https://other.example/x") == ("http://p:3128", "Acquire::http::Proxy")
     assert A.apt_ca(config, "https://other.example/x") == "/etc/ssl/site.pem"
+
+
+def test_a_repository_that_trickles_its_answer_ends_the_step_at_its_deadline(
+        agent_python, tmp_path):
+    """Headers a byte at a time, each well within any read timeout: one deadline over the
+    whole exchange ends the repository step, a failure of its class."""
+    from devtools.hostile_http import trickle_server
+    from agent.app.apt_repository import FETCH_TIMEOUT_S
+    state = tmp_path / "state"
+    state.mkdir()
+    sources = tmp_path / "sources.list.d"
+    sources.mkdir()
+    apt_conf = tmp_path / "apt.conf"
+    apt_conf.write_text(f'Dir::Etc::sourceparts "{sources}";\n')
+    cfg = _unreachable_config(tmp_path, state, token="t0ken" + "x" * 40)
+    with trickle_server(0.2) as url:
+        (sources / "edge-agent.sources").write_text(
+            f"Types: deb\nURIs: {url}/edge-agent\nSuites: stable\nComponents: main\n")
+        start = time.monotonic()
+        report, rc = doctor(agent_python, cfg, env={"APT_CONFIG": str(apt_conf)})
+        took = time.monotonic() - start
+    found = steps_of(report)["repository"]
+    assert found["verdict"] == "fail" and "via direct" in found["said"], found
+    print(f"the doctor against a trickling repository: {took:.1f} s")
+    assert took < FETCH_TIMEOUT_S + 8, took
+    assert rc == 4, "the network's class comes first"
