@@ -644,6 +644,9 @@ def test_check_config_and_doctor_see_the_proxy_a_drop_in_gives_the_agent(site):
             steps["configuration"]["said"], steps["configuration"]
         assert log.read_text().count(tunnel) > before, "the doctor did not use the proxy"
         assert steps["upgrade"]["verdict"] == "ok" and r.returncode == report["exit"], report
+        assert any(f"http_proxy from Environment= in {drop_in}" in n and
+                   f"EDGE_AGENT_LOG_LEVEL from EnvironmentFile {env_file}" in n
+                   for n in report["notes"]), report["notes"]
         assert not [x for x in report["steps"] if x["verdict"] == "fail"], report
     finally:
         s.run("rm", "-f", drop_in, env_file)
