@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="check each step now, in order (configuration, clock, "
                                          "DNS, route, TCP, proxy, TLS, the upgrade, the token, "
-                                         "storage, the display): what fails and what to do",
+                                         "storage, the display, the screen's means, the "
+                                         "package repository): what fails and what to do",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=DOCTOR_EXITS)
     doc.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
@@ -101,9 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(path: str) -> Config:
+def _load(path: str, env: dict | None = None) -> Config:
     try:
-        return cfgmod.load(path)
+        return cfgmod.load(path, env=env)
     except cfgmod.ConfigError as e:
         logs.early(f"edge-agent: config error: {e}")
         raise SystemExit(EXIT_USAGE)
@@ -331,9 +332,11 @@ def cmd_unpair(args) -> int:
 
 
 def cmd_check_config(args) -> int:
-    config = _load(args.config)
+    from .app import unit_env
+    unit = unit_env.read()   # what systemd gives the agent, not this shell's (#50.2)
+    config = _load(args.config, unit.over(os.environ))
     print(f"{config.source}: ok (device {config.identity.device_id or 'derived'}, server {config.server.display})")
-    code = _say_in_force(config)
+    code = _say_in_force(config, unit)
     for adjusted in config.adjusted:
         print(f"{config.source}: adjusted: {cfgmod.adjustment_text(*adjusted)} "
               f"(a value an earlier release took; set it within today's bounds)")
@@ -344,7 +347,7 @@ def cmd_check_config(args) -> int:
     return code
 
 
-def _say_in_force(config: cfgmod.Config) -> int:
+def _say_in_force(config: cfgmod.Config, unit) -> int:
     """What is in force and where each value comes from; then whether the agent's user
     can read every file named. EXIT_OK or EXIT_USAGE."""
     origins = config.origins
@@ -358,8 +361,9 @@ def _say_in_force(config: cfgmod.Config) -> int:
         proxy_text = "none: every connection goes direct"
     elif origins.get("network.proxy") not in (None, "default"):
         proxy_text = f"{proxy.display} ({came('network.proxy')}, network.proxy)"
-    else:   # in no file: the environment the agent was started with
-        proxy_text = f"{proxy.display} (the environment, {proxy.source.split(' ')[0]})"
+    else:   # in no file: the environment the unit gives the agent
+        name = proxy.source.split(' ')[0]
+        proxy_text = f"{proxy.display} ({name}, from {unit.origin(name)})"
     if proxy is not None and egress.no_proxy:
         proxy_text += f"; direct to {', '.join(egress.no_proxy)}"
     if egress.ca_file:
@@ -384,6 +388,9 @@ def _say_in_force(config: cfgmod.Config) -> int:
         if set_here.get(origin):
             print(f"  from {cfgmod.ORIGINS[origin]}: {', '.join(set_here[origin])}")
     print(f"  every other key: its {cfgmod.ORIGINS['default']}")
+    print(f"  environment  {unit.said()}")
+    for note in unit.notes:
+        print(f"  environment  {note}")
     return _check_readable(config)
 
 

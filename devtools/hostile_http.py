@@ -1,5 +1,5 @@
 """A fleet server gone bad, for the HTTP readers: answers that decompress to gigabytes,
-and headers trickled a byte at a time. Plus a driver that runs one of the agent's HTTP
+and headers trickled a byte at a time; a websocket that only pings. Plus a driver that runs one of the agent's HTTP
 readers against it in a process of its own, under a memory bound, so the test can run
 it under each Python stack the agent ships on (Debian 12's urllib3 1.26, current 2.x).
 
@@ -9,7 +9,9 @@ prints one JSON line: what the reader said, how long it took, its peak RSS growt
 """
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import http.server
 import json
 import socket
@@ -136,6 +138,39 @@ def trickle_server(every_s: float = 0.2):
                     conn.sendall(bytes([b]))
                 except OSError:
                     return
+
+    return raw_server(serve)
+
+
+def pinging_upgrade_server(every_s: float = 0.5):
+    """A raw socket server that answers the websocket upgrade (101, its accept key
+    right), then sends only websocket pings, one per ``every_s``, for ever: never
+    Engine.IO's open, and every read of the client answered within any read timeout."""
+    def serve(conn, stop):
+        with conn:
+            conn.settimeout(1.0)
+            request = b""
+            with contextlib.suppress(OSError):
+                while b"\r\n\r\n" not in request and len(request) < 65536:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        return
+                    request += chunk
+            key = next((line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
+                        if line.lower().startswith(b"sec-websocket-key:")), b"")
+            accept = base64.b64encode(hashlib.sha1(
+                key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+            try:
+                conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                             b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept
+                             + b"\r\n\r\n")
+                while not stop.wait(every_s):
+                    conn.sendall(b"\x89\x00")      # a ping, no payload
+                    with contextlib.suppress(socket.timeout):
+                        conn.settimeout(0.01)
+                        conn.recv(4096)             # the pongs, dropped
+            except OSError:
+                pass
 
     return raw_server(serve)
 

@@ -23,6 +23,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -605,6 +606,55 @@ def test_journal_priorities_and_status_lines(site):
     assert "None" not in site.statuses, sorted(set(site.statuses))
     assert {"starting link"} & set(site.statuses) or any(
         x.startswith(("waiting for pairing", "online", "reconnecting")) for x in site.statuses)
+
+
+@step(test_enrolls_and_pairs_under_systemd)
+def test_check_config_and_doctor_see_the_proxy_a_drop_in_gives_the_agent(site):
+    """Operator #50.2: install.md's site-wide settings in a drop-in (Environment=, and an
+    EnvironmentFile= by systemd's quoting rules): the agent is online through the proxy,
+    and check-config and doctor, run from a shell that has none of it, say the same and
+    where each value comes from (they read what systemd gives the unit)."""
+    from devtools.site import Parts
+    s, server = site.screen, site.server
+    drop_in, env_file = f"/etc/systemd/system/{UNIT}.d/site.conf", "/etc/edge-agent/site.env"
+    work = Path(tempfile.mkdtemp(prefix="site-proxy-", dir="/tmp"))   # tinyproxy, as nobody,
+    os.chmod(work, 0o755)                                              # reopens its log here
+    parts = Parts(work)
+    port, log = parts.proxy(connect_ports=(server.port,))
+    tunnel = f": CONNECT 127.0.0.1:{server.port} "   # a tunnel asked for, in its log
+    s.path(env_file).write_text('# the site\n  EDGE_AGENT_LOG_LEVEL = "debug"  \n')
+    s.path(drop_in).write_text(f'[Service]\nEnvironment="http_proxy=http://127.0.0.1:{port}"\n'
+                               f"EnvironmentFile=-{env_file}\n")
+    try:
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        wait_for(lambda: tunnel in log.read_text(), 10, what="the agent's CONNECT")
+        said = s.run("edge-agent", "check-config").stdout
+        assert (f"proxy     http://127.0.0.1:{port} (http_proxy, from Environment= in "
+                f"{drop_in})") in said, said
+        assert f"EDGE_AGENT_LOG_LEVEL from EnvironmentFile {env_file}" in said, said
+        before = log.read_text().count(tunnel)
+        r = s.run("edge-agent", "doctor", "--json", check=False)
+        report = json.loads(r.stdout)
+        steps = {x["name"]: x for x in report["steps"]}
+        assert steps["proxy"]["verdict"] == "ok", steps["proxy"]
+        assert f"127.0.0.1:{port} accepted CONNECT" in steps["proxy"]["said"], steps["proxy"]
+        assert f"from http_proxy, Environment= in {drop_in}" in \
+            steps["configuration"]["said"], steps["configuration"]
+        assert log.read_text().count(tunnel) > before, "the doctor did not use the proxy"
+        assert steps["upgrade"]["verdict"] == "ok" and r.returncode == report["exit"], report
+        assert any(f"http_proxy from Environment= in {drop_in}" in n and
+                   f"EDGE_AGENT_LOG_LEVEL from EnvironmentFile {env_file}" in n
+                   for n in report["notes"]), report["notes"]
+        assert not [x for x in report["steps"] if x["verdict"] == "fail"], report
+    finally:
+        s.run("rm", "-f", drop_in, env_file)
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        parts.close()
+        shutil.rmtree(work)
 
 
 @step(test_enrolls_and_pairs_under_systemd,

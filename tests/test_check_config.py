@@ -64,7 +64,10 @@ def test_a_proxy_from_the_environment_and_no_ca_are_said_as_such(tmp_path):
              env={"http_proxy": "http://u:secret@proxy.example:8080"})
     assert r.returncode == 0, r.stderr
     assert "secret" not in r.stdout
-    assert "  proxy     http://***@proxy.example:8080 (the environment, http_proxy)\n" in r.stdout
+    # outside systemd (no unit to read: operator #50.2), the shell's environment, said so
+    assert ("  proxy     http://***@proxy.example:8080 (http_proxy, from this shell's "
+            "environment)\n") in r.stdout, r.stdout
+    assert "the unit's environment not read" in r.stdout, r.stdout
     assert "  profile   edge-agent (built-in default)\n" in r.stdout
     assert "  ca        the system's CA store (server.ca_file unset)\n" in r.stdout
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,13 +31,14 @@ def parts(tmp_path):
     p.close()
 
 
-def doctor(python, cfg, *, env: dict | None = None, prefix: tuple = (), text: bool = False):
+def doctor(python, cfg, *, env: dict | None = None, prefix: tuple = (), text: bool = False,
+           timeout: float = 90):
     """The doctor's JSON (or its text) and its exit status, as an operator runs it."""
     args = [*prefix, python, "-m", "agent", "doctor", "--config", str(cfg)]
     if not text:
         args.append("--json")
     start = time.monotonic()
-    r = subprocess.run(args, capture_output=True, text=True, timeout=90,
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
                        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **(env or {})})
     took = time.monotonic() - start
     assert took < 40, f"the doctor took {took:.0f} s"
@@ -277,6 +279,107 @@ def test_a_configuration_that_does_not_load_fails_first_and_nothing_else_is_chec
     assert all(s["verdict"] == "not checked" for s in report["steps"][1:]), report
 
 
+def _unreachable_config(tmp_path, state, token: str | None = None) -> Path:
+    """A configuration whose server name cannot resolve (the network steps fail first,
+    exit 4) over ``state``; the runtime directory (the status file's) beside it."""
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[server]\nurl = "http://fleet.invalid:8470"\n[identity]\n'
+                   f'device_id = "screen-1"\nstate_dir = "{state}"\n'
+                   + (f'token = "{token}"\n' if token else "")
+                   + f'[runtime]\ndir = "{tmp_path / "run"}"\n')
+    return cfg
+
+
+def _inotify_opens(path: str):
+    """A watch on ``path`` for opens and reads (inotify(7), through libc): call the
+    result to learn whether anything opened or read the file since."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0 and libc.inotify_add_watch(fd, path.encode(), 0x20 | 0x01) >= 0
+
+    def opened() -> bool:
+        try:
+            return bool(os.read(fd, 4096))
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+    return opened
+
+
+def test_as_root_a_credentials_link_the_agents_user_planted_is_never_opened(
+        tmp_path, agent_python):
+    """Security #49.5: the state directory is the agent's user's (nobody here); a
+    credentials.json it made a link to a root-only file is a finding, never read by root."""
+    assert os.geteuid() == 0, "this test proves what root does"
+    nobody = pwd.getpwnam("nobody")
+    secret = tmp_path / "root-only.json"
+    content = "r00t-only-" + "s" * 40
+    secret.write_text(json.dumps({"device_id": "screen-1", "token": content}))
+    os.chmod(secret, 0o600)
+    home = tempfile.mkdtemp(prefix="doctor-", dir="/tmp")
+    try:
+        os.chmod(home, 0o755)
+        state = os.path.join(home, "state")
+        os.mkdir(state, 0o700)
+        os.symlink(secret, os.path.join(state, "credentials.json"))
+        os.lchown(os.path.join(state, "credentials.json"), nobody.pw_uid, nobody.pw_gid)
+        os.chown(state, nobody.pw_uid, nobody.pw_gid)
+        cfg = _unreachable_config(tmp_path, state)
+        opened = _inotify_opens(str(secret))
+        report, rc = doctor(agent_python, cfg)
+        text, _ = doctor(agent_python, cfg, text=True)
+        assert not opened(), "the doctor opened the file the link points to"
+        found = steps_of(report)["token"]
+        assert found["verdict"] == "fail" and "link" in found["said"], found
+        assert content not in text + json.dumps(report)
+        assert rc == 4 == report["exit"], report   # the network's class comes first
+    finally:
+        shutil.rmtree(home)
+
+
+def test_a_server_that_upgrades_then_only_pings_ends_the_upgrade_step_at_its_deadline(
+        tmp_path, agent_python):
+    """Security #49.6: each websocket ping would restart a read timeout; the step has one
+    deadline whatever arrives."""
+    from devtools.hostile_http import pinging_upgrade_server
+    state = tmp_path / "state"
+    state.mkdir()
+    with pinging_upgrade_server(every_s=0.5) as url:
+        cfg = _unreachable_config(tmp_path, state, token="t0ken" + "x" * 40)
+        cfg.write_text(cfg.read_text().replace("http://fleet.invalid:8470", url))
+        start = time.monotonic()
+        report, rc = doctor(agent_python, cfg, timeout=40)
+        took = time.monotonic() - start
+    upgrade = steps_of(report)["upgrade"]
+    assert upgrade["verdict"] == "fail" and rc == 6, report
+    assert "Engine.IO" in upgrade["said"], upgrade
+    print(f"the doctor against a server that only pings: {took:.1f} s")
+    assert took < 12, f"{took:.1f} s: past the step's deadline"
+
+
+@pytest.mark.parametrize("link", ["x", [1], 3, None, {"state": 5}, {"reason": ["refused"]}])
+def test_a_damaged_status_file_is_a_finding_and_every_step_is_still_shown(
+        tmp_path, agent_python, link):
+    """Security #49.7: the running agent's status file (its pid alive: this test's) with
+    a link of the wrong type."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "status.json").write_text(json.dumps({"pid": os.getpid(),
+                                                              "link": link}))
+    cfg = _unreachable_config(tmp_path, state, token="t0ken" + "x" * 40)
+    report, rc = doctor(agent_python, cfg)
+    token = steps_of(report)["token"]
+    if link is None:   # no link yet: a starting agent's file, nothing damaged
+        assert token["verdict"] == "ok", token
+    else:
+        assert token["verdict"] == "warn" and "status file" in token["said"], token
+        assert "link" in token["said"], token
+    assert rc == 4 == report["exit"], report
+
+
 # -- the words, the help and the page -------------------------------------------------
 def test_each_reasons_advice_is_the_troubleshooting_pages_own():
     page = (REPO / "docs" / "troubleshooting.md").read_text()
@@ -294,7 +397,8 @@ def test_the_help_and_the_man_page_name_every_exit_status():
                        text=True, env={"PYTHONPATH": str(REPO)}, timeout=30)
     man = (REPO / "debian" / "edge-agent.1").read_text()
     for code, meaning in (("0", "ok"), ("2", "configuration"), ("3", "clock"), ("4", "network"),
-                          ("5", "TLS"), ("6", "server"), ("7", "storage"), ("8", "display")):
+                          ("5", "TLS"), ("6", "server"), ("7", "storage"), ("8", "display"),
+                          ("9", "packages")):
         assert f"  {code}  {meaning}" in r.stdout, r.stdout
         assert f"{code} {meaning}" in man.replace("\n", " ")
     assert ".B edge-agent doctor" in man
@@ -351,3 +455,205 @@ def test_the_doctors_text_carries_no_terminal_escape_a_server_chose():
                                       "ask the server")], [f"note \x9b2J"])
     assert not any(c in text for c in "\x1b\x07\r\x9b"), repr(text)
     assert "\\x1b]52" in text
+
+
+# -- the environment the unit gives the agent (operator #50.2) ------------------------
+def test_an_environment_file_is_read_by_systemds_rules():
+    """systemd.exec(5)'s EnvironmentFile= (src/basic/env-file.c): the booted tier
+    proves the same file against systemd itself."""
+    from agent.app.unit_env import parse_env_file
+    text = ("# a comment\n; another\n  https_proxy = http://p:3128  \n"
+            "EDGE_AGENT_LOG_LEVEL='debug'\n"
+            'no_proxy="a,b \\"c\\" \\$d \\x"\n'
+            "SPLIT=one\\\ntwo\n"
+            "ESCAPED=a\\ b\\\\c\n"
+            "EMPTY=\n"
+            "http_proxy=late")
+    assert parse_env_file(text) == [
+        ("https_proxy", "http://p:3128"), ("EDGE_AGENT_LOG_LEVEL", "debug"),
+        ("no_proxy", 'a,b "c" $d \\x'), ("SPLIT", "onetwo"), ("ESCAPED", "a b\\c"),
+        ("EMPTY", ""), ("http_proxy", "late")]
+
+
+def test_systemctls_show_and_the_units_files_say_each_value_and_where_it_was_set():
+    from agent.app import unit_env
+    shown = ('LoadState=loaded\nEnvironment=PYTHONNOUSERSITE=1 "https_proxy=http://u:p w@h:1" '
+             '"EDGE_AGENT_X=a\\"b"\n'
+             'EnvironmentFiles=/etc/edge-agent/site.env (ignore_errors=yes)\n'
+             'EnvironmentFiles=/etc/default/x y (ignore_errors=no)\n'
+             'FragmentPath=/usr/lib/systemd/system/edge-agent.service\n'
+             'DropInPaths=/etc/systemd/system/edge-agent.service.d/a.conf\n')
+    props = unit_env.parse_show(shown)
+    assert props["EnvironmentFiles"] == [("/etc/edge-agent/site.env", True),
+                                         ("/etc/default/x y", False)]
+    assert unit_env.parse_assignments(props["Environment"]) == [
+        ("PYTHONNOUSERSITE", "1"), ("https_proxy", "http://u:p w@h:1"), ("EDGE_AGENT_X", 'a"b')]
+    files = [("/usr/lib/systemd/system/edge-agent.service", "[Service]\nEnvironment=https_proxy=x\n"),
+             ("/etc/systemd/system/edge-agent.service.d/a.conf",
+              '[Service]\nEnvironment="https_proxy=http://u:p w@h:1" PYTHONNOUSERSITE=1\n')]
+    assert unit_env.setter("https_proxy", files) == files[1][0]
+    assert unit_env.setter("EDGE_AGENT_X", files) is None
+    env = unit_env.UnitEnvironment(values={"https_proxy": "http://h:1"},
+                                   origins={"https_proxy": "Environment= in a.conf"})
+    # the shell's proxy is not the agent's; its other variables stay
+    assert env.over({"http_proxy": "http://shell:1", "PATH": "/bin"}) == {
+        "https_proxy": "http://h:1", "PATH": "/bin"}
+    assert "https_proxy from Environment= in a.conf" in env.said()
+    outside = unit_env.UnitEnvironment(problem="not booted with systemd")
+    assert outside.over({"http_proxy": "x"}) == {"http_proxy": "x"}
+    assert "not read (not booted with systemd)" in outside.said()
+
+
+# -- the screen's means (operator #50.5) ----------------------------------------------
+def test_an_x_screen_without_dpms_is_said_so_and_the_screen_step_lists_its_means(
+        tmp_path, xvfb):
+    """A real X server (Xvfb has no DPMS) configured, xwd there to capture it: the display
+    step says DPMS is what is missing, not "no display source here"; the screen step
+    lists each means, the running agent's last verdict and its age, the player's state."""
+    from agent.app import doctor_probes
+    from agent.config import load as cfgmod
+    display, _ = xvfb
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[server]\nurl = "http://fleet.invalid:8470"\n[identity]\n'
+                   f'state_dir = "{tmp_path / "state"}"\n[runtime]\ndir = "{tmp_path / "run"}"\n'
+                   f'[screen]\nx_display = "{display}"\ncec_device = "{tmp_path / "no-cec"}"\n'
+                   f'player_unit = "kiosk.service"\n')
+    config = cfgmod.load(str(cfg), env={})
+    env = {"PATH": "/usr/bin:/bin"}
+    readings = doctor_probes.display(config, str(tmp_path / "no-sysfs"), environ=env)
+    shown = D.judge_display(readings)
+    assert "the X server has no DPMS" in shown.said and "here" not in shown.said, shown
+    agent = {"pid": os.getpid(), "updated_at": time.time() - 20,
+             "screen": {"picture": {"verdict": "black", "checked_s_ago": 40}}}
+    screen = D.judge_screen(doctor_probes.screen(config, env, agent, readings))
+    assert screen.name == "screen" and screen.verdict == "warn", screen
+    assert f"capture: xwd on {display}" in screen.said, screen
+    assert "X11 DPMS: none (the X server has no DPMS)" in screen.said, screen
+    assert "DRM: none (no DRM connector in sysfs)" in screen.said, screen
+    assert "CEC: none" in screen.said, screen
+    assert "picture: black, checked 1 minute ago" in screen.said, screen
+    assert "player kiosk.service: " in screen.said, screen
+    for damaged in ({"screen": "x"}, {"screen": {"picture": {"verdict": 3}}}):
+        found = doctor_probes.screen(config, env, {"pid": 1, **damaged}, readings)
+        assert D.judge_screen(found).verdict == "warn" and found["status_problem"], found
+    quiet = D.judge_screen(doctor_probes.screen(config, env, None, readings))
+    assert "picture: no agent runs here" in quiet.said, quiet
+
+
+def test_a_failed_player_unit_fails_the_screen_step_with_the_displays_class():
+    found = {"capture": "xwd on :0", "can_capture": True, "means": [("DRM", True, "On")],
+             "player": "kiosk.service", "player_said": "failed (exit-code, status 1)",
+             "player_state": "failed", "picture_why": "not checked yet"}
+    failed = D.judge_screen(found)
+    assert failed.verdict == "fail" and failed.exit == 8, failed
+    assert "journalctl -u kiosk.service" in failed.todo
+
+
+# -- the project's repository the way apt reaches it (operator #50.3) -------------------
+@pytest.fixture
+def repository(tmp_path):
+    """An HTTP server holding a repository's dists/stable/InRelease: its base URL."""
+    import http.server
+    import threading
+    root = tmp_path / "www"
+    (root / "edge-agent" / "dists" / "stable").mkdir(parents=True)
+    (root / "edge-agent" / "dists" / "stable" / "InRelease").write_text(
+        "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA512\n\nOrigin: edge-agent\n")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(root), **kw)
+
+        def log_message(self, *a):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/edge-agent"
+    server.shutdown()
+
+
+def test_the_repository_is_fetched_through_apts_proxy_or_fails_with_the_packages_class(
+        netns, fleet, agent_python, repository, tmp_path):
+    """apt's own configuration (APT_CONFIG: apt-config reads it) names the proxy and the
+    sources; the InRelease goes through the proxy (its log shows it), a proxy that
+    refuses the credentials fails the step (exit 9), no sources file skips it."""
+    server = fleet()
+    work = Path(tempfile.mkdtemp(prefix="doctor-apt-", dir="/tmp"))   # tinyproxy (nobody)
+    os.chmod(work, 0o755)                                              # writes its log here
+    parts = site.Parts(work)
+    try:
+        port, log = parts.proxy("site-user", PASSWORD)
+        sources = work / "sources.list.d"
+        sources.mkdir()
+        apt_conf = work / "apt.conf"
+        cfg = _config(server, tmp_path, "apt")
+
+        def with_apt(password: str):
+            apt_conf.write_text(f'Dir::Etc::sourceparts "{sources}";\n'
+                                f'Acquire::http::Proxy "http://site-user:{password}'
+                                f'@127.0.0.1:{port}/";\n')
+            report, rc = doctor(agent_python, cfg, env={"APT_CONFIG": str(apt_conf)})
+            text, _ = doctor(agent_python, cfg, env={"APT_CONFIG": str(apt_conf)}, text=True)
+            assert password not in text + json.dumps(report), "the proxy password was printed"
+            return steps_of(report)["repository"], rc
+        found, rc = with_apt(PASSWORD)
+        assert found["verdict"] == "info" and "no project repository configured" in \
+            found["said"], found
+        assert rc == 0, found
+        (sources / "edge-agent.list").write_text(
+            f"# the project's\ndeb [signed-by=/etc/apt/keyrings/edge-agent.gpg] {repository} "
+            f"stable main\n")
+        found, rc = with_apt(PASSWORD)
+        assert found["verdict"] == "ok" and rc == 0, found
+        assert f"{repository}/dists/stable/InRelease fetched via http://***@127.0.0.1:{port}" \
+            in found["said"], found
+        assert f"GET {repository}/dists/stable/InRelease" in log.read_text(), \
+            "the InRelease did not go through apt's proxy"
+        found, rc = with_apt("wrong")
+        assert found["verdict"] == "fail" and rc == 9, (found, rc)
+        assert "Acquire::http::Proxy" in found["todo"] and "CAInfo" in found["todo"], found
+    finally:
+        parts.close()
+        shutil.rmtree(work)
+
+
+def test_apts_sources_and_proxy_are_read_as_apt_writes_them():
+    from agent.app import apt_repository as A
+    deb822 = ("Types: deb\nURIs: https://apt.example.org/edge-agent\nSuites: stable\n"
+              "Components: main\nSigned-By: /etc/apt/keyrings/edge-agent.gpg\n")
+    repo = A.parse_sources("edge-agent.sources", deb822)
+    assert repo.inrelease == "https://apt.example.org/edge-agent/dists/stable/InRelease"
+    flat = A.parse_sources("edge-agent.list", "deb [trusted=no] http://h/r ./\n")
+    assert flat.inrelease == "http://h/r/InRelease", flat
+    config = A.parse_dump('Acquire::http::Proxy "http://p:3128";\n'
+                          'Acquire::http::Proxy::apt.example.org "DIRECT";\n'
+                          'Acquire::https::CAInfo "/etc/ssl/site.pem";\n')
+    assert A.apt_proxy(config, "https://apt.example.org/x") == (None, "Acquire::http::Proxy::apt.example.org")
+    assert A.apt_proxy(config, "https://other.example/x") == ("http://p:3128", "Acquire::http::Proxy")
+    assert A.apt_ca(config, "https://other.example/x") == "/etc/ssl/site.pem"
+
+
+def test_a_repository_that_trickles_its_answer_ends_the_step_at_its_deadline(
+        agent_python, tmp_path):
+    """Headers a byte at a time, each well within any read timeout: one deadline over the
+    whole exchange ends the repository step, a failure of its class."""
+    from devtools.hostile_http import trickle_server
+    from agent.app.apt_repository import FETCH_TIMEOUT_S
+    state = tmp_path / "state"
+    state.mkdir()
+    sources = tmp_path / "sources.list.d"
+    sources.mkdir()
+    apt_conf = tmp_path / "apt.conf"
+    apt_conf.write_text(f'Dir::Etc::sourceparts "{sources}";\n')
+    cfg = _unreachable_config(tmp_path, state, token="t0ken" + "x" * 40)
+    with trickle_server(0.2) as url:
+        (sources / "edge-agent.sources").write_text(
+            f"Types: deb\nURIs: {url}/edge-agent\nSuites: stable\nComponents: main\n")
+        start = time.monotonic()
+        report, rc = doctor(agent_python, cfg, env={"APT_CONFIG": str(apt_conf)})
+        took = time.monotonic() - start
+    found = steps_of(report)["repository"]
+    assert found["verdict"] == "fail" and "via direct" in found["said"], found
+    print(f"the doctor against a trickling repository: {took:.1f} s")
+    assert took < FETCH_TIMEOUT_S + 8, took
+    assert rc == 4, "the network's class comes first"

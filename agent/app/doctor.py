@@ -20,13 +20,17 @@ OK, INFO, WARN, FAIL, NOT_CHECKED = "ok", "info", "warn", "fail", "not checked"
 # the order they are checked and printed in
 STEPS = ("configuration", "clock", "dns", "route", "tcp", "proxy", "tls", "upgrade",
          "token", "upload", "storage", "display")
+# the device's own, after the link's: what the screen has and shows, how it is upgraded
+STEPS += ("screen", "repository")
 # a failing step's exit status: its class (--help and the man page say the same)
 EXIT_OK, EXIT_CONFIG, EXIT_CLOCK, EXIT_NETWORK, EXIT_TLS, EXIT_SERVER, EXIT_STORAGE, \
     EXIT_DISPLAY = 0, 2, 3, 4, 5, 6, 7, 8
+EXIT_PACKAGES = 9
 EXIT_OF = {"configuration": EXIT_CONFIG, "clock": EXIT_CLOCK, "dns": EXIT_NETWORK,
            "route": EXIT_NETWORK, "tcp": EXIT_NETWORK, "proxy": EXIT_NETWORK, "tls": EXIT_TLS,
            "upgrade": EXIT_SERVER, "token": EXIT_SERVER, "upload": EXIT_SERVER,
            "storage": EXIT_STORAGE, "display": EXIT_DISPLAY}
+EXIT_OF.update(screen=EXIT_DISPLAY, repository=EXIT_PACKAGES)
 DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
   0  ok: every step, or only warnings and notes
   2  configuration: it does not load
@@ -35,7 +39,8 @@ DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
   5  TLS: the server's certificate is not trusted, or the handshake fails
   6  server: the websocket upgrade, or the stored token
   7  storage: the state partition is not writable
-  8  display: connected, but it reads off"""
+  8  display: connected, but it reads off; or the player unit failed
+  9  packages: the project's repository cannot be fetched the way apt is set up"""
 # the skew past which the clock is worth a word (status says it past the same), and
 # past which it fails: certificates' and tokens' times are judged by it
 SKEW_WARN_S = 30.0
@@ -182,7 +187,19 @@ def not_checked(name: str, because: str) -> Step:
 
 def judge_token(found: dict) -> Step:
     """``found`` from doctor_probes.token(): where the token is, its mode and owner, its
-    shape, and what the running agent last heard from the server. Never the token."""
+    shape, and what the running agent last heard from the server. Never the token. A
+    damaged status file (``status_problem``) is said, a warning at least."""
+    judged = _judge_token(found)
+    problem = found.get("status_problem")
+    if not problem:
+        return judged
+    said = f"{judged.said}; the running agent's status file is damaged: {problem}"
+    if judged.verdict in (OK, INFO):
+        return step("token", WARN, said, "systemctl restart edge-agent writes it anew")
+    return Step(judged.name, judged.verdict, said, judged.todo, judged.reason, judged.exit)
+
+
+def _judge_token(found: dict) -> Step:
     if found.get("refused"):
         return of_reason("token", J.REFUSED, f"the running agent's last connect was "
                                              f"refused: {found['refused']}")
@@ -197,6 +214,10 @@ def judge_token(found: dict) -> Step:
         return step("token", WARN, f"{where}: not readable here ({found['unreadable']})",
                     "run the doctor as edge-agent (sudo -u edge-agent edge-agent doctor) "
                     "or as root")
+    if (found.get("problem") or "").startswith("a symbolic link"):
+        return step("token", FAIL, f"{where}: {found['problem']}",
+                    f"rm {where} (the agent's own file is never a link), then systemctl "
+                    f"restart edge-agent: it enrolls again (a new pairing code)")
     if found.get("problem"):
         return step("token", FAIL, f"{where}: unusable ({found['problem']})",
                     "the agent sets it aside and enrolls again at its next start "
@@ -240,9 +261,9 @@ def judge_display(readings: list[dict]) -> Step:
     """``readings``: each source's reading (screen/core.py's Reading, as a dict, with
     ``unplugged`` where DRM found connectors and none connected)."""
     present = [r for r in readings if r["present"]]
-    if not present:
-        return step("display", INFO, "no display source here (no DRM connector, X display, "
-                                     "Wayland or CEC adapter to read)")
+    if not present:   # each source's own reason: "no DPMS" is not "no X display"
+        return step("display", INFO, "no display source could be read ("
+                    + "; ".join(f"{r['source']}: {r['said']}" for r in readings) + ")")
     said = "; ".join(f"{r['source']}: {r['said']}" for r in present)
     if any(r.get("unplugged") for r in present):
         return step("display", FAIL, f"no display is connected ({said})",
@@ -255,6 +276,62 @@ def judge_display(readings: list[dict]) -> Step:
     if any(r["state"] == "on" for r in present):
         return step("display", OK, f"on ({said})")
     return step("display", WARN, f"cannot tell ({said})")
+
+
+def judge_screen(found: dict) -> Step:
+    """``found`` from doctor_probes.screen(): each means this screen has or lacks
+    (``means``: [(name, has it, what it said)]), the capture tool, the running agent's
+    last picture verdict and its age, the player unit's state."""
+    said = [f"capture: {found['capture']}"]
+    said += [f"{name}: {words}" if has else f"{name}: none ({words})"
+             for name, has, words in found["means"]]
+    verdict, age = found.get("picture"), found.get("picture_age_s")
+    if verdict:
+        said.append(f"picture: {verdict}"
+                    + (f", checked {_duration(age)} ago" if age is not None else ""))
+    else:
+        said.append(f"picture: {found.get('picture_why') or 'no verdict'}")
+    player = found.get("player")
+    if player:
+        said.append(f"player {player}: {found['player_said']}")
+    else:
+        said.append("player: none configured ([screen] player_unit)")
+    text = "; ".join(said)
+    if player and (found.get("player_state") == "failed"
+                   or found.get("player_load") == "not-found"):
+        return step("screen", FAIL, text, f"journalctl -u {player}; systemctl restart {player} "
+                                          f"(or a restart-player command)")
+    if verdict in ("black", "frozen"):
+        return step("screen", WARN, text, "edge-agent status shows the picture; the player's "
+                                          "own log, and the recovery ladder ([screen] recovery)")
+    if found.get("status_problem"):
+        return step("screen", WARN, f"{text}; the running agent's status file is damaged: "
+                                    f"{found['status_problem']}",
+                    "systemctl restart edge-agent writes it anew")
+    if not any(has for _, has, _ in found["means"]) and found.get("can_capture") is False:
+        return step("screen", INFO, text)
+    return step("screen", OK, text)
+
+
+REPOSITORY_TODO = ("apt's proxy: Acquire::http::Proxy (and ::https::) in /etc/apt/apt.conf.d/; "
+                   "an HTTPS repository behind an inspecting proxy: the site's CA in "
+                   "/usr/local/share/ca-certificates and update-ca-certificates, or "
+                   "Acquire::https::CAInfo (docs/upgrading.md)")
+
+
+def judge_repository(found: dict) -> Step:
+    """``found`` from apt_repository.examine(): the project's InRelease fetched the way
+    apt is set up to (its proxy, its CA), or why it was not checked."""
+    if found.get("skipped"):
+        return step("repository", INFO, f"not checked: {found['skipped']}")
+    ca = f", CA {found['ca']}" if found.get("ca") else ""
+    if found.get("problem"):
+        return step("repository", FAIL, f"{found['url']} ({found['source']}) via "
+                                        f"{found['via']}{ca}: {found['problem']}",
+                    REPOSITORY_TODO)
+    return step("repository", OK, f"{found['url']} fetched via {found['via']}{ca} in "
+                                  f"{found['took_s'] * 1000:.0f} ms ({found['bytes']} bytes, "
+                                  f"signed)")
 
 
 # -- the report -----------------------------------------------------------------------

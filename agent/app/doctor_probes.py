@@ -12,6 +12,7 @@ proxy and CA), so what passes here is what the agent's connect meets.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
@@ -25,6 +26,7 @@ from dataclasses import asdict
 from urllib.parse import urlsplit
 
 from ..base import children, status_file
+from ..base import reasons as J
 from ..base.clock import kernel_synced
 from ..base.egress import default_port
 from ..base.fsutil import UnsafePath, drop_to_owner, read_json
@@ -34,6 +36,7 @@ from ..config.model import Config
 from ..identity import credentials
 from . import doctor as D
 from . import status as status_view
+from . import apt_repository, unit_env
 
 RESOLVE_TIMEOUT_S = 5.0      # getent: a resolver that does not answer
 CLOCK_TIMEOUT_S = 3.0        # timedatectl: a bus that does not answer
@@ -42,6 +45,7 @@ OPEN_TIMEOUT_S = 5.0         # Engine.IO's open packet after the upgrade
 STORAGE_TIMEOUT_S = 5.0      # a write and its fsync on a slow card
 DISPLAY_TIMEOUT_S = 3.0      # one display source's program
 MAX_OPEN_PACKET = 4096
+MAX_OPEN_BYTES = 65536       # all that may come before the open (pings included)
 
 
 def examine(config_path: str) -> tuple[list[D.Step], list[str]]:
@@ -51,27 +55,34 @@ def examine(config_path: str) -> tuple[list[D.Step], list[str]]:
         notes.append("run as root: the state directory is written as its owner; run it as "
                      "the agent's user to see exactly what it sees "
                      "(sudo -u edge-agent edge-agent doctor)")
+    unit = unit_env.read()   # what systemd gives the agent, not this shell (#50.2)
+    notes += [unit.said(), *unit.notes]
+    environ = unit.over(os.environ)
     try:
-        config = cfgmod.load(config_path)
+        config = cfgmod.load(config_path, env=environ)
     except cfgmod.ConfigError as e:
         first = D.step("configuration", D.FAIL, f"{config_path}: {e}",
                        "edge-agent check-config says the same; fix the key it names")
         return [first] + [D.not_checked(n, "configuration") for n in D.STEPS[1:]], notes
-    steps = [_configuration(config)]
+    steps = [_configuration(config, unit)]
     agent = _running_agent(config)
     if agent:
         notes.append(f"an agent runs beside this (pid {agent.get('pid')}): it is not touched")
     storage_step = D.judge_storage(storage(config.identity.state_dir))   # before any thread
+    on_disk = credentials_on_disk(config.identity.state_dir)             # likewise
     net, skew = _network(config)
     steps.append(D.judge_clock(*clock_sync(), skew))
     steps += net
     # on disk whatever the network did; whether the server takes it, the running agent says
-    steps.append(D.judge_token(token(config, agent)))
+    steps.append(D.judge_token(token(config, agent, on_disk)))
     steps.append(D.step("upload", D.INFO, "not sent: a test upload would leave a record on "
                                           "the fleet server; uploads go the way the upgrade "
                                           "went, and edge-agent status shows the queue"))
     steps.append(storage_step)
-    steps.append(D.judge_display(display(config)))
+    readings = display(config, environ=environ)
+    steps.append(D.judge_display(readings))
+    steps.append(D.judge_screen(screen(config, environ, agent, readings)))
+    steps.append(D.judge_repository(apt_repository.examine()))
     return steps, notes
 
 
@@ -79,10 +90,14 @@ def _failed(steps: list[D.Step]) -> str | None:
     return next((s.name for s in steps if s.verdict == D.FAIL), None)
 
 
-def _configuration(config: Config) -> D.Step:
+def _configuration(config: Config, unit: "unit_env.UnitEnvironment") -> D.Step:
+    proxy = config.server.egress.proxy
+    came = ""
+    if proxy is not None and proxy.source.endswith("(environment)"):
+        name = proxy.source.split(" ")[0]
+        came = f" from {name}, {unit.origin(name)}"
     said = (f"{config.source}: ok (profile {config.server.profile}, server "
-            f"{config.server.display}, proxy "
-            f"{config.server.egress.proxy.display if config.server.egress.proxy else 'none'})")
+            f"{config.server.display}, proxy {proxy.display if proxy else 'none'}{came})")
     if config.fleet_problem:
         return D.step("configuration", D.WARN, said + f"; the fleet's settings are not "
                                                       f"applied: {config.fleet_problem}",
@@ -198,45 +213,96 @@ def upgrade(url: str, egress, timeout: float) -> dict:
     if answer.server_date is not None:
         found["skew_s"] = round(answer.server_date - answer.answered_at, 1)
     try:
-        answer.dialed.sock.settimeout(OPEN_TIMEOUT_S)
+        # one deadline and one byte bound for the open, whatever arrives before it: a
+        # websocket ping is answered inside recv(), and would restart a read timeout
+        answer.dialed.sock.guard(time.monotonic() + OPEN_TIMEOUT_S, MAX_OPEN_BYTES, DialError(
+            J.HTTP_ERROR, f"more than {MAX_OPEN_BYTES} bytes and no Engine.IO open"))
         packet = answer.ws.recv()
         if isinstance(packet, str) and packet.startswith("0") and len(packet) < MAX_OPEN_PACKET:
             found["eio"] = json.loads(packet[1:])["pingInterval"] / 1000
         else:
             found["eio_problem"] = "its first message is not an Engine.IO open"
+    except DialError as e:
+        found["eio_problem"] = e.detail
     except Exception as e:   # whatever the library makes of a bad peer: said, not raised
-        found["eio_problem"] = type(e).__name__
+        timed_out = isinstance(e, TimeoutError) or "Timeout" in type(e).__name__
+        found["eio_problem"] = f"none in {OPEN_TIMEOUT_S:g} s" if timed_out else type(e).__name__
     finally:
         answer.ws.shutdown()
     return found
 
 
 # -- the token, the state directory, the display -------------------------------------
-def token(config: Config, agent: dict | None) -> dict:
-    """Where the token is and how it is kept; what the running agent's link says."""
+def token(config: Config, agent: dict | None, on_disk: dict) -> dict:
+    """Where the token is and how it is kept (``on_disk``: credentials_on_disk()'s); what
+    the running agent's link says, each field of its status file read by its type."""
     found: dict = {}
-    link = (agent or {}).get("link") or {}
+    link, problem = agent_link(agent)
+    if problem:
+        found["status_problem"] = problem
     if link.get("reason") == "refused" and link.get("state") != "online":
         found["refused"] = link.get("detail") or "refused"
     if link.get("state"):
         found["link_state"] = link["state"]
     if config.identity.token is not None:
         return {**found, "where": "config"}
-    path = os.path.join(config.identity.state_dir, credentials.FILE)
+    return {**found, **on_disk}
+
+
+def agent_link(agent: dict | None) -> tuple[dict, str | None]:
+    """The running agent's link from its status file: (its fields of the right type,
+    what is damaged). A link that is not an object, or a field that is not a string,
+    is a finding, never a crash: the file is the agent user's to write."""
+    if agent is None or agent.get("link") is None:   # none yet: an agent starting
+        return {}, None
+    link = agent["link"]
+    if not isinstance(link, dict):
+        return {}, f"its link is {_json_type(link)}, not an object"
+    kept = {k: link[k] for k in ("state", "reason", "detail")
+            if isinstance(link.get(k), str)}
+    wrong = [f"link.{k} is {_json_type(link[k])}" for k in ("state", "reason", "detail")
+             if link.get(k) is not None and k not in kept]
+    return kept, "; ".join(wrong) + ", not a string" if wrong else None
+
+
+def _json_type(value) -> str:
+    return {str: "a string", list: "a list", dict: "an object", bool: "a boolean",
+            int: "a number", float: "a number", type(None): "null"}.get(type(value), "?")
+
+
+def credentials_on_disk(state_dir: str) -> dict:
+    """credentials.json looked at as the state directory's owner (a child that becomes
+    it, as storage() does): never through a link, never by root; its mode and owner,
+    whether its token is usable. Never the token."""
+    where = os.path.join(state_dir, credentials.FILE)
+    return as_owner(state_dir, _look_at_credentials, STORAGE_TIMEOUT_S,
+                    lambda why: {"where": where, "unreadable": why})
+
+
+def _look_at_credentials(state_dir: str) -> dict:
+    path = os.path.join(state_dir, credentials.FILE)
+    found: dict = {}
     try:
-        st = os.stat(path)
-        found["agent_user"] = _user(os.stat(config.identity.state_dir).st_uid)
+        found["agent_user"] = _user(os.stat(state_dir).st_uid)
+        drop_to_owner(state_dir)
+        st = os.lstat(path)
     except FileNotFoundError:
         return found
+    except UnsafePath as e:
+        return {**found, "where": path, "unreadable": str(e)}
     except OSError as e:
-        return {**found, "where": path, "unreadable": e.strerror}
+        return {**found, "where": path, "unreadable": e.strerror or type(e).__name__}
     found.update(where=path, mode=stat.S_IMODE(st.st_mode), owner=_user(st.st_uid))
+    if stat.S_ISLNK(st.st_mode):
+        return {**found, "problem": "a symbolic link, not the agent's file: not followed"}
     try:
-        doc = read_json(path, credentials.MAX_BYTES, follow_links=True)
+        doc = read_json(path, credentials.MAX_BYTES)
     except ValueError:
         return {**found, "problem": "not JSON"}
     except OSError as e:
-        return {**found, "unreadable": e.strerror}
+        if e.errno == errno.ELOOP:   # made a link since: the same finding
+            return {**found, "problem": "a symbolic link, not the agent's file: not followed"}
+        return {**found, "unreadable": e.strerror or type(e).__name__}
     found["problem"] = (token_problem("token", doc.get("token")) if isinstance(doc, dict)
                         else "not a JSON object")
     return found
@@ -250,27 +316,33 @@ def _user(uid: int) -> str:
 
 
 def storage(state_dir: str) -> dict:
-    """A tiny write, its fsync and its removal in ``state_dir``, as its owner: in a
-    child, which may become that user for good (root's dropping has no way back)."""
+    """A tiny write, its fsync and its removal in ``state_dir``, as its owner."""
+    return as_owner(state_dir, _write_probe, STORAGE_TIMEOUT_S,
+                    lambda why: {"dir": state_dir, "error": why})
+
+
+def as_owner(state_dir: str, probe, timeout_s: float, failed) -> dict:
+    """``probe(state_dir)``'s dict, made in a child, which may become the directory's
+    owner for good (root's dropping has no way back); ``failed(why)`` if it has not
+    answered in ``timeout_s`` or said nothing. Run before any thread is started."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             os.close(read_end)
-            os.write(write_end, json.dumps(_write_probe(state_dir)).encode())
+            os.write(write_end, json.dumps(probe(state_dir)).encode())
             code = 0
         finally:
             os._exit(code)
     os.close(write_end)
     try:
-        ready, _, _ = select.select([read_end], [], [], STORAGE_TIMEOUT_S)
+        ready, _, _ = select.select([read_end], [], [], timeout_s)
         if not ready:
             os.kill(pid, signal.SIGKILL)
-            return {"dir": state_dir, "error": f"no write done in {STORAGE_TIMEOUT_S:g} s "
-                                               f"(a failing card?)"}
+            return failed(f"no answer in {timeout_s:g} s (a failing card?)")
         with os.fdopen(read_end, "rb", closefd=False) as f:
-            out = f.read(4096)
+            out = f.read(65536)
     finally:
         os.close(read_end)
         # a child stuck in an fsync on a dying card outlives SIGKILL: looked at once,
@@ -278,11 +350,11 @@ def storage(state_dir: str) -> dict:
         for _ in range(20):
             if os.waitpid(pid, os.WNOHANG)[0]:
                 break
-            time.sleep(0.05)
+            select.select([], [], [], 0.05)   # time.sleep: EINVAL under faketime on 3.11
     try:
         return json.loads(out)
     except ValueError:
-        return {"dir": state_dir, "error": "the probe ended without a word"}
+        return failed("the probe ended without a word")
 
 
 def _write_probe(state_dir: str) -> dict:
@@ -310,15 +382,64 @@ def _write_probe(state_dir: str) -> dict:
     return found
 
 
-def display(config: Config, sysfs_root: str = "/sys") -> list[dict]:
-    """Each display source read once, as the screen part reads it (screen/sources.py)."""
+def screen(config: Config, environ, agent: dict | None, readings: list[dict]) -> dict:
+    """What this screen has, as the screen part finds it (its capture's choice, the
+    display sources' readings), what the running agent last saw of the picture (its
+    status file, each field by its type), the player unit's state (screen/player.py)."""
+    from ..screen.capture import choose
+    from ..screen.player import Player
+    from ..screen.service import x_display_of
+    capture = choose(config.screen.capture_command,
+                     x_display_of(config.screen, config.commands, environ), environ)
+    found: dict = {"capture": capture.how, "can_capture": capture.argv is not None,
+                   "means": [(r["source"], r["present"], r["said"]) for r in readings]}
+    found.update(_last_picture(agent))
+    unit = config.screen.player_unit
+    if unit:
+        state = Player(unit).state()
+        found.update(player=unit, player_said=state.said(), player_state=state.active,
+                     player_load=state.load)
+    return found
+
+
+def _last_picture(agent: dict | None) -> dict:
+    if agent is None:
+        return {"picture_why": "no agent runs here, so no verdict"}
+    shown = agent.get("screen")
+    if shown is None:
+        return {"picture_why": "the running agent watches no picture"}
+    picture = shown.get("picture") if isinstance(shown, dict) else None
+    if not isinstance(shown, dict) or not isinstance(picture, (dict, type(None))):
+        return {"status_problem": "its screen is not an object"}
+    if picture is None:
+        return {"picture_why": "the running agent watches no picture ([screen] "
+                               "picture_every_s)"}
+    verdict, ago = picture.get("verdict"), picture.get("checked_s_ago")
+    if not isinstance(verdict, (str, type(None))):
+        return {"status_problem": f"screen.picture.verdict is {_json_type(verdict)}"}
+    if verdict is None:
+        return {"picture_why": "not checked yet"}
+    number = (int, float)
+    updated = agent.get("updated_at")
+    age = None
+    if isinstance(ago, number) and not isinstance(ago, bool):
+        elapsed = (time.time() - updated if isinstance(updated, number)
+                   and not isinstance(updated, bool) else 0.0)
+        age = max(0.0, ago + max(0.0, elapsed))
+    return {"picture": verdict[:40], "picture_age_s": age}
+
+
+def display(config: Config, sysfs_root: str = "/sys", environ=None) -> list[dict]:
+    """Each display source read once, as the screen part reads it (screen/sources.py),
+    in the agent's environment (``environ``: the unit's; default this process's)."""
+    environ = os.environ if environ is None else environ
     from ..screen.service import x_display_of
     from ..screen.sources import NO_CONNECTOR_CONNECTED, Cec, Drm, Runner, Wayland, X11Dpms
     runner = Runner(DISPLAY_TIMEOUT_S)
-    path = os.environ.get("PATH")
-    sources = [Drm(sysfs_root), X11Dpms(x_display_of(config.screen, config.commands, os.environ),
+    path = environ.get("PATH")
+    sources = [Drm(sysfs_root), X11Dpms(x_display_of(config.screen, config.commands, environ),
                                     runner, path),
-               Wayland(dict(os.environ), runner), Cec(config.screen.cec_device, runner, path)]
+               Wayland(dict(environ), runner), Cec(config.screen.cec_device, runner, path)]
     readings = [asdict(source.read()) for source in sources]
     for reading in readings:
         reading["unplugged"] = reading["source"] == Drm.name and \
