@@ -202,3 +202,46 @@ def test_off_by_default_and_the_path_from_the_runtime_directory(tmp_path):
     cfg.write_text(cfg.read_text() + '[metrics]\ntextfile = "/run/x/metrics.txt"\n')
     with pytest.raises(load.ConfigError, match="ending in .prom"):
         load.load(str(cfg), {})
+
+
+def test_the_screen_and_the_package_are_series_an_alert_can_say():
+    """What matters most on a screen: the picture's verdict, the player, the recovery
+    ladder (its state, the rungs it ran), and whether apt offers a version the screen
+    does not run; a value from outside the vocabulary is no series of its own."""
+    doc = {"screen": {"picture": {"verdict": "frozen"},
+                      "player": {"unit": "kiosk.service", "active": False, "restarts": 4},
+                      "recovery": {"enabled": True, "state": "exhausted",
+                                   "taken": {"restart-player": 2, "wake-display": 1}}},
+           "update": {"installed": "0.3.0-1", "repository": {
+               "newest": "0.3.1-1", "behind": True, "apt_success_at": 1.7e9}}}
+    core = MetricsCore(15.0)
+    core.document(doc)
+    m = render(core)
+    assert m[("edge_agent_screen_picture_verdict", frozenset({("verdict", "frozen")}))] == 1
+    assert m[("edge_agent_screen_picture_verdict", frozenset({("verdict", "ok")}))] == 0
+    assert m[("edge_agent_screen_player_up", frozenset())] == 0
+    assert m[("edge_agent_screen_player_restarts", frozenset())] == 4
+    assert m[("edge_agent_screen_recovery_state", frozenset({("state", "exhausted")}))] == 1
+    assert m[("edge_agent_screen_recovery_state", frozenset({("state", "watching")}))] == 0
+    assert m[("edge_agent_screen_recovery_rungs_total", frozenset({("rung", "restart-player")}))] == 2
+    assert m[("edge_agent_screen_recovery_rungs_total", frozenset({("rung", "reboot")}))] == 0
+    assert m[("edge_agent_package_info", frozenset({("installed", "0.3.0-1"),
+                                                    ("newest", "0.3.1-1")}))] == 1
+    assert m[("edge_agent_package_behind", frozenset())] == 1
+    assert m[("edge_agent_apt_update_success_timestamp_seconds", frozenset())] == 1.7e9
+    # held: the ladder's long words said short; a player unread: NaN; no apt: no series
+    core.document({"screen": {"picture": {"verdict": "dark\n"}, "player": {"active": None},
+                              "recovery": {"enabled": True,
+                                           "state": "held: the display is meant dark"}},
+                   "update": {"installed": "", "repository": None}})
+    m = render(core)
+    assert m[("edge_agent_screen_recovery_state", frozenset({("state", "held")}))] == 1
+    assert not any(v for (name, _), v in m.items() if name == "edge_agent_screen_picture_verdict")
+    assert math.isnan(m[("edge_agent_screen_player_up", frozenset())])
+    assert not [name for name, _ in m if name.startswith(("edge_agent_package", "edge_agent_apt"))]
+    # a screen without a player or a ladder: only the verdict's series, all 0
+    core.document({})
+    m = render(core)
+    assert not [n for n, _ in m if n.startswith(("edge_agent_screen_player",
+                                                 "edge_agent_screen_recovery"))]
+    assert ("edge_agent_screen_picture_verdict", frozenset({("verdict", "ok")})) in m
