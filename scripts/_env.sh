@@ -29,7 +29,8 @@ TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin
            build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
            haproxy redis-server reprepro imagemagick x11-apps
            pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils alsa-utils
-           libasound2-plugins dbus-daemon faketime tzdata)
+           libasound2-plugins dbus-daemon faketime tzdata
+           prometheus prometheus-node-exporter)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)
