@@ -421,7 +421,7 @@ def test_node_exporter_shows_the_agents_metrics_through_the_packages_link(site):
                    "edge_agent_link_heartbeat_rtt_seconds_bucket", "edge_agent_watchdog_pets_total",
                    'edge_agent_commands_total{result="ok"}', 'edge_agent_settings_state{state='):
         assert series in out, f"{series} not in node_exporter's /metrics"
-    path = "/run/edge-agent/metrics/edge-agent.prom"
+    path = "/run/edge-agent-metrics/edge-agent.prom"
     assert s.run("stat", "-f", "-c", "%T", path).stdout.strip() == "tmpfs", "never the card"
     assert s.run("stat", "-c", "%a %U", path).stdout.split() == ["644", "edge-agent"]
     assert s.run("readlink", "/var/lib/prometheus/node-exporter/edge-agent.prom"
