@@ -1057,6 +1057,65 @@ def test_the_player_is_watched_and_restarted_through_polkit_only_while_allowed(s
         wait_online(s)
 
 
+@step(test_enrolls_and_pairs_under_systemd)
+def test_what_polkit_cannot_see_of_a_granted_restart(site):
+    """polkit's rule for the player's grant sees the unit and the verb systemd passes it
+    (org.freedesktop.systemd1.manage-units: "unit", "verb"), never the job mode. The
+    agent's user, granted a restart of the player, asking with every other mode:
+    what systemd itself refuses, and what the mode does that polkit cannot see (flush
+    cancels every other job queued: here a unit's start waiting on a slow one)."""
+    s = site.screen
+    units = {PLAYER: "[Service]\nExecStart=/bin/sleep infinity\n",
+             "slow.service": "[Service]\nType=oneshot\nExecStart=/bin/sleep 60\n",
+             "queued.service": "[Unit]\nAfter=slow.service\n[Service]\nExecStart=/bin/sleep infinity\n"}
+    for name, text in units.items():
+        s.path(f"/etc/systemd/system/{name}").write_text(text)
+    s.run("systemctl", "daemon-reload")
+    s.run("systemctl", "start", PLAYER)
+    conf = s.path(CONF)
+    before = conf.read_text()
+    conf.write_text(with_allow(before, ["diagnostics", "logs", "restart-player"])
+                    + f'[screen]\nplayer_unit = "{PLAYER}"\npicture_every_s = 0\n')
+    said = {}
+    try:
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        assert s.run("head", "-n1", PLAYER_GRANT).stdout.strip() == PLAYER
+        s.run("systemctl", "start", "--no-block", "slow.service", "queued.service")
+
+        def jobs() -> str:
+            return s.run("systemctl", "list-jobs", "--no-legend", "--no-pager").stdout
+        wait_for(lambda: "queued.service" in jobs(), 10, what="queued.service's job waiting")
+        for mode in ("isolate", "triggering", "restart-dependencies", "fail",
+                     "ignore-dependencies", "ignore-requirements", "replace-irreversibly",
+                     "flush"):
+            r = as_agent_systemctl(s, "restart", f"--job-mode={mode}", PLAYER)
+            said[mode] = (r.returncode, r.stderr.strip().splitlines()[-1:] if r.stderr else [])
+            if mode == "flush":
+                said["jobs after flush"] = jobs()
+        print(json.dumps(said, indent=1))
+        # the modes systemd refuses for a restart whoever asks
+        for mode in ("isolate", "triggering", "restart-dependencies"):
+            assert said[mode][0] != 0 and not REFUSED.search(" ".join(said[mode][1])), said
+        # the ones polkit lets through as "restart" of the granted unit
+        for mode in ("fail", "ignore-dependencies", "ignore-requirements",
+                     "replace-irreversibly", "flush"):
+            assert said[mode][0] == 0, (mode, said)
+        # what flush does that polkit cannot see: another unit's queued start, cancelled
+        assert "queued.service" not in said["jobs after flush"], said
+        assert s.show("queued.service", "ActiveState")["ActiveState"] == "inactive"
+        # and a unit other than the granted one, in any mode, is refused by polkit
+        r = as_agent_systemctl(s, "restart", "--job-mode=flush", "slow.service")
+        assert r.returncode != 0 and REFUSED.search(r.stderr), r
+    finally:
+        conf.write_text(before)
+        s.run("systemctl", "stop", PLAYER, "slow.service", "queued.service", check=False)
+        s.run("rm", "-f", *(f"/etc/systemd/system/{n}" for n in units))
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+
+
 # -- the operator's tools under the sandbox ----------------------------------------------
 TIME_GRANTS = {"set-time": "/run/edge-agent-grants/set-time",
                "set-timezone": "/run/edge-agent-grants/set-timezone"}
