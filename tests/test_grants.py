@@ -366,6 +366,11 @@ def test_node_exporters_link_exists_only_while_the_agent_writes_its_metrics(grou
     on = ("--node-exporter-dir", str(reader), "--user", USER)
     r = step(base, *on)
     assert r.returncode == 0 and not os.path.lexists(link), r     # metrics off: none
+    # no mount of root's there (systemd's mount unit did not run): no link
+    (base / "run-metrics").mkdir()
+    r = step(base, *on, config_text=metrics_on)
+    assert r.returncode == 0 and not os.path.lexists(link) and "not a mount" in r.stdout, r
+    mount_as_systemd(base / "run-metrics")
     r = step(base, *on, config_text=metrics_on)
     assert os.readlink(link) == f"{run}-metrics/edge-agent.prom", r
     assert "node_exporter reads the metrics" in r.stdout
@@ -376,6 +381,18 @@ def test_node_exporters_link_exists_only_while_the_agent_writes_its_metrics(grou
     step(base, "--revoke", "--node-exporter-dir", str(reader))
     assert link.read_text() == "someone else's numbers\n"
     subprocess.run(["umount", f"{run}-metrics"], capture_output=True, timeout=30)
+
+
+MOUNT_UNIT = REPO / "systemd" / "run-edge\\x2dagent\\x2dmetrics.mount"
+
+
+def mount_as_systemd(directory: Path) -> None:
+    """What run-edge\\x2dagent\\x2dmetrics.mount does, at ``directory``."""
+    options = re.search(r"^Options=(.*)$", MOUNT_UNIT.read_text(), re.M)[1]
+    assert options == grants.METRICS_FS, "the unit mounts what the step checks"
+    directory.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "edge-agent-metrics", str(directory)],
+                   check=True, timeout=30)
 
 
 HOSTILE = r"""
@@ -437,6 +454,7 @@ def test_nothing_the_agents_user_does_hangs_node_exporter_or_shows_it_a_root_fil
     shutil.chown(secret, "root", "prometheus")
     config = CONFIG.format(allow='["diagnostics"]') + \
         f'[runtime]\ndir = "{agent_run}"\n[metrics]\nenabled = true\n'
+    mount_as_systemd(run / "edge-agent-metrics")
     r = step(base, "--node-exporter-dir", str(reader), "--user", USER, config_text=config)
     assert r.returncode == 0 and "node_exporter reads the metrics" in r.stdout, r
     target = os.readlink(reader / "edge-agent.prom")

@@ -28,7 +28,6 @@ import contextlib
 import os
 import pwd
 import stat
-import subprocess
 import sys
 
 from ..config import load as config_mod
@@ -178,9 +177,11 @@ METRICS_LINK = "edge-agent.prom"
 # owned, the agent could put a FIFO, a link to any file node_exporter may read, a
 # directory or a file as large as /run there. In root's it can only write the file,
 # at most this much.
+# systemd mounts it (systemd/run-edge\x2dagent\x2dmetrics.mount, pulled in by the unit's
+# RequiresMountsFor=): a mount made here would stay in the unit's own namespace
 METRICS_FS_BYTES = 1 << 20
 METRICS_FS = (f"size={METRICS_FS_BYTES},nr_inodes=4,mode=0755,uid=0,gid=0,"
-              "nosuid,nodev,noexec")
+              "nosuid,nodev,noexec")   # the mount unit's Options=
 AGENT_USER = "edge-agent"
 
 
@@ -211,8 +212,9 @@ def _check_root_dir(fd: int, path: str) -> None:
 
 def prepare_metrics_file(path: str, user: str = AGENT_USER) -> None:
     """The agent's textfile, ready for node_exporter's link: its directory root's, a tmpfs
-    of METRICS_FS_BYTES mounted there, the file in it the agent user's (0644), which the
-    agent writes in place. GrantError where that cannot hold: then no link is made."""
+    of at most METRICS_FS_BYTES mounted there (by systemd), the file in it the agent
+    user's (0644), which the agent writes in place. GrantError where that cannot hold:
+    then no link is made."""
     directory, name = os.path.split(path)
     parent_path, dir_name = os.path.split(directory)
     try:
@@ -221,32 +223,18 @@ def prepare_metrics_file(path: str, user: str = AGENT_USER) -> None:
         raise GrantError(f"no user {user} to write the metrics") from None
     parent = _open_root_dir(parent_path)
     try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(dir_name, 0o755, dir_fd=parent)
         fd = os.open(dir_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                      dir_fd=parent)
         try:
             _check_root_dir(fd, directory)
-            if os.fstat(fd).st_dev == os.fstat(parent).st_dev:
-                os.close(fd)
-                fd = -1
-                # every directory on the way is root's: the path names the one checked
-                r = subprocess.run(["mount", "-t", "tmpfs", "-o", METRICS_FS, "edge-agent-metrics",
-                                    directory], capture_output=True, text=True, timeout=30)
-                if r.returncode != 0:
-                    raise GrantError(f"{directory}: cannot mount its tmpfs: "
-                                     f"{(r.stderr or r.stdout).strip()[:200]}")
-                fd = os.open(dir_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, dir_fd=parent)
-                _check_root_dir(fd, directory)
             fs = os.fstatvfs(fd)
             if os.fstat(fd).st_dev == os.fstat(parent).st_dev or \
                     fs.f_blocks * fs.f_frsize > METRICS_FS_BYTES:
-                raise GrantError(f"{directory}: not a tmpfs of at most {METRICS_FS_BYTES} bytes")
+                raise GrantError(f"{directory}: not a mount of at most {METRICS_FS_BYTES} bytes "
+                                 "(run-edge\\x2dagent\\x2dmetrics.mount)")
             _make_agent_file(fd, name, owner.pw_uid, owner.pw_gid)
         finally:
-            if fd >= 0:
-                os.close(fd)
+            os.close(fd)
     finally:
         os.close(parent)
 
