@@ -1726,6 +1726,14 @@ def test_the_fleet_updates_that_screen_to_the_repositorys_signed_package_and_pur
     cursor = s.cursor()
 
     deb, sig = publish(site, releases(site)["good"])
+    # apt sees the newer release before the fleet orders it: the screen says it is behind
+    # (read by the sandboxed agent from apt's lists at its start)
+    apt(s, "update", *ONLY_ITS_SOURCE)
+    s.run("systemctl", "restart", UNIT)
+    repository = wait_online(s)["update"]["repository"]
+    assert repository["newest"] == f"{V}-3" and repository["behind"] is True, repository
+    assert f"apt offers {V}-3 (newer: not installed yet)" in s.run("edge-agent", "status",
+                                                                    check=False).stdout
     rc, result, took = fleet_update(site, deb, sig)
     assert rc == 0 and result["output"].startswith(f"updated from {V}-2 to {V}-3"), result
     assert package_version(s) == f"{V}-3 ii"

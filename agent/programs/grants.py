@@ -170,8 +170,8 @@ def _text(fd: int, name: str) -> str | None:
 # nothing is node_exporter's scrape error, on every screen with metrics off.
 NODE_EXPORTER_DIR = "/var/lib/prometheus/node-exporter"
 METRICS_LINK = "edge-agent.prom"
-# The file node_exporter's link reaches is the agent's to write and nothing more: in a
-# directory of root's, on a tmpfs of its own this small, made here. node_exporter
+# The file node_exporter's link reaches is the agent's to write and nothing more: made
+# here, in a directory of root's, on a tmpfs of its own this small. node_exporter
 # opens what the link names, following links, and waits on a FIFO forever (every
 # collector's scrape with it, a thread kept per scrape): in a directory the agent
 # owned, the agent could put a FIFO, a link to any file node_exporter may read, a
