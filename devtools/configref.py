@@ -212,10 +212,12 @@ DOCS = {
                        "update and settings, watchdog pets) in Prometheus' text format for "
                        "node_exporter's textfile collector. Needs python3-prometheus-client "
                        "(recommended by the package); docs/operate.md lists the series.",
-    "metrics.textfile": "Where the metrics are written; unset: metrics/edge-agent.prom in the "
-                        "runtime directory (tmpfs), which the package links into "
-                        "node_exporter's textfile directory. Keep it on tmpfs: it is rewritten "
-                        "every few seconds.",
+    "metrics.textfile": "Where the metrics are written; unset: edge-agent.prom in the "
+                        "runtime directory's sibling <dir>-metrics (/run/edge-agent-metrics: "
+                        "root's small tmpfs, where the agent can write that file and nothing "
+                        "else), which the package links into node_exporter's textfile "
+                        "directory. Another path gets no link. Keep it on tmpfs: it is "
+                        "rewritten every few seconds.",
     "metrics.every_s": "The least time between two writes of the textfile; a change waits at "
                        "most this, and the link thread's next wake-up (30 s at most).",
     "debug.stall_link_after_s": "The link thread wedges itself this long after start.",
@@ -242,7 +244,7 @@ EXAMPLES = {
     "screen.x_display": ":0",
     "screen.capture_command": "grim -t ppm -",
     "screen.player_unit": "kiosk.service",
-    "metrics.textfile": "/run/edge-agent/metrics/edge-agent.prom",
+    "metrics.textfile": "/run/edge-agent-metrics/edge-agent.prom",
 }
 # Not for an operator's file (test hooks): in docs/configure.md, not in agent.toml.
 HIDDEN_SECTIONS = ("debug",)

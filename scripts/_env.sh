@@ -23,13 +23,17 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # through the pulse plugin) on a session bus of its own (tests/test_controls.py).
 # The doctor's clock judged against the server's with this process three days back
 # (libfaketime, tests/test_doctor.py). The zones set-timezone checks a name against
-# (tzdata; tests/test_operator_commands.py).
+# (tzdata; tests/test_operator_commands.py). The alert rules checked and fired by
+# Prometheus' own promtool and server, on what a real node_exporter serves of the
+# agent's textfile (prometheus, prometheus-node-exporter; tests/test_alert_rules.py,
+# tests/test_grants.py).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
            build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
            haproxy redis-server reprepro imagemagick x11-apps
            pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils alsa-utils
-           libasound2-plugins dbus-daemon faketime tzdata)
+           libasound2-plugins dbus-daemon faketime tzdata
+           prometheus prometheus-node-exporter)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)

@@ -415,14 +415,21 @@ def test_node_exporter_shows_the_agents_metrics_through_the_packages_link(site):
     def proven():
         out = s.run("python3", "-c", scrape, check=False).stdout
         return out if re.search(r"^edge_agent_link_proven_live 1(\.0)?$", out, re.M) else None
-    out = wait_for(proven, 30, interval=0.5, what="node_exporter to show the link proven live")
+    try:
+        out = wait_for(proven, 30, interval=0.5, what="node_exporter to show the link proven live")
+    except AssertionError:
+        seen = [s.run(*argv, check=False) for argv in (
+            ("journalctl", "-b", "-u", UNIT, "--no-pager", "-n", "40"),
+            ("findmnt", "/run/edge-agent-metrics"),
+            ("ls", "-la", "/run/edge-agent-metrics", "/var/lib/prometheus/node-exporter"))]
+        raise AssertionError("\n".join(r.stdout + r.stderr for r in seen)) from None
     assert re.search(r"^edge_agent_link_up 1(\.0)?$", out, re.M), out
     assert re.search(r"^node_textfile_scrape_error 0$", out, re.M), out
     for series in ("edge_agent_link_connect_seconds_count", "edge_agent_queue_items",
                    "edge_agent_link_heartbeat_rtt_seconds_bucket", "edge_agent_watchdog_pets_total",
                    'edge_agent_commands_total{result="ok"}', 'edge_agent_settings_state{state='):
         assert series in out, f"{series} not in node_exporter's /metrics"
-    path = "/run/edge-agent/metrics/edge-agent.prom"
+    path = "/run/edge-agent-metrics/edge-agent.prom"
     assert s.run("stat", "-f", "-c", "%T", path).stdout.strip() == "tmpfs", "never the card"
     assert s.run("stat", "-c", "%a %U", path).stdout.split() == ["644", "edge-agent"]
     assert s.run("readlink", "/var/lib/prometheus/node-exporter/edge-agent.prom"
@@ -1153,6 +1160,67 @@ def test_the_player_is_watched_and_restarted_through_polkit_only_while_allowed(s
         wait_online(s)
 
 
+@step(test_enrolls_and_pairs_under_systemd)
+def test_what_polkit_cannot_see_of_a_granted_restart(site):
+    """polkit's rule for the player's grant sees the unit and the verb systemd passes it
+    (org.freedesktop.systemd1.manage-units: "unit", "verb"), never the job mode. The
+    agent's user, granted a restart of the player, asking with every other mode:
+    what systemd itself refuses, and what the mode does that polkit cannot see (flush
+    cancels every other job queued: here a unit's start waiting on a slow one)."""
+    s = site.screen
+    # restarted eight times in a row: no start limit of its own to meet
+    units = {PLAYER: "[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart=/bin/sleep infinity\n",
+             "slow.service": "[Service]\nType=oneshot\nExecStart=/bin/sleep 60\n",
+             "queued.service": "[Unit]\nAfter=slow.service\n[Service]\nExecStart=/bin/sleep infinity\n"}
+    for name, text in units.items():
+        s.path(f"/etc/systemd/system/{name}").write_text(text)
+    s.run("systemctl", "daemon-reload")
+    s.run("systemctl", "start", PLAYER)
+    conf = s.path(CONF)
+    before = conf.read_text()
+    conf.write_text(with_allow(before, ["diagnostics", "logs", "restart-player"])
+                    + f'[screen]\nplayer_unit = "{PLAYER}"\npicture_every_s = 0\n')
+    said = {}
+    try:
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        assert s.run("head", "-n1", PLAYER_GRANT).stdout.strip() == PLAYER
+        s.run("systemctl", "start", "--no-block", "slow.service", "queued.service")
+
+        def jobs() -> str:
+            return s.run("systemctl", "list-jobs", "--no-legend", "--no-pager").stdout
+        wait_for(lambda: "queued.service" in jobs(), 10, what="queued.service's job waiting")
+        for mode in ("isolate", "triggering", "restart-dependencies", "fail",
+                     "ignore-dependencies", "ignore-requirements", "replace-irreversibly",
+                     "flush"):
+            r = as_agent_systemctl(s, "restart", f"--job-mode={mode}", PLAYER)
+            said[mode] = (r.returncode, r.stderr.strip().splitlines()[:2])
+            if mode == "flush":
+                said["jobs after flush"] = jobs()
+                said["slow after flush"] = s.show("slow.service", "ActiveState")
+        print(json.dumps(said, indent=1))
+        # the modes systemd refuses for a restart whoever asks
+        for mode in ("isolate", "triggering", "restart-dependencies"):
+            assert said[mode][0] != 0 and not REFUSED.search(" ".join(said[mode][1])), said
+        # the ones polkit lets through as "restart" of the granted unit
+        for mode in ("fail", "ignore-dependencies", "ignore-requirements",
+                     "replace-irreversibly", "flush"):
+            assert said[mode][0] == 0, (mode, said)
+        # what flush does that polkit cannot see: another unit's queued start, cancelled
+        assert "queued.service" not in said["jobs after flush"], said
+        assert s.show("queued.service", "ActiveState")["ActiveState"] == "inactive"
+        # and a unit other than the granted one, in any mode, is refused by polkit
+        r = as_agent_systemctl(s, "restart", "--job-mode=flush", "slow.service")
+        assert r.returncode != 0 and REFUSED.search(r.stderr), r
+    finally:
+        conf.write_text(before)
+        s.run("systemctl", "stop", PLAYER, "slow.service", "queued.service", check=False)
+        s.run("rm", "-f", *(f"/etc/systemd/system/{n}" for n in units))
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+
+
 # -- the operator's tools under the sandbox ----------------------------------------------
 TIME_GRANTS = {"set-time": "/run/edge-agent-grants/set-time",
                "set-timezone": "/run/edge-agent-grants/set-timezone"}
@@ -1754,6 +1822,14 @@ def test_the_fleet_updates_that_screen_to_the_repositorys_signed_package_and_pur
     cursor = s.cursor()
 
     deb, sig = publish(site, releases(site)["good"])
+    # apt sees the newer release before the fleet orders it: the screen says it is behind
+    # (read by the sandboxed agent from apt's lists at its start)
+    apt(s, "update", *ONLY_ITS_SOURCE)
+    s.run("systemctl", "restart", UNIT)
+    repository = wait_online(s)["update"]["repository"]
+    assert repository["newest"] == f"{V}-3" and repository["behind"] is True, repository
+    assert f"apt offers {V}-3 (newer: not installed yet)" in s.run("edge-agent", "status",
+                                                                    check=False).stdout
     rc, result, took = fleet_update(site, deb, sig)
     assert rc == 0 and result["output"].startswith(f"updated from {V}-2 to {V}-3"), result
     assert package_version(s) == f"{V}-3 ii"

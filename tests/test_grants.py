@@ -5,12 +5,14 @@ What polkit makes of the flag is proven under real systemd and polkitd
 (tests/test_booted_systemd.py)."""
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -361,14 +363,155 @@ def test_node_exporters_link_exists_only_while_the_agent_writes_its_metrics(grou
     run = base / "run"
     metrics_on = CONFIG.format(allow='["diagnostics"]') + \
         f'[runtime]\ndir = "{run}"\n[metrics]\nenabled = true\n'
-    r = step(base, "--node-exporter-dir", str(reader))
+    on = ("--node-exporter-dir", str(reader), "--user", USER)
+    r = step(base, *on)
     assert r.returncode == 0 and not os.path.lexists(link), r     # metrics off: none
-    r = step(base, "--node-exporter-dir", str(reader), config_text=metrics_on)
-    assert os.readlink(link) == f"{run}/metrics/edge-agent.prom", r
+    # no mount of root's there (systemd's mount unit did not run): no link
+    (base / "run-metrics").mkdir()
+    r = step(base, *on, config_text=metrics_on)
+    assert r.returncode == 0 and not os.path.lexists(link) and "not a mount" in r.stdout, r
+    mount_as_systemd(base / "run-metrics")
+    r = step(base, *on, config_text=metrics_on)
+    assert os.readlink(link) == f"{run}-metrics/edge-agent.prom", r
     assert "node_exporter reads the metrics" in r.stdout
     r = step(base, "--revoke", "--node-exporter-dir", str(reader), config_text=metrics_on)
     assert r.returncode == 0 and not os.path.lexists(link), r
     link.write_text("someone else's numbers\n")
-    step(base, "--node-exporter-dir", str(reader), config_text=metrics_on)
+    step(base, *on, config_text=metrics_on)
     step(base, "--revoke", "--node-exporter-dir", str(reader))
     assert link.read_text() == "someone else's numbers\n"
+    subprocess.run(["umount", f"{run}-metrics"], capture_output=True, timeout=30)
+
+
+MOUNT_UNIT = REPO / "systemd" / "run-edge\\x2dagent\\x2dmetrics.mount"
+
+
+def mount_as_systemd(directory: Path) -> None:
+    """What run-edge\\x2dagent\\x2dmetrics.mount does, at ``directory``."""
+    options = re.search(r"^Options=(.*)$", MOUNT_UNIT.read_text(), re.M)[1]
+    assert options == grants.METRICS_FS, "the unit mounts what the step checks"
+    directory.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "edge-agent-metrics", str(directory)],
+                   check=True, timeout=30)
+
+
+HOSTILE = r"""
+import os, sys
+op, target, secret = sys.argv[1:4]
+try:
+    if op == "fifo":
+        os.unlink(target); os.mkfifo(target)
+    elif op == "link":
+        os.unlink(target); os.symlink(secret, target)
+    elif op == "dir":
+        os.unlink(target); os.mkdir(target)
+    elif op == "rename":
+        os.rename(target, target + ".x")
+    elif op == "beside":
+        os.mkfifo(os.path.join(os.path.dirname(target), "other.prom"))
+    elif op == "big":
+        line = b"".join(b"big_%d 1\n" % i for i in range(20000))
+        with open(target, "r+b") as f:
+            n = 0
+            try:
+                while n < 64 << 20:
+                    n += f.write(line); f.flush()
+            finally:
+                print(n)
+    elif op == "chmod":
+        os.chmod(target, 0)
+    print("done")
+except OSError as e:
+    print(e.strerror)
+"""
+
+
+def hostile(op: str, target: str, secret: str) -> str:
+    """What the agent's user (if it were taken over) manages at the link's target."""
+    return subprocess.run(["/usr/bin/python3", "-c", HOSTILE, op, target, secret], user=USER,
+                          group=GROUP, extra_groups=[], capture_output=True, text=True,
+                          timeout=120).stdout.strip()
+
+
+def test_nothing_the_agents_user_does_hangs_node_exporter_or_shows_it_a_root_file(ground, tmp_path):
+    """The link root's start step makes in node_exporter's directory reaches a file the
+    agent writes: the agent's user, taken over, cannot make it a FIFO (node_exporter's
+    scrape, every collector's, would wait forever, a thread kept per scrape), a link to
+    a file node_exporter may read and the agent may not, a directory, or larger than the
+    tmpfs it lives on. A real node_exporter, as its own user, answers every scrape."""
+    from devtools.prometheus import node_exporter, scrape
+    base, _ = ground
+    reader = base / "node-exporter"
+    reader.mkdir()
+    run = base / "run"
+    run.mkdir(mode=0o755)
+    agent_run = run / "edge-agent"     # the unit's RuntimeDirectory: the agent's own
+    agent_run.mkdir(mode=0o755)
+    shutil.chown(agent_run, USER, GROUP)
+    secret = base / "secret.prom"   # root's and node_exporter's to read, not the agent's
+    secret.write_text("root_only_secret 42\n")
+    os.chmod(secret, 0o640)
+    shutil.chown(secret, "root", "prometheus")
+    config = CONFIG.format(allow='["diagnostics"]') + \
+        f'[runtime]\ndir = "{agent_run}"\n[metrics]\nenabled = true\n'
+    mount_as_systemd(run / "edge-agent-metrics")
+    r = step(base, "--node-exporter-dir", str(reader), "--user", USER, config_text=config)
+    assert r.returncode == 0 and "node_exporter reads the metrics" in r.stdout, r
+    target = os.readlink(reader / "edge-agent.prom")
+    assert target == f"{run}/edge-agent-metrics/edge-agent.prom"
+    try:
+        st = os.stat(target)
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == pwd.getpwnam(USER).pw_uid
+        assert stat.S_IMODE(st.st_mode) == 0o644
+        with node_exporter(reader, tmp_path / "node_exporter.log") as (ne, port):
+            threads = ne.threads()
+            rss = ne.rss_kib()
+            for op in ("fifo", "link", "dir", "rename", "beside"):
+                said = hostile(op, target, str(secret))
+                t = time.monotonic()
+                out = scrape(port, 5)
+                took = time.monotonic() - t
+                assert out is not None, f"{op}: {said}; node_exporter's scrape hung"
+                assert said == "Permission denied", (op, said)
+                assert "root_only_secret" not in out and took < 2, (op, took)
+            # as large as it can make it: the tmpfs' size, read in a moment
+            said = hostile("big", target, str(secret)).splitlines()
+            assert said[-1] == "No space left on device", said
+            assert int(said[0]) <= grants.METRICS_FS_BYTES
+            for _ in range(3):
+                t = time.monotonic()
+                out = scrape(port, 5)
+                assert out is not None and time.monotonic() - t < 2
+            assert re.search(r"^node_textfile_scrape_error [01]$", out, re.M)   # read, whole
+            assert ne.rss_kib() - rss < 64 << 10, "node_exporter's memory bounded"
+            assert hostile("chmod", target, str(secret)) == "done"
+            out = scrape(port, 5)
+            assert out is not None and re.search(r"^node_textfile_scrape_error 1$", out, re.M)
+            assert ne.threads() <= threads + 4, "no thread kept per scrape"
+        # the agent's own writer, in place, as its user: read back
+        os.chmod(target, 0o644)
+        write = ("import sys; from agent.base.fsutil import write_in_place; "
+                 "write_in_place(sys.argv[1], b'edge_agent_link_up 1\\n')")
+        subprocess.run(["/usr/bin/python3", "-c", write, target], user=USER, group=GROUP,
+                       extra_groups=[], check=True, timeout=60, cwd=REPO,
+                       env={"PYTHONPATH": str(REPO)})
+        assert open(target).read().startswith("edge_agent_link_up 1\n")
+    finally:
+        step(base, "--revoke", "--node-exporter-dir", str(reader))
+        subprocess.run(["umount", f"{run}/edge-agent-metrics"], capture_output=True, timeout=30)
+    assert not os.path.lexists(reader / "edge-agent.prom")
+
+
+def test_an_operators_own_textfile_gets_no_tmpfs_over_its_directory_and_no_link(ground):
+    base, _ = ground
+    reader = base / "node-exporter"
+    reader.mkdir()
+    theirs = base / "textfiles"
+    theirs.mkdir()
+    (theirs / "other.prom").write_text("other 1\n")
+    config = CONFIG.format(allow='["diagnostics"]') + \
+        f'[metrics]\nenabled = true\ntextfile = "{theirs}/edge-agent.prom"\n'
+    r = step(base, "--node-exporter-dir", str(reader), "--user", USER, config_text=config)
+    assert r.returncode == 0 and "no link for node_exporter" in r.stdout, r
+    assert not os.path.lexists(reader / "edge-agent.prom")
+    assert os.listdir(theirs) == ["other.prom"] and os.stat(theirs).st_dev == os.stat(base).st_dev

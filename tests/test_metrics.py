@@ -146,7 +146,7 @@ def test_the_text_is_what_prometheus_reads_back():
     assert math.isnan(m[("edge_agent_queue_oldest_item_timestamp_seconds", frozenset())])
 
 
-def test_the_shell_writes_the_file_readable_by_node_exporter_and_removes_it_on_stop(tmp_path):
+def test_the_shell_writes_the_file_readable_by_node_exporter_and_empties_it_on_stop(tmp_path):
     old = os.umask(0o077)   # the unit's UMask=0077, for what the shell makes
     try:
         _writes_and_removes(tmp_path)
@@ -172,7 +172,23 @@ def _writes_and_removes(tmp_path):
     assert not [n for n in os.listdir(os.path.dirname(path)) if n != "edge-agent.prom"], \
         "no temporary file left beside it"
     metrics.stop()
-    assert not os.path.exists(path)
+    assert os.path.getsize(path) == 0, "no series once the agent stops"
+    # a text shorter than the file's: padded with blank lines, never the old one's tail
+    open(path, "wb").write(b"x 1\n" * 100)
+    metrics = service.Metrics(path, 15.0, journal=lambda: journal, counts=lambda: ({}, 0),
+                              render=service.renderer(), clock=lambda: now[0])
+    assert os.path.getsize(path) == 0, "what a killed process left is emptied at the start"
+    open(path, "wb").write(b"x 1\n" * 1000)
+    metrics.document({"link": {"state": "online", "proven_live": True}})
+    text = open(path).read()
+    assert "x 1" not in text and parsed(text)[("edge_agent_link_up", frozenset())] == 1
+    # a FIFO or a link there is never written through nor waited on: said, not hung
+    for plant in (os.mkfifo, lambda p: os.symlink("/etc/passwd", p)):
+        os.unlink(path)
+        plant(path)
+        now[0] += 15.0
+        metrics.document({"link": {"state": "online" if now[0] % 2 else "waiting"}})
+    assert open("/etc/passwd").read().startswith("root:")
 
 
 def test_a_textfile_that_cannot_be_written_is_said_once_and_the_agent_goes_on(tmp_path, caplog):
@@ -198,7 +214,50 @@ def test_off_by_default_and_the_path_from_the_runtime_directory(tmp_path):
     assert service.from_config(config.metrics, "/run/x", journal=ConnectionJournal,
                                counts=lambda: ({}, 0)) is None
     assert load.load(str(cfg), {"EDGE_AGENT_RUNTIME_DIR": "/run/x"}).metrics_path == \
-        "/run/x/metrics/edge-agent.prom"
+        "/run/x-metrics/edge-agent.prom"
     cfg.write_text(cfg.read_text() + '[metrics]\ntextfile = "/run/x/metrics.txt"\n')
     with pytest.raises(load.ConfigError, match="ending in .prom"):
         load.load(str(cfg), {})
+
+
+def test_the_screen_and_the_package_are_series_an_alert_can_say():
+    """What matters most on a screen: the picture's verdict, the player, the recovery
+    ladder (its state, the rungs it ran), and whether apt offers a version the screen
+    does not run; a value from outside the vocabulary is no series of its own."""
+    doc = {"screen": {"picture": {"verdict": "frozen"},
+                      "player": {"unit": "kiosk.service", "active": False, "restarts": 4},
+                      "recovery": {"enabled": True, "state": "exhausted",
+                                   "taken": {"restart-player": 2, "wake-display": 1}}},
+           "update": {"installed": "0.3.0-1", "repository": {
+               "newest": "0.3.1-1", "behind": True, "apt_success_at": 1.7e9}}}
+    core = MetricsCore(15.0)
+    core.document(doc)
+    m = render(core)
+    assert m[("edge_agent_screen_picture_verdict", frozenset({("verdict", "frozen")}))] == 1
+    assert m[("edge_agent_screen_picture_verdict", frozenset({("verdict", "ok")}))] == 0
+    assert m[("edge_agent_screen_player_up", frozenset())] == 0
+    assert m[("edge_agent_screen_player_restarts", frozenset())] == 4
+    assert m[("edge_agent_screen_recovery_state", frozenset({("state", "exhausted")}))] == 1
+    assert m[("edge_agent_screen_recovery_state", frozenset({("state", "watching")}))] == 0
+    assert m[("edge_agent_screen_recovery_rungs_total", frozenset({("rung", "restart-player")}))] == 2
+    assert m[("edge_agent_screen_recovery_rungs_total", frozenset({("rung", "reboot")}))] == 0
+    assert m[("edge_agent_package_info", frozenset({("installed", "0.3.0-1"),
+                                                    ("newest", "0.3.1-1")}))] == 1
+    assert m[("edge_agent_package_behind", frozenset())] == 1
+    assert m[("edge_agent_apt_update_success_timestamp_seconds", frozenset())] == 1.7e9
+    # held: the ladder's long words said short; a player unread: NaN; no apt: no series
+    core.document({"screen": {"picture": {"verdict": "dark\n"}, "player": {"active": None},
+                              "recovery": {"enabled": True,
+                                           "state": "held: the display is meant dark"}},
+                   "update": {"installed": "", "repository": None}})
+    m = render(core)
+    assert m[("edge_agent_screen_recovery_state", frozenset({("state", "held")}))] == 1
+    assert not any(v for (name, _), v in m.items() if name == "edge_agent_screen_picture_verdict")
+    assert math.isnan(m[("edge_agent_screen_player_up", frozenset())])
+    assert not [name for name, _ in m if name.startswith(("edge_agent_package", "edge_agent_apt"))]
+    # a screen without a player or a ladder: only the verdict's series, all 0
+    core.document({})
+    m = render(core)
+    assert not [n for n, _ in m if n.startswith(("edge_agent_screen_player",
+                                                 "edge_agent_screen_recovery"))]
+    assert ("edge_agent_screen_picture_verdict", frozenset({("verdict", "ok")})) in m

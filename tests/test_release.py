@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,65 @@ def test_release_without_a_usable_key_says_so_and_publishes_nothing(tmp_path, bu
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 1 and "no secret key nobody@invalid" in r.stderr, r.stderr
     assert not (tmp_path / "repo" / "dists").exists()
+
+
+def _fingerprint(key: SigningKey) -> str:
+    out = key._gpg("--with-colons", "--list-secret-keys").stdout.decode()
+    return next(line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:"))
+
+
+def _listed(repo: Path, arch: str = "armhf") -> list[str]:
+    packages = (repo / "dists/stable/main" / f"binary-{arch}" / "Packages").read_text()
+    return re.findall(r"^Version: (.*)$", packages, re.M)
+
+
+def test_a_retry_after_an_export_that_failed_publishes_what_it_says(tmp_path, built_debs, keys):
+    """The signing key expired: reprepro takes the package into its database but cannot
+    export signed indices, and the release fails. The key renewed, the retry finds the
+    version in the database; the release exports anyway, and what it says published is
+    what apt sees (it said so of the old indices before)."""
+    key = keys()
+    repo = tmp_path / "repo"
+    assert release(repo, key, "--deb", str(built_debs[0])).returncode == 0
+    v2 = built_debs[1].name.split("_")[1]
+    fpr = _fingerprint(key)
+    key._gpg("--quick-set-expire", fpr, "seconds=1")
+    time.sleep(2)
+    failed = release(repo, key, "--deb", str(built_debs[1]))
+    assert failed.returncode != 0 and "release:" in failed.stderr, failed.stdout + failed.stderr
+    assert _listed(repo) != [v2]
+    again = release(repo, key, "--deb", str(built_debs[1]))
+    assert again.returncode != 0, "the key still expired: nothing published"
+    key._gpg("--quick-set-expire", fpr, "0")
+    retry = release(repo, key, "--deb", str(built_debs[1]))
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert _listed(repo) == [v2], "said published, and apt's index lists it"
+    opts = apt_root(tmp_path / "apt", repo, repo / "edge-agent-archive-keyring.gpg")
+    up = subprocess.run(["apt-get", *opts, "update"], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    policy = subprocess.run(["apt-cache", *opts, "policy", "edge-agent"], capture_output=True,
+                            text=True, timeout=60).stdout
+    assert f"Candidate: {v2}" in policy, policy
+
+
+def test_a_repository_apt_would_not_see_the_version_in_is_no_release(tmp_path, built_debs, keys):
+    """reprepro that takes the package and exports nothing, with success (its answer to
+    a version already in its database): the release checks the repository as apt
+    would, InRelease verified with the key and the version listed with the package's
+    hash, and fails."""
+    key = keys()
+    repo = tmp_path / "repo"
+    assert release(repo, key, "--deb", str(built_debs[0])).returncode == 0
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "reprepro").write_text(
+        "#!/bin/sh\nfor a; do [ \"$a\" = export ] && exit 0; done\n"
+        f"exec {shutil.which('reprepro')} --export=silent-never \"$@\"\n")
+    (fake / "reprepro").chmod(0o755)
+    r = subprocess.run([str(REPO / "scripts" / "release"), "--gnupghome", str(key.home),
+                        "--deb", str(built_debs[1]), str(repo), "release@edge-agent.invalid"],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "apt would not see edge-agent" in r.stderr, r.stderr
+    assert _listed(repo) == [built_debs[0].name.split("_")[1]]

@@ -19,6 +19,10 @@ log = logging.getLogger("edge_agent")
 
 # How often STATUS= is refreshed while nothing else changes (it carries the RTT).
 STATUS_REFRESH_S = 30.0
+# How often the whole document is made again while nothing the board hears of changes:
+# what a part reads for itself (apt's lists, screen/update) reaches the file and the
+# metrics within this.
+DOCUMENT_REFRESH_S = 300.0
 
 
 class StatusBoard:
@@ -42,7 +46,7 @@ class StatusBoard:
         self._on_pairing = on_pairing
         self._metrics = metrics   # metrics/service.py's Metrics, where [metrics] is on
         self.link: dict = {}   # the link's state as it last published it
-        self._said_at = time.monotonic()
+        self._said_at = self._refreshed_at = time.monotonic()
         self._lock = threading.Lock()
 
     @property
@@ -72,6 +76,9 @@ class StatusBoard:
         and the metrics' turn."""
         if self._metrics is not None:
             self._metrics.turn(now)
+        if now - self._refreshed_at >= DOCUMENT_REFRESH_S:
+            self._refreshed_at = now
+            self.refresh()
         if self._notifier.enabled and now - self._said_at >= STATUS_REFRESH_S:
             self._said_at = now
             self._say(self._link_now(), self._pairing())

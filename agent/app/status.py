@@ -95,7 +95,25 @@ def _update_text(update: dict) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if isinstance(at, (int, float)) else "?"
         said.append(f"last {last.get('outcome')} {last.get('from')} -> {last.get('to')} at {when}"
                     + (f" ({last['reason']})" if last.get("reason") else ""))
+    repository = update.get("repository")
+    if isinstance(repository, dict):
+        said.append(_repository_text(repository))
     return "; ".join(said)
+
+
+def _repository_text(repository: dict) -> str:
+    """What apt's lists offer, and how long ago apt last updated them (wall time, said
+    only as an age): a screen that stopped upgrading shows it here."""
+    offered = repository.get("newest")
+    said = (f"apt offers {offered}" + (" (newer: not installed yet)"
+                                       if repository.get("behind") else "")
+            if offered else "apt's lists offer no edge-agent")
+    at = repository.get("apt_success_at")
+    if _number(at):
+        age = _duration(max(0.0, time.time() - at))
+        said += (f", apt updated {age} ago" if repository.get("since") == "stamp"
+                 else f", apt's lists changed {age} ago")
+    return said
 
 
 def _settings_text(settings: dict, elapsed: float = 0.0) -> str:

@@ -97,6 +97,33 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True
         os.close(dfd)
 
 
+def write_in_place(path: str, data: bytes, mode: int = 0o644, create: bool = True) -> None:
+    """``data`` written over the regular file at ``path`` (made with ``mode`` where it
+    is missing and the directory lets us), for a file in a directory that is not ours
+    to rename in (the metrics' textfile in root's, grants.py): never through a link,
+    never waiting on a FIFO. A shorter text is padded with newlines to the file's length
+    rather than cut (a reader between a write and a cut would see the old text's tail);
+    the file shrinks when emptied. A reader may meet a write half done: it is one
+    pwrite of a few kB, microseconds."""
+    fd = os.open(path, os.O_WRONLY | (os.O_CREAT if create else 0) | os.O_NOFOLLOW
+                 | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+        if not data:
+            os.ftruncate(fd, 0)
+            return
+        body = data + b"\n" * max(0, st.st_size - len(data))
+        written = 0
+        while written < len(body):
+            written += os.pwrite(fd, body[written:], written)
+    finally:
+        os.close(fd)
+
+
 def read_bounded(path: str, max_bytes: int, follow_links: bool = False,
                  dir_fd: int | None = None) -> bytes:
     """The regular file at ``path`` (relative to ``dir_fd`` if given), at most

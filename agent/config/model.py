@@ -200,9 +200,16 @@ class Config:
 
     @property
     def metrics_path(self) -> str:
-        """[metrics] textfile, or the runtime directory's (tmpfs under systemd)."""
-        return self.metrics.textfile or os.path.join(self.runtime.dir, "metrics",
-                                                     "edge-agent.prom")
+        """[metrics] textfile, or the runtime directory's sibling, <dir>-metrics
+        (/run/edge-agent-metrics: root's, a small tmpfs of its own under systemd,
+        programs/grants.py)."""
+        return self.metrics.textfile or metrics_home(self.runtime.dir)
+
+
+def metrics_home(runtime_dir: str) -> str:
+    """The default textfile: edge-agent.prom in <runtime dir>-metrics, which root's start
+    step alone makes, mounts and links (programs/grants.py)."""
+    return os.path.join(runtime_dir.rstrip("/") + "-metrics", "edge-agent.prom")
 
 
 def redact_url(url: str) -> str:

@@ -294,7 +294,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # Prometheus' text format for node_exporter's textfile collector (docs/operate.md,
         # metrics); off: a screen nobody scrapes pays nothing for it
         "enabled": Key(bool, False, "metrics.enabled"),
-        # unset: <[runtime] dir>/metrics/edge-agent.prom; tmpfs, never the card; node_exporter
+        # unset: <[runtime] dir>-metrics/edge-agent.prom; tmpfs, never the card; node_exporter
         # reads only *.prom
         "textfile": Key(str, None, "metrics.textfile", PROM_PATH),
         # the least time between two writes: a change waits at most this (and the link

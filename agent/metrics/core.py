@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..base import reasons
 from ..link.journal import ConnectionJournal
+from ..screen import ladder
 from ..settings import rules as settings_rules
 from ..update import rules as update_rules
 
@@ -31,6 +32,14 @@ SETTINGS_STATES = ("none", "staged", "trial", "kept")
 SETTINGS_RESULTS = (settings_rules.KEPT, settings_rules.ROLLED_BACK, settings_rules.EXPIRED)
 # base/card.py's words for a card the agent cannot use (app/storage.py says them)
 STORAGE_STATES = ("ok", "read-only", "failed", "unavailable")
+# the picture check's verdicts (screen/watch.py), the ladder's states (the held state's
+# words shortened) and rungs (screen/ladder.py)
+PICTURE_VERDICTS = (*ladder.VERDICTS, "unavailable", "off")
+RECOVERY_STATES = {ladder.WATCHING: "watching", ladder.CONFIRMING: "confirming",
+                   ladder.ACTING: "acting", ladder.WAITING: "waiting",
+                   ladder.EXHAUSTED: "exhausted", ladder.HELD: "held"}
+# what the status document counts itself: written as counters (name_total)
+DOC_COUNTERS = frozenset({"screen_recovery_rungs"})
 
 
 def reason_label(reason: object) -> str:
@@ -250,6 +259,15 @@ GAUGE_HELP = {
     "settings_last_result": "1 for how the latest fleet settings revision ended",
     "storage_state": "1 for the state of the card as the agent uses it",
     "info": "The agent's version",
+    "screen_picture_verdict": "1 for the picture check's latest verdict",
+    "screen_player_up": "1 while the player's unit is active, 0 while not (NaN: unread)",
+    "screen_player_restarts": "The player unit's restarts, as systemd counts them (NRestarts)",
+    "screen_recovery_state": "1 for the state of the screen's recovery ladder",
+    "screen_recovery_rungs": "Rungs of the recovery ladder run, by rung",
+    "package_info": "1, labelled with the version dpkg installed and the newest apt's lists offer",
+    "package_behind": "1 while apt's lists offer a newer version than the one installed",
+    "apt_update_success_timestamp_seconds":
+        "When apt last updated its lists with success (Unix time; its age: time() - this)",
 }
 
 
@@ -282,7 +300,48 @@ def gauges_of(doc: dict) -> list[tuple[str, tuple, float]]:
     out += _one_hot("settings_last_result", "result", SETTINGS_RESULTS,
                     last_settings.get("result") if last_settings else None)
     out += _one_hot("storage_state", "state", STORAGE_STATES, storage.get("state"))
+    out += _screen_gauges(section("screen"))
+    out += _package_gauges(update)
     return out
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _screen_gauges(screen: dict) -> list:
+    """The picture's verdict (every screen: all 0 where none is checked), the player and
+    the ladder where this screen has them."""
+    picture, player, recovery = (_dict(screen.get(k)) for k in ("picture", "player",
+                                                                 "recovery"))
+    out = _one_hot("screen_picture_verdict", "verdict", PICTURE_VERDICTS,
+                   picture.get("verdict"))
+    if player:
+        active = player.get("active")
+        out += [("screen_player_up", (), float(active) if isinstance(active, bool) else math.nan),
+                ("screen_player_restarts", (), _number(player.get("restarts")))]
+    if recovery.get("enabled") is True:
+        out += _one_hot("screen_recovery_state", "state", tuple(RECOVERY_STATES.values()),
+                        RECOVERY_STATES.get(recovery.get("state")))
+        taken = _dict(recovery.get("taken"))
+        out += [("screen_recovery_rungs", (("rung", rung),), _number(taken.get(rung, 0)))
+                for rung in ladder.RUNGS]
+    return out
+
+
+def _package_gauges(update: dict) -> list:
+    """The installed package against what apt's lists offer, and apt's last success:
+    nothing where apt was not read."""
+    repository = _dict(update.get("repository"))
+    if not repository:
+        return []
+    version = _VersionLike()
+    behind = repository.get("behind")
+    return [("package_info", (("installed", _label(update.get("installed"), version)),
+                              ("newest", _label(repository.get("newest"), version))), 1.0),
+            ("package_behind", (), float(behind) if isinstance(behind, bool) else math.nan),
+            ("apt_update_success_timestamp_seconds", (),
+             _number(repository.get("apt_success_at")))]
 
 
 def _one_hot(name: str, label: str, values: tuple, current) -> list:
@@ -302,5 +361,8 @@ def _gauge_families(gauges: tuple) -> list[Family]:
     grouped: dict[str, list] = {}
     for name, labels, value in gauges:
         grouped.setdefault(name, []).append(("", dict(labels), value))
-    return [Family(PREFIX + name, "gauge", GAUGE_HELP[name], tuple(samples))
+    return [Family(PREFIX + name, "counter", GAUGE_HELP[name],
+                   tuple(("_total", labels, v) for _, labels, v in samples))
+            if name in DOC_COUNTERS else
+            Family(PREFIX + name, "gauge", GAUGE_HELP[name], tuple(samples))
             for name, samples in grouped.items()]

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from ..base.fsutil import atomic_write
+from ..base.fsutil import write_in_place
 from ..link.journal import ConnectionJournal
 from .core import Family, MetricsCore
 
@@ -67,10 +67,9 @@ class Metrics:
         self._lock = threading.Lock()
         self._failed: str | None = None   # the last write's error, said once
         self._stopped = False
-        # a file a killed process left (the runtime directory outlives a restart) says
-        # the link was up: gone before this process says anything
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        # a file a killed process left (tmpfs outlives a restart) says the link was up:
+        # emptied before this process says anything
+        self._empty()
 
     def document(self, doc: dict) -> None:
         """From any thread: the status board's document, as it was just written."""
@@ -88,9 +87,15 @@ class Metrics:
 
     def stop(self) -> None:
         """The numbers end with the process: a file left would say the link is up."""
-        with self._lock, contextlib.suppress(OSError):
+        with self._lock:
             self._stopped = True   # a late refresh of the board writes nothing again
-            os.unlink(self.path)
+            self._empty()
+
+    def _empty(self) -> None:
+        """No series at all: emptied, not removed (under systemd the directory is root's,
+        grants.py; node_exporter reads an empty file as no series and no error)."""
+        with contextlib.suppress(OSError):
+            write_in_place(self.path, b"", create=False)
 
     def _write_if_due(self) -> None:
         now = self._clock()
@@ -99,8 +104,9 @@ class Metrics:
         self.core.written(now)   # a failed write is tried again only after every_s too
         try:
             self._make_directory()
-            # 0644: node_exporter reads it as its own user; tmpfs: not durable, whole
-            atomic_write(self.path, self._render(self.core.families()), 0o644, durable=False)
+            # 0644: node_exporter reads it as its own user; in place: under systemd the
+            # file is the agent's, its directory root's (nothing to rename in)
+            write_in_place(self.path, self._render(self.core.families()), 0o644)
         except Exception as e:   # a write (OSError) or the library's rendering: said once,
             why = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"[:200]
             if self._failed != why:   # never raised into the thread that refreshed the board

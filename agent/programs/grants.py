@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import pwd
 import stat
 import sys
 
 from ..config import load as config_mod
+from ..config.model import metrics_home
 from ..base.logs import early
 
 GRANTS_DIR = "/run/edge-agent-grants"
@@ -168,6 +170,95 @@ def _text(fd: int, name: str) -> str | None:
 # nothing is node_exporter's scrape error, on every screen with metrics off.
 NODE_EXPORTER_DIR = "/var/lib/prometheus/node-exporter"
 METRICS_LINK = "edge-agent.prom"
+# The file node_exporter's link reaches is the agent's to write and nothing more: made
+# here, in a directory of root's, on a tmpfs of its own this small. node_exporter
+# opens what the link names, following links, and waits on a FIFO forever (every
+# collector's scrape with it, a thread kept per scrape): in a directory the agent
+# owned, the agent could put a FIFO, a link to any file node_exporter may read, a
+# directory or a file as large as /run there. In root's it can only write the file,
+# at most this much.
+# systemd mounts it (systemd/run-edge\x2dagent\x2dmetrics.mount, pulled in by the unit's
+# RequiresMountsFor=): a mount made here would stay in the unit's own namespace
+METRICS_FS_BYTES = 1 << 20
+METRICS_FS = (f"size={METRICS_FS_BYTES},nr_inodes=4,mode=0755,uid=0,gid=0,"
+              "nosuid,nodev,noexec")   # the mount unit's Options=
+AGENT_USER = "edge-agent"
+
+
+def _open_root_dir(path: str) -> int:
+    """``path``, every directory on the way root's and writable by root alone, opened
+    without following a link anywhere; OSError (or GrantError) otherwise."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in [p for p in path.split("/") if p]:
+            _check_root_dir(fd, path)
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        _check_root_dir(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_root_dir(fd: int, path: str) -> None:
+    st = os.fstat(fd)
+    if st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+        raise GrantError(f"{path}: a directory on the way is owned by uid {st.st_uid} with "
+                         f"mode {stat.S_IMODE(st.st_mode):o}, not root's alone")
+
+
+def prepare_metrics_file(path: str, user: str = AGENT_USER) -> None:
+    """The agent's textfile, ready for node_exporter's link: its directory root's, a tmpfs
+    of at most METRICS_FS_BYTES mounted there (by systemd), the file in it the agent
+    user's (0644), which the agent writes in place. GrantError where that cannot hold:
+    then no link is made."""
+    directory, name = os.path.split(path)
+    parent_path, dir_name = os.path.split(directory)
+    try:
+        owner = pwd.getpwnam(user)
+    except KeyError:
+        raise GrantError(f"no user {user} to write the metrics") from None
+    parent = _open_root_dir(parent_path)
+    try:
+        fd = os.open(dir_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=parent)
+        try:
+            _check_root_dir(fd, directory)
+            fs = os.fstatvfs(fd)
+            if os.fstat(fd).st_dev == os.fstat(parent).st_dev or \
+                    fs.f_blocks * fs.f_frsize > METRICS_FS_BYTES:
+                raise GrantError(f"{directory}: not a mount of at most {METRICS_FS_BYTES} bytes "
+                                 "(run-edge\\x2dagent\\x2dmetrics.mount)")
+            _make_agent_file(fd, name, owner.pw_uid, owner.pw_gid)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent)
+
+
+def _make_agent_file(fd: int, name: str, uid: int, gid: int) -> None:
+    """The file, the agent's, regular, 0644, one link: kept where it is so, else made anew."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_uid == uid and st.st_nlink == 1:
+        return
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
+    f = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644, dir_fd=fd)
+    try:
+        os.fchown(f, uid, gid)
+        os.fchmod(f, 0o644)  # the unit's UMask=0077 would hide it from node_exporter's user
+    finally:
+        os.close(f)
 
 
 def sync_metrics_link(target: str | None, directory: str = NODE_EXPORTER_DIR) -> str | None:
@@ -206,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--revoke", action="store_true", help="remove every grant")
     parser.add_argument("--dir", default=GRANTS_DIR, help=argparse.SUPPRESS)
     parser.add_argument("--node-exporter-dir", default=NODE_EXPORTER_DIR, help=argparse.SUPPRESS)
+    parser.add_argument("--user", default=AGENT_USER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     grants: frozenset = frozenset()
     player = metrics = None
@@ -219,9 +311,23 @@ def main(argv: list[str] | None = None) -> int:
             grants = wanted(config.commands.allow)
             player = player_unit(config.screen, config.commands.allow)
             metrics = config.metrics_path if config.metrics.enabled else None
+            if metrics is not None and metrics != metrics_home(config.runtime.dir):
+                # the operator's own path: never a tmpfs mounted over a directory of theirs
+                early(f"edge-agent: grants: [metrics] textfile {metrics} is not "
+                      f"{metrics_home(config.runtime.dir)}: no link for node_exporter", 6,
+                      sys.stdout)
+                metrics = None
             if config.origins.get("commands.allow") == "fleet":
                 source = (f"the fleet's settings revision {config.fleet_revision} (which "
                           f"{args.config} lets it manage)")
+    if metrics is not None and os.path.isdir(args.node_exporter_dir):
+        try:
+            prepare_metrics_file(metrics, args.user)
+        except (GrantError, OSError) as e:
+            # no link to a file the agent could turn into something node_exporter hangs on
+            early(f"edge-agent: grants: no link for node_exporter to {metrics}: "
+                  f"{getattr(e, 'strerror', None) or e}", 4, sys.stdout)
+            metrics = None
     try:
         if sync_metrics_link(metrics, args.node_exporter_dir) == "+metrics":
             early(f"edge-agent: node_exporter reads the metrics at {metrics}", 6, sys.stdout)

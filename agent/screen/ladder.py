@@ -148,6 +148,7 @@ class Ladder:
         self.why = ""                  # what began the episode: "picture black", ...
         self.considered: list[str] = []    # this episode's rungs, run or passed over
         self.tried: list[str] = []         # those of them that ran
+        self.taken = {rung: 0 for rung in RUNGS}   # every rung run since the start
         self.passed: list[str] = []        # why the others were passed over
         self.rung_at = 0.0             # when the last rung finished
         self.wait_until = 0.0
@@ -160,7 +161,7 @@ class Ladder:
     # -- what the shell's status shows -----------------------------------------------
     def snapshot(self, now: float) -> dict:
         return {"enabled": self.policy.enabled, "state": self.state,
-                "why": self.why or None, "tried": list(self.tried),
+                "why": self.why or None, "tried": list(self.tried), "taken": dict(self.taken),
                 "last": self.last_outcome or None,
                 "player_restarts_left": (self.budgets[RESTART_PLAYER].left(now)
                                          if self.policy.player else None),
@@ -278,6 +279,7 @@ class Ladder:
                     self.passed.append(refusal)
                 continue
             self.tried.append(rung)
+            self.taken[rung] += 1
             self.state = ACTING
             if rung in self.budgets:
                 self.budgets[rung].spend(now)

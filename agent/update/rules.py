@@ -221,3 +221,90 @@ def after_power_loss(phase: str) -> str:
     (dpkg's state is whatever the cut left); a package that was installed gets its
     whole proof time again."""
     return "prove" if phase == PROVING else "rollback"
+
+
+# -- the repository apt knows (status and metrics: a screen that stopped upgrading) -----
+def _order(c: str) -> int:
+    """dpkg's weight of one character of a version's non-digit part: ~ before the
+    end, the end before letters, letters before everything else."""
+    if c == "~":
+        return -1
+    if c.isalpha():
+        return ord(c)
+    return ord(c) + 256
+
+
+def _compare_part(a: str, b: str) -> int:
+    """dpkg's verrevcmp: alternating runs of non-digits (by _order) and digits (as
+    numbers)."""
+    i = j = 0
+    while i < len(a) or j < len(b):
+        first_diff = 0
+        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
+            ac = _order(a[i]) if i < len(a) and not a[i].isdigit() else 0
+            bc = _order(b[j]) if j < len(b) and not b[j].isdigit() else 0
+            if ac != bc:
+                return -1 if ac < bc else 1
+            i, j = i + 1, j + 1
+        while i < len(a) and a[i] == "0":
+            i += 1
+        while j < len(b) and b[j] == "0":
+            j += 1
+        while i < len(a) and a[i].isdigit() and j < len(b) and b[j].isdigit():
+            if not first_diff:
+                first_diff = (a[i] > b[j]) - (a[i] < b[j])
+            i, j = i + 1, j + 1
+        if i < len(a) and a[i].isdigit():
+            return 1
+        if j < len(b) and b[j].isdigit():
+            return -1
+        if first_diff:
+            return first_diff
+    return 0
+
+
+def _split_version(v: str) -> tuple[int, str, str]:
+    epoch, colon, rest = v.partition(":")
+    if not colon:
+        epoch, rest = "0", v
+    upstream, dash, revision = rest.rpartition("-")
+    if not dash:
+        upstream, revision = rest, ""
+    return (int(epoch) if epoch.isdigit() else 0), upstream, revision
+
+
+def compare_versions(a: str, b: str) -> int:
+    """-1, 0 or 1, as ``dpkg --compare-versions`` orders two Debian versions."""
+    ea, ua, ra = _split_version(a)
+    eb, ub, rb = _split_version(b)
+    if ea != eb:
+        return -1 if ea < eb else 1
+    return _compare_part(ua, ub) or _compare_part(ra, rb)
+
+
+def versions_in_packages(text: str, package: str = PACKAGE) -> list[str]:
+    """The versions an APT ``Packages`` index (or a piece of one, whole stanzas) lists
+    for ``package``; a stanza without a sane version is no version."""
+    found = []
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
+                      if ": " in line and not line.startswith(" "))
+        version = fields.get("Version", "").strip()
+        if fields.get("Package", "").strip() == package and _VERSION.fullmatch(version):
+            found.append(version)
+    return found
+
+
+def newest(versions) -> str | None:
+    best = None
+    for v in versions:
+        if best is None or compare_versions(v, best) > 0:
+            best = v
+    return best
+
+
+def behind(installed: str, offered: str | None) -> bool | None:
+    """The repository offers a version above the installed one; None: cannot say."""
+    if not installed or not offered:
+        return None
+    return compare_versions(offered, installed) > 0

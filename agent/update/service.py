@@ -30,7 +30,7 @@ from ..base.fsutil import atomic_write, read_json
 from ..base.journal_fields import MessageId, journal
 from ..runtime.deadline import deadline
 from ..runtime.threads import start_worker
-from . import records, rules
+from . import apt, records, rules
 from .signature import KEYS_DIR, SignatureError, verify
 
 log = logging.getLogger("edge_agent.update")
@@ -72,8 +72,10 @@ _MOMENTS = {rules.COMMITTED: MessageId.UPDATE_COMMITTED,
 class Updater:
     def __init__(self, server_url: str, egress, state_dir: str, connect_timeout_s: float,
                  settled: Settled, root_dir: str = rules.ROOT_DIR, keys_dir: str = KEYS_DIR,
-                 rng: random.Random | None = None, systemctl: str = "systemctl"):
-        """``settled(command_id, ok, text)`` is called once per order, from its thread."""
+                 rng: random.Random | None = None, systemctl: str = "systemctl",
+                 repository: apt.RepositoryWatch | None = None):
+        """``settled(command_id, ok, text)`` is called once per order, from its thread;
+        ``repository``: what apt's lists offer (apt.py)."""
         self.server_url, self.egress = server_url, egress
         self.staging = os.path.join(state_dir, rules.STAGING)
         self.connect_timeout_s = connect_timeout_s
@@ -85,6 +87,7 @@ class Updater:
         self._lock = threading.Lock()
         self._pending: dict[str, str] = {}   # command id -> what it is doing now
         self.installed = ""                  # the package's version, read at start
+        self.repository = repository or apt.RepositoryWatch()
 
     # -- what the root side wrote ------------------------------------------------------
     def history(self) -> list:
@@ -392,8 +395,12 @@ class Updater:
         with self._lock:
             pending = dict(self._pending)
         history = self.history()
+        repository = self.repository.snapshot()
+        if repository is not None:
+            repository = {**repository,
+                          "behind": rules.behind(self.installed, repository.get("newest"))}
         return {"installed": self.installed, "pending": [{"id": k, "doing": v} for k, v in pending.items()],
-                "last": history[-1] if history else None}
+                "last": history[-1] if history else None, "repository": repository}
 
     def stop(self) -> None:
         self._stopping.set()
