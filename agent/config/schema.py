@@ -230,14 +230,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # the HDMI-CEC adapter whose TV is asked its power status (where cec-ctl is)
         "cec_device": Key(str, "/dev/cec0", "screen.cec_device", ABS_PATH),
         # Picture health (agent/screen/picture.py): how often the screen is captured and
-        # judged black, frozen or ok; 0: never. A capture is a fraction of a second of
-        # one core at most; once a minute is what a fleet notices a dead screen by.
-        "picture_every_s": Key(float, 60.0, "screen.picture_every_s", Range(0, 3600)),
-        # prints an image of the screen (PNG, PPM or JPEG) on stdout; unset: grim on
-        # Wayland, ImageMagick's import on X11
+        # judged black, frozen or ok; 0: never. A check of a 1080p screen costs ~30 ms of
+        # CPU (xwd and every row of its dump, measured): every 15 min it adds under half
+        # the idle agent's CPU; a screen found black or frozen is looked at every minute
+        "picture_every_s": Key(float, 900.0, "screen.picture_every_s", Range(0, 3600)),
+        # prints an image of the screen (PPM, PNG or JPEG) on stdout; unset: grim on
+        # Wayland, xwd (else ImageMagick's import) on X11
         "capture_command": Key(str, None, "screen.capture_command", COMMAND_LINE),
-        # black: the picture's mean luminance (0-255) and its contrast (the standard
-        # deviation of luminance) both below these; a dark scene with detail has contrast
+        # black: the brightest pixel of the whole picture (0-255, every row) below
+        # black_luma, and less than black_contrast above the ground (the median level):
+        # a starfield, a small clock, dim text on near-black have a bright detail
         "black_luma": Key(float, 16.0, "screen.black_luma", Range(0, 255)),
         "black_contrast": Key(float, 4.0, "screen.black_contrast", Range(0, 128)),
         # frozen: judged only where the content is declared to move (a static menu board
