@@ -49,7 +49,8 @@ MAX_PIXELS = 40_000_000          # 8K is 33 M: more is no screen but a decompres
 # what a picture Pillow decodes whole may hold, from its header, before it is decoded:
 # a 2560x1440 PNG and its grey copy (a raw one streams, a band at a time, whatever its size)
 MAX_DECODED = 20 * 1024 * 1024
-READ_BYTES = 1 << 20             # the capture's pipe, and a read of it
+READ_BYTES = 1 << 20             # the capture's pipe: a frame in a few wake-ups
+CHUNK_BYTES = 1 << 18            # a raw picture's rows folded at once, at most (and a read)
 TRAILER_BYTES = 1 << 16          # a raw picture's stream may run on this far past it
 THUMB_SIZE = (64, 64)            # the longer side 64: 64x36 for 16:9
 MAX_STDERR = 4096
@@ -161,7 +162,7 @@ class Capture:
                     why = children.failure(self.argv, timeout_s=self.timeout_s)
                     break
                 for key, _ in sel.select(left):
-                    block = os.read(key.fileobj.fileno(), READ_BYTES)
+                    block = os.read(key.fileobj.fileno(), CHUNK_BYTES)
                     if not block:
                         sel.unregister(key.fileobj)
                     elif key.fileobj is child.stdout:
@@ -240,8 +241,8 @@ def is_xwd(data: bytes) -> bool:
 
 class Fold:
     """A raw picture (xwd's dump, a PPM or PGM) folded band by band as it streams by:
-    every row of it, none held longer than its band (the thumbnail's row of cells). Each
-    band is made grey, its brightest pixel kept (the detail the judge looks for: a star,
+    every row of it, none held longer than its part of a band (CHUNK_BYTES). Each part
+    is made grey, its brightest pixel kept (the detail the judge looks for: a star,
     a line of dim text), its rows checksummed (what moved) and averaged into its row of
     cells.
     ``keep``: the picture itself is also kept, full size where it fits MAX_DECODED, else
@@ -253,8 +254,10 @@ class Fold:
         self.mode, self.raw, self.stride, self.start = mode, raw, stride, start
         self.end = start + stride * height       # the stream's bytes: the rest is ignored
         self.size = _fit(width, height)
-        self.at, self.band, self.j = 0, bytearray(), 0
-        self.cells, self.peak, self.sums = bytearray(), 0, []
+        self.at, self.band, self.row, self.j = 0, bytearray(), 0, 0
+        self.chunk_rows = max(1, CHUNK_BYTES // max(1, stride))
+        self.cells, self.sum = bytearray(), [0] * self.size[0]
+        self.peak, self.sums = 0, []
         self.kept = None
         if keep:
             k = 1
@@ -296,47 +299,61 @@ class Fold:
         if self.at < self.start:
             i = min(len(view), self.start - self.at)
             self.at += i
-        bands = self.size[1]
-        while i < len(view) and self.j < bands:
-            rows = self._rows(self.j)
-            n = min(len(view) - i, rows[1] * self.stride - rows[0] * self.stride
-                    - len(self.band))
+        while i < len(view) and self.row < self.height:
+            first, last = self.row, min(self._rows(self.j)[1], self.row + self.chunk_rows)
+            n = min(len(view) - i, (last - first) * self.stride - len(self.band))
             self.band += view[i:i + n]
             i += n
             self.at += n
-            if len(self.band) == (rows[1] - rows[0]) * self.stride:
-                self._fold(rows)
+            if len(self.band) == (last - first) * self.stride:
+                self._fold(first, last)
         self.at += len(view) - i
 
     def _rows(self, j: int) -> tuple[int, int]:
+        """The picture's rows that make the thumbnail's row ``j``."""
         bands = self.size[1]
         return j * self.height // bands, (j + 1) * self.height // bands
 
-    def _fold(self, rows: tuple[int, int]) -> None:
+    def _fold(self, first: int, last: int) -> None:
+        """The rows first..last, a part of a band at most CHUNK_BYTES long: counted into
+        its band's cells, and the band's row of cells made when it is whole."""
         # not Image.frombytes: its new image is filled with black first, a pass for nothing
-        im = self.Image.new(self.mode, (self.width, rows[1] - rows[0]), None)
+        im = self.Image.new(self.mode, (self.width, last - first), None)
         im.frombytes(bytes(self.band), "raw", (self.raw, self.stride, 1))
         self.band.clear()
-        self.fold_image(im, rows, 1)
+        grey = self._seen(im, first, last, 1)
+        means = grey.resize((self.size[0], 1), self.Image.Resampling.BOX).tobytes()
+        rows = last - first
+        self.sum = [total + v * rows for total, v in zip(self.sum, means)]
+        self.row = last
+        top, bottom = self._rows(self.j)
+        if last == bottom:
+            self.cells += bytes(round(total / (bottom - top)) for total in self.sum)
+            self.sum = [0] * self.size[0]
+            self.j += 1
 
-    def fold_image(self, im, rows: tuple[int, int], bands: int) -> None:
-        """``im``: the picture's rows ``rows``, the thumbnail's next ``bands`` rows."""
-        Image = self.Image
-        self.j += bands
+    def _seen(self, im, first: int, last: int, parts: int):
+        """Of the rows first..last (``im``): the brightest pixel, the checksums of its
+        ``parts`` (what moved), the picture kept where it is; their grey image."""
         grey = im if im.mode == "L" else im.convert("L")
         self.peak = max(self.peak, grey.getextrema()[1])
-        rows_of = memoryview(grey.tobytes())
-        for k in range(bands):     # each band's grey rows checksummed: what moved
-            self.sums.append(zlib.adler32(rows_of[k * grey.height // bands * grey.width:
-                                                  (k + 1) * grey.height // bands * grey.width]))
-        self.cells += grey.resize((self.size[0], bands), Image.Resampling.BOX).tobytes()
+        rows_of, w, h = memoryview(grey.tobytes()), grey.width, grey.height
+        self.sums.extend(zlib.adler32(rows_of[k * h // parts * w:(k + 1) * h // parts * w])
+                         for k in range(parts))
         if self.kept is not None:
-            w, h = self.kept.size
-            top, bottom = rows[0] * h // self.height, rows[1] * h // self.height
+            kw, kh = self.kept.size
+            top, bottom = first * kh // self.height, last * kh // self.height
             if bottom > top:
-                part = im if im.size == (w, bottom - top) else \
-                    im.resize((w, bottom - top), Image.Resampling.BOX)
+                part = im if im.size == (kw, bottom - top) else \
+                    im.resize((kw, bottom - top), self.Image.Resampling.BOX)
                 self.kept.paste(part if part.mode == "RGB" else part.convert("RGB"), (0, top))
+        return grey
+
+    def fold_whole(self, im) -> None:
+        """A picture decoded whole (``im``, RGB or L, the fold's size): every band at once."""
+        grey = self._seen(im, 0, self.height, self.size[1])
+        self.cells += grey.resize(self.size, self.Image.Resampling.BOX).tobytes()
+        self.row, self.j = self.height, self.size[1]
 
     def picture(self) -> Picture:
         if self.j < self.size[1]:
@@ -403,8 +420,7 @@ def _fold_whole(Image, im, keep: bool) -> Fold:
                           "the capture command print PPM, as grim -t ppm does)")
     im.load()
     fold = Fold(Image, im.width, im.height, "RGB", "RGB", 0, 0, keep)
-    fold.fold_image(im if im.mode in ("L", "RGB") else im.convert("RGB"), (0, im.height),
-                    fold.size[1])
+    fold.fold_whole(im if im.mode in ("L", "RGB") else im.convert("RGB"))
     return fold
 
 
