@@ -95,7 +95,8 @@ class Agent:
             link_socket=lambda: self.runner.raw_socket(), request_restart=self._restart_requested,
             enqueue=self._enqueue, updater=self.updater, configure=self.settings.configure,
             undeliverable=lambda kind: uncarried(self.profile, kind),
-            screen=self.screen.command_display, controls=self.screen.controls)
+            screen=self.screen.command_display, controls=self.screen.controls,
+            shoot=self.screen.screenshot)
         self.commands = CommandService(
             config.commands_path, config.commands.allow, self.actions,
             on_finished=lambda *result: self.runner.command_finished(*result),

@@ -51,6 +51,7 @@ MAX_PIXELS = 40_000_000          # 8K is 33 M: more is no screen but a decompres
 MAX_DECODED = 20 * 1024 * 1024
 READ_BYTES = 1 << 20             # the capture's pipe: a frame in a few wake-ups
 CHUNK_BYTES = 1 << 18            # a raw picture's rows folded at once, at most (and a read)
+MAX_SHOT_BYTES = 1536 * 1024     # a screenshot's JPEG: 2 MiB in base64, what ScreenTinker takes
 TRAILER_BYTES = 1 << 16          # a raw picture's stream may run on this far past it
 THUMB_SIZE = (64, 64)            # the longer side 64: 64x36 for 16:9
 MAX_STDERR = 4096
@@ -422,6 +423,20 @@ def _fold_whole(Image, im, keep: bool) -> Fold:
     fold = Fold(Image, im.width, im.height, "RGB", "RGB", 0, 0, keep)
     fold.fold_whole(im if im.mode in ("L", "RGB") else im.convert("RGB"))
     return fold
+
+
+def jpeg_of(image) -> bytes:
+    """A screenshot (a Pillow RGB image) as a JPEG of at most MAX_SHOT_BYTES: a lower
+    quality, then half the size, until it fits (a busy 4K screen)."""
+    Image = pillow()
+    while True:
+        for quality in (85, 70, 50):
+            out = io.BytesIO()
+            image.save(out, "JPEG", quality=quality)
+            if out.tell() <= MAX_SHOT_BYTES or image.width < 64:
+                return out.getvalue()
+        image = image.resize((max(1, image.width // 2), max(1, image.height // 2)),
+                             Image.Resampling.BOX)
 
 
 def png_of(picture: Picture) -> bytes:
