@@ -144,7 +144,8 @@ DOCS = {
                       "through timedated (polkit), set-time only while NTP does not "
                       "synchronise the clock.",
     "commands.screenshot_command": "Prints a JPEG or PNG on stdout, e.g. \"grim -t jpeg -\" "
-                                   "(split into words, no shell).",
+                                   "(split into words, no shell). Unset: the screen full "
+                                   "size by the picture check's means.",
     "commands.display_on_command": "Turns the display on, e.g. \"wlr-randr --output HDMI-A-1 "
                                    "--on\" (split into words, no shell).",
     "commands.display_off_command": "Turns the display off, e.g. \"wlr-randr --output "

@@ -200,7 +200,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # What the fleet server may ask of this screen (docs/PROTOCOL.md, remote
         # operations). reboot, restart-agent, display and screenshot are opt-in.
         "allow": Key(list, ["diagnostics", "logs"], "commands.allow", fleet=True),
-        # prints a JPEG or PNG, e.g. "grim -t jpeg -"
+        # prints a JPEG or PNG, e.g. "grim -t jpeg -"; unset: the screen captured full
+        # size by the picture check's means ([screen] capture_command, xwd, grim)
         "screenshot_command": Key(str, None, "commands.screenshot_command", COMMAND_LINE),
         # e.g. "wlr-randr --output HDMI-A-1 --on"
         "display_on_command": Key(str, None, "commands.display_on_command", COMMAND_LINE),
