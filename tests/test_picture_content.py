@@ -18,8 +18,7 @@ import sys
 import pytest
 
 from agent.config.model import Commands, Screen as ScreenSection
-from agent.screen import capture as capturing
-from agent.screen.picture import BLACK, FROZEN, OK
+from agent.screen.picture import FROZEN, OK
 from agent.screen.watch import from_config
 from devtools.harness import REPO
 from tests.conftest import _x_server

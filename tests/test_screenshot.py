@@ -5,30 +5,16 @@ offered to a server (ScreenTinker's ``remote.screenshot``) only where such a mea
 On a real X server (Xvfb), through the screen part the daemon builds."""
 import io
 import os
-import shutil
 import subprocess
 import sys
 
-import pytest
 
 from agent.commands.actions import Actions
 from agent.config import load as cfgmod
 from agent.link.profiles import ProfileContext, ScreenTinkerProfile
 from agent.screen import part as screen_part
 from devtools.harness import REPO
-from tests.conftest import _x_server
-
-
-@pytest.fixture(scope="module")
-def screen_hd():
-    missing = [tool for tool in ("Xvfb", "xset", "xwd", "xsetroot") if not shutil.which(tool)]
-    if missing:
-        pytest.fail(f"these tests need {', '.join(missing)} (xvfb, x11-xserver-utils, "
-                    "x11-apps)")
-    with _x_server("1920x1080x24", "-noreset") as (display, _):
-        subprocess.run(["xsetroot", "-display", display, "-solid", "#c03020"], check=True,
-                       timeout=10)
-        yield display
+from tests.test_picture_content import screen_hd  # noqa: F401 (a fixture: 1920x1080 Xvfb)
 
 
 def config_of(tmp_path, commands: str, screen: str = ""):
@@ -70,6 +56,8 @@ def check_config(path, environ) -> str:
 
 def test_the_screenshot_is_the_screen_full_size_by_the_picture_checks_means(screen_hd,
                                                                          tmp_path):
+    subprocess.run(["xsetroot", "-display", screen_hd, "-solid", "#c03020"], check=True,
+                   timeout=10)
     environ = {"PATH": os.environ["PATH"]}
     path, config = config_of(tmp_path, 'allow = ["screenshot"]', f'x_display = "{screen_hd}"')
     part, queued = part_of(config, tmp_path, environ), []
