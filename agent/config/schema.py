@@ -231,7 +231,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # the HDMI-CEC adapter whose TV is asked its power status (where cec-ctl is)
         "cec_device": Key(str, "/dev/cec0", "screen.cec_device", ABS_PATH),
         # Picture health (agent/screen/picture.py): how often the screen is captured and
-        # judged black, frozen or ok; 0: never. A check of a 1080p screen costs ~30 ms of
+        # judged black, frozen or ok; 0: never. A check of a 1080p screen costs ~28 ms of
         # CPU (xwd and every row of its dump, measured): every 15 min it adds under half
         # the idle agent's CPU; a screen found black or frozen is looked at every minute
         "picture_every_s": Key(float, 900.0, "screen.picture_every_s", Range(0, 3600)),

@@ -16,7 +16,7 @@ A capture runs through base/children.py (its own session, killed at its bound or
 the agent stops), its stderr's tail kept for the failure's words. Its memory is bounded
 whatever it prints (the unit has MemoryMax=128M): a raw picture (xwd's dump, a PPM or
 PGM: what the agent's own tools print) is folded band by band as it streams by (Fold),
-every row of it, a band of rows held at a time (+1 MB at 7680x2160); another (a PNG, a
+every row of it, a quarter-MiB of rows held at a time (+0.5 MB at 7680x2160); another (a PNG, a
 JPEG from a capture command) is held whole, at most MAX_BYTES, and decoded by Pillow
 only where its header says the decoded picture fits MAX_DECODED (a JPEG is decoded
 smaller instead; a PNG larger is refused, saying so). Pillow (Debian's python3-pil) is
@@ -163,7 +163,10 @@ class Capture:
                     why = children.failure(self.argv, timeout_s=self.timeout_s)
                     break
                 for key, _ in sel.select(left):
-                    block = os.read(key.fileobj.fileno(), CHUNK_BYTES)
+                    want = CHUNK_BYTES
+                    if fold is not None and key.fileobj is child.stdout:
+                        want = max(1, min(fold.wants(), CHUNK_BYTES))
+                    block = os.read(key.fileobj.fileno(), want)
                     if not block:
                         sel.unregister(key.fileobj)
                     elif key.fileobj is child.stdout:
@@ -173,7 +176,11 @@ class Capture:
                                    f"{_size(limit)}")
                             break
                         if fold is not None:
-                            fold.take(block)
+                            try:
+                                fold.take(block)
+                            except (ValueError, OSError) as e:   # Pillow's, in one line
+                                why = f"the capture is not a picture: {e}"[:200]
+                                break
                             continue
                         out += block
                         if not decided and len(out) >= HEAD_BYTES:
@@ -295,6 +302,16 @@ class Fold:
         return cls(Image, width, height, "RGB", raw, bytes_per_line,
                    header_size + 12 * ncolors, keep)
 
+    def wants(self) -> int:
+        """The bytes that complete what is read next (the header, the next part of a
+        band): a read of this size is folded without a copy."""
+        if self.at < self.start:
+            return self.start - self.at
+        if self.row >= self.height:
+            return CHUNK_BYTES
+        last = min(self._rows(self.j)[1], self.row + self.chunk_rows)
+        return (last - self.row) * self.stride - len(self.band)
+
     def take(self, block) -> None:
         view, i = memoryview(block), 0
         if self.at < self.start:
@@ -302,12 +319,20 @@ class Fold:
             self.at += i
         while i < len(view) and self.row < self.height:
             first, last = self.row, min(self._rows(self.j)[1], self.row + self.chunk_rows)
-            n = min(len(view) - i, (last - first) * self.stride - len(self.band))
+            need = (last - first) * self.stride - len(self.band)
+            n = min(len(view) - i, need)
+            if i == 0 and not self.band and n == need == len(block) \
+                    and isinstance(block, bytes):
+                self.at += n      # a read of exactly this part: folded as it came
+                i += n
+                self._fold(first, last, block)
+                continue
             self.band += view[i:i + n]
             i += n
             self.at += n
             if len(self.band) == (last - first) * self.stride:
-                self._fold(first, last)
+                self._fold(first, last, bytes(self.band))
+                self.band.clear()
         self.at += len(view) - i
 
     def _rows(self, j: int) -> tuple[int, int]:
@@ -315,13 +340,12 @@ class Fold:
         bands = self.size[1]
         return j * self.height // bands, (j + 1) * self.height // bands
 
-    def _fold(self, first: int, last: int) -> None:
-        """The rows first..last, a part of a band at most CHUNK_BYTES long: counted into
-        its band's cells, and the band's row of cells made when it is whole."""
+    def _fold(self, first: int, last: int, rows_of: bytes) -> None:
+        """The rows first..last (``rows_of``), a part of a band at most CHUNK_BYTES long:
+        counted into its band's cells, the band's row of cells made when it is whole."""
         # not Image.frombytes: its new image is filled with black first, a pass for nothing
         im = self.Image.new(self.mode, (self.width, last - first), None)
-        im.frombytes(bytes(self.band), "raw", (self.raw, self.stride, 1))
-        self.band.clear()
+        im.frombytes(rows_of, "raw", (self.raw, self.stride, 1))
         grey = self._seen(im, first, last, 1)
         means = grey.resize((self.size[0], 1), self.Image.Resampling.BOX).tobytes()
         rows = last - first
