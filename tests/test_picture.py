@@ -411,6 +411,13 @@ def test_a_capture_that_fails_prints_nonsense_too_much_or_hangs_is_one_line(tmp_
         "sh timed out after 0.5 s"
     assert time.monotonic() - started < 3
     assert shot_of(f"{tmp_path}/nothing-here").why.endswith("No such file or directory")
+    # raw pictures cut short, streamed (past the first read) or not, are said in one line
+    (tmp_path / "short.xwd").write_bytes(xwd_dump(320, 720)[:300_000])
+    (tmp_path / "tiny.xwd").write_bytes(xwd_dump(32, 32)[:2000])
+    (tmp_path / "short.ppm").write_bytes(b"P6\n640 360\n255\n" + b"\x10" * 5000)
+    for name in ("short.xwd", "tiny.xwd", "short.ppm"):
+        assert shot_of(f"cat {tmp_path / name}").why == \
+            "the capture is not a picture: cut short", name
 
 
 def test_a_picture_too_large_for_a_screen_is_refused_before_it_is_decoded(tmp_path):

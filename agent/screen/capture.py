@@ -101,10 +101,9 @@ class Capture:
             got, why = self._run(Image, keep)
             if why:
                 return None, Shot(why=why)
-            if isinstance(got, Fold):
-                got.picture()      # cut short: said here
-                return got, Shot()
-            return decode(Image, got, keep), Shot()
+            fold = got if isinstance(got, Fold) else decode(Image, got, keep)
+            fold.picture()      # cut short: said here
+            return fold, Shot()
         except NotAPicture as e:
             return None, Shot(why=str(e))
         except MemoryError:
