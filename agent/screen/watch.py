@@ -1,6 +1,7 @@
 """The picture check's thread: every ``[screen] picture_every_s`` it asks whether the
-display is meant to be dark, and if not captures the screen (capture.py) and hands the
-judge (picture.py) what the thumbnail measures.
+display is meant to be dark, and if not captures the screen (capture.py: every row
+folded into a thumbnail, its brightest pixel, its rows' checksums) and hands the judge
+(picture.py) what that measures.
 
 What the judge decides goes out as events (``screen.black``, ``screen.frozen``,
 ``screen.ok``, ``screen.check_failed``), to ``on_verdict`` (the recovery ladder listens),
