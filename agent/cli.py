@@ -381,6 +381,12 @@ def _say_in_force(config: cfgmod.Config, unit) -> int:
         print(f"  client    {egress.client_cert}"
               + (f" with {egress.client_key}" if egress.client_key else "")
               + f" ({came('network.client_cert')})")
+    if "screenshot" in config.commands.allow:
+        # as this shell's environment shows the screen (the unit's may name its display)
+        from .screen.part import screenshot_means
+        how, why = screenshot_means(config, dict(os.environ))
+        print(f"  screenshot  {how}" if how else
+              f"  screenshot  none (not offered to the server): {why}")
     set_here: dict[str, list[str]] = {}
     for key, origin in sorted(origins.items()):
         set_here.setdefault(origin, []).append(key)

@@ -144,7 +144,8 @@ DOCS = {
                       "through timedated (polkit), set-time only while NTP does not "
                       "synchronise the clock.",
     "commands.screenshot_command": "Prints a JPEG or PNG on stdout, e.g. \"grim -t jpeg -\" "
-                                   "(split into words, no shell).",
+                                   "(split into words, no shell). Unset: the screen full "
+                                   "size by the picture check's means.",
     "commands.display_on_command": "Turns the display on, e.g. \"wlr-randr --output HDMI-A-1 "
                                    "--on\" (split into words, no shell).",
     "commands.display_off_command": "Turns the display off, e.g. \"wlr-randr --output "
@@ -168,13 +169,14 @@ DOCS = {
     "screen.cec_device": "The HDMI-CEC adapter whose TV is asked its power status, where "
                          "cec-ctl is installed and the adapter exists.",
     "screen.picture_every_s": "How often the screen is captured and judged black, frozen "
-                              "or ok (What the screen shows); 0: never.",
-    "screen.capture_command": "Prints an image of the screen (PNG, PPM or JPEG). Unset: "
-                              "grim on Wayland; on X11 xwd (x11-apps), else ImageMagick's "
-                              "import.",
-    "screen.black_luma": "Black: the picture's mean luminance (0-255) below this, and...",
-    "screen.black_contrast": "...its contrast (the standard deviation of luminance) below "
-                             "this: a dark scene with detail is not black.",
+                              "or ok (What the screen shows); 0: never. A black or frozen "
+                              "screen is looked at every minute.",
+    "screen.capture_command": "Prints an image of the screen (PPM, PNG or JPEG). Unset: "
+                              "grim on Wayland, xwd (else ImageMagick's import) on X11.",
+    "screen.black_luma": "Black: the picture's brightest pixel (0-255), every row of it, "
+                         "below this, and...",
+    "screen.black_contrast": "...standing less than this above its ground (the median "
+                             "level): a starfield or dim text on near-black is not black.",
     "screen.content_moves": "The content is declared to move: only then is the same "
                             "picture for frozen_after_s frozen (a menu board is not).",
     "screen.frozen_after_s": "How long the same picture is seen before a moving screen is "

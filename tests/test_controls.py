@@ -384,7 +384,11 @@ def test_a_button_is_declared_only_where_it_is_allowed_and_the_screen_has_the_me
         "audio.volume", "display.brightness", "display.power", "remote.screenshot",
         "system.reboot", "system.restart_player"]
     assert st_profile(every, means=lambda: frozenset({"volume"})).capabilities() == [
-        "audio.volume", "display.power", "remote.screenshot", "system.reboot"]
+        "audio.volume", "display.power", "system.reboot"]
+    # a screenshot too needs a means (a capture tool and Pillow, or its command)
+    assert st_profile(every, means=lambda: frozenset({"volume", "screenshot"})
+                      ).capabilities() == ["audio.volume", "display.power", "remote.screenshot",
+                                           "system.reboot"]
     assert st_profile(["volume", "brightness"], means=lambda: frozenset()).capabilities() == []
     # power-off shares system.reboot: declared for reboot, never for poweroff alone
     assert st_profile(["poweroff"], means=lambda: frozenset({"poweroff"})).capabilities() == []

@@ -20,8 +20,8 @@ from agent.runtime.threads import start_worker
 from agent.screen import capture as capturing
 from agent.screen.picture import (BLACK, DARK, FROZEN, OK, FAILURE_QUIET_S, Changed,
                                   CheckFailed, Checked, Dark, Failed, Judge, Measure, Picture,
-                                  measure, same)
-from agent.screen.watch import ABSENT_EVERY_S, PictureWatch, from_config
+                                  is_black, measure, same)
+from agent.screen.watch import ABSENT_EVERY_S, BAD_EVERY_S, PictureWatch, from_config
 from devtools.harness import REPO, wait_for
 
 W, H = 64, 36
@@ -63,8 +63,8 @@ def test_a_dark_picture_with_detail_has_contrast_and_its_hash_tells_it_from_a_sh
     assert m.mean < 16 and m.contrast > 10
     assert not same(m, measure(squares(32, shift=8)))
     assert same(m, measure(squares(32)))
-    # the same scene at another size hashes the same: the grid is of the picture, not pixels
-    assert same(measure(squares(32, size=16, w=128, h=72)), m)
+    # the same scene at another size (the screen's mode changed) is another picture
+    assert not same(measure(squares(32, size=16, w=128, h=72)), m)
 
 
 def test_a_fade_is_movement_though_its_hash_stays_the_same():
@@ -81,10 +81,10 @@ def test_a_picture_whose_pixels_do_not_fill_it_is_refused():
 def test_the_first_ok_is_no_news_and_a_black_screen_is_told_once_then_its_end():
     j = judge()
     [first] = look(j, squares(200), 0.0)   # a quarter-odd of it lit: 20 of 36 rows, half
-    assert first == Changed(OK, False, None, {"mean": 55.6, "contrast": 89.6})
+    assert first == Changed(OK, False, None, {"mean": 55.6, "contrast": 89.6, "bright": 200})
     [black] = look(j, solid(3), 60.0)
     assert (black.verdict, black.news, black.was) == (BLACK, True, OK)
-    assert black.details == {"mean": 3.0, "contrast": 0.0}
+    assert black.details == {"mean": 3.0, "contrast": 0.0, "bright": 3}
     assert look(j, solid(3), 120.0) == []   # still black: no storm
     assert look(j, solid(0), 180.0) == []
     [ok] = look(j, squares(200), 240.0)
@@ -219,7 +219,7 @@ def test_a_real_black_screen_is_black_and_its_thumbnail_is_queued_as_a_png(xvfb_
     w, events, uploads, verdicts = watch_of(display, clock)
     assert w.check() == 60.0
     assert [e.type for e in events] == ["screen.black"] and verdicts == [BLACK]
-    assert events[0].details == {"mean": 0.0, "contrast": 0.0, "was": None,
+    assert events[0].details == {"mean": 0.0, "contrast": 0.0, "bright": 0, "was": None,
                                  "captured_by": f"xwd on {display}"}
     [(kind, png)] = uploads
     from PIL import Image
@@ -358,6 +358,23 @@ def test_the_thread_checks_at_its_pace_and_stops_at_once(xvfb_pictures):
     assert [e.type for e in events] == ["screen.black"]
 
 
+def test_a_healthy_screen_is_checked_at_the_default_pace_and_a_bad_one_every_minute(
+        xvfb_pictures, tmp_path):
+    """The check's cost is paid rarely on a screen that is fine (the default, 15 min:
+    README's measured cost); a black or frozen one is looked at again every minute,
+    so that the recovery ladder's two samples and its proof after a rung come in time."""
+    display, clock = xvfb_pictures, Clock()
+    assert ScreenSection().picture_every_s == 900.0
+    w, events, _, _ = watch_of(display, clock)
+    draw(display, "-bitmap", xbm(tmp_path / "tile.xbm", 64, 24), "-fg", "white", "-bg", "navy")
+    assert w.check() == 900.0
+    draw(display, "-solid", "black")
+    assert w.check() == BAD_EVERY_S == 60.0
+    assert w.check() == 60.0
+    draw(display, "-bitmap", xbm(tmp_path / "tile.xbm", 64, 24), "-fg", "white", "-bg", "navy")
+    assert w.check() == 900.0
+
+
 def test_a_check_every_0_s_is_off_and_starts_no_thread():
     w = from_config(ScreenSection(picture_every_s=0), commands(), {}, dark=lambda: None,
                     publish=lambda e: None)
@@ -394,13 +411,26 @@ def test_a_capture_that_fails_prints_nonsense_too_much_or_hangs_is_one_line(tmp_
         "sh timed out after 0.5 s"
     assert time.monotonic() - started < 3
     assert shot_of(f"{tmp_path}/nothing-here").why.endswith("No such file or directory")
+    # raw pictures cut short, streamed (past the first read) or not, are said in one line
+    (tmp_path / "short.xwd").write_bytes(xwd_dump(320, 720)[:300_000])
+    (tmp_path / "tiny.xwd").write_bytes(xwd_dump(32, 32)[:2000])
+    (tmp_path / "short.ppm").write_bytes(b"P6\n640 360\n255\n" + b"\x10" * 5000)
+    for name in ("short.xwd", "tiny.xwd", "short.ppm"):
+        assert shot_of(f"cat {tmp_path / name}").why == \
+            "the capture is not a picture: cut short", name
 
 
 def test_a_picture_too_large_for_a_screen_is_refused_before_it_is_decoded(tmp_path):
     bomb = tmp_path / "bomb.pgm"     # its header says 49 M pixels; 1000 bytes follow
     bomb.write_bytes(b"P5\n7000 7000\n255\n" + b"\0" * 1000)
-    assert shot_of(f"cat {bomb}").why.startswith(
-        "the capture is too large to decode: Image size (49000000 pixels) exceeds limit")
+    assert shot_of(f"cat {bomb}").why == \
+        "the capture is too large to decode: 7000x7000 pixels"
+    Image = capturing.pillow()   # a PNG's, from its header: as Pillow would hold it
+    out = io.BytesIO()
+    Image.new("L", (5000, 5000)).save(out, "PNG")
+    (tmp_path / "big.png").write_bytes(out.getvalue())
+    assert shot_of(f"cat {tmp_path / 'big.png'}").why.startswith(
+        "the capture is too large to decode: a PNG of 5000x5000 would take 47 MiB")
 
 
 def test_stop_kills_a_capture_running_and_refuses_the_next():
@@ -477,19 +507,42 @@ def xwd_dump(width, height, pixel=lambda x, y: (x % 256, y % 256, 7)) -> bytes:
     return struct.pack(">25I", *words) + name + rows
 
 
-def test_an_xwd_dump_kept_row_by_row_as_it_streams_is_the_same_thumbnail():
-    """RowPicker keeps only the rows the thumbnail takes, whatever the blocks' sizes: the
-    same picture as the whole dump decoded, and a dump cut short said so, never raised."""
+def test_an_xwd_dump_folded_as_it_streams_is_the_same_whatever_its_blocks():
+    """Fold takes every row of the dump, whatever the blocks' sizes, and keeps none but
+    its band: the same Picture as the whole dump folded at once, a dump cut short said
+    so, never raised past the capture."""
     Image = capturing.pillow()
-    dump = xwd_dump(320, 720)        # every 5th row of 720 kept
+    dump = xwd_dump(320, 720)
     whole = capturing.thumbnail(Image, dump)
     for block in (1, 7, 100, 4096, len(dump)):
-        picker, out = capturing.RowPicker.of(dump), bytearray()
+        fold = capturing.Fold.of(Image, dump[:capturing.HEAD_BYTES])
         for at in range(0, len(dump), block):
-            picker.take(dump[at:at + block], out)
-        picker.done(out)
-        assert len(out) < len(dump) // 4
-        assert capturing.thumbnail(Image, bytes(out)) == whole, block
-    assert (whole.width, whole.height) == (28, 64)
+            fold.take(dump[at:at + block])
+        assert fold.picture() == whole, block
+    assert (whole.width, whole.height, whole.peak) == (28, 64, 227)
     with pytest.raises(capturing.NotAPicture, match="cut short"):
         capturing.thumbnail(Image, dump[:len(dump) // 2])
+
+
+def test_one_lit_pixel_in_a_row_the_old_thumbnail_skipped_is_counted():
+    """Every row is read: a line of text one pixel high on black, on any row, is detail."""
+    Image = capturing.pillow()
+    for row in (0, 7, 719):
+        dump = xwd_dump(320, 720, lambda x, y: (200, 200, 200) if y == row and x < 40
+                        else (0, 0, 0))
+        m = measure(capturing.thumbnail(Image, dump))
+        assert m.bright == 200 and not is_black(m, 16, 4), row
+    assert is_black(measure(capturing.thumbnail(Image, xwd_dump(320, 720, lambda x, y: (
+        0, 0, 0)))), 16, 4)
+
+
+def test_black_is_the_brightest_detail_being_dark():
+    def of(ground, peak, lit_cells=0):
+        cells = bytes([ground + (1 if i < lit_cells else 0) for i in range(64 * 36)])
+        return measure(Picture(64, 36, cells, peak))
+    assert is_black(of(0, 0), 16, 4) and is_black(of(10, 10), 16, 4)  # blank, flat near-black
+    assert not is_black(of(0, 255, 300), 16, 4)     # 300 white dots, averaged away in cells
+    assert not is_black(of(8, 40, 20), 16, 4)       # gray 40 text on gray 8
+    faint = of(4, 12, 50)                           # detail at 12 on 4: dark, but it shows
+    assert (faint.bright, faint.ground) == (12, 4)
+    assert not is_black(faint, 16, 4) and is_black(faint, 16, 10)

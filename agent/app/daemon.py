@@ -98,7 +98,8 @@ class Agent:
             enqueue=self._enqueue, updater=self.updater, configure=self.settings.configure,
             undeliverable=lambda kind: uncarried(self.profile, kind),
             screen=self.screen.command_display, controls=self.screen.controls,
-            server_far=lambda t: self.server_clock.far(t, time.monotonic()))
+            server_far=lambda t: self.server_clock.far(t, time.monotonic()),
+            shoot=self.screen.screenshot)
         self.commands = CommandService(
             config.commands_path, config.commands.allow, self.actions,
             on_finished=lambda *result: self.runner.command_finished(*result),

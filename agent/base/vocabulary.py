@@ -13,10 +13,11 @@ COMMAND_NAMES = ("diagnostics", "logs", "screenshot", "display", "restart-agent"
 # operator's own choice, made in the file (or the environment) on the screen
 OPERATOR_ONLY_COMMANDS = frozenset({"shell", "set-time"})
 # the screen's commands that need a means of the screen's (a player unit, a backlight,
-# a sound server; logind): a server is offered each only where the screen has it, and
-# the first three are acted by the screen's controls (agent/screen/controls.py)
+# a sound server; logind; a way to capture it): a server is offered each only where the
+# screen has it, and the first three are acted by the screen's controls
+# (agent/screen/controls.py)
 SCREEN_CONTROLS = ("restart-player", "brightness", "volume")
-SCREEN_MEANS = SCREEN_CONTROLS + ("poweroff",)
+SCREEN_MEANS = SCREEN_CONTROLS + ("poweroff", "screenshot")
 MAX_COMMAND_ID = 64     # characters of a command's id, wherever one is kept
 
 # the fleet servers the link speaks to ([server] profile, agent/link/profiles/)

@@ -27,6 +27,7 @@ from ..runtime.threads import start_worker
 from ..base.logs import RECENT, under_journal
 from ..update.rules import NotStaged
 from ..base.upload_kinds import LOG, SCREENSHOT
+from ..base.vocabulary import SCREEN_CONTROLS
 from ..screen.core import Display
 from .core import LATER, Outcome
 from .operator import OperatorTools
@@ -69,7 +70,9 @@ class ScreenControls(Protocol):
 NEEDS = {"restart-player": "a player unit ([screen] player_unit in agent.toml)",
          "brightness": "a backlight in sysfs or a display that speaks DDC/CI (ddcutil)",
          "volume": "a sound server (wpctl, pactl) or ALSA's amixer",
-         "poweroff": "logind (systemctl poweroff)"}
+         "poweroff": "logind (systemctl poweroff)",
+         "screenshot": "a way to capture the screen: xwd, grim or import on its display "
+                       "and Pillow, or [commands] screenshot_command"}
 
 
 class Actions:
@@ -80,7 +83,8 @@ class Actions:
                  configure: Callable[[dict], tuple[bool, str]] | None = None,
                  undeliverable: Callable[[str], str | None] = lambda kind: None,
                  screen: Display | None = None, controls: ScreenControls | None = None,
-                 server_far: Callable[[float], float | None] = lambda when: None):
+                 server_far: Callable[[float], float | None] = lambda when: None,
+                 shoot: Callable[[], tuple[bytes | None, str]] | None = None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
         ``updater`` settles an update's result itself, later (its own callback).
         ``configure(args)`` stages a revision of settings (agent/settings/): (staged,
@@ -88,7 +92,11 @@ class Actions:
         ``undeliverable(kind)`` says why the link's profile cannot carry an upload of
         that kind, or None: a bundle nobody can deliver is not made at all.
         ``screen`` reads the display's state back after a display command
-        (agent/screen/); ``controls`` act for the screen's commands and read back."""
+        (agent/screen/); ``controls`` act for the screen's commands and read back.
+        ``shoot()``: the screen captured full size, as a JPEG, by the picture check's
+        means (agent/screen/part.py), or (None, why not): the screenshot where no
+        ``screenshot_command`` is set."""
+        self.shoot = shoot
         self.undeliverable = undeliverable
         self.screen = screen
         self.controls = controls
@@ -118,7 +126,7 @@ class Actions:
             "update": self.update, "configure": self.configure, "poweroff": self.poweroff,
             "shell": self.operator.shell, "set-time": self.operator.set_time,
             "set-timezone": self.operator.set_timezone,
-            **{name: self._screen_control(name) for name in NEEDS if name != "poweroff"}}
+            **{name: self._screen_control(name) for name in SCREEN_CONTROLS}}
 
     def run(self, name: str, args: dict, command_id: str = "") -> Outcome:
         action = self.commands[name]
@@ -176,16 +184,24 @@ class Actions:
                               "dropped": bundle.dropped})
 
     def screenshot(self, args: dict) -> Outcome:
+        """``[commands] screenshot_command``'s image where it is set, else the screen
+        full size by the picture check's means (``shoot``)."""
         command = self.section.screenshot_command
-        if not command:
-            return Outcome(False, error="no screenshot command configured "
-                                        "([commands] screenshot_command in agent.toml)")
-        r = self._shell(command)
-        if isinstance(r, Outcome):
-            return r
-        image = r.stdout
-        if not (image.startswith(b"\xff\xd8") or image.startswith(b"\x89PNG")):
-            return Outcome(False, error="the screenshot command printed no JPEG or PNG image")
+        if command:
+            r = self._shell(command)
+            if isinstance(r, Outcome):
+                return r
+            image = r.stdout
+            if not (image.startswith(b"\xff\xd8") or image.startswith(b"\x89PNG")):
+                return Outcome(False, error="the screenshot command printed no JPEG or PNG "
+                                            "image")
+        elif self.shoot is None:
+            return Outcome(False, error=f"screenshot: this screen has no means: it needs "
+                                        f"{NEEDS['screenshot']}")
+        else:
+            image, why = self.shoot()
+            if image is None:
+                return Outcome(False, error=f"screenshot: {why}"[:300])
         try:
             upload_id = self.enqueue(SCREENSHOT, image)
         except NotQueued as e:

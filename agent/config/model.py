@@ -88,7 +88,7 @@ class Screen:
     settle_s: float = 10.0
     x_display: str | None = None
     cec_device: str = "/dev/cec0"
-    picture_every_s: float = 60.0
+    picture_every_s: float = 900.0
     capture_command: str | None = None
     black_luma: float = 16.0
     black_contrast: float = 4.0

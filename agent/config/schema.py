@@ -200,7 +200,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # What the fleet server may ask of this screen (docs/PROTOCOL.md, remote
         # operations). reboot, restart-agent, display and screenshot are opt-in.
         "allow": Key(list, ["diagnostics", "logs"], "commands.allow", fleet=True),
-        # prints a JPEG or PNG, e.g. "grim -t jpeg -"
+        # prints a JPEG or PNG, e.g. "grim -t jpeg -"; unset: the screen captured full
+        # size by the picture check's means ([screen] capture_command, xwd, grim)
         "screenshot_command": Key(str, None, "commands.screenshot_command", COMMAND_LINE),
         # e.g. "wlr-randr --output HDMI-A-1 --on"
         "display_on_command": Key(str, None, "commands.display_on_command", COMMAND_LINE),
@@ -230,14 +231,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # the HDMI-CEC adapter whose TV is asked its power status (where cec-ctl is)
         "cec_device": Key(str, "/dev/cec0", "screen.cec_device", ABS_PATH),
         # Picture health (agent/screen/picture.py): how often the screen is captured and
-        # judged black, frozen or ok; 0: never. A capture is a fraction of a second of
-        # one core at most; once a minute is what a fleet notices a dead screen by.
-        "picture_every_s": Key(float, 60.0, "screen.picture_every_s", Range(0, 3600)),
-        # prints an image of the screen (PNG, PPM or JPEG) on stdout; unset: grim on
-        # Wayland; on X11 xwd, else ImageMagick's import (screen/capture.py)
+        # judged black, frozen or ok; 0: never. A check of a 1080p screen costs ~28 ms of
+        # CPU (xwd and every row of its dump, measured): every 15 min it adds under half
+        # the idle agent's CPU; a screen found black or frozen is looked at every minute
+        "picture_every_s": Key(float, 900.0, "screen.picture_every_s", Range(0, 3600)),
+        # prints an image of the screen (PPM, PNG or JPEG) on stdout; unset: grim on
+        # Wayland, xwd (else ImageMagick's import) on X11
         "capture_command": Key(str, None, "screen.capture_command", COMMAND_LINE),
-        # black: the picture's mean luminance (0-255) and its contrast (the standard
-        # deviation of luminance) both below these; a dark scene with detail has contrast
+        # black: the brightest pixel of the whole picture (0-255, every row) below
+        # black_luma, and less than black_contrast above the ground (the median level):
+        # a starfield, a small clock, dim text on near-black have a bright detail
         "black_luma": Key(float, 16.0, "screen.black_luma", Range(0, 255)),
         "black_contrast": Key(float, 4.0, "screen.black_contrast", Range(0, 128)),
         # frozen: judged only where the content is declared to move (a static menu board

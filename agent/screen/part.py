@@ -8,7 +8,10 @@
 - the player unit watched and the recovery ladder (mender.py), which hears each
   picture verdict;
 - the screen's controls for restart-player, brightness, volume and poweroff
-  (controls.py), each read back.
+  (controls.py), each read back;
+- the screenshot, where no ``[commands] screenshot_command`` is set: the screen full
+  size, taken by the picture check's means (capture.py), offered to a server only where
+  this screen has one (``screenshot_means``).
 
 Each is built only where this screen has a use for it; ``snapshot()`` is the status
 document's ``screen``.
@@ -19,7 +22,7 @@ import logging
 import time
 from typing import Callable
 
-from ..base.vocabulary import SCREEN_CONTROLS
+from ..base.vocabulary import SCREEN_CONTROLS, SCREEN_MEANS
 from ..config.model import Config
 from ..events.model import Event
 from ..runtime.threads import start_worker
@@ -29,7 +32,8 @@ from typing import TYPE_CHECKING
 from .core import Verdict
 
 if TYPE_CHECKING:   # each is imported where this screen has a use for it
-    from . import controls as controlling, mender as mending, service, watch
+    from . import capture as capturing, controls as controlling, mender as mending, \
+        service, watch
 
 log = logging.getLogger("edge_agent.screen")
 
@@ -58,6 +62,8 @@ class ScreenPart:
         self.mender: "mending.Mender | None" = None
         self._prober = None   # the worker probing the controls' means, while it runs
         self.cold_start = False   # the boot's first start of the agent
+        self.shot_means: tuple[str | None, str] = (None, "screenshot is not allowed")
+        self.shooter: "capturing.Capture | None" = None   # the screenshot's own capture
 
     def dark(self, scheduled_off: Callable[[], bool]) -> str | None:
         """Why the display is meant to be dark now, or None."""
@@ -86,9 +92,27 @@ class ScreenPart:
             self._prober = start_worker("screen-means", self.controls.probe,
                                         reason="the screen's means probed")
 
-    def means(self) -> frozenset | None:
-        """The screen's commands it has the means for, as last probed; None: no controls."""
-        return self.controls.known() if self.controls is not None else None
+    def means(self) -> frozenset:
+        """The screen's commands it has the means for: the controls' as last probed (no
+        controls: the others are not probed, and not held back), and the screenshot
+        where this screen has a way to take one."""
+        have = set(self.controls.known() if self.controls is not None else SCREEN_MEANS)
+        have.discard("screenshot")
+        if self.shot_means[0] is not None:
+            have.add("screenshot")
+        return frozenset(have)
+
+    def screenshot(self) -> tuple[bytes | None, str]:
+        """The screen full size (shrunk only past the capture's bound), as a JPEG the
+        servers take; or (None, why not). On the command's thread: bounded in time by
+        the capture's timeout."""
+        if self.shooter is None:
+            return None, self.shot_means[1] or "no capture for the screenshot"
+        fold, shot = self.shooter.grab(keep=True)
+        if fold is None:
+            return None, shot.why
+        from . import capture as capturing
+        return capturing.jpeg_of(fold.kept), ""
 
     def stop(self) -> None:
         """From any thread: a read-back or a capture in progress ends now."""
@@ -100,6 +124,8 @@ class ScreenPart:
             self.controls.stop()
         if self.mender is not None:
             self.mender.stop()
+        if self.shooter is not None:
+            self.shooter.stop()
 
     def join(self, timeout: float | None = None) -> None:
         for loop in (self.picture, self.mender):
@@ -161,6 +187,10 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
             section, sysfs_root=sysfs, environ=environ,
             player=part.mender.player if part.mender else None)
         part.controls.on_change = means_changed
+    if "screenshot" in commands.allow:
+        part.shot_means = screenshot_means(config, environ)
+        if part.shot_means[0] is not None and not commands.screenshot_command:
+            part.shooter = _capture(config, environ, runtime_dir)
     if section.picture_every_s > 0 and something_to_capture(config, environ):
         from . import watch
         part.picture = watch.from_config(
@@ -179,3 +209,30 @@ def something_to_capture(config: Config, environ: dict) -> bool:
     return bool(config.screen.capture_command or config.screen.x_display
                 or commands.display_on_command or commands.display_off_command
                 or environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"))
+
+
+def _capture(config: Config, environ: dict, runtime_dir: str | None = None):
+    from . import capture as capturing
+    from .service import x_display_of
+    return capturing.choose(config.screen.capture_command,
+                            x_display_of(config.screen, config.commands, environ), environ,
+                            temp_dir=runtime_dir)
+
+
+def screenshot_means(config: Config, environ: dict) -> tuple[str | None, str]:
+    """How this screen's screenshot is taken ("xwd on :0", "grim ([commands]
+    screenshot_command)"), or (None, why none): the command is then not offered to a
+    server. Nothing is run and Pillow is not imported (it is only looked for)."""
+    import importlib.util
+    command = config.commands.screenshot_command
+    if command:
+        import shlex
+        from ..base import children
+        return f"{children.program(shlex.split(command))} ([commands] screenshot_command)", ""
+    capture = _capture(config, environ)
+    if capture.argv is None:
+        return None, capture.how
+    if importlib.util.find_spec("PIL") is None:
+        from .capture import NO_PILLOW
+        return None, NO_PILLOW
+    return capture.how, ""

@@ -1,14 +1,19 @@
 """Picture health: is the screen black, frozen or ok (sans I/O).
 
-The shell (watch.py) captures the screen now and then (capture.py), shrinks it to a
-small grey thumbnail, and hands this judge what it measured, or why it could not:
+The shell (watch.py) captures the screen now and then (capture.py), folds it into a
+small grey thumbnail plus what only the whole picture says (its brightest pixel, a
+checksum of its rows, every row read), and hands this judge what it measured, or why
+it could not:
 
-- **black**: the mean luminance and the contrast (the standard deviation of luminance)
-  are both below their thresholds. A dark night scene has detail, so contrast: it is not
-  black however dark it is.
-- **frozen**: only on a screen whose content is declared to move. The same picture (a
-  difference hash within a few bits, the mean within a few levels: a fade moves) for
-  ``frozen_after_s`` on the monotonic clock. A static menu board is never frozen.
+- **black**: the brightest detail is dark: the picture's brightest pixel is below
+  ``black_luma`` and stands less than ``black_contrast`` above the ground (the median
+  level). A starfield, a small clock or a logo on black, dim text on near-black, a dark
+  video frame, a night scene each have a detail that is not; a blank frame has none.
+  (The thumbnail's averages cannot tell: a few hundred white dots average to black.)
+- **frozen**: only on a screen whose content is declared to move. The same picture,
+  pixel for pixel (its rows' checksums), for ``frozen_after_s`` on the monotonic
+  clock: a ticker crawling 2 px or a clock's minute is movement. A static menu board
+  is never frozen.
 - **ok**: anything else.
 - **dark**: the display is off by schedule or by command. Nothing is judged (the shell
   captures nothing) and the frozen timer starts again when the display comes back.
@@ -25,13 +30,12 @@ the time). Effects: ``Changed`` (a new verdict, whether it is news), ``CheckFail
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 OK, BLACK, FROZEN, DARK = "ok", "black", "frozen", "dark"
 JUDGED = (OK, BLACK, FROZEN)
 
-SAME_BITS = 4            # of the hash's 64: capture noise, a blinking cursor
-SAME_MEAN = 3.0          # luminance levels: a fade or a dimmed backlight is movement
 FAILURE_QUIET_S = 3600.0  # a failing capture is told at most this often
 HASH_W, HASH_H = 9, 8    # a difference hash of 8 rows of 8 left-right differences
 MAX_WHY = 200
@@ -39,29 +43,41 @@ MAX_WHY = 200
 
 @dataclass(frozen=True)
 class Picture:
-    """A small grey thumbnail: one byte of luminance a pixel, row by row."""
+    """What a capture gives the judge: a small grey thumbnail (one byte of luminance a
+    cell, row by row, each the mean of its part of the screen), and of the whole picture
+    at full size, every row of it, its brightest pixel and its rows' checksums (none
+    given: the thumbnail's own, a picture made small already)."""
     width: int
     height: int
     pixels: bytes
+    peak: int = -1           # the brightest pixel at full size (-1: the thumbnail's)
+    signature: tuple = ()    # a checksum of each band of rows at full size (empty: of the
+                             # thumbnail's rows)
 
 
 @dataclass(frozen=True)
 class Measure:
     mean: float          # luminance, 0-255
-    contrast: float      # the standard deviation of luminance
+    contrast: float      # the standard deviation of the cells' luminance
     dhash: int           # 64 bits: does each cell of an 9x8 grid darken to its right
+    bright: int = 0      # the brightest pixel: the detail (a star, a line of text)
+    ground: int = 0      # the cells' median level: what the detail stands on
+    signature: tuple = ()  # the picture's rows, checksummed: whether any pixel changed
 
 
 def measure(picture: Picture) -> Measure:
-    """A thumbnail's statistics; a few thousand pixels, well under a millisecond."""
+    """A picture's statistics; a few thousand cells, well under a millisecond."""
     w, h, px = picture.width, picture.height, picture.pixels
     if w <= 0 or h <= 0 or len(px) != w * h:
         raise ValueError(f"a picture of {w}x{h} has {len(px)} pixels")
     n = w * h
-    total = sum(px)
-    mean = total / n
+    mean = sum(px) / n
     variance = max(0.0, sum(v * v for v in px) / n - mean * mean)
-    return Measure(mean, variance ** 0.5, dhash(picture))
+    signature = picture.signature or tuple(zlib.adler32(px[y * w:(y + 1) * w])
+                                           for y in range(h))
+    bright = picture.peak if picture.peak >= 0 else max(px)
+    return Measure(mean, variance ** 0.5, dhash(picture), bright, sorted(px)[n // 2],
+                   signature)
 
 
 def dhash(picture: Picture) -> int:
@@ -86,7 +102,18 @@ def dhash(picture: Picture) -> int:
 
 
 def same(a: Measure, b: Measure) -> bool:
-    return bin(a.dhash ^ b.dhash).count("1") <= SAME_BITS and abs(a.mean - b.mean) <= SAME_MEAN
+    """The same picture, pixel for pixel: every band of its rows checksums the same. A
+    clock's minute, a ticker's crawl of 2 px, a fade, a blinking cursor are each
+    movement; a screen's pixels are read from its frame buffer, never noisy."""
+    return a.signature == b.signature and a.mean == b.mean
+
+
+def is_black(m: Measure, black_luma: float, black_contrast: float) -> bool:
+    """Black: the brightest pixel is dark (below ``black_luma``) and stands less than
+    ``black_contrast`` above the ground. A starfield, a small clock, dim text on
+    near-black, a night scene each have a detail that is not. A screen's pixels are read
+    from its frame buffer: a blank frame has no stray bright one."""
+    return m.bright < black_luma and m.bright - m.ground < black_contrast
 
 
 @dataclass(frozen=True)
@@ -158,8 +185,9 @@ class Judge:
         self.failure = self._failure_told = None
         if self._still is None or not same(m, self._still):
             self._still, self._still_since = m, now
-        details = {"mean": round(m.mean, 1), "contrast": round(m.contrast, 1)}
-        if m.mean < self.black_luma and m.contrast < self.black_contrast:
+        details = {"mean": round(m.mean, 1), "contrast": round(m.contrast, 1),
+                   "bright": m.bright}
+        if is_black(m, self.black_luma, self.black_contrast):
             verdict = BLACK
         elif self.content_moves and now - self._still_since >= self.frozen_after_s:
             verdict = FROZEN

@@ -1,6 +1,7 @@
 """The picture check's thread: every ``[screen] picture_every_s`` it asks whether the
-display is meant to be dark, and if not captures the screen (capture.py) and hands the
-judge (picture.py) what the thumbnail measures.
+display is meant to be dark, and if not captures the screen (capture.py: every row
+folded into a thumbnail, its brightest pixel, its rows' checksums) and hands the judge
+(picture.py) what that measures.
 
 What the judge decides goes out as events (``screen.black``, ``screen.frozen``,
 ``screen.ok``, ``screen.check_failed``), to ``on_verdict`` (the recovery ladder listens),
@@ -10,6 +11,9 @@ memory for the length of one check.
 
 The thread is a Loop on the watchdog gate, as the working hours' is: it waits in slices
 of at most SLICE_S and ticks at each, and one check is bounded by the capture's timeout.
+A screen found black or frozen is looked at again every BAD_EVERY_S (not every
+``picture_every_s``, 15 min by default for the check's cost): the recovery ladder's
+second sample and its proof after a rung come within a minute, as they did.
 A screen with no way to capture is said once and asked again every ABSENT_EVERY_S.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ log = logging.getLogger("edge_agent.screen")
 
 SLICE_S = 30.0          # the longest wait between two ticks of the gate
 ABSENT_EVERY_S = 900.0  # no capture tool, no Pillow: looked for again this rarely
+BAD_EVERY_S = 60.0      # a black or frozen screen: looked at again this often
 MARGIN_S = 30.0
 
 
@@ -96,6 +101,8 @@ class PictureWatch:
         else:
             self._apply(self.judge.handle(Checked(measure(shot.picture), self.clock())),
                         shot.picture, seen=True)
+        if self.judge.verdict in (BLACK, FROZEN):
+            return min(self.every_s, BAD_EVERY_S)
         return self.every_s
 
     def snapshot(self) -> dict:
@@ -109,6 +116,7 @@ class PictureWatch:
                 "every_s": self.every_s, "captured_by": self.capture.how,
                 "mean": None if last is None else round(last.mean, 1),
                 "contrast": None if last is None else round(last.contrast, 1),
+                "bright": None if last is None else last.bright,
                 "still_for_s": round(judge.still_for(now)) if judge.content_moves else None,
                 "dark": judge.dark_why if judge.verdict == "dark" else None,
                 "unavailable": self.absent, "failures": judge.failures,
