@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from agent.base.fsutil import loads
 from agent.config.model import Screen
 from agent.screen import ladder as L
 from agent.screen import mender as mender_mod
@@ -292,7 +293,7 @@ def test_a_black_screen_is_rebooted_once_a_day_across_reboots(tmp_path):
                 "reboot: not rebooted: 1 of 1 reboots a day spent"]
         wall = rig.wall_now + 2 * 3600
     assert len(reboots_done) == 2 and reboots_done[1] - reboots_done[0] >= DAY
-    assert len(reboots.parse((tmp_path / reboots.FILE).read_bytes())) == 1
+    assert len(reboots.parse(loads((tmp_path / reboots.FILE).read_bytes()))) == 1
 
 
 def test_nothing_is_done_while_the_display_is_meant_off(tmp_path):
