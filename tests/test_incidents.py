@@ -20,6 +20,9 @@ def test_black_frozen_and_a_crashed_player_are_incidents_and_the_rest_has_no_pla
     crashed = incident({"type": "player.crashed", "unit": "kiosk.service", "result": "signal"})
     assert crashed == {"type": "crash", "reason": "player crashed",
                        "detail": "unit kiosk.service; result signal"}
+    # an operator's clean stop of the player is no crash on the dashboard
+    assert incident({"type": "player.stopped", "unit": "kiosk.service",
+                     "result": "success"}) is None
     for kind in ("network.up", "display.connected", "power.undervoltage", "screen.ok"):
         assert incident({"type": kind}) is None
 

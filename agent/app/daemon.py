@@ -60,7 +60,7 @@ class Agent:
         self.storage = StorageHealth(state_dir)
         self.alarms = StorageAlarms(self.storage, config.queue_path)
         profile_class = PROFILES[config.server.profile]
-        cold_start = first_start_of_boot(runtime_dir)
+        self.cold_start = cold_start = first_start_of_boot(state_dir)
         self.identity = DeviceIdentity(
             config.identity, config.server, runtime_dir, profile=profile_class,
             storage=self.alarms, on_change=self._refresh, gate=self.gate)
@@ -242,9 +242,10 @@ class Agent:
         signal.signal(signal.SIGUSR1, lambda *_: self.uploads.wake())
         # `edge-agent unpair` / `enroll` ask for a fresh pairing
         signal.signal(signal.SIGUSR2, lambda *_: self.identity.ids.revoked())
-        log.info("edge-agent %s starting: device %s, server %s, %s", __version__,
+        log.info("edge-agent %s starting: device %s, server %s, %s; %s", __version__,
                  self.identity.device_id(), self.config.server.display,
-                 self.identity.describe())
+                 self.identity.describe(),
+                 "the boot's first start" if self.cold_start else "started again in this boot")
         self.runner.begin()   # the link's first state, before the threads that write status
         held = self.alarms.release(self.outbox.put, self._refresh)
         for event in held + adjustments.said(self.config):
