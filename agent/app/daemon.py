@@ -83,7 +83,7 @@ class Agent:
             scheduled_off=lambda: self.hours is not None and self.hours.expected_off(),
             wake=lambda: self._acted("display", {"state": "on"}),
             reboot=lambda: self._acted("reboot", {}), means_changed=lambda: self.runner.declare(),
-            cold_start=cold_start)
+            cold_start=cold_start, on_change=lambda: self._refresh())
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
             check=lambda values: config_load.load(config.source, self.environ, fleet=values),

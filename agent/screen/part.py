@@ -58,6 +58,8 @@ class ScreenPart:
         self.mender: "mending.Mender | None" = None
         self._prober = None   # the worker probing the controls' means, while it runs
         self.cold_start = False   # the boot's first start of the agent
+        self.scheduled_off: Callable[[], bool] = lambda: False   # the working hours' off
+        self.started_at: float | None = None
 
     def dark(self, scheduled_off: Callable[[], bool]) -> str | None:
         """Why the display is meant to be dark now, or None."""
@@ -68,6 +70,7 @@ class ScreenPart:
         return None
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         if self.mender is not None:
             self.mender.start(self.cold_start)
         if self.picture is not None:
@@ -108,7 +111,7 @@ class ScreenPart:
 
     def snapshot(self) -> dict | None:
         doc = {"display": self.display.snapshot() if self.display else None,
-               "picture": self.picture.snapshot() if self.picture else None,
+               "picture": self._picture(),
                "controls": {"via": self.controls.via(), "lacking": self.controls.why_not()}
                if self.controls else None, "player": None, "recovery": None}
         if self.mender is not None:
@@ -120,17 +123,39 @@ class ScreenPart:
                     recovery.get("state") if recovery.get("enabled") else "off")}
         return doc if any(doc.values()) else None
 
+    def _picture(self) -> dict | None:
+        """The picture check's snapshot as it stands now: a display meant dark is dark
+        from the moment it is (the check says so only at its next look), and a screen not
+        judged yet says why."""
+        if self.picture is None:
+            return None
+        shot = self.picture.snapshot()
+        why_dark = self.dark(self.scheduled_off) if shot.get("verdict") != "off" else None
+        if why_dark and shot.get("verdict") != "dark":
+            return {**shot, "verdict": "dark", "dark": why_dark, "since_s": None,
+                    "mean": None, "contrast": None}
+        if shot.get("verdict") is None:
+            shot["pending"] = (
+                f"the capture failed: {shot['failure']}" if shot.get("failure") else
+                "the first check is under way" if self.started_at is not None else
+                "the check starts with the agent")
+        return shot
+
 
 def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
              publish: Callable[[Event], None], enqueue: Callable[[str, bytes], object],
              gate: WatchdogGate | None, scheduled_off: Callable[[], bool],
              wake: Callable[[], tuple[bool, str]], reboot: Callable[[], tuple[bool, str]],
              means_changed: Callable[[], None] = lambda: None,
-             cold_start: bool = False) -> ScreenPart:
+             cold_start: bool = False,
+             on_change: Callable[[], None] = lambda: None) -> ScreenPart:
     """``scheduled_off()``: the working hours have the display off now. ``wake()`` turns
     the display on and reads it back, ``reboot()`` asks for a reboot: the recovery
     ladder's rungs, each (done, in words). ``means_changed()``: a probe found what the
-    screen can do changed (the server that was told at registration hears it again)."""
+    screen can do changed (the server that was told at registration hears it again).
+    ``on_change()``: a check is done (a picture judged, the display read): the status
+    board says it now, on tmpfs, so every line of `edge-agent status` is as of its last
+    check, not of the last event."""
     section, commands = config.screen, config.commands
     display = None
     if commands.display_on_command or commands.display_off_command:
@@ -138,6 +163,7 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
         display = service.from_config(section, commands, sysfs_root=sysfs, environ=environ)
     part = ScreenPart(display, None, publish)
     part.cold_start = cold_start
+    part.scheduled_off = scheduled_off
 
     def queue_thumbnail(kind: str, data: bytes) -> None:
         # the verdict is told whatever the queue says: a full or failed card refuses the
@@ -167,8 +193,15 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
             section, commands, environ, dark=lambda: part.dark(scheduled_off),
             publish=publish, gate=gate, temp_dir=runtime_dir,
             enqueue=queue_thumbnail if "screenshot" in commands.allow else None,
-            on_verdict=part.mender.on_picture if part.mender else None)
+            on_verdict=lambda verdict: _checked(part, verdict, on_change))
     return part
+
+
+def _checked(part: ScreenPart, verdict: str, on_change: Callable[[], None]) -> None:
+    """Each look of the picture check: the ladder hears it, the board says it."""
+    if part.mender is not None:
+        part.mender.on_picture(verdict)
+    on_change()
 
 
 def something_to_capture(config: Config, environ: dict) -> bool:
