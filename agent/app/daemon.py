@@ -128,7 +128,8 @@ class Agent:
                 sysfs=SysfsState(sysfs), settle_s=e.settle_s,
                 fallback_interval_s=e.fallback_interval_s, udev_source=e.udev_source,
                 telemetry_every_s=e.telemetry_every_s, sample=telemetry.get,
-                scheduled_off=self.hours.expected_off if self.hours else lambda: False)
+                scheduled_off=self.hours.expected_off if self.hours else lambda: False,
+                on_display=self.screen.hotplug)
         self.metrics = None
         if config.metrics.enabled:   # loaded only where asked for: the start pays nothing
             from ..metrics import service as metrics

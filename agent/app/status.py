@@ -231,6 +231,15 @@ def _screen_lines(screen, elapsed: float) -> list[str]:
     if isinstance(display, dict):
         lines.append(f"display     {display.get('asked')} {ago(display.get('age_s'))}: "
                      f"{display.get('said')}")
+    watched = screen.get("watched")
+    if isinstance(watched, dict):
+        since = (f" for {_duration(watched['since_s'] + elapsed)}"
+                 if _number(watched.get("since_s")) else " (not read yet)")
+        meant = f", meant dark: {watched['meant_dark']}" if watched.get("meant_dark") else ""
+        every = (f"; read every {watched['every_s']:g} s and at each hotplug"
+                 if _number(watched.get("every_s")) else "")
+        read = f" ({watched['read']})" if watched.get("read") else ""
+        lines.append(f"display now {watched.get('state')}{since}{meant}{read}{every}")
     picture = screen.get("picture")
     if isinstance(picture, dict):
         # never "None": a screen not judged yet says so, and why

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..base import reasons
+from ..screen.core import DISPLAY_STATES
 from ..link.journal import ConnectionJournal
 from ..settings import rules as settings_rules
 from ..update import rules as update_rules
@@ -249,6 +250,7 @@ GAUGE_HELP = {
     "settings_revision": "The fleet's settings revision in force",
     "settings_last_result": "1 for how the latest fleet settings revision ended",
     "storage_state": "1 for the state of the card as the agent uses it",
+    "display_state": "1 for the display's state as last read (on, off, disconnected, unknown)",
     "info": "The agent's version",
 }
 
@@ -282,6 +284,10 @@ def gauges_of(doc: dict) -> list[tuple[str, tuple, float]]:
     out += _one_hot("settings_last_result", "result", SETTINGS_RESULTS,
                     last_settings.get("result") if last_settings else None)
     out += _one_hot("storage_state", "state", STORAGE_STATES, storage.get("state"))
+    screen = section("screen")
+    watched = screen.get("watched") if isinstance(screen.get("watched"), dict) else None
+    if watched is not None:   # a screen whose display is watched: its series, no other's
+        out += _one_hot("display_state", "state", DISPLAY_STATES, watched.get("state"))
     return out
 
 

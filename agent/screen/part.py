@@ -8,7 +8,9 @@
 - the player unit watched and the recovery ladder (mender.py), which hears each
   picture verdict;
 - the screen's controls for restart-player, brightness, volume and poweroff
-  (controls.py), each read back.
+  (controls.py), each read back;
+- the display watched between commands (display_watch.py): a TV switched off by hand
+  or a cable pulled is told once, ``display.changed``.
 
 Each is built only where this screen has a use for it; ``snapshot()`` is the status
 document's ``screen``.
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 from .core import Verdict
 
 if TYPE_CHECKING:   # each is imported where this screen has a use for it
-    from . import controls as controlling, mender as mending, service, watch
+    from . import controls as controlling, display_watch, mender as mending, service, watch
 
 log = logging.getLogger("edge_agent.screen")
 
@@ -56,6 +58,7 @@ class ScreenPart:
         self.picture = picture
         self.controls: "controlling.Controls | None" = None
         self.mender: "mending.Mender | None" = None
+        self.watched: "display_watch.DisplayWatch | None" = None
         self._prober = None   # the worker probing the controls' means, while it runs
         self.cold_start = False   # the boot's first start of the agent
         self.scheduled_off: Callable[[], bool] = lambda: False   # the working hours' off
@@ -75,7 +78,14 @@ class ScreenPart:
             self.mender.start(self.cold_start)
         if self.picture is not None:
             self.picture.start()
+        if self.watched is not None:
+            self.watched.start()
         self._probe()
+
+    def hotplug(self) -> None:
+        """From the udev watcher: a DRM connector changed; the display is read soon."""
+        if self.watched is not None:
+            self.watched.hotplug()
 
     def turn(self, now: float) -> None:
         """On a wake-up the link thread has anyway: the means looked for again when stale."""
@@ -103,15 +113,17 @@ class ScreenPart:
             self.controls.stop()
         if self.mender is not None:
             self.mender.stop()
+        if self.watched is not None:
+            self.watched.stop()
 
     def join(self, timeout: float | None = None) -> None:
-        for loop in (self.picture, self.mender):
+        for loop in (self.picture, self.mender, self.watched):
             if loop is not None:
                 loop.join(timeout)
 
     def snapshot(self) -> dict | None:
         doc = {"display": self.display.snapshot() if self.display else None,
-               "picture": self._picture(),
+               "picture": self._picture(), "watched": self._watched(),
                "controls": {"via": self.controls.via(), "lacking": self.controls.why_not()}
                if self.controls else None, "player": None, "recovery": None}
         if self.mender is not None:
@@ -122,6 +134,14 @@ class ScreenPart:
                 doc["player"] = {**mended["player"], "recovery": (
                     recovery.get("state") if recovery.get("enabled") else "off")}
         return doc if any(doc.values()) else None
+
+    def _watched(self) -> dict | None:
+        """The display as the watch last found it, and whether it is meant dark now."""
+        if self.watched is None:
+            return None
+        shot = self.watched.snapshot()
+        why_dark = self.dark(self.scheduled_off)
+        return {**shot, "meant_dark": why_dark} if why_dark else shot
 
     def _picture(self) -> dict | None:
         """The picture check's snapshot as it stands now: a display meant dark is dark
@@ -187,7 +207,12 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
             section, sysfs_root=sysfs, environ=environ,
             player=part.mender.player if part.mender else None)
         part.controls.on_change = means_changed
+    if section.display_every_s > 0:
+        part.watched = _display_watch(config, sysfs=sysfs, environ=environ, publish=publish,
+                                      on_change=on_change, gate=gate,
+                                      dark=lambda: part.dark(scheduled_off))
     if section.picture_every_s > 0 and something_to_capture(config, environ):
+
         from . import watch
         part.picture = watch.from_config(
             section, commands, environ, dark=lambda: part.dark(scheduled_off),
@@ -195,6 +220,24 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
             enqueue=queue_thumbnail if "screenshot" in commands.allow else None,
             on_verdict=lambda verdict: _checked(part, verdict, on_change))
     return part
+
+
+def _display_watch(config: Config, *, sysfs: str, environ: dict,
+                   publish: Callable[[Event], None], on_change: Callable[[], None],
+                   gate: WatchdogGate | None,
+                   dark: Callable[[], str | None]) -> "display_watch.DisplayWatch | None":
+    """The display's watch, where there is a display to watch: one this agent is told of,
+    or a DRM connector in sysfs (a headless box starts no thread for it)."""
+    from .sources import Drm, Runner
+    if not (something_to_capture(config, environ) or Drm(sysfs).read().present):
+        return None
+    from . import display_watch, service
+    runner = Runner()
+    return display_watch.DisplayWatch(
+        service.sources_of(config.screen, config.commands, sysfs_root=sysfs,
+                           environ=environ, runner=runner),
+        config.screen.display_every_s, publish=publish, on_change=on_change, dark=dark,
+        runner=runner, gate=gate)
 
 
 def _checked(part: ScreenPart, verdict: str, on_change: Callable[[], None]) -> None:
