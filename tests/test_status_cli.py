@@ -317,4 +317,6 @@ def test_ages_are_counted_on_the_monotonic_clock_in_the_same_boot_and_none_is_ne
     assert "picture     not checked yet (the first check is under way)" in text, text
     assert "None" not in text
     doc["screen"]["picture"] = {"verdict": None}
-    assert "None" not in status.render(doc, True)
+    doc["screen"]["player"] = {"unit": "kiosk.service", "state": None}
+    text = status.render(doc, True)
+    assert "None" not in text and "player      kiosk.service not read yet" in text, text

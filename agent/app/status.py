@@ -253,7 +253,8 @@ def _screen_lines(screen, elapsed: float) -> list[str]:
         lines.append(f"picture     {verdict}{since}{checked}{why}")
     player = screen.get("player")
     if isinstance(player, dict):
-        lines.append(f"player      {player.get('unit')} {player.get('state')}"
+        lines.append(f"player      {player.get('unit')} "
+                     f"{player.get('state') or 'not read yet (read every 10 s)'}"
                      + (f", {player['restarts']} restarts" if _number(player.get("restarts"))
                         and player.get("restarts") else "")
                      + (f"; recovery {player['recovery']}" if player.get("recovery") else ""))
