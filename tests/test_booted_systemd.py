@@ -1059,9 +1059,9 @@ def test_the_player_is_watched_and_restarted_through_polkit_only_while_allowed(s
 
 @step(test_enrolls_and_pairs_under_systemd)
 def test_a_service_restart_is_no_reboot_and_a_players_clean_stop_is_no_crash(site):
-    """`systemctl restart edge-agent` is the same boot (the kernel's boot id against the
-    mark the last start kept where a stop does not remove it): ScreenTinker 1.9 would
-    file a cold start as "Device restarted (power/reboot)". The player's unit stopped by
+    """`systemctl restart edge-agent`, and a stop then a start, are the same boot (the
+    kernel's boot id against the mark the last start kept where a stop does not remove
+    it): ScreenTinker 1.9 files a cold start as "Device restarted (power/reboot)". The player's unit stopped by
     the operator is player.stopped; killed, it is player.crashed."""
     s = site.screen
     cursor = s.cursor()
@@ -1076,9 +1076,16 @@ def test_a_service_restart_is_no_reboot_and_a_players_clean_stop_is_no_crash(sit
     try:
         s.run("systemctl", "restart", UNIT)
         wait_online(s)
+        # and a stop then a start (an operator's, a package upgrade's prerm and postinst):
+        # systemd removes the runtime directory at the stop
+        s.run("systemctl", "stop", UNIT)
+        assert not exists(s, "/run/edge-agent")
+        s.run("systemctl", "start", UNIT)
+        wait_online(s)
         starts = [e["MESSAGE"] for e in agent_lines(s, cursor)
                   if e["MESSAGE"].startswith(f"edge-agent {V} starting")]
-        assert starts and starts[-1].endswith("started again in this boot"), starts
+        assert len(starts) == 2 and all(m.endswith("started again in this boot")
+                                        for m in starts), starts
         seen = {k: len(screen_events(site, k)) for k in ("player.stopped", "player.crashed")}
         time.sleep(12)   # the player read once at least (every 10 s) while it runs
         s.run("systemctl", "stop", PLAYER)
