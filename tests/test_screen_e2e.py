@@ -93,3 +93,24 @@ def test_status_says_each_look_as_it_stands_and_dark_from_the_moment_it_is(
              interval=0.05, what="the display command's result")
     line = picture_line(agent)
     assert line.startswith("picture     dark") and "turned off by a display command" in line, line
+
+
+@only_19
+def test_a_display_switched_off_by_hand_is_a_display_off_in_screentinker_1_9s_feed(
+        st, spawn_agent, agent_python, xvfb_pictures, tmp_path):
+    """Nobody's command: the DRM connector (a fixture tree) reads Off, written by hand."""
+    from tests.test_screen import connector
+    sys_root = tmp_path / "sys"
+    dpms = connector(sys_root) / "dpms"
+    agent = spawn_agent(agent_python, st_config(
+        st, tmp_path, screen={"x_display": xvfb_pictures, "display_every_s": 0.5,
+                              "picture_every_s": 0}, debug={"sysfs_root": str(sys_root)}))
+    device_id = register_and_pair(st, agent, tmp_path)
+    agent.wait_live(15)
+    wait_for(lambda: ((agent.status().get("screen") or {}).get("watched") or {}).get(
+        "state") == "on", 10, what="the display read on")
+    dpms.write_text("Off\n")
+    rows = wait_for(lambda: [r for r in device_events(st, device_id)
+                             if r["type"] == "display_off"], 20, what="the incident row")
+    assert rows[0]["reason"] == "display off, not by the agent", rows
+    assert "DRM: card0-HDMI-A-1 enabled, Off" in rows[0]["detail"], rows
