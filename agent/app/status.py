@@ -254,7 +254,7 @@ def _screen_lines(screen, elapsed: float) -> list[str]:
     player = screen.get("player")
     if isinstance(player, dict):
         lines.append(f"player      {player.get('unit')} "
-                     f"{player.get('state') or 'not read yet (read every 10 s)'}"
+                     f"{player.get('state') or 'not read yet'}"
                      + (f", {player['restarts']} restarts" if _number(player.get("restarts"))
                         and player.get("restarts") else "")
                      + (f"; recovery {player['recovery']}" if player.get("recovery") else ""))
