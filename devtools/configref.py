@@ -168,6 +168,9 @@ DOCS = {
                         "agent's DISPLAY; none: X11 is not read.",
     "screen.cec_device": "The HDMI-CEC adapter whose TV is asked its power status, where "
                          "cec-ctl is installed and the adapter exists.",
+    "screen.display_every_s": "How often the display is read between commands (and soon "
+                              "after each DRM hotplug): a TV switched off by hand or a "
+                              "cable pulled is told once, display.changed; 0: never.",
     "screen.picture_every_s": "How often the screen is captured and judged black, frozen "
                               "or ok (What the screen shows); 0: never. A black or frozen "
                               "screen is looked at every minute.",

@@ -1226,6 +1226,61 @@ TIME_GRANTS = {"set-time": "/run/edge-agent-grants/set-time",
                "set-timezone": "/run/edge-agent-grants/set-timezone"}
 
 
+@step(test_enrolls_and_pairs_under_systemd)
+def test_a_service_restart_is_no_reboot_and_a_players_clean_stop_is_no_crash(site):
+    """`systemctl restart edge-agent`, and a stop then a start, are the same boot (the
+    kernel's boot id against the mark the last start kept where a stop does not remove
+    it): ScreenTinker 1.9 files a cold start as "Device restarted (power/reboot)". The player's unit stopped by
+    the operator is player.stopped; killed, it is player.crashed."""
+    s = site.screen
+    cursor = s.cursor()
+    s.path(f"/etc/systemd/system/{PLAYER}").write_text(
+        "[Unit]\nDescription=a kiosk player's stand-in\n"
+        "[Service]\nExecStart=/bin/sleep infinity\nRestart=no\n")
+    s.run("systemctl", "daemon-reload")
+    s.run("systemctl", "start", PLAYER)
+    conf = s.path(CONF)
+    before = conf.read_text()
+    conf.write_text(before + f'[screen]\nplayer_unit = "{PLAYER}"\npicture_every_s = 0\n')
+    try:
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        # and a stop then a start (an operator's, a package upgrade's prerm and postinst):
+        # systemd removes the runtime directory at the stop
+        s.run("systemctl", "stop", UNIT)
+        assert not exists(s, "/run/edge-agent")
+        s.run("systemctl", "start", UNIT)
+        wait_online(s)
+        starts = [e["MESSAGE"] for e in agent_lines(s, cursor)
+                  if e["MESSAGE"].startswith(f"edge-agent {V} starting")]
+        assert len(starts) == 2 and all(m.endswith("started again in this boot")
+                                        for m in starts), starts
+        seen = {k: len(screen_events(site, k)) for k in ("player.stopped", "player.crashed")}
+        time.sleep(12)   # the player read once at least (every 10 s) while it runs
+        s.run("systemctl", "stop", PLAYER)
+        wait_for(lambda: len(screen_events(site, "player.stopped")) > seen["player.stopped"],
+                 30, what="player.stopped")
+        s.run("systemctl", "start", PLAYER)
+        time.sleep(12)
+        assert len(screen_events(site, "player.crashed")) == seen["player.crashed"]
+        s.run("systemctl", "kill", "--signal=KILL", PLAYER)
+        crashed = wait_for(lambda: screen_events(site, "player.crashed")[seen["player.crashed"]:],
+                           30, what="player.crashed")
+        assert crashed[0]["result"] == "signal", crashed
+    finally:
+        conf.write_text(before)
+        s.run("systemctl", "stop", PLAYER, check=False)
+        s.run("rm", "-f", f"/etc/systemd/system/{PLAYER}")
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+
+
+# -- the operator's tools under the sandbox ----------------------------------------------
+TIME_GRANTS = {"set-time": "/run/edge-agent-grants/set-time",
+               "set-timezone": "/run/edge-agent-grants/set-timezone"}
+
+
 def polkit_allows(screen, action: str) -> bool:
     """What polkit answers the edge-agent user asking for ``action`` itself (pkcheck on
     its own process: no agent, so nothing it may answer for itself)."""

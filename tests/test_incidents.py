@@ -20,6 +20,19 @@ def test_black_frozen_and_a_crashed_player_are_incidents_and_the_rest_has_no_pla
     crashed = incident({"type": "player.crashed", "unit": "kiosk.service", "result": "signal"})
     assert crashed == {"type": "crash", "reason": "player crashed",
                        "detail": "unit kiosk.service; result signal"}
+    # a display found dark that nobody turned off is one; the agent's own off, or an on, not
+    by_hand = incident({"type": "display.changed", "state": "off", "was": "on",
+                        "read": "CEC: standby"})
+    assert by_hand == {"type": "display_off", "reason": "display off, not by the agent",
+                       "detail": "display off (was on): CEC: standby (edge-agent)"}
+    assert incident({"type": "display.changed", "state": "disconnected", "was": "on",
+                     "read": "DRM: no connector is connected"})["type"] == "display_off"
+    assert incident({"type": "display.changed", "state": "off", "was": "on",
+                     "meant_dark": "off by working hours"}) is None
+    assert incident({"type": "display.changed", "state": "on", "was": "off"}) is None
+    # an operator's clean stop of the player is no crash on the dashboard
+    assert incident({"type": "player.stopped", "unit": "kiosk.service",
+                     "result": "success"}) is None
     for kind in ("network.up", "display.connected", "power.undervoltage", "screen.ok"):
         assert incident({"type": kind}) is None
 

@@ -116,6 +116,38 @@ def test_the_watch_tells_each_change_once():
     assert w.crashes == 2
 
 
+# an operator's `systemctl stop kiosk.service` of a player that ends on SIGTERM
+STOPPED = b"""Result=success
+NRestarts=0
+ExecMainStatus=0
+LoadState=loaded
+ActiveState=inactive
+SubState=dead
+ActiveEnterTimestampMonotonic=8123456
+"""
+# `kill -9` of its main process, no Restart= of its own
+KILLED = STOPPED.replace(b"Result=success", b"Result=signal").replace(
+    b"ExecMainStatus=0", b"ExecMainStatus=9").replace(b"ActiveState=inactive",
+                                                      b"ActiveState=failed").replace(
+    b"SubState=dead", b"SubState=failed")
+
+
+def test_a_clean_stop_is_player_stopped_never_a_crash_and_a_kill_is_a_crash():
+    w = PlayerWatch()
+    w.seen(parse_show(UNIT, RUNNING))
+    stopped = w.seen(parse_show(UNIT, STOPPED))
+    assert [k for k, _ in stopped] == ["player.stopped"], stopped
+    assert stopped[0][1]["result"] == "success" and w.crashes == 0
+    assert w.seen(parse_show(UNIT, STOPPED)) == []               # still stopped: nothing
+    back = w.seen(parse_show(UNIT, RUNNING))                     # started again
+    assert [k for k, _ in back] == ["player.restarted"], back
+    killed = w.seen(parse_show(UNIT, KILLED))
+    assert [k for k, _ in killed] == ["player.crashed"] and killed[0][1]["result"] == "signal"
+    assert w.crashes == 1
+    # an agent that starts to a player already stopped has seen no stop
+    assert PlayerWatch().seen(parse_show(UNIT, STOPPED)) == []
+
+
 class FakeUnit:
     """The player's unit as systemctl shows and restarts it."""
 

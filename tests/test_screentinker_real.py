@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import time
 
@@ -576,7 +577,10 @@ def test_a_restart_of_the_agent_is_not_a_reboot_but_a_new_boot_is(
     device_id = register_and_pair(st, agent, tmp_path)
     agent.wait_live(15)
     agent.stop()
-    agent.start()  # the service restarted, the machine did not
+    # the service stopped and started, the machine did not: systemd's stop removes the
+    # runtime directory (RuntimeDirectory=), the mark of the boot is not there
+    shutil.rmtree(tmp_path / "run")
+    agent.start()
     reconnect_through_a_silent_drop(st, netns, agent)
     events = wait_for(lambda: device_events(st, device_id), 10, interval=0.2,
                       what="the connectivity report filed")
@@ -584,9 +588,8 @@ def test_a_restart_of_the_agent_is_not_a_reboot_but_a_new_boot_is(
     assert events[0]["detail"].startswith("Local network up but server unreachable")
 
     agent.stop()
-    # what a boot leaves: a runtime directory without this boot's id (tmpfs is emptied;
-    # here the one the last start wrote names another boot)
-    (tmp_path / "run" / "last-start-boot-id").write_text("0d9c2b6e-previous-boot\n")
+    # what a boot leaves: a mark of the last start that names another boot
+    (tmp_path / "state" / "last-start-boot-id").write_text("0d9c2b6e-previous-boot\n")
     agent.start()
     agent.wait_live(15)
     events = wait_for(lambda: device_events(st, device_id)[1:], 10, interval=0.2,

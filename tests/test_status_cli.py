@@ -299,3 +299,26 @@ def test_status_says_what_the_screen_shows_with_ages_as_they_stand_now():
     doc["screen"]["picture"] = {"verdict": "ok", "since_s": float("inf")}
     text = status.render(doc, True)
     assert "display     off at an unknown time" in text and "picture     ok\n" in text + "\n"
+
+
+def test_ages_are_counted_on_the_monotonic_clock_in_the_same_boot_and_none_is_never_said():
+    """A file written in this boot is aged by the monotonic clock: a wall clock set by
+    NTP after it was written (a Pi has no RTC) moves no age. A picture not judged yet
+    says so and why, never "None"."""
+    import time
+    doc = {"pid": os.getpid(), "link": {"state": "online"},
+           "updated_at": time.time() - 10 * 365 * 86400,   # written before NTP set the clock
+           "boot_id": status.this_boot(), "monotonic": time.monotonic() - 30,
+           "screen": {"picture": {"verdict": "black", "since_s": 30.0, "checked_s_ago": 5.0}}}
+    assert 29 < status.as_read(doc, True)["file_age_s"] < 33
+    assert "picture     black for 60 s, checked 35 s ago" in status.render(doc, True)
+    other_boot = {**doc, "boot_id": "another boot", "updated_at": time.time() - 30}
+    assert 29 < status.as_read(other_boot, True)["file_age_s"] < 33
+    doc["screen"]["picture"] = {"verdict": None, "pending": "the first check is under way"}
+    text = status.render(doc, True)
+    assert "picture     not checked yet (the first check is under way)" in text, text
+    assert "None" not in text
+    doc["screen"]["picture"] = {"verdict": None}
+    doc["screen"]["player"] = {"unit": "kiosk.service", "state": None}
+    text = status.render(doc, True)
+    assert "None" not in text and "player      kiosk.service not read yet" in text, text

@@ -61,7 +61,7 @@ class Agent:
         self.storage = StorageHealth(state_dir)
         self.alarms = StorageAlarms(self.storage, config.queue_path)
         profile_class = PROFILES[config.server.profile]
-        cold_start = first_start_of_boot(runtime_dir)
+        self.cold_start = cold_start = first_start_of_boot(state_dir)
         self.identity = DeviceIdentity(
             config.identity, config.server, runtime_dir, profile=profile_class,
             storage=self.alarms, on_change=self._refresh, gate=self.gate)
@@ -84,7 +84,7 @@ class Agent:
             scheduled_off=lambda: self.hours is not None and self.hours.expected_off(),
             wake=lambda: self._acted("display", {"state": "on"}),
             reboot=lambda: self._acted("reboot", {}), means_changed=lambda: self.runner.declare(),
-            cold_start=cold_start)
+            cold_start=cold_start, on_change=lambda: self._refresh())
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
             check=lambda values: config_load.load(config.source, self.environ, fleet=values),
@@ -132,7 +132,8 @@ class Agent:
                 sysfs=SysfsState(sysfs), settle_s=e.settle_s,
                 fallback_interval_s=e.fallback_interval_s, udev_source=e.udev_source,
                 telemetry_every_s=e.telemetry_every_s, sample=telemetry.get,
-                scheduled_off=self.hours.expected_off if self.hours else lambda: False)
+                scheduled_off=self.hours.expected_off if self.hours else lambda: False,
+                on_display=self.screen.hotplug)
         self.metrics = None
         if config.metrics.enabled:   # loaded only where asked for: the start pays nothing
             from ..metrics import service as metrics
@@ -246,9 +247,10 @@ class Agent:
         signal.signal(signal.SIGUSR1, lambda *_: self.uploads.wake())
         # `edge-agent unpair` / `enroll` ask for a fresh pairing
         signal.signal(signal.SIGUSR2, lambda *_: self.identity.ids.revoked())
-        log.info("edge-agent %s starting: device %s, server %s, %s", __version__,
+        log.info("edge-agent %s starting: device %s, server %s, %s; %s", __version__,
                  self.identity.device_id(), self.config.server.display,
-                 self.identity.describe())
+                 self.identity.describe(),
+                 "the boot's first start" if self.cold_start else "started again in this boot")
         self.runner.begin()   # the link's first state, before the threads that write status
         held = self.alarms.release(self.outbox.put, self._refresh)
         for event in held + adjustments.said(self.config):

@@ -11,6 +11,7 @@ import os
 import time
 
 from .. import __version__
+from ..base.boot import boot_id
 from ..base.clock import NOTABLE_SKEW_S
 from ..base.logs import clean
 
@@ -38,6 +39,9 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
+            # when it was said, on the clock no wall-clock step moves: a reader in the
+            # same boot counts every age in the file from here
+            "boot_id": this_boot(), "monotonic": round(time.monotonic(), 3),
             # a credentials write the card still lacks
             "credentials": credentials, "uploads": uploads, "events": events,
             "journal": journal, "commands": commands, "update": update, "settings": settings,
@@ -245,9 +249,19 @@ def _screen_lines(screen, elapsed: float) -> list[str]:
     if isinstance(display, dict):
         lines.append(f"display     {display.get('asked')} {ago(display.get('age_s'))}: "
                      f"{display.get('said')}")
+    watched = screen.get("watched")
+    if isinstance(watched, dict):
+        since = (f" for {_duration(watched['since_s'] + elapsed)}"
+                 if _number(watched.get("since_s")) else " (not read yet)")
+        meant = f", meant dark: {watched['meant_dark']}" if watched.get("meant_dark") else ""
+        every = (f"; read every {watched['every_s']:g} s and at each hotplug"
+                 if _number(watched.get("every_s")) else "")
+        read = f" ({watched['read']})" if watched.get("read") else ""
+        lines.append(f"display now {watched.get('state')}{since}{meant}{read}{every}")
     picture = screen.get("picture")
     if isinstance(picture, dict):
-        verdict = picture.get("verdict")
+        # never "None": a screen not judged yet says so, and why
+        verdict = picture.get("verdict") or f"not checked yet ({picture.get('pending') or '?'})"
         since = (f" for {_duration(picture['since_s'] + elapsed)}"
                  if _number(picture.get("since_s")) else "")
         checked = (f", checked {ago(picture['checked_s_ago'])}"
@@ -257,7 +271,8 @@ def _screen_lines(screen, elapsed: float) -> list[str]:
         lines.append(f"picture     {verdict}{since}{checked}{why}")
     player = screen.get("player")
     if isinstance(player, dict):
-        lines.append(f"player      {player.get('unit')} {player.get('state')}"
+        lines.append(f"player      {player.get('unit')} "
+                     f"{player.get('state') or 'not read yet'}"
                      + (f", {player['restarts']} restarts" if _number(player.get("restarts"))
                         and player.get("restarts") else "")
                      + (f"; recovery {player['recovery']}" if player.get("recovery") else ""))
@@ -278,7 +293,7 @@ def as_read(doc: dict, running: bool) -> dict:
     file's age, a countdown shrinks by it, and the last proof of a link still online
     and proven is bounded by what would have ended it (and rewritten the file). What
     cannot be known now says how old it is. None where the file has nothing to say."""
-    elapsed = _elapsed_since(doc.get("updated_at"))
+    elapsed = _elapsed_since(doc)
     link = _link(doc)
     online = running and link.get("state") == "online"
 
@@ -311,7 +326,24 @@ def _number(value) -> bool:
             and abs(value) < 1e12 and value == value)
 
 
-def _elapsed_since(updated_at) -> float:
+_BOOT: list = []
+
+
+def this_boot() -> str:
+    """The kernel's boot id, read once a process."""
+    if not _BOOT:
+        _BOOT.append(boot_id())
+    return _BOOT[0]
+
+
+def _elapsed_since(doc: dict) -> float:
+    """How long ago the file was written: on the monotonic clock when it was written in
+    this boot (a wall clock set by NTP after a boot without one jumps years), else by
+    the wall clock."""
+    said = doc.get("monotonic")
+    if _number(said) and doc.get("boot_id") and doc.get("boot_id") == this_boot():
+        return max(0.0, time.monotonic() - said)
+    updated_at = doc.get("updated_at")
     if not _number(updated_at):
         return 0.0
     return max(0.0, time.time() - updated_at)

@@ -22,11 +22,13 @@ def boot_id() -> str:
         return ""
 
 
-def first_start_of_boot(runtime_dir: str) -> bool:
-    """The boot id is compared with the one the previous start left in the runtime
-    directory, which a boot also empties (inside a container the boot id is the
-    host's). tmpfs, so no write to the SD card."""
-    path = os.path.join(runtime_dir, BOOT_MARK)
+def first_start_of_boot(state_dir: str) -> bool:
+    """The kernel's boot id is compared with the one the previous start left in the
+    state directory. Not the runtime directory: systemd removes it at a stop (and at a
+    `systemctl restart`, whose stop half is a stop), so a service restart would read as
+    a reboot. One small write a boot, not durable: a power cut that loses it is a boot
+    anyway. Inside a container the boot id is the host's."""
+    path = os.path.join(state_dir, BOOT_MARK)
     current = boot_id()
     if _read_mark(path) == current:
         return False

@@ -103,6 +103,7 @@ class Screen:
     brightness_via: str = "auto"
     volume_via: str = "auto"
     mixer_control: str = "Master"
+    display_every_s: float = 60.0
 
 
 @dataclass(frozen=True)

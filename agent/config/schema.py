@@ -230,6 +230,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "x_display": Key(str, None, "screen.x_display", X_DISPLAY),
         # the HDMI-CEC adapter whose TV is asked its power status (where cec-ctl is)
         "cec_device": Key(str, "/dev/cec0", "screen.cec_device", ABS_PATH),
+        # the display watched between commands (agent/screen/display_watch.py): a TV
+        # switched off by hand, a cable pulled; its state read this often and soon after
+        # each DRM hotplug, a change told once (display.changed); 0: never
+        "display_every_s": Key(float, 60.0, "screen.display_every_s", Range(0, 3600)),
         # Picture health (agent/screen/picture.py): how often the screen is captured and
         # judged black, frozen or ok; 0: never. A check of a 1080p screen costs ~28 ms of
         # CPU (xwd and every row of its dump, measured): every 15 min it adds under half

@@ -128,10 +128,12 @@ class EventWatcher:
                  settle_s: float = 2.0, fallback_interval_s: float = 60.0,
                  udev_source: str = "auto", telemetry_every_s: float = 300.0,
                  scheduled_off: Callable[[], bool] = lambda: False,
-                 sample: Callable[[], dict] | None = None):
+                 sample: Callable[[], dict] | None = None,
+                 on_display: Callable[[], None] = lambda: None):
         """``scheduled_off()``: working hours have the display off now, so a display
         that goes away is not a fault (agent/hours/). ``sample()``: a telemetry sample,
-        taken by turn() every SAMPLE_EVERY_S."""
+        taken by turn() every SAMPLE_EVERY_S. ``on_display()``: a DRM connector's status
+        changed (the screen part reads the display soon after)."""
         self.outbox = outbox
         self.scheduled_off = scheduled_off
         self.sysfs = sysfs or SysfsState()
@@ -141,6 +143,7 @@ class EventWatcher:
         self._displays: dict[str, str] = {}
         self._supplies: dict[str, str] = {}
         self._on_network_up = on_network_up or (lambda: None)
+        self._on_display = on_display
         self.fallback_interval_s = fallback_interval_s
         self.udev_source = udev_source
         self._stop_r, self._stop_w = os.pipe()
@@ -254,6 +257,8 @@ class EventWatcher:
         for connector, status in self.sysfs.connectors().items():
             if self._displays.get(connector) != status:
                 self._displays[connector] = status
+                if not baseline:
+                    self._on_display()
                 kind = display_event(status)
                 if kind and not baseline:
                     details = {"connector": connector}

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..base import reasons
+from ..screen.core import DISPLAY_STATES
 from ..link.journal import ConnectionJournal
 from ..screen import ladder
 from ..settings import rules as settings_rules
@@ -258,6 +259,7 @@ GAUGE_HELP = {
     "settings_revision": "The fleet's settings revision in force",
     "settings_last_result": "1 for how the latest fleet settings revision ended",
     "storage_state": "1 for the state of the card as the agent uses it",
+    "display_state": "1 for the display's state as last read (on, off, disconnected, unknown)",
     "info": "The agent's version",
     "screen_picture_verdict": "1 for the picture check's latest verdict",
     "screen_player_up": "1 while the player's unit is active, 0 while not (NaN: unread)",
@@ -300,8 +302,12 @@ def gauges_of(doc: dict) -> list[tuple[str, tuple, float]]:
     out += _one_hot("settings_last_result", "result", SETTINGS_RESULTS,
                     last_settings.get("result") if last_settings else None)
     out += _one_hot("storage_state", "state", STORAGE_STATES, storage.get("state"))
-    out += _screen_gauges(section("screen"))
+    screen = section("screen")
+    out += _screen_gauges(screen)
     out += _package_gauges(update)
+    watched = screen.get("watched") if isinstance(screen.get("watched"), dict) else None
+    if watched is not None:   # a screen whose display is watched: its series, no other's
+        out += _one_hot("display_state", "state", DISPLAY_STATES, watched.get("state"))
     return out
 
 

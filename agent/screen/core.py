@@ -24,6 +24,12 @@ monotonic clock, when to read again and what the answer is:
 Inputs: ``Asked`` (the state, the time), ``Read`` (the readings, the time), ``Mended``
 (the rungs that ran, the time), ``Stopped``. Effects: ``ReadAt`` (read these sources at
 that time), ``Mend`` (these sources do their rung) or one ``Verdict``.
+
+Between commands the display is watched (``DisplayState``): a TV switched off by hand, a
+cable pulled, DPMS asleep. The same sources are read every ``[screen] display_every_s``
+and soon after each DRM hotplug; the readings say one state (``display_state``), and a
+change of it is told once (``DisplayChanged``). A reading that cannot tell keeps the
+state it had: a source that fails now and then makes no news.
 """
 from __future__ import annotations
 
@@ -32,7 +38,13 @@ from typing import Protocol
 
 ON, OFF = "on", "off"
 STATES = (ON, OFF)
+DISCONNECTED, UNKNOWN = "disconnected", "unknown"
+DISPLAY_STATES = (ON, OFF, DISCONNECTED, UNKNOWN)   # what the watch says of the display
 MAX_WHY = 300        # what a result's ``why`` keeps
+# DRM's word for a card whose every connector is unplugged (the doctor fails on it)
+NO_CONNECTOR_CONNECTED = "no connector is connected"
+HOTPLUG_SETTLE_S = 1.0   # after a hotplug the display is read this much later: the burst
+                         # of udev events one plug makes is one read, its state settled
 
 
 @dataclass(frozen=True)
@@ -204,3 +216,52 @@ class ReadBack:
         self.done = Verdict(self.state, confirmed, by, why[:MAX_WHY], contrary,
                             self.retried)
         return [self.done]
+
+
+# -- the display watched between commands ------------------------------------------------
+def display_state(readings) -> str:
+    """What the readings say of the display as a whole: ``disconnected`` where DRM has
+    connectors and none is connected (a cable pulled, a TV whose HDMI is down); ``off``
+    where any layer reads off (a TV in standby shows nothing whatever the signal does);
+    ``on`` where one reads on and none off; else ``unknown``."""
+    present = [r for r in readings if r.present]
+    if any(r.source == "DRM" and r.said == NO_CONNECTOR_CONNECTED for r in present):
+        return DISCONNECTED
+    states = {r.state for r in present}
+    return OFF if OFF in states else ON if ON in states else UNKNOWN
+
+
+@dataclass(frozen=True)
+class DisplayChanged:
+    state: str               # on, off, disconnected
+    was: str
+    read: str                # what each source read, in its words
+
+
+class DisplayState:
+    """The display's state between commands: when to read it, and what is news."""
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self.state: str | None = None      # the last state a reading told; None: none yet
+        self.since: float | None = None    # when it became that
+        self.read = ""                     # what the last reading said
+        self.state_read = ""               # ... and the one that found the state
+        self.checked_at: float | None = None
+        self.due = 0.0                     # the next read: at once
+
+    def hotplug(self, now: float) -> None:
+        """A DRM connector changed: read it again soon, once for the whole burst."""
+        self.due = min(self.due, now + HOTPLUG_SETTLE_S)
+
+    def handle(self, event: Read) -> list:
+        self.checked_at, self.due = event.now, event.now + self.every_s
+        self.read = _listed(r for r in event.readings if r.present)[:MAX_WHY] \
+            or "no source reads the display here"
+        state = display_state(event.readings)
+        if state == UNKNOWN or state == self.state:
+            return []
+        was, self.state, self.since, self.state_read = self.state, state, event.now, self.read
+        if was is None:
+            return []   # the first reading: what the display is, no change
+        return [DisplayChanged(state, was, self.read)]

@@ -12,6 +12,8 @@
 - the screenshot, where no ``[commands] screenshot_command`` is set: the screen full
   size, taken by the picture check's means (capture.py), offered to a server only where
   this screen has one (``screenshot_means``).
+- the display watched between commands (display_watch.py): a TV switched off by hand
+  or a cable pulled is told once, ``display.changed``.
 
 Each is built only where this screen has a use for it; ``snapshot()`` is the status
 document's ``screen``.
@@ -32,8 +34,8 @@ from typing import TYPE_CHECKING
 from .core import Verdict
 
 if TYPE_CHECKING:   # each is imported where this screen has a use for it
-    from . import capture as capturing, controls as controlling, mender as mending, \
-        service, watch
+    from . import capture as capturing, controls as controlling, display_watch, \
+        mender as mending, service, watch
 
 log = logging.getLogger("edge_agent.screen")
 
@@ -60,10 +62,13 @@ class ScreenPart:
         self.picture = picture
         self.controls: "controlling.Controls | None" = None
         self.mender: "mending.Mender | None" = None
+        self.watched: "display_watch.DisplayWatch | None" = None
         self._prober = None   # the worker probing the controls' means, while it runs
         self.cold_start = False   # the boot's first start of the agent
         self.shot_means: tuple[str | None, str] = (None, "screenshot is not allowed")
         self.shooter: "capturing.Capture | None" = None   # the screenshot's own capture
+        self.scheduled_off: Callable[[], bool] = lambda: False   # the working hours' off
+        self.started_at: float | None = None
 
     def dark(self, scheduled_off: Callable[[], bool]) -> str | None:
         """Why the display is meant to be dark now, or None."""
@@ -74,11 +79,19 @@ class ScreenPart:
         return None
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         if self.mender is not None:
             self.mender.start(self.cold_start)
         if self.picture is not None:
             self.picture.start()
+        if self.watched is not None:
+            self.watched.start()
         self._probe()
+
+    def hotplug(self) -> None:
+        """From the udev watcher: a DRM connector changed; the display is read soon."""
+        if self.watched is not None:
+            self.watched.hotplug()
 
     def turn(self, now: float) -> None:
         """On a wake-up the link thread has anyway: the means looked for again when stale."""
@@ -126,15 +139,17 @@ class ScreenPart:
             self.mender.stop()
         if self.shooter is not None:
             self.shooter.stop()
+        if self.watched is not None:
+            self.watched.stop()
 
     def join(self, timeout: float | None = None) -> None:
-        for loop in (self.picture, self.mender):
+        for loop in (self.picture, self.mender, self.watched):
             if loop is not None:
                 loop.join(timeout)
 
     def snapshot(self) -> dict | None:
         doc = {"display": self.display.snapshot() if self.display else None,
-               "picture": self.picture.snapshot() if self.picture else None,
+               "picture": self._picture(), "watched": self._watched(),
                "controls": {"via": self.controls.via(), "lacking": self.controls.why_not()}
                if self.controls else None, "player": None, "recovery": None}
         if self.mender is not None:
@@ -146,17 +161,47 @@ class ScreenPart:
                     recovery.get("state") if recovery.get("enabled") else "off")}
         return doc if any(doc.values()) else None
 
+    def _watched(self) -> dict | None:
+        """The display as the watch last found it, and whether it is meant dark now."""
+        if self.watched is None:
+            return None
+        shot = self.watched.snapshot()
+        why_dark = self.dark(self.scheduled_off)
+        return {**shot, "meant_dark": why_dark} if why_dark else shot
+
+    def _picture(self) -> dict | None:
+        """The picture check's snapshot as it stands now: a display meant dark is dark
+        from the moment it is (the check says so only at its next look), and a screen not
+        judged yet says why."""
+        if self.picture is None:
+            return None
+        shot = self.picture.snapshot()
+        why_dark = self.dark(self.scheduled_off) if shot.get("verdict") != "off" else None
+        if why_dark and shot.get("verdict") != "dark":
+            return {**shot, "verdict": "dark", "dark": why_dark, "since_s": None,
+                    "mean": None, "contrast": None}
+        if shot.get("verdict") is None:
+            shot["pending"] = (
+                f"the capture failed: {shot['failure']}" if shot.get("failure") else
+                "the first check is under way" if self.started_at is not None else
+                "the check starts with the agent")
+        return shot
+
 
 def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
              publish: Callable[[Event], None], enqueue: Callable[[str, bytes], object],
              gate: WatchdogGate | None, scheduled_off: Callable[[], bool],
              wake: Callable[[], tuple[bool, str]], reboot: Callable[[], tuple[bool, str]],
              means_changed: Callable[[], None] = lambda: None,
-             cold_start: bool = False) -> ScreenPart:
+             cold_start: bool = False,
+             on_change: Callable[[], None] = lambda: None) -> ScreenPart:
     """``scheduled_off()``: the working hours have the display off now. ``wake()`` turns
     the display on and reads it back, ``reboot()`` asks for a reboot: the recovery
     ladder's rungs, each (done, in words). ``means_changed()``: a probe found what the
-    screen can do changed (the server that was told at registration hears it again)."""
+    screen can do changed (the server that was told at registration hears it again).
+    ``on_change()``: a check is done (a picture judged, the display read): the status
+    board says it now, on tmpfs, so every line of `edge-agent status` is as of its last
+    check, not of the last event."""
     section, commands = config.screen, config.commands
     display = None
     if commands.display_on_command or commands.display_off_command:
@@ -164,6 +209,7 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
         display = service.from_config(section, commands, sysfs_root=sysfs, environ=environ)
     part = ScreenPart(display, None, publish)
     part.cold_start = cold_start
+    part.scheduled_off = scheduled_off
 
     def queue_thumbnail(kind: str, data: bytes) -> None:
         # the verdict is told whatever the queue says: a full or failed card refuses the
@@ -191,14 +237,44 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
         part.shot_means = screenshot_means(config, environ)
         if part.shot_means[0] is not None and not commands.screenshot_command:
             part.shooter = _capture(config, environ, runtime_dir)
+    if section.display_every_s > 0:
+        part.watched = _display_watch(config, sysfs=sysfs, environ=environ, publish=publish,
+                                      on_change=on_change, gate=gate,
+                                      dark=lambda: part.dark(scheduled_off))
     if section.picture_every_s > 0 and something_to_capture(config, environ):
+
         from . import watch
         part.picture = watch.from_config(
             section, commands, environ, dark=lambda: part.dark(scheduled_off),
             publish=publish, gate=gate, temp_dir=runtime_dir,
             enqueue=queue_thumbnail if "screenshot" in commands.allow else None,
-            on_verdict=part.mender.on_picture if part.mender else None)
+            on_verdict=lambda verdict: _checked(part, verdict, on_change))
     return part
+
+
+def _display_watch(config: Config, *, sysfs: str, environ: dict,
+                   publish: Callable[[Event], None], on_change: Callable[[], None],
+                   gate: WatchdogGate | None,
+                   dark: Callable[[], str | None]) -> "display_watch.DisplayWatch | None":
+    """The display's watch, where there is a display to watch: one this agent is told of,
+    or a DRM connector in sysfs (a headless box starts no thread for it)."""
+    from .sources import Drm, Runner
+    if not (something_to_capture(config, environ) or Drm(sysfs).read().present):
+        return None
+    from . import display_watch, service
+    runner = Runner()
+    return display_watch.DisplayWatch(
+        service.sources_of(config.screen, config.commands, sysfs_root=sysfs,
+                           environ=environ, runner=runner),
+        config.screen.display_every_s, publish=publish, on_change=on_change, dark=dark,
+        runner=runner, gate=gate)
+
+
+def _checked(part: ScreenPart, verdict: str, on_change: Callable[[], None]) -> None:
+    """Each look of the picture check: the ladder hears it, the board says it."""
+    if part.mender is not None:
+        part.mender.on_picture(verdict)
+    on_change()
 
 
 def something_to_capture(config: Config, environ: dict) -> bool:

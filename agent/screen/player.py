@@ -7,10 +7,13 @@ of lower-case letters and dashes, a count is digits), anything else is no readin
 systemctl prints ``Name=value`` lines (systemctl(1), ``show``), in its own
 order; a unit it does not know reads ``LoadState=not-found``.
 
-What changed is told once (PlayerWatch): ``player.crashed`` when the unit went failed or
-its ``NRestarts`` grew (systemd restarted it after a crash, perhaps between two reads),
-``player.restarted`` when it is active again after a crash or after the agent restarted
-it.
+What changed is told once (PlayerWatch): ``player.crashed`` when the unit went failed (it
+exited on its own with an error, was killed by a signal, timed out: systemd's
+``Result=`` says which) or its ``NRestarts`` grew (systemd restarted it after a crash,
+perhaps between two reads); ``player.stopped`` when it went inactive with
+``Result=success`` (an operator's ``systemctl stop``, a player that exited cleanly: no
+crash); ``player.restarted`` when it is active again after a crash, a stop, or the
+agent's restart.
 
 Restart: ``systemctl restart --no-ask-password UNIT`` (polkit lets the agent's user
 restart that one unit, only while a grant says so: agent/programs/grants.py), then read
@@ -103,12 +106,20 @@ def parse_show(unit: str, raw: bytes) -> PlayerState:
                        entered_us=number("ActiveEnterTimestampMonotonic"))
 
 
+def stopped(before: PlayerState | None, now: PlayerState) -> bool:
+    """A clean stop between two reads: up (or on its way down) before, inactive now with
+    systemd's ``Result=success``. A stop that had to kill it (``timeout``), a kill, an
+    exit with an error are failures, and the unit reads ``failed``, never this."""
+    return (before is not None and before.active in UP + ("deactivating",)
+            and now.active == "inactive" and now.result in (None, "success"))
+
+
 class PlayerWatch:
     """What changed between two reads of the unit, as events (type, fields), once."""
 
     def __init__(self):
         self.last: PlayerState | None = None
-        self.down = False           # a crash told, its restart not yet
+        self.down = False           # a crash or a stop told, its restart not yet
         self.by_agent = False       # the agent restarted it: the next "up" is its
         self.crashes = 0            # crashes seen since the agent started
 
@@ -127,6 +138,9 @@ class PlayerWatch:
             self.crashes += 1
             self.down = True
             out.append(("player.crashed", state.fields()))
+        elif stopped(before, state) and not self.down:
+            self.down = True
+            out.append(("player.stopped", state.fields()))
         if state.up and (self.down or self.by_agent):
             by = "the agent" if self.by_agent else "systemd"
             self.down = self.by_agent = False

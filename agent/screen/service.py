@@ -109,11 +109,17 @@ def x_display_of(section: ScreenSection, commands: Commands, environ: dict) -> s
             or environ.get("DISPLAY"))
 
 
+def sources_of(section: ScreenSection, commands: Commands, *, sysfs_root: str,
+               environ: dict, runner: Runner) -> list:
+    """Every source this screen's display is read from, each program run by ``runner``."""
+    x_display = x_display_of(section, commands, environ)
+    path = environ.get("PATH")
+    return [Drm(sysfs_root), X11Dpms(x_display, runner, path), Wayland(environ, runner),
+            Cec(section.cec_device, runner, path)]
+
+
 def from_config(section: ScreenSection, commands: Commands, *, sysfs_root: str,
                 environ: dict) -> Screen:
     runner = Runner()
-    x_display = x_display_of(section, commands, environ)
-    path = environ.get("PATH")
-    sources = [Drm(sysfs_root), X11Dpms(x_display, runner, path), Wayland(environ, runner),
-               Cec(section.cec_device, runner, path)]
-    return Screen(sources, section.settle_s, runner)
+    return Screen(sources_of(section, commands, sysfs_root=sysfs_root, environ=environ,
+                             runner=runner), section.settle_s, runner)

@@ -31,13 +31,11 @@ from typing import Callable
 
 from ..base import children
 from ..base.fsutil import read_bounded
-from .core import OFF, ON, Reading
+from .core import NO_CONNECTOR_CONNECTED, OFF, ON, Reading
 
 READ_TIMEOUT_S = 5.0     # one source's read, at most (cec-ctl waits on the TV's answer)
 MAX_ATTRIBUTE = 64       # a sysfs attribute's bytes
 # cec-ctl's adapter status: "Physical Address              : 1.0.0.0"
-# DRM's word for a card whose every connector is unplugged (the doctor fails on it)
-NO_CONNECTOR_CONNECTED = "no connector is connected"
 PHYSICAL_ADDRESS = re.compile(r"Physical Address\s*:\s*([0-9a-f]\.[0-9a-f]\.[0-9a-f]\.[0-9a-f])")
 
 

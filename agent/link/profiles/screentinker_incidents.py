@@ -8,7 +8,9 @@ it unread). So the agent's events that mean an incident there go as one ``device
 each, once; the rest have no place on that server and are not sent.
 
 The display's state goes only when it was read back: a display that did not reach the
-state asked for is an ``app_error``, never a ``display_on`` it did not show.
+state asked for is an ``app_error``, never a ``display_on`` it did not show. A display
+the watch found dark without anyone asking (``display.changed`` off or disconnected, not
+meant dark) is a ``display_off``.
 """
 from __future__ import annotations
 
@@ -32,6 +34,14 @@ def incident(event: dict) -> dict | None:
                         f"display {state}, confirmed by {said} (edge-agent)")
         return _one("app_error", "display unconfirmed",
                     f"display {state} asked by {by}, not confirmed: {event.get('why', '?')}")
+    if kind == "display.changed" and event.get("state") in ("off", "disconnected") \
+            and not event.get("meant_dark"):
+        # dark and nobody asked for it: a TV switched off by hand, a cable pulled. The
+        # agent's own offs (hours, commands) are told by their read-back above, and an
+        # on is told there too: the feed gets each once
+        return _one("display_off", f"display {event['state']}, not by the agent",
+                    f"display {event['state']} (was {event.get('was', '?')}): "
+                    f"{event.get('read', '?')} (edge-agent)")
     if kind == "display.fault":
         return _one("app_error", "display fault",
                     f"display {event.get('wanted', '?')}: {event.get('error', '?')}")
