@@ -23,13 +23,14 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # through the pulse plugin) on a session bus of its own (tests/test_controls.py).
 # The doctor's clock judged against the server's with this process three days back
 # (libfaketime, tests/test_doctor.py). The zones set-timezone checks a name against
-# (tzdata; tests/test_operator_commands.py).
+# (tzdata; tests/test_operator_commands.py). The real agent's fsyncs counted as they
+# reach the card (strace; tests/test_credentials_hostile.py).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
            build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
            haproxy redis-server reprepro imagemagick x11-apps
            pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils alsa-utils
-           libasound2-plugins dbus-daemon faketime tzdata)
+           libasound2-plugins dbus-daemon faketime tzdata strace)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)
