@@ -34,7 +34,7 @@ WRITE_RETRY = BackoffPolicy(base_s=1.0, cap_s=300.0, jitter="none")
 # ScreenTinker server that re-issues the token on every message made 978 writes in 90
 # s; answering each as a claimed screen's, "online", made a claim follow each token:
 # 2,984 fsyncs in 30 s): a burst of WRITE_BURST, then one every WRITE_EVERY_S, for
-# everything a server's message changes (SERVER_SAYS). Beyond it the credentials are
+# every token and claim a server's message brings (SERVER_SAYS). Beyond it the credentials are
 # in use from memory and the latest is written when the budget allows, and at the stop.
 WRITE_BURST = 3
 WRITE_EVERY_S = 20.0
@@ -69,8 +69,10 @@ class UnpairedByServer:
     """The server no longer has this device (ScreenTinker)."""
 
 
-# the events a server's message makes: as many as it likes, so held to the write budget
-SERVER_SAYS = (Registered, Claimed, UnpairedByServer)
+# the events a server's message makes, as many as it likes, that write the card: held to
+# the write budget. (UnpairedByServer only removes the file, unsynced: a server's next
+# token after it is a Registered, which waits for the budget.)
+SERVER_SAYS = (Registered, Claimed)
 
 
 @dataclass(frozen=True)
