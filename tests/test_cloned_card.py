@@ -207,9 +207,22 @@ def _code(agent) -> str | None:
     return (agent.status().get("pairing") or {}).get("code")
 
 
-def _two_boards(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    return (a, a_board(a, serial=SERIAL_A)[0]), (b, a_board(b, serial=SERIAL_B)[0])
+@pytest.fixture
+def boards(tmp_path, agent_python):
+    """start(fleet, name, serial, **sections): an agent on a board of its own (its
+    serial in a fixture tree) in tmp_path/name, unpaired; every one stopped at the end."""
+    started = []
+
+    def start(fleet, name, serial, **sections):
+        workdir = tmp_path / name
+        cfg = agent_config(fleet, workdir, identity={"device_id": None, "token": None},
+                           debug={"sysfs_root": a_board(workdir, serial=serial)[0]}, **sections)
+        started.append(AgentProcess(agent_python, cfg, workdir).start())
+        return started[-1], cfg
+
+    yield start
+    for agent in started:
+        agent.stop()
 
 
 def _said_once(agent) -> None:
@@ -220,97 +233,77 @@ def _said_once(agent) -> None:
 
 @pytest.mark.netns
 def test_a_card_copied_to_another_board_pairs_as_a_new_screen_with_the_reference_server(
-        fleet, agent_python, tmp_path):
+        fleet, boards, agent_python, tmp_path):
     """Before: the second board came online as the first (same device id, same token),
     and the two took each other's place on the server."""
     server = fleet(devices={})
-    (a, sysfs_a), (b, sysfs_b) = _two_boards(tmp_path)
-    agents = []
-
-    def start(workdir, sysfs):
-        cfg = agent_config(server, workdir, identity={"device_id": None, "token": None},
-                           debug={"sysfs_root": sysfs})
-        agents.append(AgentProcess(agent_python, cfg, workdir).start())
-        return agents[-1], cfg
-
-    try:
-        first, _ = start(a, sysfs_a)
-        code = wait_for(lambda: _code(first), 15, what="a pairing code")
-        assert server.pair(code).returncode == 0
-        first.wait_live(15)
-        original = first.status()["device_id"]
-        first.stop()
-        shutil.copytree(a / "state", b / "state")          # the card imaged, after it ran
-        second, cfg_b = start(b, sysfs_b)
-        code_b = wait_for(lambda: _code(second), 15, what="the second board's own code")
-        assert second.status()["device_id"] != original
-        assert server.pair(code_b).returncode == 0, "a code the server can claim"
-        second.wait_live(15)
-        _said_once(second)
-        said = _status_text(agent_python, cfg_b, b)
-        assert f"card        made from screen {original}'s card" in said, said
-        # the original keeps its identity, and both are screens of the server's
-        again, _ = start(a, sysfs_a)
-        again.wait_live(15)
-        assert again.status()["device_id"] == original and _code(again) is None
-        assert server.device(original) and server.device(second.status()["device_id"])
-        assert "made from another screen" not in again.log_text()
-    finally:
-        for agent in agents:
-            agent.stop()
+    first, _ = boards(server, "a", SERIAL_A)
+    code = wait_for(lambda: _code(first), 15, what="a pairing code")
+    assert server.pair(code).returncode == 0
+    first.wait_live(15)
+    original = first.status()["device_id"]
+    first.stop()
+    shutil.copytree(tmp_path / "a" / "state", tmp_path / "b" / "state")   # the card imaged
+    second, cfg_b = boards(server, "b", SERIAL_B)
+    code_b = wait_for(lambda: _code(second), 15, what="the second board's own code")
+    assert second.status()["device_id"] != original
+    assert server.pair(code_b).returncode == 0, "a code the server can claim"
+    second.wait_live(15)
+    _said_once(second)
+    said = _status_text(agent_python, cfg_b, tmp_path / "b")
+    assert f"card        made from screen {original}'s card" in said, said
+    # the original keeps its identity, and both are screens of the server's
+    again, _ = boards(server, "a", SERIAL_A)
+    again.wait_live(15)
+    assert again.status()["device_id"] == original and _code(again) is None
+    assert server.device(original) and server.device(second.status()["device_id"])
+    assert "made from another screen" not in again.log_text()
 
 
-@pytest.mark.netns
-def test_a_card_copied_to_another_board_pairs_as_a_new_screen_with_screentinker_1_9(
-        netns, agent_python, tmp_path):
-    """Before: the second board showed the first's old code (404 when claimed) and
-    registered with the first's token."""
+@pytest.fixture
+def st19(netns, tmp_path):
     why = peer.unavailable("1.9")
     if why:
         pytest.fail(f"the real ScreenTinker 1.9 server cannot run here: {why}", pytrace=False)
     st = peer.ScreenTinkerServer(tmp_path, "1.9", ping_interval_s=2.0, ping_timeout_s=2.0)
     st.start()
-    (a, sysfs_a), (b, sysfs_b) = _two_boards(tmp_path)
-    agents = []
 
-    class Url:
+    class Url:   # what agent_config asks of a server
         url = st.url
         devices: dict = {}
+    st.Url = Url
+    yield st
+    st.stop()
 
-    def start(workdir, sysfs):
-        cfg = agent_config(Url, workdir, server={"profile": "screentinker"},
-                           identity={"device_id": None, "token": None},
-                           debug={"sysfs_root": sysfs})
-        agents.append(AgentProcess(agent_python, cfg, workdir).start())
-        return agents[-1], cfg
 
-    try:
-        first, _ = start(a, sysfs_a)
-        code = wait_for(lambda: _code(first), 15, what="a pairing code")
-        row = st.wait_row("SELECT * FROM devices WHERE pairing_code = ?", code.replace("-", ""))[0]
-        st.pair(code)
-        wait_for(lambda: (first.status().get("pairing") or {}).get("state") == "paired", 15,
-                 what="the first board paired")
-        first.stop()
-        shutil.copytree(a / "state", b / "state")
-        second, cfg_b = start(b, sysfs_b)
-        code_b = wait_for(lambda: _code(second), 15, what="the second board's own code")
-        assert code_b != code
-        row_b = st.wait_row("SELECT * FROM devices WHERE pairing_code = ?",
-                            code_b.replace("-", ""))[0]
-        assert row_b["id"] != row["id"]
-        st.pair(code_b, name="Second screen")      # before: 404, the code was nobody's
-        wait_for(lambda: (second.status().get("pairing") or {}).get("state") == "paired", 15,
-                 what="the second board paired as a screen of its own")
-        assert second.status()["device_id"] == row_b["id"]
-        _said_once(second)
-        assert "made from screen" in _status_text(agent_python, cfg_b, b)
-        again, _ = start(a, sysfs_a)
-        wait_for(lambda: (again.status().get("pairing") or {}).get("state") == "paired", 15,
-                 what="the original still paired")
-        assert again.status()["device_id"] == row["id"]
-        assert st.device(row["id"])["user_id"] and st.device(row_b["id"])["user_id"]
-    finally:
-        for agent in agents:
-            agent.stop()
-        st.stop()
+def _paired(st, agent) -> str:
+    wait_for(lambda: (agent.status().get("pairing") or {}).get("state") == "paired", 15,
+             what="paired")
+    return agent.status()["device_id"]
+
+
+@pytest.mark.netns
+def test_a_card_copied_to_another_board_pairs_as_a_new_screen_with_screentinker_1_9(
+        st19, boards, agent_python, tmp_path):
+    """Before: the second board came online with the first's identity (registered with
+    its token), or showed its spent code, 404 when claimed."""
+    st = st19
+    first, _ = boards(st.Url, "a", SERIAL_A, server={"profile": "screentinker"})
+    code = wait_for(lambda: _code(first), 15, what="a pairing code")
+    row = st.wait_row("SELECT * FROM devices WHERE pairing_code = ?", code.replace("-", ""))[0]
+    st.pair(code)
+    assert _paired(st, first) == row["id"]
+    first.stop()
+    shutil.copytree(tmp_path / "a" / "state", tmp_path / "b" / "state")
+    second, cfg_b = boards(st.Url, "b", SERIAL_B, server={"profile": "screentinker"})
+    code_b = wait_for(lambda: _code(second), 15, what="the second board's own code")
+    assert code_b != code
+    row_b = st.wait_row("SELECT * FROM devices WHERE pairing_code = ?", code_b.replace("-", ""))[0]
+    assert row_b["id"] != row["id"]
+    st.pair(code_b, name="Second screen")      # a code the server knows: claimed
+    assert _paired(st, second) == row_b["id"]
+    _said_once(second)
+    assert "made from screen" in _status_text(agent_python, cfg_b, tmp_path / "b")
+    again, _ = boards(st.Url, "a", SERIAL_A, server={"profile": "screentinker"})
+    assert _paired(st, again) == row["id"], "the original keeps its identity"
+    assert st.device(row["id"])["user_id"] and st.device(row_b["id"])["user_id"]
