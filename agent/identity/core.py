@@ -36,7 +36,9 @@ WRITE_RETRY = BackoffPolicy(base_s=1.0, cap_s=300.0, jitter="none")
 # 2,984 fsyncs in 30 s): a burst of WRITE_BURST, then one every WRITE_EVERY_S, for
 # every token and claim a server's message brings (SERVER_SAYS). Beyond it the credentials are
 # in use from memory and the latest is written when the budget allows, and at the stop.
-WRITE_BURST = 3
+# Four: a screen unpaired and paired again at once (register, claim, register, claim)
+# has each on the card without waiting.
+WRITE_BURST = 4
 WRITE_EVERY_S = 20.0
 HELD_BACK = "held back: the server changes them faster than the card is written"
 
