@@ -34,7 +34,8 @@ def _path(where: str, sysfs: str, proc: str) -> str:
 def _read(paths, limit=256, sysfs: str = "/sys", proc: str = "/proc") -> str:
     for path in paths:
         try:
-            with open(_path(path, sysfs, proc) if ":" in path else path, "rb") as f:
+            with open(_path(path, sysfs, proc) if path.startswith(("sys:", "proc:")) else path,
+                      "rb") as f:
                 return f.read(limit).replace(b"\0", b"").decode("ascii", "replace").strip()
         except OSError:
             continue
