@@ -17,7 +17,12 @@ connection, once:
 - ``--registered-flood N``: as a ScreenTinker server (namespace ``/device``), N
   ``device:registered`` with alternating tokens, as fast as it can send them;
 - ``--paired-names COUNTxBYTES``: as ScreenTinker, COUNT ``device:paired`` each
-  naming the screen with BYTES characters, one ``device:unpaired`` between them.
+  naming the screen with BYTES characters, one ``device:unpaired`` between them;
+- ``--answers-per-register N``: as ScreenTinker, every ``device:register`` (no
+  ``/go`` needed) is answered with N ``device:registered`` with alternating tokens,
+  and the connection is then ended, so that each reconnection brings N more;
+- ``--answer-status S``: the ``status`` those answers carry (``provisioning``, or
+  ``online``: what ScreenTinker says of a claimed screen).
 
 As ScreenTinker it registers any code and ACKs heartbeats with
 ``device:heartbeat-ack``.
@@ -54,8 +59,10 @@ ST = "/device"   # ScreenTinker's namespace
 
 class HostilePeer:
     def __init__(self, big: list[tuple[str, int, int]], malformed: int,
-                 registered_flood: int = 0, paired_names: tuple[int, int] = (0, 0)):
+                 registered_flood: int = 0, paired_names: tuple[int, int] = (0, 0),
+                 answers_per_register: int = 1, answer_status: str = "provisioning"):
         self.big, self.malformed = big, malformed
+        self.answers_per_register, self.answer_status = answers_per_register, answer_status
         self.registered_flood, self.paired_names = registered_flood, paired_names
         self.sio = socketio.AsyncServer(async_mode="aiohttp", ping_interval=25, ping_timeout=20,
                                         max_http_buffer_size=64 * 1024)
@@ -63,7 +70,8 @@ class HostilePeer:
         self.sio.attach(self.app)
         self.app.router.add_get("/state", self._state)
         self.app.router.add_post("/go", self._go)
-        self.state = {"connects": [], "heartbeats": [], "big_sent_at": None,
+        self.state = {"connects": [], "heartbeats": [], "registers": 0, "answers": 0,
+                      "big_sent_at": None,
                       "malformed_sent_at": None, "flood_sent_at": None, "send_error": None}
         self._latest: str | None = None
         sio = self.sio
@@ -87,9 +95,14 @@ class HostilePeer:
 
         @sio.on("device:register", namespace=ST)
         async def st_register(sid, data=None):
-            await sio.emit("device:registered", {"device_id": "st-screen-1", "device_token":
-                                                 TOKENS[0], "status": "provisioning"},
-                           to=sid, namespace=ST)
+            self.state["registers"] += 1
+            for i in range(self.answers_per_register):
+                await sio.emit("device:registered", {"device_id": "st-screen-1", "device_token":
+                                                     TOKENS[i % 2], "status": self.answer_status},
+                               to=sid, namespace=ST)
+                self.state["answers"] += 1
+            if self.answers_per_register > 1:
+                await sio.disconnect(sid, namespace=ST)
 
         @sio.on("device:heartbeat", namespace=ST)
         async def st_heartbeat(sid, data=None):
@@ -152,7 +165,8 @@ class HostilePeer:
 
 
 async def serve(args) -> None:
-    peer = HostilePeer(args.big, args.malformed, args.registered_flood, args.paired_names)
+    peer = HostilePeer(args.big, args.malformed, args.registered_flood, args.paired_names,
+                       args.answers_per_register, args.answer_status)
     await serve_until_stopped(peer.app, "127.0.0.1", args.port, args.port_file)
 
 
@@ -169,6 +183,8 @@ def main(argv=None) -> None:
     p.add_argument("--malformed", type=int, default=0)
     p.add_argument("--registered-flood", type=int, default=0)
     p.add_argument("--paired-names", type=lambda v: tuple(map(int, v.split("x"))), default=(0, 0))
+    p.add_argument("--answers-per-register", type=int, default=1)
+    p.add_argument("--answer-status", default="provisioning")
     asyncio.run(serve(p.parse_args(argv)))
 
 

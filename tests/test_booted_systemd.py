@@ -381,6 +381,15 @@ def test_enrolls_and_pairs_under_systemd(site):
     rc, doc = status(s)
     # unclaimed: its own exit status, apart from a degraded screen's 1
     assert rc == 4 and doc["claimed"] is False and doc["pairing"]["code"] == code, doc
+    # the clone check under the unit's sandbox: a board serial where the board has one
+    # (not here: a PC, whose DMI uuid only root may read), else said unavailable
+    board = doc["board"]
+    assert board["clone_check"] in ("bound", "unavailable"), board
+    if board["clone_check"] == "unavailable":
+        said = s.run("edge-agent", "status", check=False).stdout
+        assert "clone check unavailable" in said, said
+    else:
+        assert s.path(f"{STATE}/board.json").exists()
 
     r = server.pair(code)
     assert r.returncode == 0, r.stderr

@@ -26,8 +26,9 @@ from agent.uploads.sender import UploadSender
 from agent.uploads.store import Item, QueueStore
 from agent.uploads.worker import UploadWorker
 from devtools.card import SdCard
-from devtools.harness import REPO, agent_config, wait_for
+from devtools.harness import REPO, AgentProcess, agent_config, terminate, wait_for
 from tests.test_enrollment import Hostile, code, hostile  # noqa: F401 (a fixture)
+from tests.test_link_inputs import HostilePeer
 
 BAD = "tök€n"
 NESTED = b'{"event": "play_start", "content_id": ' + b"[" * 995 + b"]" * 995 + b"}"
@@ -347,3 +348,78 @@ def test_a_restart_before_the_card_takes_the_token_does_not_cost_the_pairing(
     wait_for(creds.exists, 40, what="the credentials written once space returned")
     wait_for(lambda: not (tmp_path / "run" / "pairing.json").exists(), 5,
              what="the poll secret gone once the token is on the card")
+
+
+# -- a server that re-issues the token on every message: what reaches the card ----------
+WINDOW_S = 30.0
+
+
+def _io(pid: int) -> dict:
+    with open(f"/proc/{pid}/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f)}
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A directory on tmpfs, as a screen's runtime directory is (and here the agent's
+    log too): what is written there never reaches a card."""
+    path = tmp_path / "tmpfs"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)], check=True)
+    yield path
+    subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.mark.netns
+def test_a_screentinker_that_reissues_the_token_2000_times_a_connection_costs_the_card_its_budget(
+        card, tmpfs, netns, agent_python, tmp_path):
+    """2,000 device:registered with alternating tokens answer each registration, each
+    as a claimed screen's (``online``: before, a claim followed each token, written at
+    once: 2,984 fsyncs in 30 s), and the connection is dropped after them, so every
+    reconnection brings 2,000 more.
+    Counted where the card is, not by sampling files: the real agent's fsyncs (strace,
+    with the path of each) and its /proc/PID/io write_bytes, over the window; the state
+    directory on a loop-mounted ext4, the runtime directory and the log on tmpfs. The
+    budget (identity/core.py): WRITE_BURST writes at once, then one each WRITE_EVERY_S,
+    each write a file and its directory synced."""
+    server = HostilePeer(tmp_path, "--answers-per-register", "2000", "--answer-status", "online")
+    state = card.mountpoint / "state"
+    cfg = agent_config(server, tmpfs, server={"profile": "screentinker"},
+                       identity={"device_id": None, "token": None, "state_dir": str(state)})
+    agent = AgentProcess(agent_python, cfg, tmpfs).start()
+    trace = tmpfs / "fsyncs.txt"
+    strace = None
+    try:
+        wait_for(lambda: server.state()["answers"] >= 1, 20, what="a first registration answered")
+        strace = subprocess.Popen(["strace", "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync",
+                                   "-o", str(trace), "-p", str(agent.pid)],
+                                  stderr=subprocess.DEVNULL)
+        wait_for(lambda: trace.exists() and trace.stat().st_size >= 0, 5, what="strace attached")
+        os.sync()
+        io_before, card_before = _io(agent.pid), card.bytes_written()
+        answers_before = server.state()["answers"]
+        threading.Event().wait(WINDOW_S)
+        io_after, card_after = _io(agent.pid), card.bytes_written()
+        answers = server.state()["answers"] - answers_before
+        strace.send_signal(2)
+        strace.wait(10)
+    finally:
+        if strace is not None and strace.poll() is None:
+            strace.kill()
+        assert agent.alive(), agent.log_text()[-3000:]
+        terminate(agent.proc)
+        terminate(server.proc)
+        server.log.close()
+    calls = [line for line in trace.read_text().splitlines() if "sync(" in line]
+    on_card = [line for line in calls if str(card.mountpoint) in line]
+    written = io_after["write_bytes"] - io_before["write_bytes"]
+    writes_allowed = C.WRITE_BURST + WINDOW_S / C.WRITE_EVERY_S + 1
+    print(f"{answers} registrations answered in {WINDOW_S:.0f} s: {len(calls)} fsyncs "
+          f"({len(on_card)} on the card), write_bytes {written}, card {card_after - card_before}")
+    assert answers >= 4000, "the flood reached the agent"
+    assert len(calls) <= 2 * writes_allowed, "\n".join(calls[:20])
+    assert written <= writes_allowed * 2 * 4096 + 64 * 1024, f"{written} bytes to the card"
+    # ext4's journal commit included: a few blocks a sync
+    assert card_after - card_before <= writes_allowed * 2 * 16384 + 64 * 1024
+    assert "credentials held back" in agent.log_text()
+    assert "Traceback" not in agent.log_text()

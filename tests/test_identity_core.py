@@ -5,6 +5,8 @@ import random
 import threading
 import time
 
+import pytest
+
 from agent.base.clock import FakeClock
 from agent.identity import core as C
 from agent.identity.credentials import Credentials
@@ -205,20 +207,58 @@ def test_a_token_the_disk_refuses_stays_in_use_and_is_written_again_on_a_capped_
 
 
 
-def test_a_pairing_is_never_held_back_and_a_held_token_is_written_at_the_stop(tmp_path):
-    """Four registrations spend the budget, then the operator claims the screen and the
-    agent stops: the claim and the latest token are on the card when it starts again
-    (a held write lost at the stop left the screen unpaired)."""
+def test_a_claim_after_a_spent_budget_is_in_use_at_once_and_on_the_card_at_the_stop(tmp_path):
+    """Registrations spend the budget, then the server says the screen is claimed
+    and the agent stops: the claim is in use at once (uploads go), waits for the budget
+    like anything a server's message changes (else a server that claims after each
+    token wears the card: 2,984 fsyncs in 30 s), and is on the card when the agent
+    starts again (the stop writes what was held)."""
     creds = Credentials(str(tmp_path))
     clock = FakeClock()
     service = IdentityService(screentinker(), creds, clock=clock)
-    for i in range(4):
+    last = f"tok{C.WRITE_BURST:02d}" + "x" * 27
+    for i in range(C.WRITE_BURST + 1):
         service.handle(C.Registered(f"tok{i:02d}" + "x" * 27, "srv-1", "123456"))
-    assert service.core.unwritten is not None, "the fourth was held back"
+    assert service.core.unwritten is not None, "the one past the burst was held back"
     service.handle(C.Claimed("Lobby"))
+    assert service.current.claimed, "in use at once"
+    assert not IdentityService.load("local-1", creds, None, False, pairs_in_link=True).current.claimed
+    service.flush()
     again = IdentityService.load("local-1", creds, None, False, pairs_in_link=True)
-    assert again.current.claimed, "the claim waited for the budget"
+    assert again.current.claimed and again.current.token == last
     service.handle(C.Registered("tok09" + "x" * 27, "srv-1", "123456"))
     service.flush()
     again = IdentityService.load("local-1", creds, None, False, pairs_in_link=True)
     assert again.current.token == "tok09" + "x" * 27
+
+
+def test_a_pairing_and_a_pairing_again_on_a_quiet_card_are_written_at_once(tmp_path):
+    """The burst covers a real pairing (the registration, then the operator's claim),
+    and an unpair on the screen and the server's relinking right after it."""
+    creds = Credentials(str(tmp_path))
+    service = IdentityService(screentinker(), creds, clock=FakeClock())
+    for token in ("tok00" + "x" * 27, "tok01" + "x" * 27):
+        service.handle(C.Registered(token, "srv-1", "123456"))
+        service.handle(C.Claimed("Lobby"))
+        assert service.core.unwritten is None
+        again = IdentityService.load("local-1", creds, None, False, pairs_in_link=True)
+        assert again.current.claimed and again.current.token == token
+        service.handle(C.Revoked())
+
+
+@pytest.mark.parametrize("claims", [True, False])
+def test_a_server_that_claims_after_each_new_token_or_unpairs_is_held_to_the_budget(claims):
+    """Each token answered as a claimed screen's ("online": a claim follows it), or a
+    device:unpaired after each: every synced write a server's message causes spends the
+    budget (a removal is an unlink, never synced: not counted)."""
+    core, now, writes = screentinker(), 0.0, 0
+    for i in range(4000):
+        now += 0.005
+        events = [C.Registered("ab"[i % 2] * 32, "srv-1", "123456"),
+                  C.Claimed("") if claims else C.UnpairedByServer()]
+        for event in events:
+            for effect in core.handle(event, now) + core.due(now):
+                if isinstance(effect, (C.Store, C.Forget)):
+                    writes += isinstance(effect, C.Store)
+                    core.handle(C.Written(effect))
+    assert writes <= C.WRITE_BURST + now / C.WRITE_EVERY_S + 1, writes

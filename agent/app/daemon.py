@@ -64,14 +64,14 @@ class Agent:
         self.cold_start = cold_start = first_start_of_boot(state_dir)
         self.identity = DeviceIdentity(
             config.identity, config.server, runtime_dir, profile=profile_class,
-            storage=self.alarms, on_change=self._refresh, gate=self.gate)
+            storage=self.alarms, on_change=self._refresh, gate=self.gate, sysfs=sysfs)
         ids = self.identity.ids
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh)
         self.inventory = Inventory(self.outbox.put, sysfs)
         telemetry = TelemetrySource(state_dir, sysfs)
         self.profile = profile_class(ProfileContext(
             device_id=ids.device_id, token=ids.token, on_token=ids.registered,
-            on_unpaired=ids.unpaired_by_server, facts=hardware_facts,
+            on_unpaired=ids.unpaired_by_server, facts=lambda: hardware_facts(sysfs),
             pairing_code=ids.pairing_code, claimed=ids.claimed, on_claimed=ids.claimed_as,
             telemetry=lambda: {**telemetry.get(), **self.inventory.summary()},
             allowed_commands=config.commands.allow, means=lambda: self.screen.means(),
@@ -145,7 +145,8 @@ class Agent:
             server=config.server.display, storage=self.storage,
             pairing=self.identity.pairing, link_now=self.runner.snapshot,
             on_pairing=self.identity.show_code, metrics=self.metrics, sections={
-                "credentials": ids.storage, "uploads": self.uploads.snapshot,
+                "credentials": ids.storage, "board": lambda: self.identity.board,
+                "uploads": self.uploads.snapshot,
                 "events": lambda: {"mode": self.events.mode if self.events else "disabled",
                                    **self.outbox.snapshot()},
                 "journal": self.runner.journal_snapshot, "commands": self.commands.recent,

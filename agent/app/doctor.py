@@ -10,6 +10,7 @@ link's own (base/reasons.py, docs/troubleshooting.md): one vocabulary, one advic
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from ..base import reasons as J
@@ -19,7 +20,7 @@ from .status import STATUS_LINE_CHARS
 OK, INFO, WARN, FAIL, NOT_CHECKED = "ok", "info", "warn", "fail", "not checked"
 # the order they are checked and printed in
 STEPS = ("configuration", "clock", "dns", "route", "tcp", "proxy", "tls", "upgrade",
-         "token", "upload", "storage", "display")
+         "token", "card", "upload", "storage", "display")
 # the device's own, after the link's: what the screen has and shows, how it is upgraded
 STEPS += ("screen", "repository")
 # a failing step's exit status: its class (--help and the man page say the same)
@@ -230,6 +231,32 @@ def _judge_token(found: dict) -> Step:
         return step("token", FAIL, f"{where}: owned by {owner}, not {found['agent_user']}",
                     f"chown {found['agent_user']}: {where}")
     return step("token", OK, f"stored in {where}, mode {mode:04o}" + _heard(found))
+
+
+def judge_card(found: dict) -> Step:
+    """``found`` from doctor_probes.card(): the clone check's verdict (identity/board.py)
+    on what the state directory keeps and what this board says now."""
+    verdict, where = found.get("verdict"), found.get("read_from")
+    if found.get("cloned_from") is not None or found.get("kept_aside"):
+        at = found.get("cloned_at")
+        when = time.strftime("%Y-%m-%d", time.localtime(at)) if isinstance(at, (int, float)) else "?"
+        return step("card", INFO, f"made from screen {found.get('cloned_from') or '?'}'s card "
+                                  f"(found {when}): a screen of its own now, that identity kept "
+                                  f"aside as {', '.join(found.get('kept_aside') or []) or 'nothing'}",
+                    found.get("todo", ""))
+    if verdict == "cloned":
+        return step("card", WARN, f"this card's identity was made on another board (its {where} "
+                                  f"differs): a copy of another screen's card",
+                    "systemctl restart edge-agent: it keeps that identity aside and pairs as a "
+                    "new screen (enter the code it shows); the original keeps its own")
+    if verdict == "bound-now":
+        return step("card", INFO, f"the {where} is readable here: the agent binds this card's "
+                                  f"identity to it at its start")
+    if verdict == "unavailable":
+        return step("card", INFO, "clone check unavailable: no board serial readable here, a "
+                                  "copy of this card on another board cannot be told apart",
+                    "image cards from one that never ran the agent (docs/install.md)")
+    return step("card", OK, f"this card's identity is bound to this board (its {where})")
 
 
 def _heard(found: dict) -> str:

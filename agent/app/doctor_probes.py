@@ -30,10 +30,11 @@ from ..base import reasons as J
 from ..base.clock import kernel_synced
 from ..base.egress import default_port
 from ..base.fsutil import UnsafePath, drop_to_owner, read_json
+from ..base.hardware import board_fingerprint
 from ..base.identifiers import token_problem
 from ..config import load as cfgmod
 from ..config.model import Config
-from ..identity import credentials
+from ..identity import board, credentials
 from . import doctor as D
 from . import status as status_view
 from . import apt_repository, unit_env
@@ -75,6 +76,7 @@ def examine(config_path: str) -> tuple[list[D.Step], list[str]]:
     steps += net
     # on disk whatever the network did; whether the server takes it, the running agent says
     steps.append(D.judge_token(token(config, agent, on_disk)))
+    steps.append(D.judge_card(card(config)))
     steps.append(D.step("upload", D.INFO, "not sent: a test upload would leave a record on "
                                           "the fleet server; uploads go the way the upgrade "
                                           "went, and edge-agent status shows the queue"))
@@ -306,6 +308,14 @@ def _look_at_credentials(state_dir: str) -> dict:
     found["problem"] = (token_problem("token", doc.get("token")) if isinstance(doc, dict)
                         else "not a JSON object")
     return found
+
+
+def card(config: Config) -> dict:
+    """The clone check as the agent's next start would judge it: nothing is written."""
+    kept = board.read(config.identity.state_dir)
+    found = board_fingerprint(config.debug.sysfs)
+    return {"verdict": board.judge(kept, found), "read_from": found[0] if found else None,
+            **board.history(kept)}
 
 
 def _user(uid: int) -> str:

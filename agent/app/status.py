@@ -33,7 +33,8 @@ def pid_alive(pid) -> bool:
 # -- the document ------------------------------------------------------------------
 def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              storage: dict, credentials: dict | None, uploads: dict, events: dict,
-             journal: list, commands: list, update: dict | None = None,
+             journal: list, commands: list, board: dict | None = None,
+             update: dict | None = None,
              settings: dict | None = None, hours: dict | None = None,
              screen: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
@@ -43,7 +44,7 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
             # same boot counts every age in the file from here
             "boot_id": this_boot(), "monotonic": round(time.monotonic(), 3),
             # a credentials write the card still lacks
-            "credentials": credentials, "uploads": uploads, "events": events,
+            "credentials": credentials, "board": board, "uploads": uploads, "events": events,
             "journal": journal, "commands": commands, "update": update, "settings": settings,
             "hours": hours, "screen": screen}
 
@@ -150,6 +151,33 @@ def _settings_text(settings: dict, elapsed: float = 0.0) -> str:
     return "; ".join(said)
 
 
+def _board_lines(board) -> list[str]:
+    """The clone check (identity/board.py): said where it has something to say; the
+    file's words as one clean line each."""
+    return [clean(said, 800) for said in _board_said(board)]
+
+
+def _board_said(board) -> list[str]:
+    if not isinstance(board, dict):
+        return []
+    check, todo = board.get("clone_check"), str(board.get("todo") or "")
+    if board.get("cloned_from") is not None or board.get("kept_aside"):
+        at = board.get("cloned_at")
+        when = (time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
+                if isinstance(at, (int, float)) else "?")
+        aside = ", ".join(map(str, board.get("kept_aside") or [])) or "nothing"
+        return [f"card        made from screen {board.get('cloned_from') or '?'}'s card "
+                f"(found {when}): a screen of its own now, that identity kept aside as "
+                f"{aside}; {todo}"]
+    if check == "cloned":
+        return [f"card        made from another screen's card: "
+                + (todo or f"cannot write {board.get('stuck')}: the identity is the copied one")]
+    if check == "unavailable":
+        return ["card        clone check unavailable: this board has no serial readable here "
+                "(a copy of this card on another screen would take this screen's place)"]
+    return []
+
+
 def render(doc: dict, running: bool) -> str:
     link = _link(doc)
     state = link.get("state", "unknown") if running else "not running"
@@ -182,6 +210,7 @@ def render(doc: dict, running: bool) -> str:
         lines.append(f"credentials not stored yet ({unwritten.get('error')}, "
                      f"{unwritten.get('failed_attempts')} failed writes): in use from memory, "
                      f"written when the card takes it")
+    lines.extend(_board_lines(doc.get("board")))
     if link.get("proof"):
         within = now["proof_within_s"]
         every = link.get("heartbeat_interval_s") if link.get("proof") != "ping" else None

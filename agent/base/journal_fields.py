@@ -45,6 +45,7 @@ class MessageId:
     SETTINGS_KEPT = "ee5a0d61f9384f419b13d527df0ebf40"
     SETTINGS_ROLLED_BACK = "40795fa9d40741f4add2ac72e02851a2"
     STORAGE_DEGRADED = "31d7487a6da84aa687d9bec39728e6d6"
+    CARD_CLONED = "2e222f5ed19f48808925aabcb598c028"   # this card was made from another screen's
 
 
 MESSAGE_IDS = {name: value for name, value in vars(MessageId).items()

@@ -18,14 +18,16 @@ from ..base.identifiers import usable_device_id
 log = logging.getLogger("edge_agent.identity")
 
 
-def derive() -> str:
-    basis = f"{machine_id()}|{board_serial()}"
+def derive(board: str | None = None) -> str:
+    """``board``: what tells this board apart (identity/board.py's fingerprint), when
+    the id must differ from the one a card copied from another board carries."""
+    basis = f"{machine_id()}|{board_serial() if board is None else board}"
     if basis == "|":
         return "ea-" + secrets.token_hex(8)
     return "ea-" + hashlib.sha256(basis.encode()).hexdigest()[:16]
 
 
-def load_or_create(state_dir: str) -> str:
+def load_or_create(state_dir: str, board: str | None = None) -> str:
     path = os.path.join(state_dir, "device_id")
     try:
         with open(path, "rb") as f:
@@ -39,7 +41,7 @@ def load_or_create(state_dir: str) -> str:
         pass
     except OSError as e:
         log.warning("cannot read %s (%s); deriving the device id again", path, e.strerror)
-    value = derive()
+    value = derive(board)
     atomic_write(path, (value + "\n").encode(), 0o644)
     log.info("device id %s (kept in %s)", value, path)
     return value

@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 from typing import Callable, Protocol
 
+from ..base.hardware import board_fingerprint
 from ..base.identifiers import shown
 from ..config.model import Identity, Server
 from ..runtime.watchdog_gate import WatchdogGate
-from . import device, pairing_code
+from . import board, device, pairing_code
 from .credentials import Credentials
 from .enroller import Enroller
 from .service import Hooks, IdentityService
@@ -53,11 +54,17 @@ class DeviceIdentity:
 
     def __init__(self, section: Identity, server: Server, runtime_dir: str, *,
                  profile: type, storage: StorageReports, on_change: Callable[[], None],
-                 gate: WatchdogGate | None = None):
+                 gate: WatchdogGate | None = None, sysfs: str = "/sys"):
         pairs_in_link = profile.pairs_in_link
         self._section = section
         self._storage = storage
         self.pairs_in_link = pairs_in_link
+        # before anything of the identity is read: a card copied from another screen
+        # becomes a screen of its own (identity/board.py)
+        found = board_fingerprint(sysfs)
+        self.board = board.check(section.state_dir, found,
+                                 movable=section.token is None and section.device_id is None)
+        self._board_key = board.fresh_board(self.board, found)
         self.credentials = Credentials(section.state_dir)
         self.ids = IdentityService.load(
             section.device_id or self._local_device_id(), self.credentials,
@@ -79,13 +86,13 @@ class DeviceIdentity:
 
     def _local_device_id(self) -> str:
         try:
-            return device.load_or_create(self._section.state_dir)
+            return device.load_or_create(self._section.state_dir, self._board_key)
         except OSError as e:
             # derived again the same way at the next start (from machine-id and serial)
             self._storage.unavailable("device id", os.path.join(self._section.state_dir,
                                                                 "device_id"),
                                       e, "derived for this run only")
-            return device.derive()
+            return device.derive(self._board_key)
 
     def bind(self, link: LinkControl, profile: Pairs, resume_uploads: Callable[[], None],
              status_changed: Callable[[], None]) -> None:

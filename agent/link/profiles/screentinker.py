@@ -14,7 +14,7 @@ import time
 from typing import Callable
 
 from ... import __version__
-from ...base.hardware import board_serial, machine_id
+from ...base.hardware import machine_id
 from ...base.identifiers import new_code
 from ...base.identifiers import usable_device_id, usable_token
 from ...base.vocabulary import SCREEN_MEANS
@@ -451,6 +451,8 @@ def _image_mime(data: bytes) -> str:
 
 
 def fingerprint(facts: dict) -> str:
-    basis = f"{board_serial()}|{facts.get('model', '')}|{machine_id()}"
+    # the board's serial as the facts read it (a card copied to another board is told
+    # apart: identity/board.py), the model, the OS's machine id
+    basis = f"{facts.get('serial', '')}|{facts.get('model', '')}|{machine_id()}"
     return hashlib.sha256(basis.encode()).hexdigest()
 
