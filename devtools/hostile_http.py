@@ -185,7 +185,7 @@ def main(argv) -> int:
                                {"Content-Type": "application/json"}, b"{}")
     elif target == "enroll":
         e = enroller_mod.Enroller(url, "dev1", tmp, Egress())
-        call = lambda: e._call("POST", "/api/v1/enroll", json={})   # noqa: E731
+        call = lambda: e._call("POST", "/api/v1/enroll", enroller_mod.NotEnrolling, json={})   # noqa: E731
     else:
         raise SystemExit(f"unknown target {target}")
     # the unit's memory bound, as address space over what the process has now
