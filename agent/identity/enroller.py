@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -49,6 +50,19 @@ MAX_SILENCE_S = MAX_WAIT_S + 2 * sum(TIMEOUT) + 10.0
 
 class BadAnswer(Exception):
     pass
+
+
+def exchange(session, method: str, url: str, **kw) -> tuple[int, bytes]:
+    """One request to the server, bounded from its first byte to its last (a trickled
+    answer ends with it) and in bytes (MAX_ANSWER_BYTES + 1 at most are read); no
+    redirect is followed. (status, the body as sent)."""
+    with deadline(sum(TIMEOUT)):
+        r = session.request(method, url, timeout=TIMEOUT, allow_redirects=False,
+                            stream=True, **kw)
+        try:
+            return r.status_code, read_capped(r, MAX_ANSWER_BYTES)
+        finally:
+            r.close()
 
 
 class Enroller:
@@ -114,7 +128,12 @@ class Enroller:
     def pairing(self) -> dict | None:
         code = self.core.code
         if self.core.state == PAIRED or code is None:
-            return {"state": self.core.state, "error": self.core.last_error}
+            out = {"state": self.core.state, "error": self.core.last_error}
+            wake = self.core.next_wakeup()
+            if self.core.last_error and wake != math.inf:
+                out.update(next_try_in_s=round(max(0.0, wake - self.clock.monotonic()), 1),
+                           attempts=self.core.attempts)
+            return out
         return {"state": self.core.state, "code": code.display,
                 "expires_in_s": round(max(0.0, code.expires_at - self.clock.monotonic())),
                 "error": self.core.last_error}
@@ -207,20 +226,13 @@ class Enroller:
 
     def _call(self, method: str, path: str, not_found: type[NotFound], **kw) -> dict:
         """The answer's JSON object; ``not_found`` is raised on a 404/405/410."""
-        # one bound from the first byte to the last: a trickled answer ends with it
-        with deadline(sum(TIMEOUT)):
-            r = self.session.request(method, self.base + path, timeout=TIMEOUT,
-                                     allow_redirects=False, stream=True, **kw)
-            try:
-                raw = read_capped(r, MAX_ANSWER_BYTES)
-            finally:
-                r.close()
-        if r.status_code in NOT_FOUND:
-            raise not_found(r.status_code)
-        if 300 <= r.status_code < 400:
-            raise BadAnswer(f"refusing a redirect (HTTP {r.status_code})")
-        if r.status_code != 200:
-            raise BadAnswer(f"HTTP {r.status_code}")
+        status, raw = exchange(self.session, method, self.base + path, **kw)
+        if status in NOT_FOUND:
+            raise not_found(status)
+        if 300 <= status < 400:
+            raise BadAnswer(f"refusing a redirect (HTTP {status})")
+        if status != 200:
+            raise BadAnswer(f"HTTP {status}")
         if len(raw) > MAX_ANSWER_BYTES:
             raise BadAnswer("answer too large")
         try:

@@ -61,6 +61,11 @@ class EnrollmentCore:
         self._next_at = 0.0
         self._in_flight = False
 
+    @property
+    def attempts(self) -> int:
+        """Answers in a row that were not what the agent expects."""
+        return self._errors.attempts
+
     def start(self, now: float, saved: PairingCode | None = None) -> None:
         """Begins, reusing a code from before a restart while it is still valid."""
         if saved is not None and saved.expires_at > now:
