@@ -28,12 +28,12 @@ def st(netns, tmp_path, generation):  # noqa: F811
     server.stop()
 
 
-def url_only(at, tmp_path, /, **sections):
-    """agent.toml with no profile: what the README's install block writes."""
+def url_only(at, tmp_path, /, profile=None):
+    """agent.toml with no profile (None): what the README's install block writes."""
     class Url:
         url = at.url
         devices = {}
-    return agent_config(Url, tmp_path, identity=NO_IDENTITY, **sections)
+    return agent_config(Url, tmp_path, identity=NO_IDENTITY, server={"profile": profile})
 
 
 def run_cli(agent_python, cfg, *args) -> subprocess.CompletedProcess:
@@ -98,7 +98,7 @@ def test_a_screen_with_only_the_url_enrolls_with_the_reference_server(
 @only_19
 def test_an_explicit_profile_still_wins_and_the_doctor_fails_when_it_is_the_wrong_one(
         st, spawn_agent, agent_python, tmp_path):
-    cfg = url_only(st, tmp_path, server={"profile": "edge-agent"})
+    cfg = url_only(st, tmp_path, "edge-agent")
     agent = spawn_agent(agent_python, cfg)
     wait_for(lambda: (agent.status().get("pairing") or {}).get("error"), 20,
              what="the enrollment's answer")
