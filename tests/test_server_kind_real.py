@@ -42,17 +42,23 @@ def run_cli(agent_python, cfg, *args) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def started_with_only_the_url(at, spawn_agent, agent_python, tmp_path, what: str):
+    """An agent with no profile, its config, its pairing code and its profile's status."""
+    cfg = url_only(at, tmp_path)
+    agent = spawn_agent(agent_python, cfg)
+    code = wait_for(lambda: (agent.status().get("pairing") or {}).get("code"), 30,
+                    what=f"a pairing code from {what}")
+    return agent, cfg, code, agent.status()["profile"]
+
+
 def record(tmp_path) -> dict:
     return json.loads((tmp_path / "state" / "server-kind.json").read_text())
 
 
 def test_a_screen_with_only_the_url_pairs_with_screentinker_and_keeps_what_it_found(
         st, spawn_agent, agent_python, tmp_path):
-    cfg = url_only(st, tmp_path)
-    agent = spawn_agent(agent_python, cfg)
-    code = wait_for(lambda: (agent.status().get("pairing") or {}).get("code"), 30,
-                    what="a pairing code from the ScreenTinker profile")
-    profile = agent.status()["profile"]
+    agent, cfg, code, profile = started_with_only_the_url(st, spawn_agent, agent_python,
+                                                          tmp_path, "the ScreenTinker profile")
     assert profile["profile"] == "screentinker" and profile["how"] == "recorded", profile
     assert f"ScreenTinker {'1.2.0' if st.generation == '1.2' else '1.9'}" in profile["why"]
     kept = record(tmp_path)
@@ -82,11 +88,8 @@ def test_a_screen_with_only_the_url_pairs_with_screentinker_and_keeps_what_it_fo
 def test_a_screen_with_only_the_url_enrolls_with_the_reference_server(
         netns, fleet, spawn_agent, agent_python, tmp_path):
     server = fleet(devices={})
-    cfg = url_only(server, tmp_path)
-    agent = spawn_agent(agent_python, cfg)
-    code = wait_for(lambda: (agent.status().get("pairing") or {}).get("code"), 20,
-                    what="a pairing code from the edge-agent enrollment")
-    profile = agent.status()["profile"]
+    agent, _, code, profile = started_with_only_the_url(server, spawn_agent, agent_python,
+                                                        tmp_path, "the edge-agent enrollment")
     assert profile["profile"] == "edge-agent" and profile["how"] == "detected", profile
     assert "400" in profile["why"]
     assert record(tmp_path)["profile"] == "edge-agent"
