@@ -380,6 +380,9 @@ def test_enrolls_and_pairs_under_systemd(site):
     rc, doc = status(s)
     # unclaimed: its own exit status, apart from a degraded screen's 1
     assert rc == 4 and doc["claimed"] is False and doc["pairing"]["code"] == code, doc
+    # only the url set: the server's own answers chose the profile, kept in the state dir
+    assert doc["profile"]["profile"] == "edge-agent", doc["profile"]
+    assert json.loads(s.path(f"{STATE}/server-kind.json").read_text())["url"] == server.url
 
     r = server.pair(code)
     assert r.returncode == 0, r.stderr

@@ -85,3 +85,27 @@ def test_the_record_survives_a_restart_and_a_bad_one_is_asked_again(tmp_path):
     assert kind_record.load(str(tmp_path)) is None
     (tmp_path / kind_record.RECORD).write_bytes(b" " * 10_000)
     assert kind_record.load(str(tmp_path)) is None
+
+
+def test_doctor_and_status_say_what_the_answers_mean():
+    from agent.app import doctor, status
+    st = judge(ST_19)
+    wrong = doctor.judge_profile("edge-agent", None, st)
+    assert wrong.verdict == doctor.FAIL and doctor.exit_status([wrong]) == 6
+    assert "does not enroll as edge-agent" in wrong.said and "ScreenTinker 1.9.33" in wrong.said
+    assert 'profile = "screentinker"' in wrong.todo
+    assert doctor.judge_profile("auto", None, st).verdict == doctor.OK
+    assert doctor.judge_profile("screentinker", None, st).verdict == doctor.OK
+    moved = doctor.judge_profile("auto", "edge-agent", st)
+    assert moved.verdict == doctor.WARN and "server-kind.json" in moved.todo
+    lost = doctor.judge_profile("auto", None, judge(Answer(404), Answer(404)))
+    assert lost.verdict == doctor.FAIL and "not recognised" in lost.said
+    base = {"pid": 1, "version": "x", "device_id": "d", "server": "http://s", "link": {}}
+    asking = status.render({**base, "profile": {
+        "profile": None, "how": "detecting", "why": lost.said, "attempts": 3,
+        "next_try_in_s": 12.0}}, running=False)
+    assert "profile     not known yet: the server's kind: not recognised" in asking, asking
+    kept = status.render({**base, "profile": {"profile": "screentinker", "how": "recorded",
+                                              "why": st.why}}, running=False)
+    assert ("profile     screentinker (detected at an earlier start: ScreenTinker 1.9.33 "
+            "answered GET /api/version)") in kept, kept
