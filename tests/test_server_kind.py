@@ -109,3 +109,19 @@ def test_doctor_and_status_say_what_the_answers_mean():
                                               "why": st.why}}, running=False)
     assert ("profile     screentinker (detected at an earlier start: ScreenTinker 1.9.33 "
             "answered GET /api/version)") in kept, kept
+
+
+def test_only_a_stop_that_is_the_kinds_own_restart_is_carried_out_as_one(tmp_path):
+    """A SIGTERM that came first is a stop, even if the kind is found while stopping."""
+    from types import SimpleNamespace
+    from agent.identity.kind_probe import ServerKind
+    server = SimpleNamespace(profile="auto", url="http://127.0.0.1:9", egress=None)
+    stops = []
+    kind = ServerKind(server, str(tmp_path), restart=lambda why: stops.append(kind.stopping_for(why)))
+    kind._settle(judge(ST_19))   # the provisional build was edge-agent
+    assert stops == [True] and kind.restarting
+    assert kind_record.load(str(tmp_path))["profile"] == "screentinker"
+    late = ServerKind(server, str(tmp_path / "nothing"), restart=lambda why: None)
+    assert not late.stopping_for("received SIGTERM")
+    late._settle(judge(ST_19))   # the agent is already stopping: its _stop ignores this one
+    assert not late.restarting

@@ -213,7 +213,7 @@ class Agent:
         if not self._stopping.is_set():
             log.info("%s, stopping", why)
             self._stopping.set()
-            if not self.kind.restarting:   # built again in this process: systemd sees no stop
+            if not self.kind.stopping_for(why):   # built again in this process: no STOPPING
                 self.notifier.stopping()
             self.runner.request_stop()
 

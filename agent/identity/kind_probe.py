@@ -63,6 +63,7 @@ class ServerKind:
         self.record_error: str | None = None
         # the kind is another profile's: the agent stops to be built again with it (cli.py)
         self.restarting = False
+        self.restart_why: str | None = None
         self.clock = SystemClock()
         self.core = KindCore()
         self.loop = None
@@ -101,6 +102,12 @@ class ServerKind:
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
+
+    def stopping_for(self, why: str) -> bool:
+        """The agent begins to stop for ``why`` (the first reason only): True when that
+        is this part's restart, which the command line then carries out (an exec)."""
+        self.restarting = why is not None and why == self.restart_why
+        return self.restarting
 
     def snapshot(self) -> dict:
         verdict = self.core.verdict
@@ -141,8 +148,8 @@ class ServerKind:
         if verdict.profile != self.profile:
             log.warning("server profile %s: detected (%s); restarting with it",
                         verdict.profile, verdict.why)
-            self.restarting = True
-            self._restart(f"the server speaks the {verdict.profile} profile: restarting with it")
+            self.restart_why = f"the server speaks the {verdict.profile} profile: restarting with it"
+            self._restart(self.restart_why)
             return
         log.info("server profile %s: detected (%s)", verdict.profile, verdict.why)
         with self._lock:
