@@ -57,6 +57,7 @@ def test_a_minute_against_servers_that_answer_everything_wrong_stays_within_the_
         texts = {name: status_text(agent_python, cfg) for name, (_, cfg) in agents.items()}
         for name, (agent, _) in agents.items():
             assert agent.alive(), agent.log_text()[-2000:]
+    print(f"\n[{profile or 'auto'}] requests in {WATCH_S:.0f} s: {counts}")
     paths = {name: sorted({f"{m} {p.split('?')[0]}" for _, m, p in s}) for name, s in seen.items()}
     assert all(counts.values()), (counts, paths)
     assert max(counts.values()) <= MOST_IN_A_MINUTE, (counts, paths)
