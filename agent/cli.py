@@ -18,6 +18,7 @@ from .base import logs
 from .app import status
 from .base import status_file
 from .base.fsutil import UnsafePath, drop_to_owner
+from .identity import kind_record
 from .identity.credentials import Credentials, CredentialsUnreadable
 from .link.profiles import PROFILES, uncarried
 from .config import overlay as fleet_store
@@ -153,7 +154,13 @@ def cmd_run(args) -> int:
     # DEVICE_ID fixed for the process; the id a server assigns, read per record, beside it
     logs.stamp_ids(agent.identity.ids.core.local_device_id, agent.identity.device_id)
     with crashes.watched_run(config.runtime.dir):
-        return agent.run()
+        code = agent.run()
+    if agent.kind.restarting:   # built again for the server's kind: a fresh image, same process
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, sys.orig_argv)
+    return code
 
 
 def cmd_doctor(args) -> int:
@@ -233,9 +240,21 @@ ENQUEUE_EXITS = """exit status:
   7  a duplicate: an item with this key is queued or was sent recently"""
 
 
+def _profile_text(config, came: str) -> str:
+    """The profile, and where it came from: the file, or the server's own answers."""
+    choice = kind_record.chosen(config.server, config.identity.state_dir)
+    if choice.how == "configured":
+        return f"{choice.profile} ({came})"
+    if choice.how == "recorded":
+        return f"auto ({came}): {choice.profile}, detected at an earlier start ({choice.why})"
+    return (f"auto ({came}): not known yet for this url; the agent asks the server at its "
+            f"start (GET /api/version, POST /api/v1/enroll) and keeps the answer")
+
+
 def cmd_enqueue(args) -> int:
     config = _load(args.config)
-    refusal = uncarried(PROFILES[config.server.profile], args.kind)
+    profile = kind_record.chosen(config.server, config.identity.state_dir).profile
+    refusal = uncarried(PROFILES[profile], args.kind)
     if refusal:
         sys.stderr.write(f"edge-agent: --kind: {refusal}\n")
         return EXIT_USAGE
@@ -254,11 +273,11 @@ def cmd_enqueue(args) -> int:
         sys.stderr.write(f"edge-agent: {args.file}: {e.strerror}\n")
         return EXIT_USAGE
     try:
-        problem = PROFILES[config.server.profile].enqueue_problem(args.kind, payload)
+        problem = PROFILES[profile].enqueue_problem(args.kind, payload)
     except RecursionError:   # JSON nested thousands deep: one line, not a traceback
         problem = "a JSON record nested too deeply to read"
     if problem:
-        sys.stderr.write(f"edge-agent: {args.kind}: {problem} (the {config.server.profile} server "
+        sys.stderr.write(f"edge-agent: {args.kind}: {problem} (the {profile} server "
                          f"would drop it unread); nothing was queued\n")
         return EXIT_USAGE
     try:
@@ -373,7 +392,7 @@ def _say_in_force(config: cfgmod.Config, unit) -> int:
                    f"store for every connection the agent makes")
     else:
         ca_text = "the system's CA store (server.ca_file unset)"
-    print(f"  profile   {config.server.profile} ({came('server.profile')})")
+    print(f"  profile   {_profile_text(config, came('server.profile'))}")
     print(f"  server    {config.server.display} ({came('server.url')})")
     print(f"  proxy     {proxy_text}")
     print(f"  ca        {ca_text}")

@@ -59,9 +59,12 @@ DOCS = {
                       "link, enrollment, uploads and the update download. To add a CA to the "
                       "system's store instead, use update-ca-certificates and leave this unset. "
                       "check-config and the start refuse a file holding no PEM certificate.",
-    "server.profile": "The server's protocol: \"edge-agent\" (this project's fleet server, "
-                      "PROTOCOL.md) or \"screentinker\" (ScreenTinker 1.2 and 1.9, "
-                      "/usr/share/doc/edge-agent/docs/screentinker.md).",
+    "server.profile": "The server's protocol: \"auto\" (the server's own answers tell "
+                      "which, at the first start with this url; kept in the state directory, "
+                      "said by status, check-config and doctor), \"edge-agent\" (this "
+                      "project's fleet server, PROTOCOL.md) or \"screentinker\" (ScreenTinker "
+                      "1.2 and 1.9, /usr/share/doc/edge-agent/docs/screentinker.md). Set, it "
+                      "wins.",
     "server.connect_timeout_s": "The ceiling of the connect bound. The bound in use is learnt: "
                                 "four times the slowest of the last 8 connects, never below "
                                 "4 s, never above this.",

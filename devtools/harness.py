@@ -96,7 +96,9 @@ class FleetServerProcess:
 
 def agent_config(server: FleetServerProcess, workdir: Path, /, **sections) -> Path:
     doc = {
-        "server": {"url": server.url, "connect_timeout_s": 2.0},
+        # the protocol these tests were written for; "profile": None asks for the default
+        # ("auto": the server's answers tell, tests/test_server_kind_real.py)
+        "server": {"url": server.url, "connect_timeout_s": 2.0, "profile": "edge-agent"},
         "identity": {"device_id": "screen-1", "token": server.devices.get("screen-1", "x"),
                      "state_dir": str(workdir / "state")},
         "runtime": {"dir": str(workdir / "run")},

@@ -35,17 +35,21 @@ def gzip_bomb(decoded: int, layers: int = 2) -> bytes:
 
 
 @contextlib.contextmanager
-def answering_server(body: bytes, headers: dict | None = None):
-    """Every request answered 200 with ``body`` and ``headers``, whatever it asked for;
+def answering_server(body: bytes, headers: dict | None = None, status: int = 200,
+                     seen: list | None = None):
+    """Every request answered ``status`` with ``body`` and ``headers``, whatever it asked
+    for (each one's method and path appended to ``seen``, with its monotonic time);
     yields the server's base URL."""
     class Answer(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def _answer(self):
+            if seen is not None:
+                seen.append((time.monotonic(), self.command, self.path))
             n = int(self.headers.get("Content-Length") or 0)
             if n:
                 self.rfile.read(n)
-            self.send_response(200)
+            self.send_response(status)
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
@@ -55,7 +59,7 @@ def answering_server(body: bytes, headers: dict | None = None):
             except OSError:
                 pass
 
-        do_GET = do_POST = _answer
+        do_GET = do_POST = do_PUT = do_DELETE = _answer
 
         def log_message(self, *a):
             pass
@@ -220,7 +224,7 @@ def main(argv) -> int:
                                {"Content-Type": "application/json"}, b"{}")
     elif target == "enroll":
         e = enroller_mod.Enroller(url, "dev1", tmp, Egress())
-        call = lambda: e._call("POST", "/api/v1/enroll", json={})   # noqa: E731
+        call = lambda: e._call("POST", "/api/v1/enroll", enroller_mod.NotEnrolling, json={})   # noqa: E731
     else:
         raise SystemExit(f"unknown target {target}")
     # the unit's memory bound, as address space over what the process has now

@@ -85,6 +85,13 @@ class State:
 def attach(server) -> None:
     sio = server.sio
     st = server.st = State()
+
+    async def version(_request):
+        # what both generations answer (server.js, app.get('/api/version')): how an agent
+        # left at [server] profile = "auto" knows a ScreenTinker server
+        from aiohttp import web
+        return web.json_response({"hash": "emulated", "version": "1.9-emulated"})
+    server.app.router.add_get("/api/version", version)
     for device_id, token in server.tokens.items():  # --device ID:TOKEN: already claimed
         st.rows[device_id] = {"id": device_id, "token": token, "pairing_code": None,
                               "status": "offline", "user": "operator", "name": device_id,

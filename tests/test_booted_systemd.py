@@ -361,6 +361,37 @@ def test_a_bad_configuration_fails_the_unit_with_an_error_in_the_journal(site):
 
 
 @step(test_fresh_install_waits_for_its_configuration_instead_of_failing)
+def test_only_the_url_finds_a_screentinker_server_and_is_built_again_for_it_in_place(site):
+    """#50: agent.toml as the install block writes it (the url alone) and a ScreenTinker
+    server (the emulation, which answers GET /api/version as both generations do): the
+    agent finds out, records it and re-executes itself with the screentinker profile:
+    the same main process, no STOPPING=1, no restart counted, and it registers."""
+    s = site.screen
+    (site.work / "screentinker").mkdir(exist_ok=True)
+    st = FleetServerProcess(site.work / "screentinker", "--profile", "screentinker",
+                            devices={}).start()
+    try:
+        write_config(s, st)
+        cursor = s.cursor()
+        s.run("systemctl", "restart", UNIT)
+        pid = main_pid(s)
+        code = wait_for(lambda: (status(s)[1].get("pairing") or {}).get("code"), 30,
+                        interval=0.2, what="a code registered with the ScreenTinker profile")
+        assert re.fullmatch(r"\d{3}-\d{3}", code), code
+        assert main_pid(s) == pid, "re-executed in place, not restarted by systemd"
+        props = s.show(UNIT, "ActiveState", "SubState", "NRestarts")
+        assert props == {"ActiveState": "active", "SubState": "running", "NRestarts": "0"}, props
+        said = text(agent_lines(s, cursor))
+        assert "server profile screentinker: detected" in said and "restarting with it" in said
+        assert status(s)[1]["profile"]["profile"] == "screentinker"
+        assert json.loads(s.path(f"{STATE}/server-kind.json").read_text())["url"] == st.url
+    finally:   # the screen's day goes on with the project's own server, from nothing
+        s.run("systemctl", "stop", UNIT)
+        s.run("rm", "-f", f"{STATE}/server-kind.json", f"{STATE}/credentials.json")
+        st.stop()
+
+
+@step(test_fresh_install_waits_for_its_configuration_instead_of_failing)
 def test_enrolls_and_pairs_under_systemd(site):
     s, server = site.screen, site.server
     write_config(s, server)
@@ -390,6 +421,9 @@ def test_enrolls_and_pairs_under_systemd(site):
         assert "clone check unavailable" in said, said
     else:
         assert s.path(f"{STATE}/board.json").exists()
+    # only the url set: the server's own answers chose the profile, kept in the state dir
+    assert doc["profile"]["profile"] == "edge-agent", doc["profile"]
+    assert json.loads(s.path(f"{STATE}/server-kind.json").read_text())["url"] == server.url
 
     r = server.pair(code)
     assert r.returncode == 0, r.stderr

@@ -68,7 +68,27 @@ def test_a_proxy_from_the_environment_and_no_ca_are_said_as_such(tmp_path):
     assert ("  proxy     http://***@proxy.example:8080 (http_proxy, from this shell's "
             "environment)\n") in r.stdout, r.stdout
     assert "the unit's environment not read" in r.stdout, r.stdout
-    assert "  profile   edge-agent (built-in default)\n" in r.stdout
+    assert ("  profile   auto (built-in default): not known yet for this url; the agent asks "
+            "the server at its start") in r.stdout, r.stdout
+
+
+def test_only_the_url_set_says_the_kind_auto_found_for_it_and_asks_again_for_another(tmp_path):
+    """#50: the profile need not be set; check-config says what the agent found, and that
+    a changed url is asked again."""
+    from agent.identity import kind_record
+    from agent.identity.server_kind import Verdict, record_of
+    state = tmp_path / "state"
+    state.mkdir()
+    kind_record.save(str(state), record_of("http://fleet.example:3001", Verdict(
+        "screentinker", "ScreenTinker 1.9.33 answered GET /api/version")))
+    for url, said in (("http://fleet.example:3001",
+                       "auto (built-in default): screentinker, detected at an earlier start "
+                       "(ScreenTinker 1.9.33 answered GET /api/version)\n"),
+                      ("http://elsewhere.example:3001", "auto (built-in default): not known yet")):
+        path = _write(tmp_path, f'[server]\nurl = "{url}"\n[identity]\nstate_dir = "{state}"\n')
+        r = _cli("check-config", "--config", path)
+        assert r.returncode == 0, r.stderr
+        assert f"  profile   {said}" in r.stdout, r.stdout
     assert "  ca        the system's CA store (server.ca_file unset)\n" in r.stdout
 
 

@@ -220,3 +220,77 @@ def test_an_unpair_while_the_pairing_answer_is_on_its_way_is_not_undone(tmp_path
     assert ids.current.token is None and not os.path.exists(tmp_path / "credentials.json")
     e._take_restart()
     assert e.core.state != "paired" and e.core.token is None
+
+
+def _requests_in(core, clock, seconds, answer):
+    """Drives ``core`` for ``seconds`` of its fake clock, each request answered by
+    ``answer(core, action)``; the requests it made."""
+    made, end = [], clock.now + seconds
+    while True:
+        wake = core.next_wakeup()
+        if wake > end:
+            return made
+        clock.advance(max(wake - clock.now, 0.0))
+        for action in core.poll(clock.now):
+            made.append(action)
+            answer(core, action)
+
+
+def test_a_404_to_the_code_request_is_a_server_that_does_not_enroll_so_not_at_once():
+    """#49: a 404 (or 410, 405) to POST /api/v1/enroll is no "code gone": there was no
+    code. It backs off like any answer the agent does not expect, and says what it means."""
+    clock = FakeClock()
+    core = EnrollmentCore()
+    core.start(clock.now)
+
+    def not_here(core, action):
+        assert action == RequestCode()
+        core.on_not_enrolling(clock.now, 404)
+    made = _requests_in(core, clock, 3600.0, not_here)
+    # the cap (120 s, full jitter) allows about 60 an hour; at once it would be millions
+    assert 20 <= len(made) <= 120, len(made)
+    assert core.state == NEED_CODE and core.code is None
+    assert "404" in core.last_error and "ScreenTinker" in core.last_error
+    assert "[server] profile" in core.last_error
+
+
+def test_a_server_that_forgets_every_code_is_asked_less_and_less_often():
+    """A code the server hands out and then does not know at the next poll: a new one,
+    but on the backoff, not at once and not at the poll's pace for ever."""
+    clock = FakeClock()
+    core = EnrollmentCore()
+    core.start(clock.now)
+
+    def forgetful(core, action):
+        if action == RequestCode():
+            core.on_code(clock.now, code(clock.now))
+        else:
+            core.on_code_gone(clock.now)
+    made = _requests_in(core, clock, 3600.0, forgetful)
+    assert len(made) <= 2 * 120, len(made)
+    # a code that expired after it was polled as pending is replaced at once (a second)
+    core = EnrollmentCore()
+    core.start(clock.now)
+    assert core.poll(clock.now) == [RequestCode()]
+    core.on_code(clock.now, code(clock.now))
+    clock.advance(core.next_wakeup() - clock.now)
+    assert core.poll(clock.now) == [PollPairing()]
+    core.on_pending(clock.now)
+    clock.advance(core.next_wakeup() - clock.now)
+    assert core.poll(clock.now) == [PollPairing()]
+    core.on_code_gone(clock.now)
+    assert core.next_wakeup() - clock.now <= 2.0
+
+
+@pytest.mark.parametrize("status", [404, 410, 405])
+def test_the_shell_tells_a_code_request_refused_from_a_poll_whose_code_is_gone(
+        hostile, tmp_path, status):
+    from agent.identity.enroller import NotEnrolling
+    Hostile.answer = (status, b"", {})
+    e = Enroller(f"http://127.0.0.1:{hostile.server_port}", "dev", str(tmp_path / "run"))
+    with pytest.raises(NotEnrolling):
+        e._request_code()
+    e.core.start(0.0)
+    e._execute(RequestCode())
+    assert e.core.state == NEED_CODE and e.core.next_wakeup() > e.clock.monotonic() - 1
+    assert e.pairing()["error"].startswith(f"the server answered {status} to edge-agent's enrollment")

@@ -21,6 +21,7 @@ from ..config.model import Config
 from ..events.outbox import Outbox
 from ..events.telemetry import TelemetrySource
 from ..events.watcher import EventWatcher, SysfsState
+from ..identity.kind_probe import ServerKind
 from ..identity.part import DeviceIdentity
 from ..inventory.service import Inventory
 from ..link.idle_memory import IdleMemory
@@ -60,7 +61,8 @@ class Agent:
         # needs no disk
         self.storage = StorageHealth(state_dir)
         self.alarms = StorageAlarms(self.storage, config.queue_path)
-        profile_class = PROFILES[config.server.profile]
+        self.kind = ServerKind(config.server, state_dir, self.gate, self._refresh, self._stop)
+        profile_class = PROFILES[self.kind.profile]
         self.cold_start = cold_start = first_start_of_boot(state_dir)
         self.identity = DeviceIdentity(
             config.identity, config.server, runtime_dir, profile=profile_class,
@@ -109,7 +111,7 @@ class Agent:
             config.link, config.server, profile=self.profile, identity=self.identity.current,
             debug=config.debug, on_status=self._link_changed, outbox=self.outbox,
             on_turn=self._link_turn, gate=self.gate, on_link_up=lambda: self.uploads.link_up(),
-            on_refused=ids.refused,
+            on_refused=ids.refused, commands=self.commands,
             schedule_store=self.schedule, idle_memory=IdleMemory(state_dir),
             commands=self.commands, server_clock=self.server_clock,
             paused=self.identity.token() is None and not self.profile.pairs_in_link)
@@ -145,6 +147,7 @@ class Agent:
             server=config.server.display, storage=self.storage,
             pairing=self.identity.pairing, link_now=self.runner.snapshot,
             on_pairing=self.identity.show_code, metrics=self.metrics, sections={
+                "profile": self.kind.snapshot,
                 "credentials": ids.storage, "board": lambda: self.identity.board,
                 "uploads": self.uploads.snapshot,
                 "events": lambda: {"mode": self.events.mode if self.events else "disabled",
@@ -217,7 +220,8 @@ class Agent:
         if not self._stopping.is_set():
             log.info("%s, stopping", why)
             self._stopping.set()
-            self.notifier.stopping()
+            if not self.kind.stopping_for(why):   # built again in this process: no STOPPING
+                self.notifier.stopping()
             self.runner.request_stop()
 
     def _petter(self) -> WatchdogPetter | None:
@@ -265,8 +269,8 @@ class Agent:
 
         self.settings.start()   # how the last revision ended is said first
         self.runner.start(then=wake_main)
-        parts = [p for p in (self.uploads, self.identity, self.events, self.hours, self.screen)
-                 if p is not None]   # started in this order, stopped in the reverse
+        parts = [p for p in (self.kind, self.uploads, self.kind.held(self.identity), self.events,
+                             self.hours, self.screen) if p is not None]   # in order; stopped reversed
         for part in parts:
             part.start()
         # Ready means configured and looping, not connected: a player that boots

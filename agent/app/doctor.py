@@ -20,7 +20,7 @@ from .status import STATUS_LINE_CHARS
 OK, INFO, WARN, FAIL, NOT_CHECKED = "ok", "info", "warn", "fail", "not checked"
 # the order they are checked and printed in
 STEPS = ("configuration", "clock", "dns", "route", "tcp", "proxy", "tls", "upgrade",
-         "token", "card", "upload", "storage", "display")
+         "profile", "token", "card", "upload", "storage", "display")
 # the device's own, after the link's: what the screen has and shows, how it is upgraded
 STEPS += ("screen", "repository")
 # a failing step's exit status: its class (--help and the man page say the same)
@@ -29,7 +29,7 @@ EXIT_OK, EXIT_CONFIG, EXIT_CLOCK, EXIT_NETWORK, EXIT_TLS, EXIT_SERVER, EXIT_STOR
 EXIT_PACKAGES = 9
 EXIT_OF = {"configuration": EXIT_CONFIG, "clock": EXIT_CLOCK, "dns": EXIT_NETWORK,
            "route": EXIT_NETWORK, "tcp": EXIT_NETWORK, "proxy": EXIT_NETWORK, "tls": EXIT_TLS,
-           "upgrade": EXIT_SERVER, "token": EXIT_SERVER, "upload": EXIT_SERVER,
+           "upgrade": EXIT_SERVER, "profile": EXIT_SERVER, "token": EXIT_SERVER, "upload": EXIT_SERVER,
            "storage": EXIT_STORAGE, "display": EXIT_DISPLAY}
 EXIT_OF.update(screen=EXIT_DISPLAY, repository=EXIT_PACKAGES)
 DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
@@ -38,7 +38,8 @@ DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
   3  clock: far off the server's, or a certificate not valid yet by it
   4  network: the name, the route, the TCP handshake or the proxy
   5  TLS: the server's certificate is not trusted, or the handshake fails
-  6  server: the websocket upgrade, or the stored token
+  6  server: the websocket upgrade, the server's kind against [server] profile, or
+     the stored token
   7  storage: the state partition is not writable
   8  display: connected, but it reads off; or the player unit failed
   9  packages: the project's repository cannot be fetched the way apt is set up"""
@@ -184,6 +185,30 @@ def _passed(name: str, dial: dict, proxied: str | None) -> Step:
 
 def not_checked(name: str, because: str) -> Step:
     return step(name, NOT_CHECKED, f"{because} failed first")
+
+
+def judge_profile(configured: str, recorded: str | None, verdict) -> Step:
+    """The server's kind by its own answers (identity/server_kind.py's verdict) against
+    the profile the agent speaks: ``configured`` ("auto" or a name), ``recorded`` (what
+    auto found at an earlier start, or None)."""
+    if verdict.profile is None:
+        return step("profile", FAIL, f"the server's kind: {verdict.why}",
+                    "check [server] url; set [server] profile to the server's kind "
+                    "(edge-agent or screentinker)")
+    if configured == "auto":
+        if recorded is not None and recorded != verdict.profile:
+            return step("profile", WARN, f"auto: {verdict.profile} now ({verdict.why}), "
+                                         f"{recorded} recorded at an earlier start",
+                        "the agent keeps what it recorded for this url; remove "
+                        "server-kind.json from the state directory to ask again")
+        return step("profile", OK, f"auto: {verdict.profile} ({verdict.why})")
+    if configured == verdict.profile:
+        return step("profile", OK, f"{configured}, as set ({verdict.why})")
+    words = (f"the server does not enroll as edge-agent (POST /api/v1/enroll is not there): "
+             f"{verdict.why}" if verdict.profile == "screentinker"
+             else f"{verdict.why}, not ScreenTinker's GET /api/version")
+    return step("profile", FAIL, f"[server] profile is {configured}, but {words}",
+                f'set [server] profile = "{verdict.profile}", or "auto" (the default)')
 
 
 def judge_token(found: dict) -> Step:

@@ -34,7 +34,7 @@ from ..base.hardware import board_fingerprint
 from ..base.identifiers import token_problem
 from ..config import load as cfgmod
 from ..config.model import Config
-from ..identity import board, credentials
+from ..identity import board, credentials, kind_probe, kind_record
 from . import doctor as D
 from . import status as status_view
 from . import apt_repository, unit_env
@@ -146,7 +146,7 @@ def _network(config: Config) -> tuple[list[D.Step], float | None]:
     steps = [D.judge_dns(first_host, addresses, problem)]
     if problem is None:
         steps.append(D.judge_route(first_host, route(addresses, first_port)))
-    later = ["route", "tcp", "proxy", "tls", "upgrade"][len(steps) - 1:]
+    later = ["route", "tcp", "proxy", "tls", "upgrade", "profile"][len(steps) - 1:]
     if _failed(steps):
         return steps + [D.not_checked(n, _failed(steps)) for n in later], None
     found = upgrade(config.server.url, egress, min(config.server.connect_timeout_s * 2,
@@ -155,7 +155,19 @@ def _network(config: Config) -> tuple[list[D.Step], float | None]:
     found["ca"] = egress.ca_file or "the system's CA store"
     steps += D.judge_connect(found, proxy.display if proxy else None,
                              parts.scheme in ("https", "wss"))
+    if _failed(steps):
+        return steps + [D.not_checked("profile", _failed(steps))], found.get("skew_s")
+    steps.append(D.judge_profile(*server_kind(config)))
     return steps, found.get("skew_s")
+
+
+def server_kind(config: Config) -> tuple:
+    """(the profile configured, the one auto recorded, the server's kind by its answers):
+    two questions that change nothing on the server (identity/server_kind.py)."""
+    recorded = kind_record.chosen(config.server, config.identity.state_dir)
+    verdict = kind_probe.ask(config.server.egress.session(config.server.url), config.server.url)
+    return (config.server.profile,
+            recorded.profile if recorded.how == "recorded" else None, verdict)
 
 
 def resolve(host: str) -> tuple[list[str], str | None]:

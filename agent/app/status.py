@@ -36,7 +36,7 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              journal: list, commands: list, board: dict | None = None,
              update: dict | None = None,
              settings: dict | None = None, hours: dict | None = None,
-             screen: dict | None = None) -> dict:
+             screen: dict | None = None, profile: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
@@ -46,7 +46,7 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
             # a credentials write the card still lacks
             "credentials": credentials, "board": board, "uploads": uploads, "events": events,
             "journal": journal, "commands": commands, "update": update, "settings": settings,
-            "hours": hours, "screen": screen}
+            "hours": hours, "screen": screen, "profile": profile}
 
 
 # -- the line systemd shows ----------------------------------------------------------
@@ -184,6 +184,8 @@ def render(doc: dict, running: bool) -> str:
     now = as_read(doc, running)
     lines = [f"edge-agent {doc.get('version', '?')}  device {doc.get('device_id', '?')}",
              f"server      {doc.get('server', '?')}",
+             *([f"profile     {_profile_text(_profile(doc), now['profile_next_try_in_s'])}"]
+               if _profile(doc) else []),
              *([f"pairing     {_pairing_text(doc['pairing'], now['pairing_expires_in_s'])}"]
                if isinstance(doc.get("pairing"), dict) else []),
              f"link        {state}" + (f" (last loss: {link['reason']})" if link.get("reason") else "")]
@@ -249,7 +251,11 @@ def render(doc: dict, running: bool) -> str:
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if settings:
         lines.append(f"settings    {_settings_text(settings, now['file_age_s'])}")
-    if now["next_attempt_in_s"] is not None:
+    if state == "unpaired" and now["enrollment_next_try_in_s"] is not None:
+        # the link waits for the pairing: the enrollment's next try is the one that counts
+        lines.append(f"next try    in {_duration(now['enrollment_next_try_in_s'])} (attempt "
+                     f"{doc['pairing'].get('attempts')} of the enrollment)")
+    elif now["next_attempt_in_s"] is not None and state != "unpaired":
         lines.append(f"next try    in {_duration(now['next_attempt_in_s'])} "
                      f"(attempt {link.get('attempts')})")
     losses = link.get("losses_last_hour") or []
@@ -340,7 +346,26 @@ def as_read(doc: dict, running: bool) -> dict:
             "rtt_measured_s_ago": grown(link.get("last_ack_age_s"))
             if link.get("rtt_ms") is not None else None,
             "next_attempt_in_s": left(link.get("next_attempt_in_s")),
-            "pairing_expires_in_s": left(pairing.get("expires_in_s"))}
+            "pairing_expires_in_s": left(pairing.get("expires_in_s")),
+            "enrollment_next_try_in_s": left(pairing.get("next_try_in_s")),
+            "profile_next_try_in_s": left(_profile(doc).get("next_try_in_s"))}
+
+
+def _profile(doc: dict) -> dict:
+    return doc.get("profile") if isinstance(doc.get("profile"), dict) else {}
+
+
+def _profile_text(p: dict, next_try_in_s) -> str:
+    """The server's profile and how it was chosen (identity/server_kind.py)."""
+    why = p.get("why") or "?"
+    if p.get("how") == "detecting":
+        again = (f"; asking again in {_duration(next_try_in_s)} (attempt {p.get('attempts')})"
+                 if next_try_in_s is not None else "")
+        return f"not known yet: {why}{again}"
+    how = {"configured": "", "recorded": "detected at an earlier start: ",
+           "detected": "detected: "}.get(p.get("how"), "")
+    return f"{p.get('profile')} ({how}{why})" + (
+        f"; {p['record_error']}" if p.get("record_error") else "")
 
 
 def _run_down(seconds: float, elapsed: float) -> float:

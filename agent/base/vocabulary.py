@@ -22,3 +22,5 @@ MAX_COMMAND_ID = 64     # characters of a command's id, wherever one is kept
 
 # the fleet servers the link speaks to ([server] profile, agent/link/profiles/)
 PROFILE_NAMES = ("edge-agent", "screentinker")
+# [server] profile's default: the server's own answers tell which (identity/server_kind.py)
+PROFILE_AUTO = "auto"

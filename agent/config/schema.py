@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.backoff import JITTER_MODES, BackoffPolicy
-from ..base.vocabulary import PROFILE_NAMES
+from ..base.vocabulary import PROFILE_AUTO, PROFILE_NAMES
 from .policies import IdlePolicy, KeepalivePolicy, LivenessPolicy, UploadPolicy
 
 
@@ -110,7 +110,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "url": Key(str, REQUIRED, "server.url", fleet=True),     # its own rule: _check_url
         # the site's CA (a TLS-inspecting box), for every TLS connection the agent makes
         "ca_file": Key(str, None, "server.egress.ca_file", ABS_PATH),
-        "profile": Key(str, "edge-agent", "server.profile", PROFILE_NAMES),
+        # "auto": the server's own answers tell which (identity/server_kind.py)
+        "profile": Key(str, PROFILE_AUTO, "server.profile", (PROFILE_AUTO,) + PROFILE_NAMES),
         # a cellular link needs seconds; minutes only hide a dead server
         "connect_timeout_s": Key(float, 10.0, "server.connect_timeout_s", Range(0.5, 300), fleet=True),
     },

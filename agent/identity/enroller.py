@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -33,6 +34,9 @@ from ..base.identifiers import token_problem
 log = logging.getLogger("edge_agent.identity")
 
 MAX_ANSWER_BYTES = 16 * 1024
+# the answers that say "no such thing here": to a poll, the code is gone; to the code
+# request, the server does not enroll this way
+NOT_FOUND = (404, 405, 410)
 TIMEOUT = (5.0, 15.0)
 CODE_RE = re.compile(r"[0-9]{6}")   # whole strings only: fullmatch
 # The longest this loop sleeps while it has work; with two request timeouts this is
@@ -46,6 +50,19 @@ MAX_SILENCE_S = MAX_WAIT_S + 2 * sum(TIMEOUT) + 10.0
 
 class BadAnswer(Exception):
     pass
+
+
+def exchange(session, method: str, url: str, **kw) -> tuple[int, bytes]:
+    """One request to the server, bounded from its first byte to its last (a trickled
+    answer ends with it) and in bytes (MAX_ANSWER_BYTES + 1 at most are read); no
+    redirect is followed. (status, the body as sent)."""
+    with deadline(sum(TIMEOUT)):
+        r = session.request(method, url, timeout=TIMEOUT, allow_redirects=False,
+                            stream=True, **kw)
+        try:
+            return r.status_code, read_capped(r, MAX_ANSWER_BYTES)
+        finally:
+            r.close()
 
 
 class Enroller:
@@ -111,7 +128,12 @@ class Enroller:
     def pairing(self) -> dict | None:
         code = self.core.code
         if self.core.state == PAIRED or code is None:
-            return {"state": self.core.state, "error": self.core.last_error}
+            out = {"state": self.core.state, "error": self.core.last_error}
+            wake = self.core.next_wakeup()
+            if self.core.last_error and wake != math.inf:
+                out.update(next_try_in_s=round(max(0.0, wake - self.clock.monotonic()), 1),
+                           attempts=self.core.attempts)
+            return out
         return {"state": self.core.state, "code": code.display,
                 "expires_in_s": round(max(0.0, code.expires_at - self.clock.monotonic())),
                 "error": self.core.last_error}
@@ -159,8 +181,12 @@ class Enroller:
                 self._keep_until_stored(code)
                 self._on_paired(token, generation)
         except CodeGone:
-            log.info("pairing code expired or used elsewhere; requesting a new one")
-            self.core.on_code_gone(now())
+            delay = self.core.on_code_gone(now())
+            log.info("pairing code expired or used elsewhere; requesting a new one in %.0fs",
+                     delay)
+        except NotEnrolling as e:
+            delay = self.core.on_not_enrolling(now(), e.status)
+            log.warning("enrollment: %s; retrying in %.0fs", self.core.last_error, delay)
         except (BadAnswer, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             why = str(e) if isinstance(e, (BadAnswer, HostileAnswer)) else type(e).__name__
             delay = self.core.on_error(now(), why)
@@ -170,7 +196,7 @@ class Enroller:
 
     # -- HTTP ---------------------------------------------------------------------
     def _request_code(self) -> PairingCode:
-        body = self._call("POST", "/api/v1/enroll",
+        body = self._call("POST", "/api/v1/enroll", NotEnrolling,
                           json={"device_id": self.device_id, "facts": hardware_facts()})
         code, secret, expires = body.get("pairing_code"), body.get("poll_secret"), body.get("expires_in_s")
         if not isinstance(code, str) or not CODE_RE.fullmatch(code):
@@ -185,7 +211,7 @@ class Enroller:
 
     def _poll(self) -> str | None:
         code = self.core.code
-        body = self._call("GET", f"/api/v1/enroll/{self.device_id}",
+        body = self._call("GET", f"/api/v1/enroll/{self.device_id}", CodeGone,
                           headers={"Authorization": f"Bearer {code.poll_secret}"})
         status = body.get("status")
         if status == "pending":
@@ -198,21 +224,15 @@ class Enroller:
             return token
         raise BadAnswer(f"enroll status {str(status)[:40]!r}")
 
-    def _call(self, method: str, path: str, **kw) -> dict:
-        # one bound from the first byte to the last: a trickled answer ends with it
-        with deadline(sum(TIMEOUT)):
-            r = self.session.request(method, self.base + path, timeout=TIMEOUT,
-                                     allow_redirects=False, stream=True, **kw)
-            try:
-                raw = read_capped(r, MAX_ANSWER_BYTES)
-            finally:
-                r.close()
-        if r.status_code in (404, 410):
-            raise CodeGone()
-        if 300 <= r.status_code < 400:
-            raise BadAnswer(f"refusing a redirect (HTTP {r.status_code})")
-        if r.status_code != 200:
-            raise BadAnswer(f"HTTP {r.status_code}")
+    def _call(self, method: str, path: str, not_found: type[NotFound], **kw) -> dict:
+        """The answer's JSON object; ``not_found`` is raised on a 404/405/410."""
+        status, raw = exchange(self.session, method, self.base + path, **kw)
+        if status in NOT_FOUND:
+            raise not_found(status)
+        if 300 <= status < 400:
+            raise BadAnswer(f"refusing a redirect (HTTP {status})")
+        if status != 200:
+            raise BadAnswer(f"HTTP {status}")
         if len(raw) > MAX_ANSWER_BYTES:
             raise BadAnswer("answer too large")
         try:
@@ -287,5 +307,17 @@ class Enroller:
                 pass
 
 
-class CodeGone(Exception):
-    pass
+class NotFound(Exception):
+    """404/405/410: what it means depends on what was asked (a code, or a poll)."""
+
+    def __init__(self, status: int):
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class CodeGone(NotFound):
+    """A poll's code is no longer known to the server (docs/PROTOCOL.md: 404)."""
+
+
+class NotEnrolling(NotFound):
+    """The code request itself was not found: this server does not enroll this way."""

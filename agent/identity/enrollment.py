@@ -1,5 +1,11 @@
 """Enrollment rules, sans I/O: get a pairing code, show it until it is used or expires,
 poll for the token with jittered backoff, never hammer the server.
+
+Every answer the agent does not expect goes through the one backoff (base/backoff.py):
+an error, a code request the server does not serve (404/405/410: no code was ever
+made, so nothing is "gone"), and a code the server forgets again and again. Only a
+poll that proved the code alive (pending) resets it, so whatever a server answers,
+the requests are bounded by the backoff's cap.
 """
 from __future__ import annotations
 
@@ -37,6 +43,12 @@ class PairingCode:
     poll_secret: str
 
 
+def not_enrolling(status: int) -> str:
+    """What a 404/405/410 to the code request means, in the words status and doctor say."""
+    return (f"the server answered {status} to edge-agent's enrollment (POST /api/v1/enroll): "
+            f"is it a ScreenTinker server? set [server] profile (\"auto\" finds out)")
+
+
 class EnrollmentCore:
     def __init__(self, policy: EnrollmentPolicy = EnrollmentPolicy(), rng: random.Random | None = None):
         self.policy = policy
@@ -48,6 +60,11 @@ class EnrollmentCore:
         self._errors = Backoff(policy.errors, self._rng)
         self._next_at = 0.0
         self._in_flight = False
+
+    @property
+    def attempts(self) -> int:
+        """Answers in a row that were not what the agent expects."""
+        return self._errors.attempts
 
     def start(self, now: float, saved: PairingCode | None = None) -> None:
         """Begins, reusing a code from before a restart while it is still valid."""
@@ -77,8 +94,9 @@ class EnrollmentCore:
 
     # -- answers ------------------------------------------------------------------
     def on_code(self, now: float, code: PairingCode) -> None:
+        # not a reset of the backoff: a server may hand out codes it forgets at once;
+        # the first pending poll proves the code (on_pending)
         self._in_flight = False
-        self._errors.reset()
         self.code, self.state, self.last_error = code, WAITING, None
         self._next_at = now + self._poll_delay()
 
@@ -90,13 +108,22 @@ class EnrollmentCore:
 
     def on_paired(self, token: str) -> None:
         self._in_flight = False
+        self._errors.reset()
         self.token, self.state, self.code = token, PAIRED, None
 
     def on_code_gone(self, now: float) -> None:
-        """The server no longer knows the code (expired, or used by someone else)."""
+        """The server no longer knows the code (expired, or used by someone else): a new
+        one, on the backoff (within its base after a code that was polled pending)."""
         self._in_flight = False
         self.code, self.state = None, NEED_CODE
-        self._next_at = now
+        delay = self._errors.next_delay()
+        self._next_at = now + delay
+        return delay
+
+    def on_not_enrolling(self, now: float, status: int) -> float:
+        """The code request itself was answered ``status`` (404, 405, 410): this server
+        does not enroll this way. No code was made; backs off like any error."""
+        return self.on_error(now, not_enrolling(status))
 
     def on_error(self, now: float, why: str) -> float:
         self._in_flight = False

@@ -25,6 +25,7 @@ from typing import Callable
 import requests
 import urllib3
 
+from ..base.backoff import ceiling
 from ..base.egress import HostileAnswer, body_chunks, fleet_url
 from ..base.fsutil import atomic_write, read_json
 from ..base.journal_fields import MessageId, journal
@@ -207,7 +208,8 @@ class Updater:
         problem = ""
         give_up = time.monotonic() + DOWNLOAD_LIMIT_S
         for attempt in range(DOWNLOAD_TRIES):
-            if attempt and self._stopping.wait(min(30.0, 2.0 ** attempt)):
+            # the one backoff rule (base/backoff.py): 2 s, 4 s, 8 s between the tries
+            if attempt and self._stopping.wait(ceiling(1.0, 30.0, attempt)):
                 raise rules.NotStaged("the agent is stopping")
             bound = None
             try:
