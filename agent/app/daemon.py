@@ -111,9 +111,8 @@ class Agent:
             config.link, config.server, profile=self.profile, identity=self.identity.current,
             debug=config.debug, on_status=self._link_changed, outbox=self.outbox,
             on_turn=self._link_turn, gate=self.gate, on_link_up=lambda: self.uploads.link_up(),
-            on_refused=ids.refused, commands=self.commands,
+            on_refused=ids.refused, commands=self.commands, server_clock=self.server_clock,
             schedule_store=self.schedule, idle_memory=IdleMemory(state_dir),
-            commands=self.commands, server_clock=self.server_clock,
             paused=self.identity.token() is None and not self.profile.pairs_in_link)
         self.uploads = uploads_part.assemble(
             config.uploads, config.queue_path, profile=self.profile, link=self.runner,
@@ -224,25 +223,6 @@ class Agent:
                 self.notifier.stopping()
             self.runner.request_stop()
 
-    def _petter(self) -> WatchdogPetter | None:
-        if self.period is None or not self.notifier.enabled:
-            return None
-        petter = WatchdogPetter(
-            self.notifier, self.period, self.gate,
-            # a screen waiting for its operator to type the code is healthy, not wedged
-            live=lambda: self.runner.link_live() or self.identity.waiting,
-            outage=self.runner.outage, keep_restarts=self.schedule.keep_outage_restarts)
-        log.info("systemd watchdog armed: %.0fs, pets every %.1fs while %s", self.period,
-                 petter.interval_s, "the link is proven live" if self.gate.require_link
-                 else "the agent's loops make progress")
-        heal_s = heal_window_s(self.config.link.liveness)
-        if self.gate.require_link and self.period < heal_s:
-            log.warning("WatchdogSec=%gs is shorter than the link goes unproven while it "
-                        "heals one silent drop by itself (%gs: two heartbeats plus the ACK "
-                        "timeout): systemd would restart a healthy agent; raise WatchdogSec "
-                        "or lower [link] heartbeat_interval_s", self.period, heal_s)
-        return petter
-
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda signum, _: self._stop(
             f"received {signal.Signals(signum).name}"))
@@ -276,7 +256,11 @@ class Agent:
         # Ready means configured and looping, not connected: a player that boots
         # offline is still a healthy service.
         self.notifier.ready("starting link")
-        petter = self._petter()
+        petter = watchdog_petter(
+            self.config, self.notifier, self.period, self.gate, outage=self.runner.outage,
+            # a screen waiting for its operator to type the code is healthy, not wedged
+            live=lambda: self.runner.link_live() or self.identity.waiting,
+            keep_restarts=self.schedule.keep_outage_restarts)
         if petter is not None:
             petter.start()
         while not link_ended.is_set():
@@ -302,3 +286,22 @@ class Agent:
             self.metrics.stop()
         log.info("edge-agent stopped")
         return 1 if failed else 0
+
+
+def watchdog_petter(config: Config, notifier: Notifier, period: float | None,
+                    gate: WatchdogGate, *, live, outage, keep_restarts) -> WatchdogPetter | None:
+    """systemd's watchdog pets, where systemd asked for them, with what gates them."""
+    if period is None or not notifier.enabled:
+        return None
+    petter = WatchdogPetter(notifier, period, gate, live=live, outage=outage,
+                            keep_restarts=keep_restarts)
+    log.info("systemd watchdog armed: %.0fs, pets every %.1fs while %s", period,
+             petter.interval_s, "the link is proven live" if gate.require_link
+             else "the agent's loops make progress")
+    heal_s = heal_window_s(config.link.liveness)
+    if gate.require_link and period < heal_s:
+        log.warning("WatchdogSec=%gs is shorter than the link goes unproven while it "
+                    "heals one silent drop by itself (%gs: two heartbeats plus the ACK "
+                    "timeout): systemd would restart a healthy agent; raise WatchdogSec "
+                    "or lower [link] heartbeat_interval_s", period, heal_s)
+    return petter
