@@ -13,6 +13,7 @@ import time
 from .. import __version__
 from ..base.clock import NOTABLE_SKEW_S
 from ..base.logs import clean
+from ..device import words as device_words
 
 STATUS_LINE_CHARS = 2000
 
@@ -34,14 +35,14 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              storage: dict, credentials: dict | None, uploads: dict, events: dict,
              journal: list, commands: list, update: dict | None = None,
              settings: dict | None = None, hours: dict | None = None,
-             screen: dict | None = None) -> dict:
+             screen: dict | None = None, device: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
             # a credentials write the card still lacks
             "credentials": credentials, "uploads": uploads, "events": events,
             "journal": journal, "commands": commands, "update": update, "settings": settings,
-            "hours": hours, "screen": screen}
+            "hours": hours, "screen": screen, "device": device}
 
 
 # -- the line systemd shows ----------------------------------------------------------
@@ -195,6 +196,7 @@ def render(doc: dict, running: bool) -> str:
             + (f"; {hours['read_back']}" if hours.get("read_back") and not hours.get("fault")
                else "")))
     lines.extend(_screen_lines(doc.get("screen"), now["file_age_s"]))
+    lines.extend(device_words.lines(doc.get("device")))
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if settings:
         lines.append(f"settings    {_settings_text(settings, now['file_age_s'])}")

@@ -26,6 +26,7 @@ FIELDS = frozenset({
     "REVISION",     # a fleet settings revision
     "MESSAGE_ID",   # one of the moments below
     "HELD_BACK",    # how many lines of this kind the rate limit held back before this one
+    "CAUSE",        # why the last boot ended (device/last_boot.py): clean, power-loss, ...
 })
 # A value is one clean line of at most this many characters: fields are for selecting
 # and grouping, the record's text says the rest.
@@ -45,6 +46,7 @@ class MessageId:
     SETTINGS_KEPT = "ee5a0d61f9384f419b13d527df0ebf40"
     SETTINGS_ROLLED_BACK = "40795fa9d40741f4add2ac72e02851a2"
     STORAGE_DEGRADED = "31d7487a6da84aa687d9bec39728e6d6"
+    BOOT_ENDED = "39335dc8e20845aca6df3426cb34fb47"   # why the last boot ended, said by the next
 
 
 MESSAGE_IDS = {name: value for name, value in vars(MessageId).items()

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..base import reasons
+from ..device import power as device_power, storage as device_storage
 from ..link.journal import ConnectionJournal
 from ..settings import rules as settings_rules
 from ..update import rules as update_rules
@@ -250,6 +251,9 @@ GAUGE_HELP = {
     "settings_last_result": "1 for how the latest fleet settings revision ended",
     "storage_state": "1 for the state of the card as the agent uses it",
     "info": "The agent's version",
+    "device_storage_verdict": "1 for the card's verdict from the kernel's counts",
+    "device_power_flag": "1 for each Pi firmware throttling flag up now",
+    "device_written_bytes_per_day": "Bytes written to the card a day since the agent started",
 }
 
 
@@ -282,6 +286,16 @@ def gauges_of(doc: dict) -> list[tuple[str, tuple, float]]:
     out += _one_hot("settings_last_result", "result", SETTINGS_RESULTS,
                     last_settings.get("result") if last_settings else None)
     out += _one_hot("storage_state", "state", STORAGE_STATES, storage.get("state"))
+    device = section("device")
+    card = device.get("storage") if isinstance(device.get("storage"), dict) else {}
+    flags = (device.get("power") or {}).get("now") if isinstance(device.get("power"), dict) \
+        else None
+    out += _one_hot("device_storage_verdict", "verdict", device_storage.VERDICTS,
+                    card.get("verdict"))
+    out += [("device_power_flag", (("flag", f),),
+             float(isinstance(flags, list) and f in flags)) for f in device_power.FLAGS]
+    out.append(("device_written_bytes_per_day", (),
+                _number(card.get("written_bytes_per_day"))))
     return out
 
 
