@@ -352,3 +352,134 @@ def test_status_lines_and_metric_series():
     assert gauges[("device_power_flag", (("flag", "under-voltage"),))] == 1.0
     assert gauges[("device_power_flag", (("flag", "throttled"),))] == 0.0
     assert gauges[("device_written_bytes_per_day", ())] == 512 << 20
+
+
+# -- the real kernel: a loop-mounted ext4 that fails as a card does ---------------------------
+@pytest.fixture
+def card(tmp_path):
+    from devtools.card import SdCard
+    with SdCard(tmp_path) as card:
+        (card.mountpoint / "state").mkdir()
+        yield card
+
+
+def _ext4(card) -> Path:
+    return Path("/sys/fs/ext4") / os.path.basename(card.device)
+
+
+def _wait_verdict(read, want: str, timeout: float = 10.0) -> str:
+    deadline, verdict = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        verdict = storage.judge(read())[0]
+        if verdict == want:
+            return verdict
+        time.sleep(0.1)
+    return verdict
+
+
+def test_a_real_ext4_goes_failing_then_read_only_as_the_kernel_counts_it(card):
+    reader = DeviceReader(str(card.mountpoint / "state"))
+    r = reader.storage()
+    assert r.mount.point == str(card.mountpoint) and r.mount.source == card.device
+    assert r.disk == os.path.basename(card.device) and r.size_bytes == card.size_mb << 20
+    assert storage.judge(r) == ("ok", []) and r.errors.get("errors_count") == 0
+    before = r.sectors_written
+    (card.mountpoint / "state" / "x").write_bytes(os.urandom(1 << 20))
+    os.sync()
+    assert reader.storage().sectors_written >= before + 2048, "the block device's count"
+
+    # an error ext4 keeps going after (errors=continue): counted, still writable
+    subprocess.run(["mount", "-o", "remount,errors=continue", str(card.mountpoint)], check=True)
+    (_ext4(card) / "trigger_fs_error").write_text("test: an error the card survives\n")
+    assert _wait_verdict(reader.storage, "failing") == "failing"
+    assert not reader.mount().read_only
+
+    # as Raspberry Pi OS mounts its root: ext4 makes itself read-only at the error
+    card.fail()
+    mount = reader.mount()
+    assert mount.read_only and mount.emergency, "Linux 6.x: rw, with emergency_ro"
+    verdict, reasons = storage.judge(reader.storage())
+    assert verdict == "read-only" and reasons[0].startswith("ext4 made")
+    card.repair()
+
+
+def _device(agent, what: str = "storage"):
+    return (agent.status().get("device") or {}).get(what) or {}
+
+
+def _events(server, device_id: str, kind: str) -> list:
+    return [e for e in server.device(device_id).get("events", []) if e.get("type") == kind]
+
+
+@pytest.mark.netns
+def test_a_real_agent_says_its_card_failing_then_read_only_within_a_read(
+        netns, fleet, card, spawn_agent, agent_python, tmp_path):
+    from devtools.harness import agent_config, wait_for
+    server = fleet()
+    cfg = agent_config(server, tmp_path, identity={"state_dir": str(card.mountpoint / "state")},
+                       device={"every_s": 1.0})
+    agent = spawn_agent(agent_python, cfg)
+    agent.wait_live(15)
+    first = wait_for(lambda: _device(agent), 10, what="the card's first verdict")
+    assert first["verdict"] == "ok" and first["disk"] == os.path.basename(card.device)
+    assert _device(agent, "last_boot")["cause"] == "power-loss", "no stop mark: no clean record"
+
+    subprocess.run(["mount", "-o", "remount,errors=continue", str(card.mountpoint)], check=True)
+    (_ext4(card) / "trigger_fs_error").write_text("test: an error the card survives\n")
+    began = time.monotonic()
+    wait_for(lambda: _device(agent).get("verdict") == "failing", 6, what="failing")
+    failing_s = time.monotonic() - began
+    card.fail()
+    began = time.monotonic()
+    wait_for(lambda: _device(agent).get("verdict") == "read-only", 6, what="read-only")
+    read_only_s = time.monotonic() - began
+    print(f"failing seen in {failing_s:.1f}s, read-only in {read_only_s:.1f}s "
+          f"(every_s 1, heartbeat 2 s)")
+    said = wait_for(lambda: len(_events(server, "screen-1", "device.storage")) >= 2 and
+                    _events(server, "screen-1", "device.storage"), 10,
+                    what="the server to hear both")
+    assert [(e["verdict"], e["was"]) for e in said] == [("failing", "ok"),
+                                                        ("read-only", "failing")]
+    assert said[1]["errors"] >= 1 and said[1]["mount"] == str(card.mountpoint)
+    assert agent.stop() == 0
+    log = agent.log_text()
+    assert log.count("storage: the card is read-only") == 1 and "Traceback" not in log
+    assert "the stop mark" in log, "a read-only card cannot keep the mark: said, not raised"
+    card.repair()
+
+
+@pytest.mark.netns
+def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    from devtools.harness import agent_config, wait_for
+    server = fleet()
+    cfg = agent_config(server, tmp_path, device={"every_s": 1.0})
+    agent = spawn_agent(agent_python, cfg)
+    agent.wait_live(15)
+    said = wait_for(lambda: _events(server, "screen-1", "device.boot"), 10, what="device.boot")
+    assert said[0]["cause"] == "power-loss"
+    assert agent.stop() == 0
+    mark = tmp_path / "state" / last_boot.MARK_FILE
+    assert json.loads(mark.read_text())["by"] == ""
+
+    # a restart of the service: the same boot, nothing said again, the mark taken away
+    agent = spawn_agent(agent_python, cfg)
+    agent.wait_live(15)
+    wait_for(lambda: not mark.exists(), 5, what="the mark taken away")
+    assert _device(agent, "last_boot")["cause"] == "power-loss"
+    assert agent.stop() == 0
+
+    # a reboot: the runtime directory (tmpfs) is empty again
+    for name in ("last-start-boot-id", "boot-cause.json"):
+        (tmp_path / "run" / name).unlink()
+    agent = spawn_agent(agent_python, cfg)
+    agent.wait_live(15)
+    said = wait_for(lambda: len(_events(server, "screen-1", "device.boot")) >= 2 and
+                    _events(server, "screen-1", "device.boot"), 10, what="a second device.boot")
+    assert len(said) == 2 and (said[1]["cause"], said[1]["by"]) == ("clean", "operator")
+    text = subprocess.run([agent_python, "-m", "agent", "status", "--config", str(cfg)],
+                          capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert "last boot   ended with a clean shutdown or reboot, asked by an operator" in \
+        text.stdout, text.stdout
+    assert "the last boot ended with a clean shutdown" in agent.log_text()
