@@ -300,7 +300,7 @@ def test_a_damaged_mark_is_said_and_counts_as_none(tmp_path, caplog):
     assert "makes no sense" in caplog.text and "Traceback" not in caplog.text
 
 
-def test_turns_read_on_the_slow_timer_and_mountinfo_between(tmp_path):
+def test_turns_read_on_the_slow_timer_and_one_small_file_between(tmp_path):
     sys_, proc = _tree(tmp_path, "22 1 179:2 / / rw,noatime - ext4 /dev/root rw\n")
     changed = []
     part, published = _part(tmp_path, sys_, proc, on_change=lambda: changed.append(1))
@@ -308,16 +308,27 @@ def test_turns_read_on_the_slow_timer_and_mountinfo_between(tmp_path):
     assert part.storage.verdict == "failing" and changed
     assert [e.type for e in published] == ["device.storage", "device.power"]
     assert published[1].details["now"] == ["under-voltage", "throttled"]
-    (proc / "self/mountinfo").write_text(
-        "22 1 179:2 / / rw,noatime - ext4 /dev/root rw,errors=remount-ro,emergency_ro\n")
-    (sys_ / "fs/ext4/mmcblk0p2/errors_count").write_text("0\n")
-    part.turn(5.0)    # not yet: mountinfo is looked at every 10 s at most
+    mountinfo = "22 1 179:2 / / rw,noatime - ext4 /dev/root rw,errors=remount-ro,emergency_ro\n"
+    (proc / "self/mountinfo").write_text(mountinfo)
+    part.turn(5.0)    # not yet: between the reads, one look every 10 s at most
     assert part.storage.verdict == "failing"
-    part.turn(10.0)   # mountinfo only: read-only seen, the other counts not read again
-    assert part.storage.verdict == "read-only" and part.storage.reading.errors["errors_count"] == 2
+    part.turn(10.0)   # ext4's count did not move: nothing else is read
+    assert part.storage.verdict == "failing"
+    (sys_ / "fs/ext4/mmcblk0p2/errors_count").write_text("3\n")   # the error that made it ro
+    part.turn(20.0)
+    assert part.storage.verdict == "read-only" and part.storage.reading.errors["errors_count"] == 3
     assert published[-1].details["was"] == "failing"
-    part.turn(60.0)   # everything again
-    assert part.storage.reading.errors["errors_count"] == 0
+
+    # no ext4 behind the state directory: mountinfo is the look between the reads
+    for name in os.listdir(sys_ / "fs/ext4/mmcblk0p2"):
+        (sys_ / "fs/ext4/mmcblk0p2" / name).unlink()
+    (proc / "self/mountinfo").write_text("22 1 179:2 / / rw,noatime - f2fs /dev/root rw\n")
+    other, published = _part(tmp_path, sys_, proc)
+    other.turn(0.0)
+    assert other.storage.verdict == "worn", "the eMMC says 80-90 % of its life is used"
+    (proc / "self/mountinfo").write_text("22 1 179:2 / / ro,noatime - f2fs /dev/root ro\n")
+    other.turn(10.0)
+    assert other.storage.verdict == "read-only" and published[-1].details["was"] == "worn"
 
 
 def test_off_reads_nothing(tmp_path):

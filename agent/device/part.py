@@ -3,9 +3,10 @@ the last boot ended, each decided by its core (storage.py, power.py, last_boot.p
 what the reader (reader.py) finds in sysfs and procfs.
 
 No thread of its own: the link thread's wake-ups (every heartbeat, at least every 30 s)
-call turn(), which reads everything every ``[device] every_s`` and, between, only
-mountinfo (one read) at most every MOUNT_EVERY_S, so a card remounted read-only is seen
-within a heartbeat or two. Nothing here writes to the card but the stop mark: once, when
+call turn(), which reads everything every ``[device] every_s`` and, between, at most
+every MOUNT_EVERY_S, one small file: ext4's error count (an error is what makes ext4
+read-only; a change reads everything at once), or mountinfo where no ext4 is behind the
+state directory. A card ext4 made read-only is seen within a heartbeat or two. Nothing here writes to the card but the stop mark: once, when
 the agent stops in order, taken away by the next start (last_boot.py).
 """
 from __future__ import annotations
@@ -124,6 +125,11 @@ class DevicePart:
                 self._on_change()
         elif now >= self._mount_due:
             self._mount_due = now + min(self.every_s, MOUNT_EVERY_S)
+            count = self.reader.errors_count()
+            if count is not None:   # ext4 counts the error that makes it read-only
+                if count != self.storage.reading.errors.get("errors_count"):
+                    self._storage(self.reader.storage(), now)
+                return
             mount = self.reader.mount()
             before = self.storage.reading.mount
             if mount is not None and (before is None or mount.read_only != before.read_only):

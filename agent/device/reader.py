@@ -12,6 +12,7 @@ from ..base.hardware import undervoltage_alarm
 from . import last_boot, power, storage
 
 MOUNTINFO_LIMIT = 256 << 10      # a container with many mounts: a few tens of kB
+CARD_FACTS = ("name", "type", "cid", "date", "manfid", "oemid")   # MMC's, fixed
 PSTORE_RECORDS = 16              # the newest this many are looked at
 FIRMWARE_GLOBS = ("devices/platform/soc/soc:firmware/get_throttled",
                   "devices/platform/soc*/*firmware/get_throttled")
@@ -22,48 +23,54 @@ class DeviceReader:
         self.state_dir = os.path.realpath(state_dir)
         self.sysfs, self.proc = sysfs_root, proc_root
         self._throttled_path: str | None | bool = False   # False: not looked for yet
+        self._disk_of: tuple[str, _Disk | None] | None = None
 
     # -- storage -----------------------------------------------------------------------
     def mount(self) -> storage.Mount | None:
         """The mount the state directory is on: one read of mountinfo."""
         text = sysfs.read(os.path.join(self.proc, "self/mountinfo"), MOUNTINFO_LIMIT)
-        return storage.mount_of(storage.parse_mountinfo(text.decode("utf-8", "replace")),
-                                self.state_dir)
+        text = text.decode("utf-8", "replace")
+        return storage.mount_of(storage.parse_mountinfo(text, self.state_dir), self.state_dir)
 
     def storage(self, mount: storage.Mount | None = None) -> storage.Reading:
         mount = mount if mount is not None else self.mount()
         if mount is None:
             return storage.Reading()
-        device = os.path.join(self.sysfs, "dev/block", mount.device)
-        name = os.path.basename(os.path.realpath(device)) if os.path.exists(device) else ""
-        disk_dir = os.path.realpath(device)
-        if os.path.exists(os.path.join(disk_dir, "partition")):
-            disk_dir = os.path.dirname(disk_dir)
-        errors = sysfs.ext4_errors(os.path.join(self.sysfs, "fs/ext4", name)) if name else {}
+        disk = self._disk(mount.device)
         avail = total = None
         try:
             st = os.statvfs(self.state_dir)
             avail, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
         except OSError:
             pass
-        written = None
-        if name:
-            fields = sysfs.text(os.path.join(os.path.realpath(device), "stat"), 512).split()
-            written = sysfs.as_int(fields[6]) if len(fields) > 6 else None
-        size = sysfs.as_int(sysfs.text(os.path.join(disk_dir, "size"))) if name else None
-        card_dir = os.path.join(disk_dir, "device")
-        card = {key: sysfs.text(os.path.join(card_dir, key), 64)
-                for key in ("name", "type", "cid", "date", "manfid", "oemid")} if name else {}
-        life = tuple(sysfs.as_hex_byte(word) for word in
-                     sysfs.text(os.path.join(card_dir, "life_time")).split()[:2]) if name else ()
-        pre_eol = sysfs.as_hex_byte(sysfs.text(os.path.join(card_dir, "pre_eol_info"))) \
-            if name else None
+        if disk is None:   # no block device behind it (an overlay, a tmpfs, a container)
+            return storage.Reading(mount=mount, avail_bytes=avail, total_bytes=total)
+        errors = sysfs.ext4_errors(disk.ext4_dir)
+        fields = sysfs.text(os.path.join(disk.dev_dir, "stat"), 512).split()
+        life = sysfs.text(os.path.join(disk.card_dir, "life_time")).split()[:2]
         return storage.Reading(
             mount=mount, errors={k: v for k, v in errors.items() if v is not None},
-            avail_bytes=avail, total_bytes=total, disk=os.path.basename(disk_dir) if name else "",
-            size_bytes=None if size is None else size * storage.SECTOR,
-            sectors_written=written, card={k: v for k, v in card.items() if v},
-            life_time=tuple(x for x in life if x is not None), pre_eol=pre_eol)
+            avail_bytes=avail, total_bytes=total, disk=disk.name, size_bytes=disk.size_bytes,
+            sectors_written=sysfs.as_int(fields[6]) if len(fields) > 6 else None,
+            card=disk.card,
+            life_time=tuple(x for x in map(sysfs.as_hex_byte, life) if x is not None),
+            pre_eol=sysfs.as_hex_byte(sysfs.text(os.path.join(disk.card_dir, "pre_eol_info"))))
+
+    def errors_count(self) -> int | None:
+        """ext4's error count of the device last read, one small read (between the full
+        reads: ext4 counts the error that makes it read-only); None where there is no
+        ext4 behind the state directory."""
+        disk = self._disk_of[1] if self._disk_of is not None else None
+        if disk is None:
+            return None
+        return sysfs.as_int(sysfs.text(os.path.join(disk.ext4_dir, "errors_count")))
+
+    def _disk(self, device: str) -> "_Disk | None":
+        """Where the kernel keeps the block device ``major:minor`` and its card's fixed
+        facts: looked up once per device (the reads a minute are the counters only)."""
+        if self._disk_of is None or self._disk_of[0] != device:
+            self._disk_of = (device, _Disk.find(self.sysfs, device))
+        return self._disk_of[1]
 
     # -- power -------------------------------------------------------------------------
     def throttled(self) -> int | None:
@@ -103,3 +110,29 @@ class DeviceReader:
     def watchdog_status(self) -> int | None:
         text = sysfs.text(os.path.join(self.sysfs, "class/watchdog/watchdog0/bootstatus"))
         return sysfs.as_int(text)
+
+
+class _Disk:
+    """A block device's places in sysfs, and what does not change while it is there."""
+
+    def __init__(self, dev_dir: str, ext4_dir: str, disk_dir: str, size_bytes: int | None,
+                 card: dict):
+        self.dev_dir, self.ext4_dir, self.disk_dir = dev_dir, ext4_dir, disk_dir
+        self.card_dir = os.path.join(disk_dir, "device")
+        self.name, self.size_bytes, self.card = os.path.basename(disk_dir), size_bytes, card
+
+    @classmethod
+    def find(cls, sysfs_root: str, device: str) -> "_Disk | None":
+        link = os.path.join(sysfs_root, "dev/block", device)
+        if not os.path.exists(link) or "/" in device:
+            return None
+        dev_dir = os.path.realpath(link)
+        # a partition's disk is the directory above it (mmcblk0p2 in mmcblk0)
+        disk_dir = (os.path.dirname(dev_dir) if os.path.exists(os.path.join(dev_dir, "partition"))
+                    else dev_dir)
+        size = sysfs.as_int(sysfs.text(os.path.join(disk_dir, "size")))
+        card = {key: sysfs.text(os.path.join(disk_dir, "device", key), 64)
+                for key in CARD_FACTS}
+        return cls(dev_dir, os.path.join(sysfs_root, "fs/ext4", os.path.basename(dev_dir)),
+                   disk_dir, None if size is None else size * storage.SECTOR,
+                   {k: v for k, v in card.items() if v})

@@ -48,26 +48,40 @@ class Mount:
     emergency: bool = False    # ext4 made itself read-only after an error (emergency_ro)
 
 
-def parse_mountinfo(text: str) -> list[Mount]:
-    """The mounts of /proc/self/mountinfo's text; a line it cannot read is left out."""
+def parse_mountinfo(text: str, above: str | None = None) -> list[Mount]:
+    """The mounts of /proc/self/mountinfo's text; a line it cannot read is left out.
+    ``above``: only the mounts whose point is that path or above it (a minute's read
+    builds no record of the other mounts)."""
     mounts = []
     for line in text.splitlines():
         fields = line.split()
-        if "-" not in fields[6:]:
+        if len(fields) < 10:
             continue
-        dash = fields.index("-", 6)
-        if len(fields) < dash + 3 or len(fields) < 6:
+        point = _unescape(fields[4])
+        if above is not None and not _holds(point, above):
+            continue
+        try:
+            dash = fields.index("-", 6)
+        except ValueError:
+            continue
+        if len(fields) < dash + 3:
             continue
         options = set(fields[5].split(",")) | set(fields[dash + 3].split(",")
                                                     if len(fields) > dash + 3 else ())
-        mounts.append(Mount(_unescape(fields[4]), fields[2], _unescape(fields[dash + 2]),
-                            fields[dash + 1], bool(options & {"ro", "emergency_ro"}),
-                            "emergency_ro" in options))
+        mounts.append(Mount(point, fields[2], _unescape(fields[dash + 2]), fields[dash + 1],
+                            bool(options & {"ro", "emergency_ro"}), "emergency_ro" in options))
     return mounts
+
+
+def _holds(point: str, path: str) -> bool:
+    point = point.rstrip("/") or "/"
+    return path == point or path.startswith(point if point == "/" else point + "/")
 
 
 def _unescape(field: str) -> str:
     """mountinfo writes a space, a tab, a newline and a backslash as \\ooo."""
+    if "\\" not in field:
+        return field
     out, i = [], 0
     while i < len(field):
         if field[i] == "\\" and field[i + 1:i + 4].isdigit():
@@ -84,10 +98,9 @@ def mount_of(mounts: list[Mount], path: str) -> Mount | None:
     points above it (a later mount over the same point hides the earlier)."""
     best = None
     for m in mounts:
-        point = m.point.rstrip("/") or "/"
-        if path == point or path.startswith(point if point == "/" else point + "/"):
-            if best is None or len(point) >= len(best.point.rstrip("/") or "/"):
-                best = m
+        if _holds(m.point, path) and (
+                best is None or len(m.point.rstrip("/")) >= len(best.point.rstrip("/"))):
+            best = m
     return best
 
 
