@@ -331,6 +331,49 @@ def test_turns_read_on_the_slow_timer_and_one_small_file_between(tmp_path):
     assert other.storage.verdict == "read-only" and published[-1].details["was"] == "worn"
 
 
+def test_a_first_start_here_is_told_apart_from_a_power_loss(tmp_path):
+    sys_, proc = _tree(tmp_path)
+    (sys_ / "fs/pstore/dmesg-ramoops-0").unlink()
+    (sys_ / "class/watchdog/watchdog0/bootstatus").unlink()
+    (proc / "stat").write_text("cpu  1 2 3\nbtime 1700000000\nprocesses 5\n")
+    (tmp_path / "state").mkdir()
+    device_id = tmp_path / "state" / "device_id"
+    device_id.write_text("ea-0123456789abcdef\n")   # made now: after that boot
+    part, published = _part(tmp_path, sys_, proc)
+    part.start()
+    assert published[0].details["cause"] == "first-start"
+    os.utime(device_id, (1600000000, 1600000000))    # made in a boot before: an agent ran
+    (tmp_path / "run" / "boot-cause.json").unlink()
+    part, published = _part(tmp_path, sys_, proc)
+    part.start()
+    assert published[0].details["cause"] == "power-loss"
+
+
+def test_the_assembled_part_asks_the_ladders_book_and_the_command_core(tmp_path):
+    from types import SimpleNamespace as NS
+    sys_, proc = _tree(tmp_path)
+    (sys_ / "fs/pstore/dmesg-ramoops-0").unlink()
+    (sys_ / "class/watchdog/watchdog0/bootstatus").unlink()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "run").mkdir()
+    config = NS(device=NS(enabled=True, every_s=60.0), state_dir=str(tmp_path / "state"),
+                runtime=NS(dir=str(tmp_path / "run")), debug=NS(sysfs=str(sys_)))
+    running = {"reboot": ["c-1"]}
+    core = NS(running=lambda name: running.get(name, []))
+    part = assemble(config, True, lambda e: None, lambda: None, lambda: None, lambda: core,
+                    proc=str(proc))
+    part.stop()
+    mark = json.loads((tmp_path / "state" / last_boot.MARK_FILE).read_text())
+    assert mark["by"] == "fleet"
+    book = NS(last_before_this_boot=lambda: Entry(mark["boot"], "the player stayed down"))
+    published = []
+    nxt = assemble(config, True, published.append, lambda: None, lambda: NS(book=book),
+                   lambda: None, proc=str(proc))
+    nxt.start()
+    assert (published[0].details["by"], published[0].details["why"]) == \
+        ("ladder", "the player stayed down")
+
+
 def test_off_reads_nothing(tmp_path):
     class Config:
         class device:
@@ -433,7 +476,7 @@ def test_a_real_agent_says_its_card_failing_then_read_only_within_a_read(
     agent.wait_live(15)
     first = wait_for(lambda: _device(agent), 10, what="the card's first verdict")
     assert first["verdict"] == "ok" and first["disk"] == os.path.basename(card.device)
-    assert _device(agent, "last_boot")["cause"] == "power-loss", "no stop mark: no clean record"
+    assert _device(agent, "last_boot")["cause"] == "first-start", "its device id is new"
 
     subprocess.run(["mount", "-o", "remount,errors=continue", str(card.mountpoint)], check=True)
     (_ext4(card) / "trigger_fs_error").write_text("test: an error the card survives\n")
@@ -468,9 +511,24 @@ def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
     agent = spawn_agent(agent_python, cfg)
     agent.wait_live(15)
     said = wait_for(lambda: _events(server, "screen-1", "device.boot"), 10, what="device.boot")
-    assert said[0]["cause"] == "power-loss"
-    assert agent.stop() == 0
+    assert said[0]["cause"] == "first-start", "a new install has no boot before to tell"
+    agent.proc.kill()   # what a power cut leaves: no orderly stop, no mark
+    agent.proc.wait(10)
     mark = tmp_path / "state" / last_boot.MARK_FILE
+    assert not mark.exists()
+    # a boot: the runtime directory (tmpfs) empty again, the device id older than it
+    btime = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+    for path in (tmp_path / "state").iterdir():   # what the agent wrote: a boot before
+        os.utime(path, (btime - 3600, btime - 3600), follow_symlinks=False)
+    for path in (tmp_path / "run").iterdir():
+        if path.is_file():
+            path.unlink()
+    agent = spawn_agent(agent_python, cfg)
+    agent.wait_live(15)
+    said = wait_for(lambda: len(_events(server, "screen-1", "device.boot")) >= 2 and
+                    _events(server, "screen-1", "device.boot"), 10, what="a second device.boot")
+    assert said[1]["cause"] == "power-loss", "no clean record"
+    assert agent.stop() == 0
     assert json.loads(mark.read_text())["by"] == ""
 
     # a restart of the service: the same boot, nothing said again, the mark taken away
@@ -479,15 +537,17 @@ def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
     wait_for(lambda: not mark.exists(), 5, what="the mark taken away")
     assert _device(agent, "last_boot")["cause"] == "power-loss"
     assert agent.stop() == 0
+    assert len(_events(server, "screen-1", "device.boot")) == 2, "said once a boot"
 
     # a reboot: the runtime directory (tmpfs) is empty again
-    for name in ("last-start-boot-id", "boot-cause.json"):
-        (tmp_path / "run" / name).unlink()
+    for path in (tmp_path / "run").iterdir():
+        if path.is_file():
+            path.unlink()
     agent = spawn_agent(agent_python, cfg)
     agent.wait_live(15)
-    said = wait_for(lambda: len(_events(server, "screen-1", "device.boot")) >= 2 and
-                    _events(server, "screen-1", "device.boot"), 10, what="a second device.boot")
-    assert len(said) == 2 and (said[1]["cause"], said[1]["by"]) == ("clean", "operator")
+    said = wait_for(lambda: len(_events(server, "screen-1", "device.boot")) >= 3 and
+                    _events(server, "screen-1", "device.boot"), 10, what="a third device.boot")
+    assert len(said) == 3 and (said[2]["cause"], said[2]["by"]) == ("clean", "operator")
     text = subprocess.run([agent_python, "-m", "agent", "status", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})

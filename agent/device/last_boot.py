@@ -13,8 +13,10 @@ What the previous boot left, each read once at that start:
 - the watchdog's ``bootstatus`` (WDIOF_CARDRESET): the hardware watchdog reset the board.
 
 The cause, most telling first: ``panic`` (pstore), ``watchdog`` (bootstatus), ``clean``
-(the mark: by the ladder, the fleet, or an operator or the OS), else ``power-loss``: the
-boot ended with no clean record (a power cut, a reset, or a kill the agent did not see).
+(the mark: by the ladder, the fleet, or an operator or the OS), ``first-start`` (no mark,
+and nothing in the state directory is older than this boot: there was no agent in the
+boot before to leave one), else ``power-loss``: the boot ended with no clean
+record (a power cut, a reset, or a kill the agent did not see).
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ import json
 import math
 from dataclasses import dataclass
 
-PANIC, WATCHDOG, CLEAN, POWER_LOSS = "panic", "watchdog", "clean", "power-loss"
-CAUSES = (CLEAN, POWER_LOSS, WATCHDOG, PANIC)
+PANIC, WATCHDOG, CLEAN, POWER_LOSS, FIRST = (
+    "panic", "watchdog", "clean", "power-loss", "first-start")
+CAUSES = (CLEAN, POWER_LOSS, WATCHDOG, PANIC, FIRST)
 EVENT = "device.boot"
 MARK_FILE = "device-stop.json"
 MARK_MAX_BYTES = 1024
@@ -99,14 +102,17 @@ class BootEnd:
             return f"a kernel panic ({self.why}, kept by pstore)"
         if self.cause == WATCHDOG:
             return "a reset by the hardware watchdog"
+        if self.cause == FIRST:
+            return "nothing known: the agent's first start here"
         return "no clean record: a power loss, or a reset the agent did not see"
 
 
 def judge(mark: StopMark | None, crashes: list[Crash], watchdog_status: int | None,
-          ladder: tuple[str, str] | None) -> BootEnd:
+          ladder: tuple[str, str] | None, first_run: bool = False) -> BootEnd:
     """``mark``: the previous boot's stop mark (None: none, or one that could not be
     read); ``crashes``: pstore's records; ``watchdog_status``: bootstatus; ``ladder``: the
-    (boot, why) of the ladder's newest reboot before this boot."""
+    (boot, why) of the ladder's newest reboot before this boot; ``first_run``: the agent
+    first ran here in this boot."""
     since = mark.wall if mark is not None else -math.inf
     recent = [c for c in crashes if c.wall > since]
     if recent:
@@ -115,7 +121,7 @@ def judge(mark: StopMark | None, crashes: list[Crash], watchdog_status: int | No
     if watchdog_status is not None and watchdog_status & WDIOF_CARDRESET:
         return BootEnd(WATCHDOG)
     if mark is None:
-        return BootEnd(POWER_LOSS)
+        return BootEnd(FIRST if first_run else POWER_LOSS)
     if ladder is not None and mark.boot and ladder[0] == mark.boot:
         return BootEnd(CLEAN, BY_LADDER, ladder[1][:MAX_TEXT], mark.wall)
     return BootEnd(CLEAN, BY_FLEET if mark.by == BY_FLEET else BY_OPERATOR, at=mark.wall)

@@ -65,13 +65,15 @@ class DevicePart:
             return
         entry = self._ladder()
         ladder = (entry.boot, entry.why) if entry is not None else None
+        first_run = mark is None and self.reader.first_run_here()
         end = last_boot.judge(mark, self.reader.crashes(), self.reader.watchdog_status(),
-                              ladder)
+                              ladder, first_run)
         self.last_boot = end
         with contextlib.suppress(OSError):
             atomic_write(self.cause_path, json.dumps(end.details()).encode(), 0o644,
                          durable=False)
-        level = logging.INFO if end.cause == last_boot.CLEAN else logging.WARNING
+        level = logging.INFO if end.cause in (last_boot.CLEAN, last_boot.FIRST) \
+            else logging.WARNING
         log.log(level, "the last boot ended with %s", end.words(),
                 extra=journal(MessageId.BOOT_ENDED, CAUSE=end.cause))
         self.publish(Event(last_boot.EVENT, self._wall(), end.details()))

@@ -13,6 +13,7 @@ from . import last_boot, power, storage
 
 MOUNTINFO_LIMIT = 256 << 10      # a container with many mounts: a few tens of kB
 CARD_FACTS = ("name", "type", "cid", "date", "manfid", "oemid")   # MMC's, fixed
+STATE_ENTRIES = 256              # a state directory holds a few dozen
 PSTORE_RECORDS = 16              # the newest this many are looked at
 FIRMWARE_GLOBS = ("devices/platform/soc/soc:firmware/get_throttled",
                   "devices/platform/soc*/*firmware/get_throttled")
@@ -106,6 +107,25 @@ class DeviceReader:
             if kind:
                 out.append(last_boot.Crash(sysfs.clean(name, 64), kind, wall))
         return out
+
+    def first_run_here(self) -> bool:
+        """Whether nothing in the state directory was changed before this boot (each
+        entry's mtime against /proc/stat's btime): an agent that ran in an earlier boot
+        left something older. False where it cannot be told."""
+        booted = None
+        for line in sysfs.read(os.path.join(self.proc, "stat"), 64 << 10).splitlines():
+            if line.startswith(b"btime "):
+                booted = sysfs.as_int(line[6:].decode("ascii", "replace").strip())
+        if booted is None:
+            return False
+        try:
+            with os.scandir(self.state_dir) as entries:
+                for n, entry in enumerate(entries):
+                    if n >= STATE_ENTRIES or entry.stat(follow_symlinks=False).st_mtime < booted:
+                        return False
+        except OSError:
+            return False
+        return True
 
     def watchdog_status(self) -> int | None:
         text = sysfs.text(os.path.join(self.sysfs, "class/watchdog/watchdog0/bootstatus"))
