@@ -478,6 +478,14 @@ def test_a_real_agent_says_its_card_failing_then_read_only_within_a_read(
     assert first["verdict"] == "ok" and first["disk"] == os.path.basename(card.device)
     assert _device(agent, "last_boot")["cause"] == "first-start", "its device id is new"
 
+    # reading the card writes nothing to it: six reads of everything, not a sector
+    stat = Path("/sys/block") / os.path.basename(card.device) / "stat"
+    os.sync()
+    before = int(stat.read_text().split()[6])
+    time.sleep(6.0)
+    os.sync()
+    assert int(stat.read_text().split()[6]) == before, "the card was written while idle"
+
     subprocess.run(["mount", "-o", "remount,errors=continue", str(card.mountpoint)], check=True)
     (_ext4(card) / "trigger_fs_error").write_text("test: an error the card survives\n")
     began = time.monotonic()

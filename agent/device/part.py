@@ -6,8 +6,10 @@ No thread of its own: the link thread's wake-ups (every heartbeat, at least ever
 call turn(), which reads everything every ``[device] every_s`` and, between, at most
 every MOUNT_EVERY_S, one small file: ext4's error count (an error is what makes ext4
 read-only; a change reads everything at once), or mountinfo where no ext4 is behind the
-state directory. A card ext4 made read-only is seen within a heartbeat or two. Nothing here writes to the card but the stop mark: once, when
-the agent stops in order, taken away by the next start (last_boot.py).
+state directory. A card ext4 made read-only is seen within a heartbeat or two.
+
+Nothing here writes to the card but the stop mark: once, when the agent stops in order,
+taken away by the next start (last_boot.py).
 """
 from __future__ import annotations
 
