@@ -516,6 +516,18 @@ def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
     from devtools.harness import agent_config, wait_for
     server = fleet()
     cfg = agent_config(server, tmp_path, device={"every_s": 1.0})
+
+    def boot(n: int) -> list:
+        """A boot: the runtime directory (tmpfs) empty again; the agent's n-th boot said."""
+        nonlocal agent
+        for path in (tmp_path / "run").iterdir():
+            if path.is_file():
+                path.unlink()
+        agent = spawn_agent(agent_python, cfg)
+        agent.wait_live(15)
+        return wait_for(lambda: len(_events(server, "screen-1", "device.boot")) >= n and
+                        _events(server, "screen-1", "device.boot"), 10, what=f"device.boot {n}")
+
     agent = spawn_agent(agent_python, cfg)
     agent.wait_live(15)
     said = wait_for(lambda: _events(server, "screen-1", "device.boot"), 10, what="device.boot")
@@ -524,17 +536,11 @@ def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
     agent.proc.wait(10)
     mark = tmp_path / "state" / last_boot.MARK_FILE
     assert not mark.exists()
-    # a boot: the runtime directory (tmpfs) empty again, the device id older than it
+    # the next boot: what the agent wrote is older than it
     btime = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
     for path in (tmp_path / "state").iterdir():   # what the agent wrote: a boot before
         os.utime(path, (btime - 3600, btime - 3600), follow_symlinks=False)
-    for path in (tmp_path / "run").iterdir():
-        if path.is_file():
-            path.unlink()
-    agent = spawn_agent(agent_python, cfg)
-    agent.wait_live(15)
-    said = wait_for(lambda: len(_events(server, "screen-1", "device.boot")) >= 2 and
-                    _events(server, "screen-1", "device.boot"), 10, what="a second device.boot")
+    said = boot(2)
     assert said[1]["cause"] == "power-loss", "no clean record"
     assert agent.stop() == 0
     assert json.loads(mark.read_text())["by"] == ""
@@ -547,14 +553,7 @@ def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
     assert agent.stop() == 0
     assert len(_events(server, "screen-1", "device.boot")) == 2, "said once a boot"
 
-    # a reboot: the runtime directory (tmpfs) is empty again
-    for path in (tmp_path / "run").iterdir():
-        if path.is_file():
-            path.unlink()
-    agent = spawn_agent(agent_python, cfg)
-    agent.wait_live(15)
-    said = wait_for(lambda: len(_events(server, "screen-1", "device.boot")) >= 3 and
-                    _events(server, "screen-1", "device.boot"), 10, what="a third device.boot")
+    said = boot(3)   # a reboot after the orderly stop
     assert len(said) == 3 and (said[2]["cause"], said[2]["by"]) == ("clean", "operator")
     text = subprocess.run([agent_python, "-m", "agent", "status", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=30,
