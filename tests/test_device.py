@@ -220,6 +220,16 @@ def test_the_reader_finds_the_cards_identity_wear_errors_and_writes(tmp_path):
     assert (crash.name, crash.kind) == ("dmesg-ramoops-0", "panic")
 
 
+def test_the_firmware_word_is_found_under_another_parent_too(tmp_path):
+    word = tmp_path / "devices/platform/scb/soc:firmware/get_throttled"
+    word.parent.mkdir(parents=True)
+    word.write_text("80008\n")
+    reader = DeviceReader(str(tmp_path), str(tmp_path), str(tmp_path))
+    assert reader.throttled() == 0x80008
+    word.write_text("0\n")
+    assert reader.throttled() == 0, "looked for once, read each time"
+
+
 def test_a_tree_without_any_of_it_is_said_as_nothing_never_an_error(tmp_path):
     (tmp_path / "proc/self").mkdir(parents=True)
     (tmp_path / "sys").mkdir()

@@ -15,8 +15,11 @@ MOUNTINFO_LIMIT = 256 << 10      # a container with many mounts: a few tens of k
 CARD_FACTS = ("name", "type", "cid", "date", "manfid", "oemid")   # MMC's, fixed
 STATE_ENTRIES = 256              # a state directory holds a few dozen
 PSTORE_RECORDS = 16              # the newest this many are looked at
+# the firmware node's parent is the board's: soc on most Pis, scb or soc@... on others;
+# looked for once
 FIRMWARE_GLOBS = ("devices/platform/soc/soc:firmware/get_throttled",
-                  "devices/platform/soc*/*firmware/get_throttled")
+                  "devices/platform/*/*firmware/get_throttled",
+                  "devices/platform/*firmware/get_throttled")
 
 
 class DeviceReader:
