@@ -203,7 +203,7 @@ def _tree(tmp_path: Path, mountinfo: str = MOUNTINFO) -> tuple[Path, Path]:
 def test_the_reader_finds_the_cards_identity_wear_errors_and_writes(tmp_path):
     sys_, proc = _tree(tmp_path, "22 1 179:2 / / rw,noatime - ext4 /dev/root rw\n")
     (tmp_path / "state").mkdir()
-    reader = DeviceReader(str(tmp_path / "state"), str(sys_), str(proc))
+    reader = DeviceReader(str(tmp_path / "state"), str(sys_), str(proc), str(tmp_path / "none"))
     r = reader.storage()
     assert r.mount.source == "/dev/root" and r.disk == "mmcblk0"
     assert r.errors == {"errors_count": 2, "first_error_time": 1700000000,
@@ -230,10 +230,29 @@ def test_the_firmware_word_is_found_under_another_parent_too(tmp_path):
     assert reader.throttled() == 0, "looked for once, read each time"
 
 
+def test_a_panic_systemd_pstore_archived_is_seen_where_pstore_is_roots(tmp_path):
+    """Debian's systemd-pstore moves the kernel's records out of pstore (0750 root) at
+    boot into its archive (0755): the names and times there are what the agent sees."""
+    archive = tmp_path / "archive"
+    (archive / "1700000500123456").mkdir(parents=True)
+    (archive / "1700000500123456" / "dmesg.txt").write_text("<0>Kernel panic\n")
+    (archive / "console-ramoops-0").write_text("a boot's console\n")
+    (archive / "1600000000000000").mkdir()   # a directory without a kernel's log
+    os.utime(archive / "1700000500123456", (1700000500, 1700000500))
+    reader = DeviceReader(str(tmp_path), str(tmp_path / "sys"), str(tmp_path), str(archive))
+    [crash] = reader.crashes()
+    assert (crash.name, crash.kind, crash.wall) == ("1700000500123456", "crash", 1700000500)
+    end = last_boot.judge(last_boot.StopMark(1700000000.0, "b"), [crash], None, None)
+    assert (end.cause, end.why) == ("panic", "crash 1700000500123456")
+    older = last_boot.judge(last_boot.StopMark(1800000000.0, "b"), [crash], None, None)
+    assert older.cause == "clean", "archived before the last clean stop: an older boot's"
+
+
 def test_a_tree_without_any_of_it_is_said_as_nothing_never_an_error(tmp_path):
     (tmp_path / "proc/self").mkdir(parents=True)
     (tmp_path / "sys").mkdir()
-    reader = DeviceReader(str(tmp_path / "state"), str(tmp_path / "sys"), str(tmp_path / "proc"))
+    reader = DeviceReader(str(tmp_path / "state"), str(tmp_path / "sys"), str(tmp_path / "proc"),
+                          str(tmp_path / "archive"))
     assert reader.storage() == storage.Reading() and storage.judge(reader.storage())[0] == "ok"
     assert reader.throttled() is None and reader.undervoltage() is None
     assert reader.crashes() == [] and reader.watchdog_status() is None
@@ -252,7 +271,8 @@ def _part(tmp_path, sys_, proc, cold_start=True, boot="boot-a", **kw):
     state.mkdir(exist_ok=True)
     run.mkdir(exist_ok=True)
     published = []
-    part = DevicePart(DeviceReader(str(state), str(sys_), str(proc)), publish=published.append,
+    reader = DeviceReader(str(state), str(sys_), str(proc), str(tmp_path / "archive"))
+    part = DevicePart(reader, publish=published.append,
                       every_s=60.0, state_dir=str(state), runtime_dir=str(run),
                       cold_start=cold_start, boot=lambda: boot, wall=lambda: 1000.0, **kw)
     return part, published

@@ -8,8 +8,9 @@ What the previous boot left, each read once at that start:
   reboot where the agent knows (``fleet``: a reboot or poweroff command was running);
 - the recovery ladder's reboots (screen/reboots.py's book, which keeps each with its boot
   and why): a mark written in the boot of the ladder's newest reboot says the ladder;
-- pstore (``/sys/fs/pstore``, dmesg-* records the kernel kept over the reset): a panic or
-  an oops newer than the mark;
+- pstore (``/sys/fs/pstore``, dmesg-* records the kernel kept over the reset, root's to
+  read), or systemd-pstore's archive of them (``/var/lib/systemd/pstore``, readable): a
+  panic or an oops newer than the mark;
 - the watchdog's ``bootstatus`` (WDIOF_CARDRESET): the hardware watchdog reset the board.
 
 The cause, most telling first: ``panic`` (pstore), ``watchdog`` (bootstatus), ``clean``
@@ -99,7 +100,7 @@ class BootEnd:
             return f"a clean shutdown or reboot, asked by {who}" + (
                 f" ({self.why})" if self.why else "")
         if self.cause == PANIC:
-            return f"a kernel panic ({self.why}, kept by pstore)"
+            return f"a kernel panic or oops ({self.why}, kept by pstore)"
         if self.cause == WATCHDOG:
             return "a reset by the hardware watchdog"
         if self.cause == FIRST:
@@ -116,7 +117,7 @@ def judge(mark: StopMark | None, crashes: list[Crash], watchdog_status: int | No
     since = mark.wall if mark is not None else -math.inf
     recent = [c for c in crashes if c.wall > since]
     if recent:
-        worst = max(recent, key=lambda c: (c.kind == "panic", c.wall))
+        worst = max(recent, key=lambda c: (c.kind == "panic", c.kind != "crash", c.wall))
         return BootEnd(PANIC, why=f"{worst.kind} {worst.name}"[:MAX_TEXT], at=worst.wall)
     if watchdog_status is not None and watchdog_status & WDIOF_CARDRESET:
         return BootEnd(WATCHDOG)

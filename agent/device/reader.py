@@ -14,6 +14,7 @@ from . import last_boot, power, storage
 MOUNTINFO_LIMIT = 256 << 10      # a container with many mounts: a few tens of kB
 CARD_FACTS = ("name", "type", "cid", "date", "manfid", "oemid")   # MMC's, fixed
 STATE_ENTRIES = 256              # a state directory holds a few dozen
+PSTORE_ARCHIVE = "/var/lib/systemd/pstore"
 PSTORE_RECORDS = 16              # the newest this many are looked at
 # the firmware node's parent is the board's: soc on most Pis, scb or soc@... on others;
 # looked for once
@@ -23,9 +24,10 @@ FIRMWARE_GLOBS = ("devices/platform/soc/soc:firmware/get_throttled",
 
 
 class DeviceReader:
-    def __init__(self, state_dir: str, sysfs_root: str = "/sys", proc_root: str = "/proc"):
+    def __init__(self, state_dir: str, sysfs_root: str = "/sys", proc_root: str = "/proc",
+                 pstore_archive: str = PSTORE_ARCHIVE):
         self.state_dir = os.path.realpath(state_dir)
-        self.sysfs, self.proc = sysfs_root, proc_root
+        self.sysfs, self.proc, self.archive = sysfs_root, proc_root, pstore_archive
         self._throttled_path: str | None | bool = False   # False: not looked for yet
         self._disk_of: tuple[str, _Disk | None] | None = None
 
@@ -97,8 +99,8 @@ class DeviceReader:
         directory = os.path.join(self.sysfs, "fs/pstore")
         try:
             names = sorted(n for n in os.listdir(directory) if n.startswith("dmesg-"))
-        except OSError:
-            return []
+        except OSError:   # none, or root's (0750): the archive may still have it
+            names = []
         for name in names[-PSTORE_RECORDS:]:
             path = os.path.join(directory, name)
             head = sysfs.read(path, 256).decode("utf-8", "replace").split("\n", 1)[0]
@@ -109,6 +111,28 @@ class DeviceReader:
                 continue
             if kind:
                 out.append(last_boot.Crash(sysfs.clean(name, 64), kind, wall))
+        return out + self._archived()
+
+    def _archived(self) -> list[last_boot.Crash]:
+        """What systemd-pstore (on by default in Debian) moved out of pstore at boot into
+        its archive, 0755 and so readable by the agent where pstore itself is root's: a
+        record of the kernel's log, which the kernel keeps only at a panic or an oops
+        (unless printk.always_kmsg_dump is set), named dmesg* or a directory holding one.
+        Names and times only: no file of it is read."""
+        out = []
+        try:
+            with os.scandir(self.archive) as entries:
+                found = sorted(((e.stat(follow_symlinks=False).st_mtime, e.name, e.is_dir(
+                    follow_symlinks=False)) for e in entries), reverse=True)[:PSTORE_RECORDS]
+        except OSError:
+            return []
+        for wall, name, is_dir in found:
+            try:
+                held = os.listdir(os.path.join(self.archive, name)) if is_dir else [name]
+            except OSError:
+                continue
+            if any(n.startswith("dmesg") for n in held[:64]):
+                out.append(last_boot.Crash(sysfs.clean(name, 64), "crash", wall))
         return out
 
     def first_run_here(self) -> bool:
