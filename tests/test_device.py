@@ -160,6 +160,10 @@ def test_the_cause_most_telling_first():
 def test_the_mark_reads_back_and_anything_else_is_refused():
     mark = last_boot.StopMark(1700000000.5, "b" * 36, "fleet")
     assert last_boot.parse_mark(last_boot.mark_bytes(mark)) == mark
+    carried = last_boot.StopMark(1.0, "b", "", last_boot.BootEnd("panic", None, "crash x", 5.0))
+    assert last_boot.parse_mark(last_boot.mark_bytes(carried)) == carried
+    assert last_boot.parse_mark(b'{"wall": 1, "boot": "b", "ended": {"cause": "?"}}').ended \
+        is None
     for bad in (b"[]", b"{}", b'{"wall": "x", "boot": ""}', b'{"wall": 1, "boot": 2}',
                 b'{"wall": true, "boot": ""}', b'{"wall": 1e999, "boot": ""}', b"\xff"):
         with pytest.raises(ValueError):
@@ -300,10 +304,16 @@ def test_each_boot_says_how_the_last_ended_and_the_stop_leaves_the_mark(tmp_path
     again, published = _part(tmp_path, sys_, proc, cold_start=False)
     again.start()
     assert published == [] and again.last_boot.cause == "power-loss" and not mark.exists()
+    # systemctl restart empties the runtime directory: the mark carries the cause
+    again.stop()
+    (tmp_path / "run" / "boot-cause.json").unlink()
+    restarted, published = _part(tmp_path, sys_, proc, cold_start=False)
+    restarted.start()
+    assert published == [] and restarted.last_boot.cause == "power-loss"
 
     # the next boot after an orderly stop asked by the fleet
     _part(tmp_path, sys_, proc, asked_by=lambda: "fleet")[0].stop()
-    (tmp_path / "run" / "boot-cause.json").unlink()   # a boot empties the runtime directory
+    (tmp_path / "run" / "boot-cause.json").unlink(missing_ok=True)   # a boot empties /run
     nxt, published = _part(tmp_path, sys_, proc, boot="boot-b")
     nxt.start()
     assert published[0].details == {"cause": "clean", "by": "fleet", "why": None, "at": 1000.0}
@@ -548,11 +558,14 @@ def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
     cfg = agent_config(server, tmp_path, device={"every_s": 1.0})
 
     def boot(n: int) -> list:
-        """A boot: the runtime directory (tmpfs) empty again; the agent's n-th boot said."""
+        """A boot: the runtime directory (tmpfs) empty again, and another boot id than the
+        one the last start kept (base/boot.py keeps it in the runtime directory or, since
+        a restart empties that, the state directory); the agent's n-th boot said."""
         nonlocal agent
         for path in (tmp_path / "run").iterdir():
             if path.is_file():
                 path.unlink()
+        (tmp_path / "state" / "last-start-boot-id").write_text("a-boot-before\n")
         agent = spawn_agent(agent_python, cfg)
         agent.wait_live(15)
         return wait_for(lambda: len(_events(server, "screen-1", "device.boot")) >= n and

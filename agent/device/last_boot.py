@@ -41,11 +41,15 @@ class StopMark:
     wall: float            # when the agent stopped (wall time: said, never timed)
     boot: str              # the kernel's boot id then
     by: str = ""           # who asked for the reboot, where the agent knows: fleet
+    # how the boot before the one it was written in ended: a start later in the same boot
+    # (a service restart empties the runtime directory) says it again from here
+    ended: "BootEnd | None" = None
 
 
 def mark_bytes(mark: StopMark) -> bytes:
     return json.dumps({"wall": round(mark.wall, 3), "boot": mark.boot[:64],
-                       "by": mark.by[:16]}).encode()
+                       "by": mark.by[:16],
+                       "ended": mark.ended.details() if mark.ended else None}).encode()
 
 
 def parse_mark(raw: bytes) -> StopMark:
@@ -58,7 +62,7 @@ def parse_mark(raw: bytes) -> StopMark:
             or not isinstance(boot, str) or len(boot) > 64
             or not isinstance(by, str) or len(by) > 16):
         raise ValueError("a mark without its time and boot")
-    return StopMark(float(wall), boot, by)
+    return StopMark(float(wall), boot, by, from_details(doc.get("ended")))
 
 
 @dataclass(frozen=True)

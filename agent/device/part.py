@@ -64,6 +64,8 @@ class DevicePart:
         if not self.cold_start:
             with contextlib.suppress(OSError, ValueError):
                 self.last_boot = last_boot.from_details(read_json(self.cause_path, 1024))
+            if self.last_boot is None and mark is not None and mark.boot == self._boot():
+                self.last_boot = mark.ended   # the runtime directory went with a restart
             return
         entry = self._ladder()
         ladder = (entry.boot, entry.why) if entry is not None else None
@@ -100,7 +102,8 @@ class DevicePart:
 
     def stop(self) -> None:
         """The agent stops in order: the mark the next boot's first start reads."""
-        mark = last_boot.StopMark(self._wall(), self._boot(), self._asked_by() or "")
+        mark = last_boot.StopMark(self._wall(), self._boot(), self._asked_by() or "",
+                                  self.last_boot)
         try:
             atomic_write(self.mark_path, last_boot.mark_bytes(mark), 0o600, durable=True)
         except OSError as e:
