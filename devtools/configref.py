@@ -46,6 +46,8 @@ SECTIONS = {
     "fleet": "Settings from the fleet (\"configure\" in [commands] allow).",
     "log": "The journal.",
     "metrics": "Metrics in Prometheus' text format, for node_exporter's textfile collector.",
+    "device": "The device's truth: the card's verdict, the firmware's power flags, why the "
+              "last boot ended.",
     "debug": "Test hooks: never set on a screen.",
 }
 
@@ -228,6 +230,12 @@ DOCS = {
                         "rewritten every few seconds.",
     "metrics.every_s": "The least time between two writes of the textfile; a change waits at "
                        "most this, and the link thread's next wake-up (30 s at most).",
+    "device.enabled": "Read the card's health (ext4's errors, a read-only remount, eMMC wear, "
+                      "space left, bytes written a day), the Pi firmware's throttling flags "
+                      "and why the last boot ended; status, events and metrics say them. "
+                      "Reads only: the one write is a small mark at each orderly stop.",
+    "device.every_s": "How often all of it is read, on the link thread's wake-ups; whether "
+                      "the card went read-only is looked at every 10 s at most between.",
     "debug.stall_link_after_s": "The link thread wedges itself this long after start.",
     "debug.link_max_wait_s": "The link loop's longest wait (30 s), shortened.",
     "debug.sysfs_root": "Read display, power and network state from this tree, not /sys.",

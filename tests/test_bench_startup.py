@@ -61,3 +61,14 @@ def test_the_footprint_row_prints_the_issue_targets():
     text = "\n".join(FP.section(fps))
     assert "RSS 1.15x (target <= 1.15x: met)" in text
     assert "wake-ups 1.05x (target <= 1.06x: met)" in text
+    assert "device's reads" not in text
+
+
+def test_the_footprint_says_the_device_reads_cost_beside_the_same_agent_without():
+    fps = [FP.Footprint("edge-agent", 300.0, rss_mb=47.7, cpu_s=0.05, wakeups_per_min=34.3),
+           FP.Footprint("edge-agent, device off", 300.0, rss_mb=47.5, cpu_s=0.048,
+                        wakeups_per_min=34.3),
+           FP.Footprint("bare", 300.0, rss_mb=41.4, cpu_s=0.036, wakeups_per_min=32.7)]
+    text = "\n".join(FP.section(fps))
+    assert "| edge-agent, device off | 47.5 | 0.048 |" in text
+    assert "without them: CPU 1.04x, wake-ups 1.00x; 0 bytes written" in text

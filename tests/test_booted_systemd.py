@@ -997,6 +997,14 @@ def test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back(
                       if server.admin(f"/api/v1/devices/{site.device_id}/commands")[cid]["result"]
                       else None, 30, interval=0.2, what="the reboot's result")
     assert record["result"]["ok"] and record["result"]["output"] == "the device rebooted"
+    # the stop mark systemd's stop left at the reboot, told by the next boot's first start
+    # (docs/operate.md, "The device"), read under the unit's sandbox
+    _, doc = status(s)
+    device = doc.get("device") or {}
+    assert (device["last_boot"]["cause"], device["last_boot"]["by"]) == ("clean", "fleet"), device
+    assert device["storage"]["verdict"] in ("ok", "worn", "full"), device
+    booted = wait_for(lambda: screen_events(site, "device.boot")[-1:], 20, what="device.boot")
+    assert (booted[0]["cause"], booted[0]["by"]) == ("clean", "fleet")
     time.sleep(3 * WATCHDOG_S)
     assert s.proc.poll() is None and s.boots == 2, "it rebooted again"
     # read as the agent reads it (the ledger's format is agent/commands/ledger.py's)

@@ -97,7 +97,7 @@ SERVER_TAKES = {_dotted(p) for p in ROWS.get("`fleet_server/`", []) if p.endswit
 ROOT_PROGRAMS = [name for name in AGENT if name.startswith("agent.programs.")
                  and not name.endswith("__init__") and name != "agent.programs"]
 RUNNING_PARTS = ("link", "uploads", "commands", "identity", "events", "hours", "inventory",
-                 "screen", "metrics")
+                 "screen", "metrics", "device")
 
 
 def _rel(path: Path) -> str:

@@ -18,6 +18,7 @@ from ..commands.core import Outcome
 from ..commands.service import CommandService
 from ..config import load as config_load
 from ..config.model import Config
+from ..device import part as device_part
 from ..events.outbox import Outbox
 from ..events.telemetry import TelemetrySource
 from ..events.watcher import EventWatcher, SysfsState
@@ -135,6 +136,8 @@ class Agent:
                 telemetry_every_s=e.telemetry_every_s, sample=telemetry.get,
                 scheduled_off=self.hours.expected_off if self.hours else lambda: False,
                 on_display=self.screen.hotplug)
+        self.device = device_part.assemble(config, cold_start, self.outbox.put, self._refresh,
+                                           lambda: self.screen.mender, lambda: self.commands.core)
         self.metrics = None
         if config.metrics.enabled:   # loaded only where asked for: the start pays nothing
             from ..metrics import service as metrics
@@ -152,7 +155,7 @@ class Agent:
                 "events": lambda: {"mode": self.events.mode if self.events else "disabled",
                                    **self.outbox.snapshot()},
                 "journal": self.runner.journal_snapshot, "commands": self.commands.recent,
-                "update": self.updater.snapshot,
+                "update": self.updater.snapshot, "device": self.device.snapshot,
                 "hours": lambda: self.hours.snapshot() if self.hours else None,
                 "settings": self.settings.snapshot, "screen": self.screen.snapshot})
         self._stopping = threading.Event()
@@ -177,8 +180,8 @@ class Agent:
             now = time.monotonic()
             if self.events is not None:
                 self.events.turn(now)
-            self.inventory.turn(now)
-            self.screen.turn(now)
+            for part in (self.inventory, self.screen, self.device):
+                part.turn(now)
             self.board.turn(now)
 
     def _network_up(self) -> None:
@@ -249,8 +252,9 @@ class Agent:
 
         self.settings.start()   # how the last revision ended is said first
         self.runner.start(then=wake_main)
-        parts = [p for p in (self.kind, self.uploads, self.kind.held(self.identity), self.events,
-                             self.hours, self.screen) if p is not None]   # in order; stopped reversed
+        parts = [p for p in (self.device, self.kind, self.uploads, self.kind.held(self.identity),
+                             self.events, self.hours, self.screen)
+                 if p is not None]   # in order; stopped reversed
         for part in parts:
             part.start()
         # Ready means configured and looping, not connected: a player that boots

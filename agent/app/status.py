@@ -14,6 +14,7 @@ from .. import __version__
 from ..base.boot import boot_id
 from ..base.clock import NOTABLE_SKEW_S
 from ..base.logs import clean
+from ..device import words as device_words
 
 STATUS_LINE_CHARS = 2000
 
@@ -36,7 +37,8 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              journal: list, commands: list, board: dict | None = None,
              update: dict | None = None,
              settings: dict | None = None, hours: dict | None = None,
-             screen: dict | None = None, profile: dict | None = None) -> dict:
+             screen: dict | None = None, profile: dict | None = None,
+             device: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
@@ -46,7 +48,8 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
             # a credentials write the card still lacks
             "credentials": credentials, "board": board, "uploads": uploads, "events": events,
             "journal": journal, "commands": commands, "update": update, "settings": settings,
-            "hours": hours, "screen": screen, "profile": profile}
+            "hours": hours, "screen": screen, "profile": profile,
+            "device": device}
 
 
 # -- the line systemd shows ----------------------------------------------------------
@@ -248,6 +251,7 @@ def render(doc: dict, running: bool) -> str:
             + (f"; {hours['read_back']}" if hours.get("read_back") and not hours.get("fault")
                else "")))
     lines.extend(_screen_lines(doc.get("screen"), now["file_age_s"]))
+    lines.extend(device_words.lines(doc.get("device")))
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if settings:
         lines.append(f"settings    {_settings_text(settings, now['file_age_s'])}")

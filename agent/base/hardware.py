@@ -120,3 +120,13 @@ def hardware_facts(sysfs: str = "/sys") -> dict:
     if size:
         facts["screen_width"], facts["screen_height"] = size
     return facts
+
+
+def undervoltage_alarm(sysfs_root: str = "/sys") -> str | None:
+    """The Pi firmware's under-voltage alarm as the raspberrypi-hwmon driver (rpi_volt)
+    keeps it, "1" or "0"; None where there is no such driver. The driver asks the
+    firmware every 2 s and clears its sticky bits each time: the alarm is "now"."""
+    for hw in sorted(glob.glob(os.path.join(sysfs_root, "class/hwmon/hwmon*"))):
+        if _read((os.path.join(hw, "name"),)) == "rpi_volt":
+            return _read((os.path.join(hw, "in0_lcrit_alarm"),))
+    return None

@@ -26,6 +26,7 @@ FIELDS = frozenset({
     "REVISION",     # a fleet settings revision
     "MESSAGE_ID",   # one of the moments below
     "HELD_BACK",    # how many lines of this kind the rate limit held back before this one
+    "CAUSE",        # why the last boot ended (device/last_boot.py): clean, power-loss, ...
 })
 # A value is one clean line of at most this many characters: fields are for selecting
 # and grouping, the record's text says the rest.
@@ -46,6 +47,7 @@ class MessageId:
     SETTINGS_ROLLED_BACK = "40795fa9d40741f4add2ac72e02851a2"
     STORAGE_DEGRADED = "31d7487a6da84aa687d9bec39728e6d6"
     CARD_CLONED = "2e222f5ed19f48808925aabcb598c028"   # this card was made from another screen's
+    BOOT_ENDED = "39335dc8e20845aca6df3426cb34fb47"   # why the last boot ended, said by the next
 
 
 MESSAGE_IDS = {name: value for name, value in vars(MessageId).items()

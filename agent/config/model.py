@@ -132,6 +132,12 @@ class Metrics:
 
 
 @dataclass(frozen=True)
+class Device:
+    enabled: bool
+    every_s: float
+
+
+@dataclass(frozen=True)
 class Debug:
     stall_link_after_s: float | None
     link_max_wait_s: float | None
@@ -146,7 +152,8 @@ class Debug:
 SECTIONS = {"server": Server, "identity": Identity, "runtime": Runtime, "link": Link,
             "uploads": UploadPolicy, "events": Events, "watchdog": Watchdog,
             "commands": Commands, "hours": Hours, "screen": Screen, "update": Update,
-            "fleet": Fleet, "log": Log, "metrics": Metrics, "debug": Debug}
+            "fleet": Fleet, "log": Log, "metrics": Metrics, "device": Device,
+            "debug": Debug}
 POLICIES = {"link.liveness": LivenessPolicy, "link.backoff": BackoffPolicy,
             "link.keepalive": KeepalivePolicy, "link.idle": IdlePolicy}
 
@@ -168,6 +175,7 @@ class Config:
     fleet: Fleet
     log: Log
     metrics: Metrics
+    device: Device
     debug: Debug
     source: str = ""
     # where each key's value came from: default (the schema), package (the package's

@@ -309,6 +309,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # thread's next wake-up, 30 s at most); never a write per heartbeat
         "every_s": Key(float, 15.0, "metrics.every_s", Range(1, 3600)),
     },
+    "device": {
+        # the device's truth (docs/operate.md, the device): the card's verdict, the
+        # firmware's power flags, why the last boot ended; reads only, never the card
+        "enabled": Key(bool, True, "device.enabled"),
+        # everything read this often on the link thread's wake-ups; mountinfo (a card
+        # remounted read-only) at most every 10 s between
+        "every_s": Key(float, 60.0, "device.every_s", Range(1, 3600)),
+    },
     "debug": {
         # Test hook: the link thread wedges itself this long after start.
         "stall_link_after_s": Key(float, None, "debug.stall_link_after_s", Range(0, DAY)),

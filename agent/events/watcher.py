@@ -18,6 +18,7 @@ import struct
 import time
 from typing import Callable
 
+from ..base.hardware import undervoltage_alarm
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from .debounce import Debouncer
@@ -54,10 +55,7 @@ class SysfsState:
                 for p in glob.glob(os.path.join(self.root, "class/drm/card*-HDMI-A-*"))}
 
     def undervoltage_alarm(self) -> str | None:
-        for hw in glob.glob(os.path.join(self.root, "class/hwmon/hwmon*")):
-            if _read(os.path.join(hw, "name")) == "rpi_volt":
-                return _read(os.path.join(hw, "in0_lcrit_alarm"))
-        return None
+        return undervoltage_alarm(self.root)
 
     def power_supplies(self) -> dict[str, str]:
         return {os.path.basename(p): _read(os.path.join(p, "online"))

@@ -15,17 +15,18 @@ import os
 import re
 import shlex
 import socket
-import stat
 import struct
 import subprocess
 import time
 from typing import Callable
 
+from ..base import sysfs
+
 Runner = Callable[[list[str]], str | None]
 
-READ_LIMIT = 4096
+READ_LIMIT = sysfs.READ_LIMIT
 CPUINFO_LIMIT = 16384      # the Revision line comes last, after one block per core
-TEXT_LIMIT = 128
+TEXT_LIMIT = sysfs.TEXT_LIMIT
 OUTPUT_LIMIT = 16384
 EDID_HEADER = bytes.fromhex("00ffffffffffff00")
 EDID_DESCRIPTORS = (54, 72, 90, 108)
@@ -34,9 +35,7 @@ EDID_DESCRIPTORS = (54, 72, 90, 108)
 IFNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
 # whole disks: not partitions, eMMC boot areas (mmcblk0boot0), loop, ram or zram
 DISK = re.compile(r"mmcblk\d+|sd[a-z]{1,3}|nvme\d+n\d+")
-# eMMC 5.0+ EXT_CSD DEVICE_LIFE_TIME_EST_TYP_A/B and PRE_EOL_INFO, as JEDEC defines them
-LIFE_TIME = {**{n: f"{(n - 1) * 10}-{n * 10}%" for n in range(1, 11)}, 11: "exceeded"}
-PRE_EOL = {1: "normal", 2: "warning", 3: "urgent"}
+PRE_EOL = sysfs.PRE_EOL
 # moves on its own every few seconds: left out of the digest, so it never makes a change
 VOLATILE = frozenset({"signal_dbm"})
 
@@ -60,27 +59,7 @@ def run_command(argv: list[str]) -> str | None:
     return done.stdout[:OUTPUT_LIMIT].decode("utf-8", "replace") if done.returncode == 0 else None
 
 
-def _read(path: str, limit: int = READ_LIMIT) -> bytes:
-    """At most ``limit`` bytes of the regular file at ``path``, else b"". O_NONBLOCK and
-    the type check: a FIFO where a sysfs file should be is never waited on."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return b""
-    try:
-        with os.fdopen(fd, "rb") as f:
-            return f.read(limit) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    except OSError:
-        return b""
-
-
-def _clean(text: str, limit: int = TEXT_LIMIT) -> str:
-    return "".join(ch for ch in text if ch.isprintable())[:limit].strip()
-
-
-def _text(path: str, limit: int = TEXT_LIMIT) -> str:
-    """A one-value file (sysfs, a device-tree string), NULs and control bytes dropped."""
-    return _clean(_read(path).replace(b"\0", b"").decode("utf-8", "replace"), limit)
+_read, _clean, _text = sysfs.read, sysfs.clean, sysfs.text
 
 
 def _lines(path: str, limit: int = READ_LIMIT) -> list[str]:
@@ -90,12 +69,7 @@ def _lines(path: str, limit: int = READ_LIMIT) -> list[str]:
     return lines[:-1] if len(data) > limit else lines
 
 
-def _int(text: str) -> int | None:
-    return int(text) if re.fullmatch(r"\d{1,20}", text) else None
-
-
-def _hex(text: str) -> int | None:
-    return int(text, 16) if re.fullmatch(r"0x[0-9a-fA-F]{1,2}", text) else None
+_int, _hex, _life_time = sysfs.as_int, sysfs.as_hex_byte, sysfs.life_time
 
 
 def _present(facts: dict) -> dict:
@@ -332,11 +306,6 @@ def _displays(sysfs_root: str) -> list[dict]:
     return displays
 
 
-def _life_time(text: str) -> dict | None:
-    estimates = dict(zip("ab", (LIFE_TIME.get(_hex(word)) for word in text.split()[:2])))
-    return _present(estimates) or None
-
-
 def _storage(sysfs_root: str) -> list[dict]:
     disks = []
     for path in _glob(sysfs_root, "block/*"):
@@ -360,8 +329,7 @@ def _filesystems(sysfs_root: str) -> list[dict]:
     """ext4's error record per mounted device: a card that is failing says so here first."""
     found = []
     for path in _glob(sysfs_root, "fs/ext4/*"):
-        counts = {key: _int(_text(os.path.join(path, key)))
-                  for key in ("errors_count", "first_error_time", "last_error_time")}
+        counts = sysfs.ext4_errors(path)
         if counts["errors_count"] is not None:
             found.append(_present({"device": os.path.basename(path), **counts}))
     return found

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..base import reasons
 from ..screen.core import DISPLAY_STATES
+from ..device import power as device_power, storage as device_storage
 from ..link.journal import ConnectionJournal
 from ..screen import ladder
 from ..settings import rules as settings_rules
@@ -270,6 +271,9 @@ GAUGE_HELP = {
     "package_behind": "1 while apt's lists offer a newer version than the one installed",
     "apt_update_success_timestamp_seconds":
         "When apt last updated its lists with success (Unix time; its age: time() - this)",
+    "device_storage_verdict": "1 for the card's verdict from the kernel's counts",
+    "device_power_flag": "1 for each Pi firmware throttling flag up now",
+    "device_written_bytes_per_day": "Bytes written to the card a day since the agent started",
 }
 
 
@@ -308,6 +312,16 @@ def gauges_of(doc: dict) -> list[tuple[str, tuple, float]]:
     watched = screen.get("watched") if isinstance(screen.get("watched"), dict) else None
     if watched is not None:   # a screen whose display is watched: its series, no other's
         out += _one_hot("display_state", "state", DISPLAY_STATES, watched.get("state"))
+    device = section("device")
+    card = device.get("storage") if isinstance(device.get("storage"), dict) else {}
+    flags = (device.get("power") or {}).get("now") if isinstance(device.get("power"), dict) \
+        else None
+    out += _one_hot("device_storage_verdict", "verdict", device_storage.VERDICTS,
+                    card.get("verdict"))
+    out += [("device_power_flag", (("flag", f),),
+             float(isinstance(flags, list) and f in flags)) for f in device_power.FLAGS]
+    out.append(("device_written_bytes_per_day", (),
+                _number(card.get("written_bytes_per_day"))))
     return out
 
 

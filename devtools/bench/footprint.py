@@ -67,25 +67,31 @@ class Footprint:
 
 
 METRICS_DEVICE = "screen-metrics"
+QUIET_DEVICE = "screen-no-device"   # [device] enabled = false: what its reads cost, beside
 
 
 def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footprint]:
     """The agent as shipped, the same agent writing its metrics' textfile (issue #40: idle
-    figures unchanged within noise), and the bare client, in one window."""
+    figures unchanged within noise), the same agent without the device's reads (#53: its
+    cost, 0 bytes written), and the bare client, in one window."""
     work.mkdir(parents=True)
     runtime = Path("/dev/shm") / f"edge-agent-bench-{os.getpid()}"  # /run is tmpfs on a Pi
-    clients = {"edge-agent": DEVICE, "edge-agent, metrics on": METRICS_DEVICE, "bare": "bare-1"}
+    clients = {"edge-agent": DEVICE, "edge-agent, metrics on": METRICS_DEVICE,
+               "edge-agent, device off": QUIET_DEVICE, "bare": "bare-1"}
     with NetNS():
         server = FleetServerProcess(work, "--accept-any").start()
         procs = {}
         try:
-            for name in ("agent", "agent-metrics", "bare"):
+            for name in ("agent", "agent-metrics", "agent-no-device", "bare"):
                 (work / name).mkdir()
             procs["edge-agent"] = edge_agent(server, work / "agent",
                                              runtime={"dir": str(runtime)})
             procs["edge-agent, metrics on"] = edge_agent(
                 server, work / "agent-metrics", runtime={"dir": f"{runtime}-metrics"},
                 identity={"device_id": METRICS_DEVICE}, metrics={"enabled": True})
+            procs["edge-agent, device off"] = edge_agent(
+                server, work / "agent-no-device", runtime={"dir": f"{runtime}-no-device"},
+                identity={"device_id": QUIET_DEVICE}, device={"enabled": False})
             procs["bare"] = StockProcess(server.url, work / "bare", "--acked", device_id="bare-1")
             for dev in clients.values():
                 wait_for(lambda: server.device(dev).get("first_heartbeat_times"), 30,
@@ -113,6 +119,7 @@ def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footpri
             server.kill()
             shutil.rmtree(runtime, ignore_errors=True)
             shutil.rmtree(f"{runtime}-metrics", ignore_errors=True)
+            shutil.rmtree(f"{runtime}-no-device", ignore_errors=True)
 
 
 def section(fps: list[Footprint]) -> list[str]:
@@ -128,7 +135,8 @@ def section(fps: list[Footprint]) -> list[str]:
              "| client | RSS MB | CPU s | wake-ups/min | bytes written | heartbeats | bytes/heartbeat | threads |",
              "|---|---|---|---|---|---|---|---|"]
     metered = next((f for f in fps if f.client == "edge-agent, metrics on"), None)
-    for f in (ours, *([metered] if metered else []), bare):
+    quiet = next((f for f in fps if f.client == "edge-agent, device off"), None)
+    for f in (ours, *([metered] if metered else []), *([quiet] if quiet else []), bare):
         lines.append(f"| {f.client} | {f.rss_mb} | {f.cpu_s} | {f.wakeups_per_min} | {f.write_bytes} | "
                      f"{f.heartbeats} | {f.bytes_per_heartbeat:.0f} | {f.threads} |")
     rss_r = ours.rss_mb / bare.rss_mb if bare.rss_mb else None
@@ -143,9 +151,15 @@ def section(fps: list[Footprint]) -> list[str]:
                             else "- (bare client used no measurable CPU)")
               + f"; {ours.bytes_per_heartbeat:.0f} bytes written per heartbeat (target 0: "
               f"{'met' if ours.write_bytes == 0 else 'NOT met'})."]
+    def beside(a, b):
+        return f"{a / b:.2f}x" if b else "-"
+    if quiet:
+        lines += ["", f"The device's reads (`[device]`, on as shipped: the card, the firmware's "
+                      f"flags, every 60 s on the link's wake-ups), the shipped agent against the "
+                      f"same agent without them: CPU {beside(ours.cpu_s, quiet.cpu_s)}, wake-ups "
+                      f"{beside(ours.wakeups_per_min, quiet.wakeups_per_min)}; "
+                      f"{ours.write_bytes} bytes written (target: within noise, 0 bytes)."]
     if metered:
-        def beside(a, b):
-            return f"{a / b:.2f}x" if b else "-"
         lines += ["", f"With its metrics' textfile on tmpfs (`[metrics] enabled`), against the "
                       f"same agent without: RSS {beside(metered.rss_mb, ours.rss_mb)}, CPU "
                       f"{beside(metered.cpu_s, ours.cpu_s)}, wake-ups "
