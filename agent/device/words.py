@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from ..base.clock import printable_wall
+
 
 def _gib(n) -> str:
     return f"{n / (1 << 30):.1f} GiB" if isinstance(n, (int, float)) else "?"
@@ -40,6 +42,6 @@ def lines(device) -> list[str]:
     if isinstance(boot, dict):
         at = boot.get("at")
         when = (time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
-                if isinstance(at, (int, float)) and 0 < at < 1e11 else "")
+                if printable_wall(at) else "")
         out.append(f"last boot   ended with {boot.get('words') or boot.get('cause')}{when}")
     return out
