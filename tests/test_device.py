@@ -604,3 +604,11 @@ def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
     assert "last boot   ended with a clean shutdown or reboot, asked by an operator" in \
         text.stdout, text.stdout
     assert "the last boot ended with a clean shutdown" in agent.log_text()
+
+
+@pytest.mark.parametrize("power", [{"now": 5}, {"since_boot": True}, {"now": 1.5}])
+def test_the_status_files_power_of_any_shape_is_said_never_a_crash(power):
+    """The status file is the agent user's to write: `edge-agent status` (root's too) says
+    what it can of an odd power section."""
+    said = words.lines({"power": {"source": "firmware", **power}})
+    assert said and said[0].startswith("power       ")

@@ -11,6 +11,11 @@ def _gib(n) -> str:
     return f"{n / (1 << 30):.1f} GiB" if isinstance(n, (int, float)) else "?"
 
 
+def _names(value) -> list[str]:
+    """A list of flags' names as the file has it; anything else is none."""
+    return [str(x) for x in value] if isinstance(value, list) else []
+
+
 def lines(device) -> list[str]:
     if not isinstance(device, dict):
         return []
@@ -35,8 +40,8 @@ def lines(device) -> list[str]:
         out.append(text)
     pw = device.get("power")
     if isinstance(pw, dict) and pw.get("source"):
-        now = ", ".join(map(str, pw.get("now") or [])) or "no flag now"
-        since = ", ".join(map(str, pw.get("since_boot") or [])) or "none"
+        now = ", ".join(_names(pw.get("now"))) or "no flag now"
+        since = ", ".join(_names(pw.get("since_boot"))) or "none"
         out.append(f"power       {now}; since boot: {since} (from the {pw.get('source')})")
     boot = device.get("last_boot")
     if isinstance(boot, dict):
