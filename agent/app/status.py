@@ -367,7 +367,7 @@ def _profile_text(p: dict, next_try_in_s) -> str:
                  if next_try_in_s is not None else "")
         return f"not known yet: {why}{again}"
     how = {"configured": "", "recorded": "detected at an earlier start: ",
-           "detected": "detected: "}.get(p.get("how"), "")
+           "detected": "detected: "}.get(str(p.get("how")), "")
     return f"{p.get('profile')} ({how}{why})" + (
         f"; {p['record_error']}" if p.get("record_error") else "")
 
