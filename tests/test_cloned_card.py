@@ -307,3 +307,20 @@ def test_a_card_copied_to_another_board_pairs_as_a_new_screen_with_screentinker_
     again, _ = boards(st.Url, "a", SERIAL_A, server={"profile": "screentinker"})
     assert _paired(st, again) == row["id"], "the original keeps its identity"
     assert st.device(row["id"])["user_id"] and st.device(row_b["id"])["user_id"]
+
+
+@pytest.mark.parametrize("cloned", [{"kept_aside": 5}, {"kept_aside": True},
+                                    {"kept_aside": "abc"}, {"at": 1e18}, {"at": True}])
+def test_a_board_json_of_any_shape_never_stops_the_start_or_status(tmp_path, cloned):
+    """board.json is the agent user's to write: an odd cloned_from is said as unknown, never
+    a TypeError at every start (check runs before the identity) nor in `status`."""
+    cloned = {"device_id": "screen-1", **cloned}
+    (tmp_path / board.FILE).write_text(json.dumps({"board": "f" * 32, "cloned_from": cloned}))
+    for found in (None, ("board serial", "f" * 32)):
+        said = board.check(str(tmp_path), found)
+        assert said["kept_aside"] == [] or said["kept_aside"] == ["abc"]
+        assert "made from screen screen-1's card" in status._board_lines(said)[0]
+    # the status file is the agent user's too: the same fields, as they come
+    line = status._board_lines({"cloned_from": "x", "cloned_at": cloned.get("at"),
+                                "kept_aside": cloned.get("kept_aside")})[0]
+    assert "(found ?)" in line or "(found 20" in line

@@ -88,6 +88,14 @@ def test_a_list_in_the_environment_in_another_syntax_is_refused_with_the_syntax(
         f'(items separated by commas) or as a JSON list ["reboot", "logs"], got {given!r}')
 
 
+def test_a_list_in_the_environment_nested_past_the_parser_is_refused_in_one_line(tmp_path):
+    """A root tool's environment is whoever runs it: 100,000 '[' were a RecursionError
+    (check-config: "crashed"), and the refusal repeated the whole value."""
+    with pytest.raises(C.ConfigError) as e:
+        C.load(write(tmp_path, GOOD), env={"EDGE_AGENT_COMMANDS_ALLOW": "[" * 100_000})
+    assert "a list is written reboot,logs" in str(e.value) and len(str(e.value)) < 400
+
+
 BASE = {"server": {"url": "http://127.0.0.1:8470"},
         "identity": {"device_id": "screen-1", "token": "t0ken"}}
 

@@ -604,3 +604,24 @@ def test_a_real_agent_tells_a_clean_stop_from_no_record_at_the_next_boot(
     assert "last boot   ended with a clean shutdown or reboot, asked by an operator" in \
         text.stdout, text.stdout
     assert "the last boot ended with a clean shutdown" in agent.log_text()
+
+
+@pytest.mark.parametrize("power", [{"now": 5}, {"since_boot": True}, {"now": 1.5}])
+def test_the_status_files_power_of_any_shape_is_said_never_a_crash(power):
+    """The status file is the agent user's to write: `edge-agent status` (root's too) says
+    what it can of an odd power section."""
+    said = words.lines({"power": {"source": "firmware", **power}})
+    assert said and said[0].startswith("power       ")
+
+
+@pytest.mark.parametrize("mark", [
+    b'{"wall": 1' + b"0" * 400 + b', "boot": "b"}',
+    b'{"wall": 1, "boot": "b", "ended": {"cause": "clean", "at": 1' + b"0" * 400 + b"}}"])
+def test_a_stop_mark_the_agent_user_wrote_is_refused_or_read_never_raised(mark):
+    """device-stop.json is in the state directory: a 400-digit number overflowed float()
+    out of parse_mark, past the start's ValueError (the agent's start failed with it)."""
+    try:
+        got = last_boot.parse_mark(mark)
+    except ValueError:
+        return
+    assert got.ended.at is None

@@ -546,3 +546,18 @@ def test_black_is_the_brightest_detail_being_dark():
     faint = of(4, 12, 50)                           # detail at 12 on 4: dark, but it shows
     assert (faint.bright, faint.ground) == (12, 4)
     assert not is_black(faint, 16, 4) and is_black(faint, 16, 10)
+
+
+@pytest.mark.parametrize("mode", ["P", "1"])
+def test_a_palette_or_bilevel_png_is_bounded_by_its_rgb_copy_too(mode):
+    """A palette PNG of 3200x3200 is 1.3 kB and one byte a pixel; decoded it is made RGB
+    (four a pixel in Pillow) before its grey copy: held as 2 a pixel, 19.5 MiB, it
+    passed MAX_DECODED and took about 68 MiB (ru_maxrss)."""
+    Image = capturing.pillow()
+    out = io.BytesIO()
+    Image.new(mode, (3200, 3200)).save(out, "PNG")
+    with pytest.raises(capturing.NotAPicture, match="too large to decode: a PNG of 3200x3200"):
+        capturing.decode(Image, out.getvalue())
+    small = io.BytesIO()
+    Image.new(mode, (1280, 720)).save(small, "PNG")
+    assert capturing.thumbnail(Image, small.getvalue()).peak == 0

@@ -125,3 +125,23 @@ def test_only_a_stop_that_is_the_kinds_own_restart_is_carried_out_as_one(tmp_pat
     assert not late.stopping_for("received SIGTERM")
     late._settle(judge(ST_19))   # the agent is already stopping: its _stop ignores this one
     assert not late.restarting
+
+
+def test_a_kind_that_cannot_be_recorded_is_no_restart_until_it_is(tmp_path):
+    """A restart into the kind found reads it from its record: unrecorded (a card gone
+    read-only, a full one), the new process asks again, finds it again and restarts
+    again, an exec and two questions to the server each round for as long as it lasts.
+    Not restarted until recorded; the record tried again on the backoff."""
+    from types import SimpleNamespace
+    from agent.identity.kind_probe import ServerKind
+    server = SimpleNamespace(profile="auto", url="http://127.0.0.1:9", egress=None)
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the state directory belongs")   # every write: ENOTDIR
+    restarts = []
+    kind = ServerKind(server, str(blocked), restart=restarts.append)
+    assert not kind._settle(judge(ST_19))
+    assert restarts == [] and "not recorded" in kind.record_error and kind.detecting
+    blocked.unlink()
+    blocked.mkdir()
+    assert kind._settle(judge(ST_19))
+    assert len(restarts) == 1 and kind_record.load(str(blocked))["profile"] == "screentinker"

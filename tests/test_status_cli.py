@@ -322,3 +322,13 @@ def test_ages_are_counted_on_the_monotonic_clock_in_the_same_boot_and_none_is_ne
     doc["screen"]["player"] = {"unit": "kiosk.service", "state": None}
     text = status.render(doc, True)
     assert "None" not in text and "player      kiosk.service not read yet" in text, text
+
+
+@pytest.mark.parametrize("how", [["recorded"], {"a": 1}, 5, None])
+def test_the_profile_section_of_any_shape_is_said_never_a_crash(how):
+    """The status file is the agent user's: profile.how a list was a TypeError
+    (unhashable) in edge-agent status."""
+    said = status.render({"pid": 1, "version": "x", "device_id": "d", "server": "s",
+                          "link": {}, "profile": {"profile": "edge-agent", "how": how,
+                                                  "why": "w"}}, running=False)
+    assert "profile     edge-agent (w)" in said

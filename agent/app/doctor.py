@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..base import reasons as J
+from ..base.clock import printable_wall
 from ..base.logs import clean
 from .status import STATUS_LINE_CHARS
 
@@ -264,7 +265,7 @@ def judge_card(found: dict) -> Step:
     verdict, where = found.get("verdict"), found.get("read_from")
     if found.get("cloned_from") is not None or found.get("kept_aside"):
         at = found.get("cloned_at")
-        when = time.strftime("%Y-%m-%d", time.localtime(at)) if isinstance(at, (int, float)) else "?"
+        when = time.strftime("%Y-%m-%d", time.localtime(at)) if printable_wall(at) else "?"
         return step("card", INFO, f"made from screen {found.get('cloned_from') or '?'}'s card "
                                   f"(found {when}): a screen of its own now, that identity kept "
                                   f"aside as {', '.join(found.get('kept_aside') or []) or 'nothing'}",

@@ -12,7 +12,7 @@ import time
 
 from .. import __version__
 from ..base.boot import boot_id
-from ..base.clock import NOTABLE_SKEW_S
+from ..base.clock import NOTABLE_SKEW_S, printable_wall
 from ..base.logs import clean
 from ..device import words as device_words
 
@@ -166,9 +166,9 @@ def _board_said(board) -> list[str]:
     check, todo = board.get("clone_check"), str(board.get("todo") or "")
     if board.get("cloned_from") is not None or board.get("kept_aside"):
         at = board.get("cloned_at")
-        when = (time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
-                if isinstance(at, (int, float)) else "?")
-        aside = ", ".join(map(str, board.get("kept_aside") or [])) or "nothing"
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if printable_wall(at) else "?"
+        aside = board.get("kept_aside")
+        aside = ", ".join(map(str, aside if isinstance(aside, list) else [])) or "nothing"
         return [f"card        made from screen {board.get('cloned_from') or '?'}'s card "
                 f"(found {when}): a screen of its own now, that identity kept aside as "
                 f"{aside}; {todo}"]
@@ -367,7 +367,7 @@ def _profile_text(p: dict, next_try_in_s) -> str:
                  if next_try_in_s is not None else "")
         return f"not known yet: {why}{again}"
     how = {"configured": "", "recorded": "detected at an earlier start: ",
-           "detected": "detected: "}.get(p.get("how"), "")
+           "detected": "detected: "}.get(str(p.get("how")), "")
     return f"{p.get('profile')} ({how}{why})" + (
         f"; {p['record_error']}" if p.get("record_error") else "")
 

@@ -20,6 +20,15 @@ _TIMEX_BYTES = 512     # struct timex is 208 bytes on 64-bit; room to spare, mod
 # A skew from the server's clock worth telling a person about: its Date header has
 # whole seconds and the answer takes a while to arrive, so less than this is noise.
 NOTABLE_SKEW_S = 30.0
+# A wall time read from a file to be printed: time.localtime()/gmtime() raise past what
+# the platform can say (1e18: EOVERFLOW), so a time outside (0, the year 5138) is none.
+MAX_WALL = 1e11
+
+
+def printable_wall(value) -> bool:
+    """``value`` is a wall time since 1970 that a clock can print (a file's, any shape)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        0 < value < MAX_WALL
 
 
 class Clock(Protocol):

@@ -112,6 +112,8 @@ _LIST_EXAMPLES = {"commands.allow": ("reboot", "logs"),
 # No item of any list has these: a value with one is a list in another syntax (TOML's
 # quotes, a bracket left over), which splitting at commas would turn into odd items
 _NOT_IN_AN_ITEM = re.compile(r"[\[\]\"']")
+# what a refusal repeats of the value (an environment variable may hold 128 KiB)
+MAX_SHOWN = 120
 
 
 def _env_list(name: str, value: str) -> list:
@@ -122,7 +124,7 @@ def _env_list(name: str, value: str) -> list:
     if text.startswith("["):
         try:
             items = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):   # nested past the parser's depth
             items = None
         if isinstance(items, list) and all(isinstance(x, str) for x in items):
             return [x.strip() for x in items if x.strip()]
@@ -132,7 +134,8 @@ def _env_list(name: str, value: str) -> list:
             return items
     first, second = _LIST_EXAMPLES.get(name.partition(" ")[0], ("first", "second"))
     raise ConfigError(f"{name}: a list is written {first},{second} (items separated by "
-                      f"commas) or as a JSON list {json.dumps([first, second])}, got {value!r}")
+                      f"commas) or as a JSON list {json.dumps([first, second])}, got "
+                      f"{value[:MAX_SHOWN]!r}{'...' if len(value) > MAX_SHOWN else ''}")
 
 
 def _read_toml(path: str) -> dict:

@@ -25,6 +25,8 @@ import json
 import math
 from dataclasses import dataclass
 
+from ..config.revision import finite
+
 PANIC, WATCHDOG, CLEAN, POWER_LOSS, FIRST = (
     "panic", "watchdog", "clean", "power-loss", "first-start")
 CAUSES = (CLEAN, POWER_LOSS, WATCHDOG, PANIC, FIRST)
@@ -53,13 +55,13 @@ def mark_bytes(mark: StopMark) -> bytes:
 
 
 def parse_mark(raw: bytes) -> StopMark:
-    """The mark's bytes; ValueError for anything but what mark_bytes() writes."""
+    """The mark's bytes; ValueError for anything but what mark_bytes() writes (the agent
+    user's file: a number of 400 digits is none, never an OverflowError)."""
     doc = json.loads(raw)
     if not isinstance(doc, dict):
         raise ValueError("not an object")
     wall, boot, by = doc.get("wall"), doc.get("boot"), doc.get("by", "")
-    if (not isinstance(wall, (int, float)) or isinstance(wall, bool) or not math.isfinite(wall)
-            or not isinstance(boot, str) or len(boot) > 64
+    if (finite(wall) is None or not isinstance(boot, str) or len(boot) > 64
             or not isinstance(by, str) or len(by) > 16):
         raise ValueError("a mark without its time and boot")
     return StopMark(float(wall), boot, by, from_details(doc.get("ended")))
@@ -139,5 +141,5 @@ def from_details(doc: object) -> BootEnd | None:
     by, why, at = doc.get("by"), doc.get("why") or "", doc.get("at")
     if by not in (None, BY_FLEET, BY_LADDER, BY_OPERATOR) or not isinstance(why, str):
         return None
-    at = float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+    at = finite(at)
     return BootEnd(doc["cause"], by, why[:MAX_TEXT], at)

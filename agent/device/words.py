@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import time
 
+from ..base.clock import printable_wall
+
 
 def _gib(n) -> str:
     return f"{n / (1 << 30):.1f} GiB" if isinstance(n, (int, float)) else "?"
+
+
+def _names(value) -> list[str]:
+    """A list of flags' names as the file has it; anything else is none."""
+    return [str(x) for x in value] if isinstance(value, list) else []
 
 
 def lines(device) -> list[str]:
@@ -33,13 +40,13 @@ def lines(device) -> list[str]:
         out.append(text)
     pw = device.get("power")
     if isinstance(pw, dict) and pw.get("source"):
-        now = ", ".join(map(str, pw.get("now") or [])) or "no flag now"
-        since = ", ".join(map(str, pw.get("since_boot") or [])) or "none"
+        now = ", ".join(_names(pw.get("now"))) or "no flag now"
+        since = ", ".join(_names(pw.get("since_boot"))) or "none"
         out.append(f"power       {now}; since boot: {since} (from the {pw.get('source')})")
     boot = device.get("last_boot")
     if isinstance(boot, dict):
         at = boot.get("at")
         when = (time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
-                if isinstance(at, (int, float)) and 0 < at < 1e11 else "")
+                if printable_wall(at) else "")
         out.append(f"last boot   ended with {boot.get('words') or boot.get('cause')}{when}")
     return out

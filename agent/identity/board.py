@@ -22,6 +22,7 @@ import logging
 import os
 import time
 
+from ..base.clock import printable_wall
 from ..base.fsutil import atomic_write, read_json, set_aside
 from ..base.identifiers import usable_device_id
 from ..base.journal_fields import MessageId, journal
@@ -134,12 +135,15 @@ def history(kept: dict | None) -> dict:
     cloned = kept.get("cloned_from") if isinstance(kept, dict) else None
     if not isinstance(cloned, dict):
         return {}
+    at, aside = cloned.get("at"), cloned.get("kept_aside")
     return {"cloned_from": cloned.get("device_id") if usable_device_id(cloned.get("device_id"))
             else None,
-            "cloned_at": cloned.get("at") if isinstance(cloned.get("at"), (int, float)) else None,
-            "kept_aside": [str(n)[:100] for n in cloned.get("kept_aside") or []
-                           if isinstance(n, str)][:4],
+            # the agent user's file: a time a wall clock can say, a list of names, or nothing
+            "cloned_at": at if printable_wall(at) else None,
+            "kept_aside": [n[:100] for n in aside if isinstance(n, str)][:4]
+            if isinstance(aside, list) else [],
             "todo": TODO}
+
 
 
 def fresh_board(check_result: dict, found: tuple[str, str] | None) -> str | None:

@@ -6,7 +6,8 @@ asks the server on a thread of its own, on the backoff, and holds the enrollment
 the answer (an enrollment in the wrong protocol is requests for nothing). The kind found
 is recorded in the state directory (``server-kind.json``, written durably and only when
 it changes). When it is not the profile this process was built with, the agent is
-restarted into it (the daemon's ``restart``); the record makes that the only time.
+restarted into it (the daemon's ``restart``) once it is recorded: the record makes
+that the only time (unrecorded, the record is tried again on the backoff meanwhile).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Callable
 import requests
 import urllib3
 
+from ..base.backoff import Backoff
 from ..base.clock import SystemClock
 from ..base.egress import Egress, HostileAnswer
 from ..config.model import Server
@@ -24,8 +26,8 @@ from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from . import kind_record
 from .enroller import MAX_SILENCE_S, MAX_WAIT_S, exchange
-from .server_kind import (ENROLL_PATH, VERSION_PATH, Answer, Choice, KindCore, Verdict, choose,
-                          judge, needs_enroll_question, record_of)
+from .server_kind import (ENROLL_PATH, RETRY, VERSION_PATH, Answer, Choice, KindCore, Verdict,
+                          choose, judge, needs_enroll_question, record_of)
 
 log = logging.getLogger("edge_agent.identity")
 
@@ -140,35 +142,47 @@ class ServerKind:
             wait = self.core.next_wakeup() - self.clock.monotonic()
             self._wake.wait(min(max(wait, 0.0), MAX_WAIT_S))
         self.loop.idle()
-        if self.core.settled and not self._stopping:
-            self._settle(self.core.verdict)
+        again = Backoff(RETRY)
+        while self.core.settled and not self._stopping and not self._settle(self.core.verdict):
+            self._wake.wait(again.next_delay())
 
-    def _settle(self, verdict: Verdict) -> None:
-        self._keep(verdict)
+    def _settle(self, verdict: Verdict) -> bool:
+        """False: another profile's kind not recorded, so no restart yet (tried again)."""
+        if not self._keep(verdict) and verdict.profile != self.profile:
+            # the restarted process would not find it, ask again, find it again and
+            # restart again: an exec and two questions a round, as long as the card refuses
+            log.warning("server profile %s: detected (%s), but not restarting with it "
+                        "until it is recorded", verdict.profile, verdict.why)
+            return False
         if verdict.profile != self.profile:
             log.warning("server profile %s: detected (%s); restarting with it",
                         verdict.profile, verdict.why)
             self.restart_why = f"the server speaks the {verdict.profile} profile: restarting with it"
             self._restart(self.restart_why)
-            return
+            return True
         log.info("server profile %s: detected (%s)", verdict.profile, verdict.why)
         with self._lock:
             held, self._held, self._known = self._held, [], True
         for start in held:
             start()
         self._on_change()
+        return True
 
-    def _keep(self, verdict: Verdict) -> None:
-        """Recorded durably, and only when it changes: the next start does not ask."""
+    def _keep(self, verdict: Verdict) -> bool:
+        """Recorded durably, and only when it changes: the next start does not ask.
+        False when it could not be."""
         doc = record_of(self._server.url, verdict)
         if doc == self._record:
-            return
+            return True
         try:
             kind_record.save(self._state_dir, doc)
-            self._record = doc
+            self._record, self.record_error = doc, None
         except OSError as e:
             self.record_error = f"not recorded ({e.strerror}): asked again at the next start"
             log.warning("server profile: %s", self.record_error)
+            self._on_change()
+            return False
+        return True
 
 
 class Held:

@@ -429,10 +429,12 @@ def decode(Image, data: bytes, keep: bool = False) -> Fold:
 def _fold_whole(Image, im, keep: bool) -> Fold:
     """A compressed picture (PNG, JPEG) decoded by Pillow whole, as a one-band fold. What
     it holds is known from its header, before anything is decoded: the picture (4 bytes
-    a pixel but for grey and palette ones) and its grey copy."""
+    a pixel but for grey and palette ones), its RGB copy where it is neither grey nor RGB,
+    and its grey copy."""
     w, h = im.size
     _refuse_size(w, h)
-    held = w * h * ((1 if im.mode in ("1", "L", "P") else 4) + 1)
+    held = w * h * ((1 if im.mode in ("1", "L", "P") else 4) + 1
+                    + (0 if im.mode in ("L", "RGB") else 4))   # made RGB first: 4 a pixel
     if im.format == "JPEG":
         scale = 1
         while held // (scale * scale) > MAX_DECODED:
