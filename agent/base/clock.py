@@ -17,9 +17,6 @@ from .libc import libc
 TIME_ERROR = 5         # adjtimex(2): the clock is not synchronised (STA_UNSYNC and kin)
 TIMESYNCD_FLAG = "/run/systemd/timesync/synchronized"
 _TIMEX_BYTES = 512     # struct timex is 208 bytes on 64-bit; room to spare, modes = 0
-# A skew from the server's clock worth telling a person about: its Date header has
-# whole seconds and the answer takes a while to arrive, so less than this is noise.
-NOTABLE_SKEW_S = 30.0
 
 
 class Clock(Protocol):
