@@ -13,18 +13,13 @@ import sys
 from . import __version__
 from .config import load as cfgmod
 from .config.model import Config
-from .runtime import crashes
 from .base import logs
 from .app import status
 from .base import status_file
 from .base.fsutil import UnsafePath, drop_to_owner
-from .identity import kind_record
-from .identity.credentials import Credentials, CredentialsUnreadable
-from .link.profiles import PROFILES, uncarried
-from .config import overlay as fleet_store
-from .settings.service import FleetSettings
 from .base.upload_kinds import KINDS
-from .base.journal_fields import MessageId, journal
+# Each command imports what it runs: `status`, run by every operator and monitoring
+# script, reads a file and loads none of the link, the parts or their libraries.
 
 EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
 # status: running, and no operator has claimed the screen yet (it shows a pairing code)
@@ -112,6 +107,10 @@ def _load(path: str, env: dict | None = None) -> Config:
 
 
 def cmd_run(args) -> int:
+    from .base.journal_fields import MessageId, journal
+    from .identity.credentials import CredentialsUnreadable
+    from .runtime import crashes
+    from .settings.service import FleetSettings
     config = _load(args.config)
     logs.setup(config.log.level)
     crashes.prepare()
@@ -242,6 +241,7 @@ ENQUEUE_EXITS = """exit status:
 
 def _profile_text(config, came: str) -> str:
     """The profile, and where it came from: the file, or the server's own answers."""
+    from .identity import kind_record
     choice = kind_record.chosen(config.server, config.identity.state_dir)
     if choice.how == "configured":
         return f"{choice.profile} ({came})"
@@ -252,6 +252,8 @@ def _profile_text(config, came: str) -> str:
 
 
 def cmd_enqueue(args) -> int:
+    from .identity import kind_record
+    from .link.profiles import PROFILES, uncarried
     config = _load(args.config)
     profile = kind_record.chosen(config.server, config.identity.state_dir).profile
     refusal = uncarried(PROFILES[profile], args.kind)
@@ -319,6 +321,8 @@ def cmd_enqueue(args) -> int:
 
 
 def cmd_unpair(args) -> int:
+    from .config import overlay as fleet_store
+    from .identity.credentials import Credentials
     config = _load(args.config)
     if config.identity.token is not None:
         sys.stderr.write("edge-agent: this device has a pre-provisioned token in the "

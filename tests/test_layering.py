@@ -183,6 +183,41 @@ def test_the_root_programs_load_none_of_the_running_parts():
                             f"{running}"
 
 
+# what a run of `edge-agent status` may load beyond the interpreter's own start (#51:
+# it loaded 305-317 modules, requests, socketio and the link among them, to print a file)
+STATUS_MODULES = 100
+HTTP_AND_LINK = ("requests", "urllib3", "socketio", "engineio", "websocket", "agent.link")
+
+
+def test_status_loads_a_hundred_modules_and_neither_http_nor_the_link(tmp_path):
+    """`edge-agent status` is run by every operator and monitoring script: it reads a
+    file. A fresh interpreter, the command run to its end (no status file: exit 3)."""
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[server]\nurl = "http://fleet.example:8080"\n'
+                   f'[runtime]\ndir = "{tmp_path}"\n')
+    script = ("import sys; before = set(sys.modules); from agent import cli\n"
+              "try:\n    cli.main(['status', '--config', sys.argv[1]])\n"
+              "except SystemExit:\n    pass\n"
+              "print(' '.join(sorted(set(sys.modules) - before)))")
+    r = subprocess.run([sys.executable, "-c", script, str(cfg)], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    loaded = r.stdout.split()
+    assert "agent.app.status" in loaded, "the probe is broken: " + r.stderr
+    heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".")
+                                             for h in HTTP_AND_LINK))
+    assert not heavy, f"`status` loads {heavy}"
+    assert len(loaded) <= STATUS_MODULES, f"`status` loads {len(loaded)} modules: {loaded}"
+
+
+def test_the_configuration_imports_no_http_library():
+    script = ("import sys; import agent.config.load; "
+              "print(' '.join(m for m in sys.modules if m.split('.')[0] in "
+              "('requests', 'urllib3')))")
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert not loaded, loaded
+
+
 def test_the_sans_io_cores_import_no_io():
     bad = []
     for name in sorted(PURE):

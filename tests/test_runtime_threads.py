@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent.base import egress
+from agent.base import http
 from agent.base.clock import FakeClock
 from agent.commands.core import Outcome
 from agent.runtime import deadline as deadlines
@@ -173,7 +173,7 @@ def test_base_takes_the_cut_from_its_caller_and_cancels_it():
         armed.append((seconds, cut))
         return lambda: armed.append("cancelled")
 
-    with egress.deadline(7.0, arm) as d:
+    with http.deadline(7.0, arm) as d:
         assert armed[0][0] == 7.0
         armed[0][1]()   # the caller's timer fires
         assert d.expired

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from agent.commands.core import CommandCore
-from agent.base.egress import Egress, fleet_url
+from agent.base.egress import Egress
+from agent.base.http import fleet_url
 from agent.update import rules
 from agent.update.rules import NotStaged
 from agent.update.service import Updater

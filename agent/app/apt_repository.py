@@ -159,7 +159,8 @@ def fetch(url: str, proxy: str | None, key: str, ca: str | None) -> dict:
     {via, problem}. The proxy's password is never in what it says."""
     import requests
 
-    from ..base.egress import Egress, EgressError, HostileAnswer, parse_proxy, read_capped
+    from ..base.egress import Egress, EgressError, parse_proxy
+    from ..base.http import HostileAnswer, read_capped
     from ..runtime.deadline import deadline
     try:
         egress = Egress(proxy=parse_proxy(proxy, key) if proxy else None, ca_file=ca)

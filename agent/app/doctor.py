@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from ..base import reasons as J
 from ..base.clock import printable_wall
 from ..base.logs import clean
+from ..base.server_clock import NOTABLE_SKEW_S
 from .status import STATUS_LINE_CHARS
 
 OK, INFO, WARN, FAIL, NOT_CHECKED = "ok", "info", "warn", "fail", "not checked"
@@ -44,9 +45,8 @@ DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
   7  storage: the state partition is not writable
   8  display: connected, but it reads off; or the player unit failed
   9  packages: the project's repository cannot be fetched the way apt is set up"""
-# the skew past which the clock is worth a word (status says it past the same), and
-# past which it fails: certificates' and tokens' times are judged by it
-SKEW_WARN_S = 30.0
+# the skew past which the clock fails: certificates' and tokens' times are judged by it
+# (past the server clock's NOTABLE_SKEW_S it is worth a word, as in status)
 SKEW_FAIL_S = 300.0
 # the link's reason -> the step it fails, in the order a connect meets them
 STEP_OF_REASON = {J.DNS_FAILED: "dns", J.NETWORK_UNREACHABLE: "route",
@@ -93,7 +93,7 @@ def judge_clock(synchronised: bool | None, how: str, skew_s: float | None) -> St
     if synchronised is False:
         return step("clock", WARN, f"not synchronised ({how}){measured}",
                     "timedatectl: is NTP on and does the site allow it (UDP 123)?")
-    if skew_s is not None and abs(skew_s) > SKEW_WARN_S:
+    if skew_s is not None and abs(skew_s) > NOTABLE_SKEW_S:
         return step("clock", WARN, f"{how}{measured}", "timedatectl")
     if synchronised is None:
         return step("clock", INFO, f"synchronisation unknown ({how}){measured}")

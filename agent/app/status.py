@@ -12,7 +12,8 @@ import time
 
 from .. import __version__
 from ..base.boot import boot_id
-from ..base.clock import NOTABLE_SKEW_S, printable_wall
+from ..base.clock import printable_wall
+from ..base.server_clock import NOTABLE_SKEW_S
 from ..base.logs import clean
 from ..device import words as device_words
 

@@ -7,19 +7,14 @@ place that says whether the wall clock can be trusted yet.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from typing import Protocol
 
-from .libc import libc
 
 TIME_ERROR = 5         # adjtimex(2): the clock is not synchronised (STA_UNSYNC and kin)
 TIMESYNCD_FLAG = "/run/systemd/timesync/synchronized"
 _TIMEX_BYTES = 512     # struct timex is 208 bytes on 64-bit; room to spare, modes = 0
-# A skew from the server's clock worth telling a person about: its Date header has
-# whole seconds and the answer takes a while to arrive, so less than this is noise.
-NOTABLE_SKEW_S = 30.0
 # A wall time read from a file to be printed: time.localtime()/gmtime() raise past what
 # the platform can say (1e18: EOVERFLOW), so a time outside (0, the year 5138) is none.
 MAX_WALL = 1e11
@@ -47,7 +42,9 @@ class SystemClock:
 def kernel_synced() -> bool | None:
     """Whether the kernel says the wall clock is synchronised (adjtimex, read only: any
     NTP client sets its flag); None where that call is not allowed (the unit's
-    ProtectClock=) or fails."""
+    ProtectClock=) or fails. ctypes is loaded here, by the daemon and the doctor: not by
+    `edge-agent status`, which only prints times."""
+    from .libc import ctypes, libc
     try:
         timex = ctypes.create_string_buffer(_TIMEX_BYTES)   # modes 0: read, set nothing
         state = libc().adjtimex(timex)

@@ -18,6 +18,9 @@ forced (commands/operator.py).
 """
 from __future__ import annotations
 
+# A skew worth a word in the journal and the doctor: the Date header has whole seconds
+# and the answer takes a while to arrive, so less than this is noise.
+NOTABLE_SKEW_S = 30.0
 SKEWED_S = 120.0        # the device's clock this far from the server's is told
 FAR_S = 86400.0         # set-time to a time this far from the server's is a mistake
 CLOCK_SKEWED = "clock.skewed"

@@ -19,7 +19,8 @@ import requests
 import urllib3
 
 from ..base.clock import SystemClock
-from ..base.egress import Egress, HostileAnswer, read_capped
+from ..base.egress import Egress
+from ..base.http import HostileAnswer, read_capped
 from ..base.fsutil import atomic_write, read_json
 from ..base.hardware import hardware_facts
 from ..base.journal_fields import MessageId, journal

@@ -20,7 +20,8 @@ import urllib3
 
 from ..base.backoff import Backoff
 from ..base.clock import SystemClock
-from ..base.egress import Egress, HostileAnswer
+from ..base.egress import Egress
+from ..base.http import HostileAnswer
 from ..config.model import Server
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate

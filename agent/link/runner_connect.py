@@ -9,8 +9,7 @@ import logging
 import time
 from typing import Callable
 
-from ..base.clock import NOTABLE_SKEW_S
-from ..base.server_clock import CLOCK_SKEWED
+from ..base.server_clock import CLOCK_SKEWED, NOTABLE_SKEW_S
 from ..base import reasons as J
 from ..base.journal_fields import MessageId, journal
 from ..events.model import Event

@@ -1,7 +1,7 @@
 """An HTTP exchange's deadline, cut on time: the bound the enrollment, the uploads and
 the self-update's download put over each exchange, from its first byte to its last.
 
-base/egress.py knows which sockets an exchange uses and how to cut them (Deadline),
+base/http.py knows which sockets an exchange uses and how to cut them (Deadline),
 and starts no thread of its own: the timer that cuts is here, one thread of alarms for
 every exchange of the process rather than a thread for each. That thread is
 supervised and not on the watchdog gate: its callbacks are a shutdown(2) of a few
@@ -13,7 +13,7 @@ import threading
 from contextlib import AbstractContextManager
 from typing import Callable
 
-from ..base import egress
+from ..base import http
 from .threads import Timers
 
 _lock = threading.Lock()
@@ -34,7 +34,7 @@ def arm(seconds: float, cut: Callable[[], None]) -> Callable[[], None]:
     return alarm.cancel
 
 
-def deadline(seconds: float) -> AbstractContextManager[egress.Deadline]:
+def deadline(seconds: float) -> AbstractContextManager[http.Deadline]:
     """Every exchange this thread makes inside is over ``seconds`` after it began
-    (egress.deadline, cut by this module's timer)."""
-    return egress.deadline(seconds, arm)
+    (http.deadline, cut by this module's timer)."""
+    return http.deadline(seconds, arm)

@@ -26,7 +26,7 @@ import requests
 import urllib3
 
 from ..base.backoff import ceiling
-from ..base.egress import HostileAnswer, body_chunks, fleet_url
+from ..base.http import HostileAnswer, body_chunks, fleet_url
 from ..base.fsutil import atomic_write, read_json
 from ..base.journal_fields import MessageId, journal
 from ..runtime.deadline import deadline

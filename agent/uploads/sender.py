@@ -21,7 +21,8 @@ import re
 import requests
 import urllib3
 
-from ..base.egress import Egress, HostileAnswer, read_capped
+from ..base.egress import Egress
+from ..base.http import HostileAnswer, read_capped
 from ..base.identifiers import token_problem, usable_device_id
 from ..runtime.deadline import deadline
 from .schedule import AUTH, OK, PERMANENT, TRANSIENT, UNREACHABLE, Outcome, classify
