@@ -12,7 +12,6 @@ import errno
 import json
 import math
 import os
-import secrets
 import stat
 import time
 
@@ -74,7 +73,7 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         name = os.path.basename(path)
-        tmp = f".{name}.{secrets.token_hex(6)}"
+        tmp = f".{name}.{os.urandom(6).hex()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=dfd)
         try:
