@@ -404,6 +404,21 @@ def test_the_help_and_the_man_page_name_every_exit_status():
     assert ".B edge-agent doctor" in man
 
 
+def test_the_runbooks_exit_table_names_every_step_in_its_class_row():
+    """operate.md's exit table is what an operator reads for a failed step's code: each
+    step that can fail is named in the row of its class (the profile step, exit 6, was
+    missing there and from the man page)."""
+    page = (REPO / "docs" / "operate.md").read_text().split("`edge-agent doctor`", 1)[1]
+    man = (REPO / "debian" / "edge-agent.1").read_text().replace("\n", " ")
+    for name in D.STEPS:
+        if name == "upload" or name not in D.EXIT_OF:   # never sent, or never a failure
+            continue
+        code = D.EXIT_OF[name]
+        row = re.search(rf"^\| {code} \|(.*)\|$", page, re.M)
+        assert row and re.search(rf"\b{name}\b", row.group(1)), (name, code, row)
+    assert "6 server (the upgrade, the server's kind, the token)" in man
+
+
 def test_storage_as_another_user_than_the_directorys_owner_is_a_warning_saying_whom():
     other = D.judge_storage({"dir": "/var/lib/edge-agent", "as": "pi", "owner": "edge-agent",
                              "error": "Permission denied"})
