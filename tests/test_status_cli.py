@@ -322,3 +322,14 @@ def test_ages_are_counted_on_the_monotonic_clock_in_the_same_boot_and_none_is_ne
     doc["screen"]["player"] = {"unit": "kiosk.service", "state": None}
     text = status.render(doc, True)
     assert "None" not in text and "player      kiosk.service not read yet" in text, text
+
+
+def test_each_status_line_names_one_thing():
+    """An operator reads a line by its label: the card's health (device) and the clone
+    check (board) both said `card`, one `card  ok` above `card  made from another
+    screen's card`."""
+    doc = {"link": {"state": "online"},
+           "board": {"clone_check": "cloned", "todo": "give this screen its own identity"},
+           "device": {"storage": {"verdict": "ok"}}}
+    labels = [line[:12].strip() for line in status.render(doc, True).splitlines()[1:]]
+    assert len(labels) == len(set(labels)), labels
