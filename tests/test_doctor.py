@@ -646,6 +646,14 @@ def test_apts_sources_and_proxy_are_read_as_apt_writes_them():
     assert A.apt_proxy(config, "https://apt.example.org/x") == (None, "Acquire::http::Proxy::apt.example.org")
     assert A.apt_proxy(config, "https://other.example/x") == ("http://p:3128", "Acquire::http::Proxy")
     assert A.apt_ca(config, "https://other.example/x") == "/etc/ssl/site.pem"
+    # apt's keys are case-insensitive and apt-config dump prints them as written:
+    # upgrading.md's recipe writes CaInfo, an operator may write the host in capitals
+    written = A.parse_dump('Acquire::https::apt.example.org::CaInfo "/etc/apt/certs/site-ca.pem";\n'
+                           'Acquire::HTTP::Proxy::APT.example.org "http://p:3128";\n'
+                           'Dir::Etc::SourceParts "parts.d";\n')
+    assert A.apt_ca(written, "https://apt.example.org/x") == "/etc/apt/certs/site-ca.pem"
+    assert A.apt_proxy(written, "https://apt.example.org/x")[0] == "http://p:3128"
+    assert A.sources_dir(written).endswith("/parts.d")
 
 
 def test_a_repository_that_trickles_its_answer_ends_the_step_at_its_deadline(
