@@ -307,3 +307,13 @@ def test_a_card_copied_to_another_board_pairs_as_a_new_screen_with_screentinker_
     again, _ = boards(st.Url, "a", SERIAL_A, server={"profile": "screentinker"})
     assert _paired(st, again) == row["id"], "the original keeps its identity"
     assert st.device(row["id"])["user_id"] and st.device(row_b["id"])["user_id"]
+
+
+@pytest.mark.parametrize("text", ['["not", "a", "board"]', "{not json", "1" * 500])
+def test_a_damaged_board_file_is_read_by_the_one_loader_and_said(tmp_path, caplog, text):
+    """board.json goes through fsutil.load_state as every state file does: any damage is
+    None (the board bound again) and said once; a list was taken silently."""
+    (tmp_path / board.FILE).write_text(text)
+    with caplog.at_level(logging.WARNING):
+        assert board.read(str(tmp_path)) is None
+    assert "the board is bound again" in caplog.text, caplog.text
