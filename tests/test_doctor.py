@@ -402,6 +402,8 @@ def test_the_help_and_the_man_page_name_every_exit_status():
         assert f"  {code}  {meaning}" in r.stdout, r.stdout
         assert f"{code} {meaning}" in man.replace("\n", " ")
     assert ".B edge-agent doctor" in man
+    # what it checks, before the codes: the steps this release added among them
+    assert "the server's kind" in r.stdout and "clone\ncheck" in r.stdout, r.stdout
 
 
 def test_the_runbooks_exit_table_names_every_step_in_its_class_row():
