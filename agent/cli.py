@@ -82,10 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                                               "every file it names; exit 0 ok, 2 not")
     chk.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
 
-    doc = sub.add_parser("doctor", help="check each step now, in order (configuration, clock, "
-                                         "DNS, route, TCP, proxy, TLS, the upgrade, the token, "
-                                         "storage, the display, the screen's means, the "
-                                         "package repository): what fails and what to do",
+    # said by --help's list and by doctor --help (which keeps its line breaks, for the epilog)
+    doctor_said = ("check each step now, in order (configuration, clock, DNS, route, TCP,\n"
+                   "proxy, TLS, the upgrade, the server's kind, the token, the card's clone\n"
+                   "check, storage, the display, the screen's means, the package repository):\n"
+                   "what fails and what to do")
+    doc = sub.add_parser("doctor", help=" ".join(doctor_said.split()), description=doctor_said,
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=DOCTOR_EXITS)
     doc.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)

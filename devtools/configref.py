@@ -219,7 +219,9 @@ DOCS = {
     "fleet.manage_server_url": "true: the fleet may move this screen to another server.",
     "log.level": "debug, info, warning or error.",
     "metrics.enabled": "Write the agent's metrics (the link, its heals, the queue, commands, "
-                       "update and settings, watchdog pets) in Prometheus' text format for "
+                       "update and settings, watchdog pets, the display, the picture, the player "
+                       "and its ladder, the card and power, the package apt offers) in "
+                       "Prometheus' text format for "
                        "node_exporter's textfile collector. Needs python3-prometheus-client "
                        "(recommended by the package); docs/operate.md lists the series.",
     "metrics.textfile": "Where the metrics are written; unset: edge-agent.prom in the "

@@ -418,7 +418,7 @@ def test_enrolls_and_pairs_under_systemd(site):
     assert board["clone_check"] in ("bound", "unavailable"), board
     if board["clone_check"] == "unavailable":
         said = s.run("edge-agent", "status", check=False).stdout
-        assert "clone check unavailable" in said, said
+        assert "clone       check unavailable" in said, said
     else:
         assert s.path(f"{STATE}/board.json").exists()
     # only the url set: the server's own answers chose the profile, kept in the state dir

@@ -144,7 +144,7 @@ def test_no_readable_serial_keeps_todays_behaviour_and_says_the_check_is_unavail
     assert clone.board == {"clone_check": "unavailable"} and not (copy / board.FILE).exists()
     assert clone.device_id() == first.device_id() and clone.token() == "s3cret-token"
     said = status._board_lines(clone.board)
-    assert said and "clone check unavailable" in said[0]
+    assert said and "clone       check unavailable" in said[0]
     assert D.judge_card({"verdict": "unavailable"}).verdict == D.INFO
 
 
@@ -167,7 +167,7 @@ def test_status_and_the_doctor_say_what_happened_and_what_to_do(tmp_path):
            "cloned_at": 1.8e9, "kept_aside": ["credentials.json.cloned-20270115-080000"],
            "todo": board.TODO}
     line, = status._board_lines(doc)
-    assert line.startswith("card        made from screen ea-0123456789abcdef's card")
+    assert line.startswith("clone       made from screen ea-0123456789abcdef's card")
     assert "credentials.json.cloned-20270115-080000" in line and "pairs as a new screen" in line
     assert status._board_lines({"clone_check": "bound", "read_from": "board serial"}) == []
     assert status._board_lines({**doc, "kept_aside": ["\x1b[2Jx"]})[0].count("\x1b") == 0
@@ -251,7 +251,7 @@ def test_a_card_copied_to_another_board_pairs_as_a_new_screen_with_the_reference
     second.wait_live(15)
     _said_once(second)
     said = _status_text(agent_python, cfg_b, tmp_path / "b")
-    assert f"card        made from screen {original}'s card" in said, said
+    assert f"clone       made from screen {original}'s card" in said, said
     # the original keeps its identity, and both are screens of the server's
     again, _ = boards(server, "a", SERIAL_A)
     again.wait_live(15)
@@ -324,3 +324,13 @@ def test_a_board_json_of_any_shape_never_stops_the_start_or_status(tmp_path, clo
     line = status._board_lines({"cloned_from": "x", "cloned_at": cloned.get("at"),
                                 "kept_aside": cloned.get("kept_aside")})[0]
     assert "(found ?)" in line or "(found 20" in line
+
+
+@pytest.mark.parametrize("text", ['["not", "a", "board"]', "{not json", "1" * 500])
+def test_a_damaged_board_file_is_read_by_the_one_loader_and_said(tmp_path, caplog, text):
+    """board.json goes through fsutil.load_state as every state file does: any damage is
+    None (the board bound again) and said once; a list was taken silently."""
+    (tmp_path / board.FILE).write_text(text)
+    with caplog.at_level(logging.WARNING):
+        assert board.read(str(tmp_path)) is None
+    assert "the board is bound again" in caplog.text, caplog.text

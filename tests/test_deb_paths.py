@@ -78,7 +78,8 @@ SYSTEM = ("/etc/machine-id", "/etc/ssl/certs", "/etc/systemd/system", "/run/syst
           "/usr/bin/python3", "/usr/lib/python3/dist-packages", "/usr/lib/systemd/catalog",
           "/etc/os-release", "/usr/share/polkit-1", "/var/log", "/etc/apt", "/usr/share/keyrings",
           "/var/cache/", "/usr/sbin/update-ca-certificates", "/etc/default/", "/lib/systemd/system",
-          "/etc/hostname", "/run/user", "/var/lib/apt", "/usr/local/share/ca-certificates")
+          "/etc/hostname", "/run/user", "/var/lib/apt", "/usr/local/share/ca-certificates",
+          "/var/lib/systemd/pstore")   # systemd-pstore's archive (systemd's tmpfiles make it)
 
 
 def _system(path: str) -> bool:

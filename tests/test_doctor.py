@@ -402,6 +402,23 @@ def test_the_help_and_the_man_page_name_every_exit_status():
         assert f"  {code}  {meaning}" in r.stdout, r.stdout
         assert f"{code} {meaning}" in man.replace("\n", " ")
     assert ".B edge-agent doctor" in man
+    # what it checks, before the codes: the steps this release added among them
+    assert "the server's kind" in r.stdout and "clone\ncheck" in r.stdout, r.stdout
+
+
+def test_the_runbooks_exit_table_names_every_step_in_its_class_row():
+    """operate.md's exit table is what an operator reads for a failed step's code: each
+    step that can fail is named in the row of its class (the profile step, exit 6, was
+    missing there and from the man page)."""
+    page = (REPO / "docs" / "operate.md").read_text().split("`edge-agent doctor`", 1)[1]
+    man = (REPO / "debian" / "edge-agent.1").read_text().replace("\n", " ")
+    for name in D.STEPS:
+        if name == "upload" or name not in D.EXIT_OF:   # never sent, or never a failure
+            continue
+        code = D.EXIT_OF[name]
+        row = re.search(rf"^\| {code} \|(.*)\|$", page, re.M)
+        assert row and re.search(rf"\b{name}\b", row.group(1)), (name, code, row)
+    assert "6 server (the upgrade, the server's kind, the token)" in man
 
 
 def test_storage_as_another_user_than_the_directorys_owner_is_a_warning_saying_whom():
@@ -631,6 +648,14 @@ def test_apts_sources_and_proxy_are_read_as_apt_writes_them():
     assert A.apt_proxy(config, "https://apt.example.org/x") == (None, "Acquire::http::Proxy::apt.example.org")
     assert A.apt_proxy(config, "https://other.example/x") == ("http://p:3128", "Acquire::http::Proxy")
     assert A.apt_ca(config, "https://other.example/x") == "/etc/ssl/site.pem"
+    # apt's keys are case-insensitive and apt-config dump prints them as written:
+    # upgrading.md's recipe writes CaInfo, an operator may write the host in capitals
+    written = A.parse_dump('Acquire::https::apt.example.org::CaInfo "/etc/apt/certs/site-ca.pem";\n'
+                           'Acquire::HTTP::Proxy::APT.example.org "http://p:3128";\n'
+                           'Dir::Etc::SourceParts "parts.d";\n')
+    assert A.apt_ca(written, "https://apt.example.org/x") == "/etc/apt/certs/site-ca.pem"
+    assert A.apt_proxy(written, "https://apt.example.org/x")[0] == "http://p:3128"
+    assert A.sources_dir(written).endswith("/parts.d")
 
 
 def test_a_repository_that_trickles_its_answer_ends_the_step_at_its_deadline(

@@ -332,3 +332,14 @@ def test_the_profile_section_of_any_shape_is_said_never_a_crash(how):
                           "link": {}, "profile": {"profile": "edge-agent", "how": how,
                                                   "why": "w"}}, running=False)
     assert "profile     edge-agent (w)" in said
+
+
+def test_each_status_line_names_one_thing():
+    """An operator reads a line by its label: the card's health (device) and the clone
+    check (board) both said `card`, one `card  ok` above `card  made from another
+    screen's card`."""
+    doc = {"link": {"state": "online"},
+           "board": {"clone_check": "cloned", "todo": "give this screen its own identity"},
+           "device": {"storage": {"verdict": "ok"}}}
+    labels = [line[:12].strip() for line in status.render(doc, True).splitlines()[1:]]
+    assert len(labels) == len(set(labels)), labels

@@ -49,19 +49,25 @@ class Repository:
 # -- the pure parts ---------------------------------------------------------------------
 def parse_dump(text: str) -> dict[str, str]:
     """``apt-config dump``'s ``Key "value";`` lines (a list's items repeat a key: the
-    last is kept, and none of the keys read here is a list)."""
+    last is kept, and none of the keys read here is a list). Keys in lower case: apt
+    looks them up without case, and the dump prints them as the operator wrote them
+    (``CaInfo``, a host in capitals); read them with ``_get``."""
     values = {}
     for line in text.splitlines():
         m = _DUMP_LINE.match(line.strip())
         if m:
-            values[m.group(1)] = m.group(2).replace('\\"', '"')
+            values[m.group(1).lower()] = m.group(2).replace('\\"', '"')
     return values
 
 
+def _get(config: dict[str, str], key: str, default: str | None = None) -> str | None:
+    return config.get(key.lower(), default)
+
+
 def sources_dir(config: dict[str, str]) -> str:
-    root = config.get("Dir", "/")
-    etc = config.get("Dir::Etc", "etc/apt")
-    parts = config.get("Dir::Etc::sourceparts", "sources.list.d")
+    root = _get(config, "Dir", "/")
+    etc = _get(config, "Dir::Etc", "etc/apt")
+    parts = _get(config, "Dir::Etc::sourceparts", "sources.list.d")
     etc = etc if etc.startswith("/") else os.path.join(root, etc)
     return parts if parts.startswith("/") else os.path.join(etc, parts)
 
@@ -96,7 +102,7 @@ def apt_proxy(config: dict[str, str], url: str) -> tuple[str | None, str]:
     schemes = ("https", "http") if parts.scheme == "https" else ("http",)
     for scheme in schemes:
         for key in (f"Acquire::{scheme}::Proxy::{parts.hostname}", f"Acquire::{scheme}::Proxy"):
-            value = config.get(key)
+            value = _get(config, key)
             if value:
                 return (None if value.upper() == "DIRECT" else value), key
     return None, "no Acquire::http::Proxy"
@@ -104,7 +110,7 @@ def apt_proxy(config: dict[str, str], url: str) -> tuple[str | None, str]:
 
 def apt_ca(config: dict[str, str], url: str) -> str | None:
     host = urlsplit(url).hostname
-    return config.get(f"Acquire::https::{host}::CAInfo") or config.get("Acquire::https::CAInfo")
+    return _get(config, f"Acquire::https::{host}::CAInfo") or _get(config, "Acquire::https::CAInfo")
 
 
 # -- the shell -------------------------------------------------------------------------

@@ -20,20 +20,19 @@ from ..base.server_clock import NOTABLE_SKEW_S
 from .status import STATUS_LINE_CHARS
 
 OK, INFO, WARN, FAIL, NOT_CHECKED = "ok", "info", "warn", "fail", "not checked"
-# the order they are checked and printed in
+# the order they are checked and printed in: the link's steps as a connect meets them,
+# then the device's own (what the screen has and shows, how it is upgraded)
 STEPS = ("configuration", "clock", "dns", "route", "tcp", "proxy", "tls", "upgrade",
-         "profile", "token", "card", "upload", "storage", "display")
-# the device's own, after the link's: what the screen has and shows, how it is upgraded
-STEPS += ("screen", "repository")
-# a failing step's exit status: its class (--help and the man page say the same)
+         "profile", "token", "card", "upload", "storage", "display", "screen", "repository")
+# a failing step's exit status: its class (--help, the man page and operate.md say the
+# same); the card step only warns, so it has none
 EXIT_OK, EXIT_CONFIG, EXIT_CLOCK, EXIT_NETWORK, EXIT_TLS, EXIT_SERVER, EXIT_STORAGE, \
-    EXIT_DISPLAY = 0, 2, 3, 4, 5, 6, 7, 8
-EXIT_PACKAGES = 9
+    EXIT_DISPLAY, EXIT_PACKAGES = 0, 2, 3, 4, 5, 6, 7, 8, 9
 EXIT_OF = {"configuration": EXIT_CONFIG, "clock": EXIT_CLOCK, "dns": EXIT_NETWORK,
            "route": EXIT_NETWORK, "tcp": EXIT_NETWORK, "proxy": EXIT_NETWORK, "tls": EXIT_TLS,
            "upgrade": EXIT_SERVER, "profile": EXIT_SERVER, "token": EXIT_SERVER, "upload": EXIT_SERVER,
-           "storage": EXIT_STORAGE, "display": EXIT_DISPLAY}
-EXIT_OF.update(screen=EXIT_DISPLAY, repository=EXIT_PACKAGES)
+           "storage": EXIT_STORAGE, "display": EXIT_DISPLAY, "screen": EXIT_DISPLAY,
+           "repository": EXIT_PACKAGES}
 DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
   0  ok: every step, or only warnings and notes
   2  configuration: it does not load

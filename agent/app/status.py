@@ -170,14 +170,14 @@ def _board_said(board) -> list[str]:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if printable_wall(at) else "?"
         aside = board.get("kept_aside")
         aside = ", ".join(map(str, aside if isinstance(aside, list) else [])) or "nothing"
-        return [f"card        made from screen {board.get('cloned_from') or '?'}'s card "
+        return [f"clone       made from screen {board.get('cloned_from') or '?'}'s card "
                 f"(found {when}): a screen of its own now, that identity kept aside as "
                 f"{aside}; {todo}"]
     if check == "cloned":
-        return [f"card        made from another screen's card: "
+        return [f"clone       made from another screen's card: "
                 + (todo or f"cannot write {board.get('stuck')}: the identity is the copied one")]
     if check == "unavailable":
-        return ["card        clone check unavailable: this board has no serial readable here "
+        return ["clone       check unavailable: this board has no serial readable here "
                 "(a copy of this card on another screen would take this screen's place)"]
     return []
 

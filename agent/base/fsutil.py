@@ -237,6 +237,13 @@ def load_state(path: str, max_bytes: int, shape, *, follow_links: bool = False,
         return None, (str(e).rsplit(": ", 1)[-1] or type(e).__name__)[:120]
 
 
+def an_object(doc) -> dict:
+    """``load_state``'s shape for a file that holds one JSON object, read by its keys."""
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    return doc
+
+
 def set_aside(path: str, why: str) -> str | None:
     """Renames a file its reader cannot use to ``<path>.<why>-<time>`` beside it, kept for
     inspection: the new path, or None when it cannot be moved (a read-only card). Never

@@ -23,7 +23,7 @@ import os
 import time
 
 from ..base.clock import printable_wall
-from ..base.fsutil import atomic_write, read_json, set_aside
+from ..base.fsutil import an_object, atomic_write, load_state, set_aside
 from ..base.identifiers import usable_device_id
 from ..base.journal_fields import MessageId, journal
 
@@ -51,15 +51,10 @@ def judge(kept: dict | None, found: tuple[str, str] | None) -> str:
 
 def read(state_dir: str) -> dict | None:
     """``board.json``, or None (none, unreadable, not the document it should be)."""
-    try:
-        doc = read_json(os.path.join(state_dir, FILE), MAX_BYTES)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        log.warning("ignoring %s (%s): the board is bound again",
-                    os.path.join(state_dir, FILE), getattr(e, "strerror", None) or "not JSON")
-        return None
-    return doc if isinstance(doc, dict) else None
+    doc, why = load_state(os.path.join(state_dir, FILE), MAX_BYTES, an_object)
+    if why:
+        log.warning("ignoring %s (%s): the board is bound again", os.path.join(state_dir, FILE), why)
+    return doc
 
 
 def _previous_device_id(state_dir: str) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..base.fsutil import atomic_write, read_json
+from ..base.fsutil import an_object, atomic_write, load_state
 from ..config.model import Server
 from .server_kind import Choice, choose
 
@@ -15,10 +15,8 @@ MAX_RECORD_BYTES = 4096
 
 def load(state_dir: str) -> dict | None:
     """The kind recorded at an earlier start, or None (none, or unreadable: asked again)."""
-    try:
-        return read_json(os.path.join(state_dir, RECORD), MAX_RECORD_BYTES)
-    except (OSError, ValueError):
-        return None
+    doc, _ = load_state(os.path.join(state_dir, RECORD), MAX_RECORD_BYTES, an_object)
+    return doc
 
 
 def save(state_dir: str, doc: dict) -> None:

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 
-from ..base.fsutil import atomic_write, load_state
+from ..base.fsutil import an_object, atomic_write, load_state
 
 log = logging.getLogger("edge_agent.link")
 
@@ -63,7 +63,7 @@ class IdleMemory:
         self.path = os.path.join(state_dir, FILE)
 
     def _load(self) -> dict:
-        doc, why = load_state(self.path, MAX_BYTES, _object)
+        doc, why = load_state(self.path, MAX_BYTES, an_object)
         if why is not None:
             log.warning("ignoring the learnt idle limits in %s: %s", self.path, why)
         return doc or {}
@@ -82,9 +82,3 @@ class IdleMemory:
             atomic_write(self.path, json.dumps(doc, sort_keys=False).encode(), 0o600)
         except OSError as e:
             log.warning("cannot keep the learnt idle limit in %s: %s", self.path, e.strerror)
-
-
-def _object(doc) -> dict:
-    if not isinstance(doc, dict):
-        raise ValueError("not an object")
-    return doc

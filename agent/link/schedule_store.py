@@ -15,7 +15,7 @@ import json
 import logging
 
 from ..base.boot import boot_id
-from ..base.fsutil import atomic_write, load_state
+from ..base.fsutil import an_object, atomic_write, load_state
 
 log = logging.getLogger("edge_agent.link")
 
@@ -33,7 +33,7 @@ class ScheduleStore:
         return self._left
 
     def _read_file(self) -> dict:
-        doc, why = load_state(self.path, 4096, _object)
+        doc, why = load_state(self.path, 4096, an_object)
         if why is not None:
             log.warning("ignoring unreadable backoff state %s (%s)", self.path, why)
         return doc if doc is not None and doc.get("boot_id") == boot_id() else {}
@@ -77,9 +77,3 @@ class ScheduleStore:
                 "outage_restarts": self._outage_restarts}).encode(), 0o600, durable=False)
         except OSError as e:
             log.warning("cannot keep backoff state in %s: %s", self.path, e.strerror)
-
-
-def _object(doc) -> dict:
-    if not isinstance(doc, dict):
-        raise ValueError("not an object")
-    return doc
