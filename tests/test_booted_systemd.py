@@ -999,8 +999,9 @@ def test_a_reboot_command_reboots_once_through_logind_and_the_screen_comes_back(
     assert record["result"]["ok"] and record["result"]["output"] == "the device rebooted"
     # the stop mark systemd's stop left at the reboot, told by the next boot's first start
     # (docs/operate.md, "The device"), read under the unit's sandbox
-    _, doc = status(s)
-    device = doc.get("device") or {}
+    # (the link may be online before the device part's first look is in the file)
+    device = wait_for(lambda: (status(s)[1].get("device") or {}).get("last_boot")
+                      and status(s)[1]["device"], 20, interval=0.5, what="the last boot said")
     assert (device["last_boot"]["cause"], device["last_boot"]["by"]) == ("clean", "fleet"), device
     assert device["storage"]["verdict"] in ("ok", "worn", "full"), device
     booted = wait_for(lambda: screen_events(site, "device.boot")[-1:], 20, what="device.boot")

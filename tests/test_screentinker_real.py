@@ -369,9 +369,15 @@ def test_commands_from_the_dashboard_are_refused_out_loud(st, spawn_agent, agent
         dashboard.disconnect()
     assert [c["command"] for c in refused] == ["reboot", "screenshot"]
     assert all(c["result"].startswith("refused: ") for c in refused)
-    log = agent.log_text()
-    assert "(reboot): error: 'reboot' is not allowed on this screen" in log
-    assert "(screenshot): error: 'screenshot' is not allowed on this screen" in log
+    # the result is in the status file a moment before its line is in the log
+    said = ("(reboot): error: 'reboot' is not allowed on this screen",
+            "(screenshot): error: 'screenshot' is not allowed on this screen")
+
+    def both_said():
+        text = agent.log_text()
+        return text if all(s in text for s in said) else None
+    log = wait_for(both_said, 10, interval=0.2, what="both refusals in the log")
+    assert all(s in log for s in said), log[-2000:]
     assert agent.link()["connection"] == 1
 
 

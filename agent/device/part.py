@@ -66,6 +66,7 @@ class DevicePart:
                 self.last_boot = last_boot.from_details(read_json(self.cause_path, 1024))
             if self.last_boot is None and mark is not None and mark.boot == self._boot():
                 self.last_boot = mark.ended   # the runtime directory went with a restart
+            self._on_change()   # a status file written before this start says it now
             return
         entry = self._ladder()
         ladder = (entry.boot, entry.why) if entry is not None else None
