@@ -19,3 +19,21 @@ def test_a_restart_in_the_same_boot_is_no_first_start_even_once_the_runtime_dir_
     monkeypatch.setattr(boot, "boot_id", lambda: "boot-b")      # a reboot
     assert boot.first_start_of_boot(str(state)) is True
     assert boot.first_start_of_boot(str(state)) is False
+
+
+def test_a_container_whose_sandbox_sees_the_hosts_boot_id_is_told_by_its_managers_start(
+        tmp_path, monkeypatch):
+    """Booted bookworm in systemd-nspawn: under the unit's ProtectProc= the agent read the
+    host's boot id, the same after the container rebooted, so no start was ever the
+    boot's first again (the device part never said why the last boot ended). The service
+    manager's start changes at each boot, a container's too."""
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setattr(boot, "boot_id", lambda: "the-hosts")
+    monkeypatch.setattr(boot, "manager_started", lambda: "1000")
+    assert boot.first_start_of_boot(str(state)) is True
+    assert boot.first_start_of_boot(str(state)) is False      # a service restart
+    monkeypatch.setattr(boot, "manager_started", lambda: "2000")   # the container rebooted
+    assert boot.first_start_of_boot(str(state)) is True
+    assert boot.first_start_of_boot(str(state)) is False
+

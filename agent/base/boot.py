@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 
 from .fsutil import atomic_write, read_bounded
 
@@ -23,17 +24,34 @@ def boot_id() -> str:
 
 
 def first_start_of_boot(state_dir: str) -> bool:
-    """The kernel's boot id is compared with the one the previous start left in the
-    state directory. Not the runtime directory: systemd removes it at a stop (and at a
-    `systemctl restart`, whose stop half is a stop), so a service restart would read as
-    a reboot. One small write a boot, not durable: a power cut that loses it is a boot
-    anyway. Inside a container the boot id is the host's."""
+    """The boot (the kernel's boot id and when the service manager started) is compared
+    with the one the previous start left in the state directory. Not the runtime
+    directory: systemd removes it at a stop (and at a `systemctl restart`, whose stop
+    half is a stop), so a service restart would read as a reboot. One small write a
+    boot, not durable: a power cut that loses it is a boot anyway."""
     path = os.path.join(state_dir, BOOT_MARK)
-    current = boot_id()
+    kernel, manager = boot_id(), manager_started()
+    current = f"{kernel} {manager}" if manager else kernel
     if _read_mark(path) == current:
         return False
     _keep_mark(path, current, "the boot id")
     return True
+
+
+def manager_started() -> str:
+    """When this boot's service manager started (systemd's UserspaceTimestampMonotonic),
+    "" where it cannot be asked. The kernel's boot id alone is the host's inside a
+    container once the unit's sandbox mounts its own /proc (ProtectProc=, seen on
+    bookworm's systemd 252 in systemd-nspawn: the container's own id is lost), and
+    would never change at the container's reboot; its manager starts again at each."""
+    try:
+        r = subprocess.run(["systemctl", "show", "--property=UserspaceTimestampMonotonic",
+                            "--value"], capture_output=True, text=True, timeout=5,
+                           env={"PATH": "/usr/bin:/bin", "SYSTEMD_PAGER": ""})
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    value = r.stdout.strip()
+    return value if r.returncode == 0 and value.isdigit() and value != "0" else ""
 
 
 def boot_token(runtime_dir: str) -> str:
