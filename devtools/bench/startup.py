@@ -20,6 +20,8 @@ Alone: ``python -m devtools.bench.startup --reps 3`` (root for a private loopbac
 without it, the machine's own)."""
 from __future__ import annotations
 
+import ast
+
 import argparse
 import contextlib
 import json
@@ -60,9 +62,20 @@ sys.exit(0 if ok else 1)
 
 
 def agent_imports(repo: Path = REPO) -> list[str]:
-    """What cmd_run imports to start, in this tree (the daemon moved to agent/app/)."""
-    daemon = "agent.app.daemon" if (repo / "agent" / "app" / "daemon.py").exists() else "agent.daemon"
-    return ["agent.cli", daemon, "agent.uploads.store"]
+    """What cmd_run imports to start, in this tree: read from cli.py itself, each
+    ``from .x import y`` as the module y where y is one, else x."""
+    tree = ast.parse((repo / "agent" / "cli.py").read_text())
+    run = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "cmd_run")
+    found = []
+    for node in ast.walk(run):
+        if not (isinstance(node, ast.ImportFrom) and node.level == 1 and node.module):
+            continue
+        base = repo / "agent" / node.module.replace(".", "/")
+        for alias in node.names:
+            is_module = (base / f"{alias.name}.py").exists() or (base / alias.name).is_dir()
+            found.append(f"agent.{node.module}.{alias.name}" if is_module
+                         else f"agent.{node.module}")
+    return ["agent.cli", *dict.fromkeys(found)]
 
 
 BARE_IMPORTS = ["socketio"]
