@@ -37,3 +37,18 @@ def test_a_container_whose_sandbox_sees_the_hosts_boot_id_is_told_by_its_manager
     assert boot.first_start_of_boot(str(state)) is True
     assert boot.first_start_of_boot(str(state)) is False
 
+
+
+def test_the_upgrade_from_0_2_2_is_no_boot(tmp_path, monkeypatch):
+    """0.2.2 kept its mark in the runtime directory, which the package's restart keeps:
+    the first start of this release within that boot is not the boot's first."""
+    state, runtime = tmp_path / "state", tmp_path / "run"
+    state.mkdir()
+    runtime.mkdir()
+    (runtime / boot.BOOT_MARK).write_text("boot-a")
+    monkeypatch.setattr(boot, "boot_id", lambda: "boot-a")
+    monkeypatch.setattr(boot, "manager_started", lambda: "1000")
+    assert boot.first_start_of_boot(str(state), str(runtime)) is False
+    assert (state / boot.BOOT_MARK).read_text() == "boot-a 1000"
+    monkeypatch.setattr(boot, "boot_id", lambda: "boot-b")      # a reboot since
+    assert boot.first_start_of_boot(str(state), str(runtime)) is True

@@ -64,7 +64,7 @@ class Agent:
         self.alarms = StorageAlarms(self.storage, config.queue_path)
         self.kind = ServerKind(config.server, state_dir, self.gate, self._refresh, self._stop)
         profile_class = PROFILES[self.kind.profile]
-        self.cold_start = cold_start = first_start_of_boot(state_dir)
+        self.cold_start = cold_start = first_start_of_boot(state_dir, runtime_dir)
         self.identity = DeviceIdentity(
             config.identity, config.server, runtime_dir, profile=profile_class,
             storage=self.alarms, on_change=self._refresh, gate=self.gate, sysfs=sysfs)

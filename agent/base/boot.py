@@ -23,16 +23,23 @@ def boot_id() -> str:
         return ""
 
 
-def first_start_of_boot(state_dir: str) -> bool:
+def first_start_of_boot(state_dir: str, runtime_dir: str | None = None) -> bool:
     """The boot (the kernel's boot id and when the service manager started) is compared
     with the one the previous start left in the state directory. Not the runtime
     directory: systemd removes it at a stop (and at a `systemctl restart`, whose stop
     half is a stop), so a service restart would read as a reboot. One small write a
-    boot, not durable: a power cut that loses it is a boot anyway."""
+    boot, not durable: a power cut that loses it is a boot anyway. Where the state
+    directory has no mark yet, the one 0.2.2 kept in ``runtime_dir`` (kept across the
+    upgrade's restart) still says whether this boot has seen a start."""
     path = os.path.join(state_dir, BOOT_MARK)
     kernel, manager = boot_id(), manager_started()
     current = f"{kernel} {manager}" if manager else kernel
-    if _read_mark(path) == current:
+    kept = _read_mark(path)
+    if kept is None and runtime_dir is not None and kernel \
+            and _read_mark(os.path.join(runtime_dir, BOOT_MARK)) == kernel:
+        kept = current   # the upgrade's restart, within the boot 0.2.2 started in
+        _keep_mark(path, current, "the boot id")
+    if kept == current:
         return False
     _keep_mark(path, current, "the boot id")
     return True
