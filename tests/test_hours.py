@@ -223,7 +223,9 @@ def test_the_agent_turns_a_real_x_display_off_and_on_and_reports_one_that_is_gon
     states = lambda: [e["state"] for e in _events(server, "display.scheduled")]  # noqa: E731
     # (waits, not bounds: three test streams share 2 cores with a booted Debian)
     wait_for(lambda: states() == ["off"], 30, what="display.scheduled off")
-    assert agent.status()["hours"]["applied"] == "off"
+    # the status file is written after the event is sent: wait for it as well
+    wait_for(lambda: (agent.status().get("hours") or {}).get("applied") == "off", 15,
+             what="status hours applied off")
     # read back from the X server the off command named (agent/screen/): Xvfb has no
     # DPMS extension, so `xset dpms force off` exited 0 and did nothing; the agent says so
     off = _events(server, "display.scheduled")[0]
@@ -232,11 +234,12 @@ def test_the_agent_turns_a_real_x_display_off_and_on_and_reports_one_that_is_gon
         "unconfirmed: nothing here reads the display: ")
     stop(agent)
     agent = run([])
-    wait_for(lambda: states() == ["off", "on"], 15, what="display.scheduled on")
+    wait_for(lambda: states() == ["off", "on"], 30, what="display.scheduled on")
     stop(agent)
     x_server.kill()
     x_server.wait()
     agent = run([])
-    fault = wait_for(lambda: _events(server, "display.fault"), 15, what="display.fault")
+    fault = wait_for(lambda: _events(server, "display.fault"), 30, what="display.fault")
     assert fault[0]["wanted"] == "on" and "unable to open display" in fault[0]["error"]
-    assert agent.status()["hours"]["fault"] == fault[0]["error"]
+    wait_for(lambda: (agent.status().get("hours") or {}).get("fault") == fault[0]["error"], 15,
+             what="status hours fault")
