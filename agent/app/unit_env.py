@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..base import children
 from ..base.egress import NO_PROXY_ENV, PROXY_ENV
-from ..base.fsutil import read_bounded
+from ..base.fsutil import UnsafePath, read_bounded, read_following_roots_links
 from ..config.load import ENV_PREFIX
 
 UNIT = "edge-agent.service"
@@ -205,9 +205,17 @@ def _systemctl(args: list[str]) -> tuple[str | None, str]:
 
 
 def _read_text(path: str) -> tuple[str | None, str]:
+    """A unit's file or an EnvironmentFile, as systemd reads it (links followed), except
+    that as root a link the agent's user (or anyone else) could have planted is not:
+    `doctor` runs as root and prints what it read."""
     try:
-        return read_bounded(path, MAX_FILE_BYTES, follow_links=True).decode(
-            "utf-8", "replace"), ""
+        if os.geteuid() == 0:
+            raw = read_following_roots_links(path, MAX_FILE_BYTES)
+        else:
+            raw = read_bounded(path, MAX_FILE_BYTES, follow_links=True)
+        return raw.decode("utf-8", "replace"), ""
+    except UnsafePath as e:
+        return None, str(e).partition(": ")[2] or str(e)
     except FileNotFoundError:
         return None, "no such file"
     except OSError as e:

@@ -143,6 +143,64 @@ def read_bounded(path: str, max_bytes: int, follow_links: bool = False,
     return raw
 
 
+MAX_LINKS = 40   # the kernel's own bound on links in one lookup (ELOOP)
+
+
+def _writable_by_others(st: os.stat_result) -> bool:
+    """A directory someone but root may add a name to (a sticky one included: a link
+    planted there is as good as any)."""
+    return st.st_uid != 0 or bool(st.st_mode & 0o022)
+
+
+def read_following_roots_links(path: str, max_bytes: int) -> bytes:
+    """``read_bounded`` for a root process reading a file that a root-owned setting names
+    (systemd follows links there, so must we to read what it reads): a symbolic link on
+    the way is followed only where it sits in a directory root alone may write; one in
+    a directory anyone else may write raises UnsafePath. Every directory is then opened
+    without following links, by descriptor, so nothing swapped in after the check is
+    followed either (it fails with ELOOP)."""
+    pending = [p for p in path.split("/") if p]
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    links = 0
+    try:
+        while pending:
+            name = pending.pop(0)
+            if name == ".":
+                continue
+            if name == "..":
+                up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = up
+                continue
+            st = os.lstat(name, dir_fd=fd)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, "too many levels of symbolic links", path)
+                here = os.fstat(fd)
+                if _writable_by_others(here):
+                    raise UnsafePath(
+                        f"{path}: a symbolic link on the way ({name}) is in a directory "
+                        f"owned by uid {here.st_uid} with mode "
+                        f"{stat.S_IMODE(here.st_mode):o}, which others than root may "
+                        f"write; not followed as root")
+                target = os.readlink(name, dir_fd=fd)
+                pending[:0] = [p for p in target.split("/") if p]
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                continue
+            if not pending:
+                return read_bounded(name, max_bytes, dir_fd=fd)
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        raise NotRegularFile(errno.EISDIR, "a directory, not a file", path)
+    finally:
+        os.close(fd)
+
+
 # what a failing card answers a read with, now and perhaps not the next time
 CARD_ERRORS = frozenset({errno.EIO, errno.EAGAIN, errno.EBUSY, errno.ENOMEM, errno.ETIMEDOUT,
                          errno.EUCLEAN})
