@@ -200,7 +200,7 @@ def _status_path(args) -> str:
     except cfgmod.ConfigError:
         # status must work for an operator even if the config is unreadable to them
         base = os.environ.get("RUNTIME_DIRECTORY", "/run/edge-agent").split(":")[0]
-        return os.path.join(base, "status.json")
+        return os.path.join(base, status_file.NAME)
 
 
 def cmd_status(args) -> int:

@@ -52,3 +52,23 @@ def test_the_upgrade_from_0_2_2_is_no_boot(tmp_path, monkeypatch):
     assert (state / boot.BOOT_MARK).read_text() == "boot-a 1000"
     monkeypatch.setattr(boot, "boot_id", lambda: "boot-b")      # a reboot since
     assert boot.first_start_of_boot(str(state), str(runtime)) is True
+
+
+def test_the_upgrade_from_a_release_before_the_boot_mark_is_no_boot(tmp_path, monkeypatch):
+    """0.1.0 to 0.2.1 left no boot mark anywhere, but each wrote its status file in the
+    runtime directory, a tmpfs that the package's restart keeps and a boot empties."""
+    state, runtime = tmp_path / "state", tmp_path / "run"
+    state.mkdir()
+    runtime.mkdir()
+    monkeypatch.setattr(boot, "boot_id", lambda: "boot-a")
+    monkeypatch.setattr(boot, "manager_started", lambda: "1000")
+    (runtime / "status.json").write_text("{}")
+    assert boot.first_start_of_boot(str(state), str(runtime)) is False
+    assert (state / boot.BOOT_MARK).read_text() == "boot-a 1000"
+    (runtime / "status.json").unlink()        # the reboot empties the tmpfs
+    monkeypatch.setattr(boot, "boot_id", lambda: "boot-b")
+    assert boot.first_start_of_boot(str(state), str(runtime)) is True
+    # a first install: neither a mark nor a status file: the boot's first start
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert boot.first_start_of_boot(str(fresh), str(runtime)) is True

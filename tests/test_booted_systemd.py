@@ -1880,6 +1880,10 @@ def test_a_screen_installed_from_the_field_release_upgrades_unattended_and_keeps
     online_s = time.monotonic() - t1
     assert "update" in doc, "the status is the field release's, not the new version's"
     assert doc["device_id"] == site.device_id and doc["uploads"]["items"] == 2, doc
+    # the upgrade's restart is no boot: 0.1.0 left no boot mark, its status file says it
+    # ran in this boot (a boot read here would be a power loss: there is no stop mark)
+    assert (doc.get("device") or {}).get("last_boot") is None, doc.get("device")
+    assert not screen_events(site, "device.boot"), "the upgrade was told as a boot"
     assert kept_state(s) == kept, "device id, credentials or the operator's file changed"
     assert not [e for e in agent_lines(s, cursor) if "pairing code" in e["MESSAGE"]], \
         "paired again"

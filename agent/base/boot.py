@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 
+from . import status_file
 from .fsutil import atomic_write, read_bounded
 
 log = logging.getLogger("edge_agent")
@@ -29,20 +30,28 @@ def first_start_of_boot(state_dir: str, runtime_dir: str | None = None) -> bool:
     directory: systemd removes it at a stop (and at a `systemctl restart`, whose stop
     half is a stop), so a service restart would read as a reboot. One small write a
     boot, not durable: a power cut that loses it is a boot anyway. Where the state
-    directory has no mark yet, the one 0.2.2 kept in ``runtime_dir`` (kept across the
-    upgrade's restart) still says whether this boot has seen a start."""
+    directory has no mark yet, ``runtime_dir`` (kept across the upgrade's restart) still
+    says whether this boot has seen a start: 0.2.2's mark there, or an earlier release's
+    status file (each release since 0.1.0 wrote one there)."""
     path = os.path.join(state_dir, BOOT_MARK)
     kernel, manager = boot_id(), manager_started()
     current = f"{kernel} {manager}" if manager else kernel
     kept = _read_mark(path)
-    if kept is None and runtime_dir is not None and kernel \
-            and _read_mark(os.path.join(runtime_dir, BOOT_MARK)) == kernel:
-        kept = current   # the upgrade's restart, within the boot 0.2.2 started in
+    if kept is None and runtime_dir is not None and kernel and _an_earlier_start_left(
+            runtime_dir, kernel):
+        kept = current   # the upgrade's restart, within the boot the last release started in
         _keep_mark(path, current, "the boot id")
     if kept == current:
         return False
     _keep_mark(path, current, "the boot id")
     return True
+
+
+def _an_earlier_start_left(runtime_dir: str, kernel: str) -> bool:
+    """Called before this process writes anything there: a tmpfs emptied at every boot."""
+    if _read_mark(os.path.join(runtime_dir, BOOT_MARK)) == kernel:
+        return True
+    return os.path.isfile(os.path.join(runtime_dir, status_file.NAME))
 
 
 def manager_started() -> str:

@@ -9,6 +9,7 @@ import json
 
 from .fsutil import FileTooLarge, NotRegularFile, atomic_write, read_json
 
+NAME = "status.json"   # in the runtime directory, since 0.1.0
 MAX_STATUS_BYTES = 1 << 20
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from ..base.backoff import BackoffPolicy
+from ..base import status_file
 from ..base.egress import Egress
 from .policies import IdlePolicy, KeepalivePolicy, LivenessPolicy, UploadPolicy
 
@@ -193,7 +194,7 @@ class Config:
 
     @property
     def status_path(self) -> str:
-        return os.path.join(self.runtime.dir, "status.json")
+        return os.path.join(self.runtime.dir, status_file.NAME)
 
     @property
     def commands_path(self) -> str:
