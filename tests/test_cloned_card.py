@@ -92,6 +92,9 @@ def test_a_state_directory_copied_to_another_board_starts_a_fresh_identity_said_
         "t" * 32, "st-original", "123456"))
     original = first.device_id()
     assert original == "st-original"
+    (state_a / "commands.json").write_text("{}")          # the first screen's ledger
+    (state_a / "queue").mkdir()                            # and its queued uploads
+    (state_a / "queue" / "00000001.seg").write_bytes(b"its screenshot")
     shutil.copytree(state_a, state_b)        # the card imaged
     with caplog.at_level(logging.INFO, logger="edge_agent"):
         clone = identity(state_b, sysfs_b)
@@ -106,9 +109,13 @@ def test_a_state_directory_copied_to_another_board_starts_a_fresh_identity_said_
     assert clone.device_id() != identity(tmp_path / "fresh" / "state", sysfs_a).device_id()
     assert clone.ids.pairing_code() is None, "not the copied code: a code of its own"
     aside = sorted(n for n in os.listdir(state_b) if ".cloned-" in n)
-    assert [n.split(".cloned-")[0] for n in aside] == ["credentials.json", "device_id"]
-    assert json.loads((state_b / aside[0]).read_text())["token"] == "t" * 32, "kept, not deleted"
-    assert clone.board["cloned_from"].startswith("ea-") and clone.board["kept_aside"] == aside
+    assert [n.split(".cloned-")[0] for n in aside] == [
+        "commands.json", "credentials.json", "device_id", "queue"]
+    assert not (state_b / "queue").exists() and not (state_b / "commands.json").exists()
+    queue_aside = state_b / next(n for n in aside if n.startswith("queue."))
+    assert (queue_aside / "00000001.seg").read_bytes() == b"its screenshot", "kept"
+    assert json.loads((state_b / aside[1]).read_text())["token"] == "t" * 32, "kept, not deleted"
+    assert clone.board["cloned_from"].startswith("ea-") and sorted(clone.board["kept_aside"]) == aside
     # the next start of the clone: a screen of its own, said in status, not in the journal
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="edge_agent"):
@@ -119,6 +126,7 @@ def test_a_state_directory_copied_to_another_board_starts_a_fresh_identity_said_
     back = identity(state_a, sysfs_a)
     assert back.device_id() == original and back.token() == "t" * 32
     assert "cloned_from" not in back.board
+    assert (state_a / "queue" / "00000001.seg").exists() and (state_a / "commands.json").exists()
 
 
 def test_a_native_profiles_card_copied_keeps_the_token_aside_and_enrolls_anew(tmp_path):
@@ -243,6 +251,12 @@ def test_a_card_copied_to_another_board_pairs_as_a_new_screen_with_the_reference
     first.wait_live(15)
     original = first.status()["device_id"]
     first.stop()
+    # a log queued on the first screen while its agent is stopped: that screen's to send
+    r = subprocess.run([agent_python, "-m", "agent", "enqueue", "--kind", "log", "-",
+                        "--config", str(first.config)], input=b"the first screen's log\n",
+                       capture_output=True, timeout=60, cwd=REPO,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
     shutil.copytree(tmp_path / "a" / "state", tmp_path / "b" / "state")   # the card imaged
     second, cfg_b = boards(server, "b", SERIAL_B)
     code_b = wait_for(lambda: _code(second), 15, what="the second board's own code")
@@ -258,6 +272,10 @@ def test_a_card_copied_to_another_board_pairs_as_a_new_screen_with_the_reference
     assert again.status()["device_id"] == original and _code(again) is None
     assert server.device(original) and server.device(second.status()["device_id"])
     assert "made from another screen" not in again.log_text()
+    # the log queued on the first screen reached the server as the first screen's only
+    wait_for(lambda: server.device(original).get("uploads") == 1, 15, what="its log delivered")
+    assert server.device(second.status()["device_id"]).get("uploads", 0) == 0, \
+        "the first screen's upload was sent as the clone's"
 
 
 @pytest.fixture

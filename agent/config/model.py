@@ -13,6 +13,10 @@ from ..base import status_file
 from ..base.egress import Egress
 from .policies import IdlePolicy, KeepalivePolicy, LivenessPolicy, UploadPolicy
 
+# in the state directory: the command ledger and the upload queue, each this screen's own
+# (a card copied to another board sets them aside with its identity: identity/board.py)
+COMMANDS_FILE, QUEUE_DIR = "commands.json", "queue"
+
 
 
 
@@ -198,11 +202,11 @@ class Config:
 
     @property
     def commands_path(self) -> str:
-        return os.path.join(self.state_dir, "commands.json")
+        return os.path.join(self.state_dir, COMMANDS_FILE)
 
     @property
     def queue_path(self) -> str:
-        return os.path.join(self.state_dir, "queue")
+        return os.path.join(self.state_dir, QUEUE_DIR)
 
     @property
     def schedule_path(self) -> str:

@@ -7,7 +7,8 @@ the board says its own again, and ``judge`` compares:
 
 - the same: this card's identity is this board's;
 - none kept yet (the first start, or an agent from before this check): bound now;
-- another: the card was made from another screen. Its credentials and device id are
+- another: the card was made from another screen. Its credentials and device id, and
+  what was that screen's to say as itself (the command ledger, the upload queue), are
   kept aside (renamed, never deleted), the device id is derived again with this
   board's fingerprint in it, and the screen pairs as a new one; said once in the
   journal (CARD_CLONED), and in `edge-agent status` and the doctor for as long as
@@ -26,13 +27,17 @@ from ..base.clock import printable_wall
 from ..base.fsutil import an_object, atomic_write, load_state, set_aside
 from ..base.identifiers import usable_device_id
 from ..base.journal_fields import MessageId, journal
+from ..config.model import COMMANDS_FILE, QUEUE_DIR
+from . import credentials
 
 log = logging.getLogger("edge_agent.identity")
 
 FILE = "board.json"
 MAX_BYTES = 4096
-# what a clone's start moves aside, in the state directory
-IDENTITY_FILES = ("credentials.json", "device_id")
+# what a clone's start moves aside, in the state directory: the identity, and what was
+# the other screen's to say as itself (its commands' results, its queued uploads: a
+# screenshot of that screen sent as this one's)
+IDENTITY_FILES = (credentials.FILE, "device_id", COMMANDS_FILE, QUEUE_DIR)
 BOUND, BOUND_NOW, CLONED, UNAVAILABLE = "bound", "bound-now", "cloned", "unavailable"
 TODO = ("this screen pairs as a new screen: enter the code it shows on the server. The "
         "screen its card was copied from keeps its identity. Image cards from a card "
