@@ -143,10 +143,13 @@ def test_a_timed_out_command_never_holds_the_commands_thread(tmp_path):
     from types import SimpleNamespace
 
     from agent.commands.actions import Actions
+    from agent.screen.power import DisplayPower
     config = SimpleNamespace(timeout_s=1.0, display_off_command=None,
                              display_on_command="sh -c 'setsid sleep 8 & sleep 5'")
+    power = DisplayPower(config.display_on_command, None, config.timeout_s, None,
+                         lambda event: None)
     actions = Actions(config, "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
-                      request_restart=lambda: None, enqueue=lambda *a: "x")
+                      request_restart=lambda: None, enqueue=lambda *a: "x", power=power)
     t0 = time.monotonic()
     outcome = actions.run("display", {"state": "on"})
     took = time.monotonic() - t0
@@ -166,10 +169,12 @@ def test_a_failed_command_never_tells_its_command_line(command):
     from types import SimpleNamespace
 
     from agent.commands.actions import Actions
+    from agent.screen.power import DisplayPower
     config = SimpleNamespace(timeout_s=0.5, display_off_command=None,
                              display_on_command=command, screenshot_command=command)
+    power = DisplayPower(command, None, config.timeout_s, None, lambda event: None)
     actions = Actions(config, "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
-                      request_restart=lambda: None, enqueue=lambda *a: "x")
+                      request_restart=lambda: None, enqueue=lambda *a: "x", power=power)
     for name, args in (("display", {"state": "on"}), ("screenshot", {})):
         outcome = actions.run(name, args)
         assert outcome.ok is False and outcome.error

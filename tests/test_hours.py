@@ -9,6 +9,7 @@ import pytest
 from agent.config import load as cfgmod
 from agent.config.week import Schedule, ScheduleError
 from agent.hours.service import RETRY_S, WorkingHours
+from agent.screen.power import DisplayPower
 from devtools.harness import agent_config, wait_for
 
 WEEK = ["mon-fri 08:00-18:00", "sat 10:00-12:30,13:00-16:00"]
@@ -80,12 +81,14 @@ class Bench:
         self.synced = synced
         self.faults, self.changes = [], []
         on = f"sh -c 'echo on >> {self.log}'" if on_ok else "sh -c 'echo CEC: no answer >&2; exit 3'"
-        self.hours = WorkingHours(Schedule.parse(WEEK, EXCEPTIONS), zone, on,
-                                  f"sh -c 'echo off >> {self.log}'", 5.0, trust_clock=False,
-                                  on_fault=self.faults.append, on_change=self.changes.append,
-                                  sysfs_root=str(tmp_path / "nosys"), now=lambda: self.wall,
-                                  synced=lambda: self.synced, monotonic=lambda: self.mono,
+        # the display's owner, as the screen part builds it, with nothing to read it back
+        self.power = DisplayPower(on, f"sh -c 'echo off >> {self.log}'", 5.0, None,
+                                  lambda event: None, sysfs_root=str(tmp_path / "nosys"),
                                   connect_grace_s=0)
+        self.hours = WorkingHours(Schedule.parse(WEEK, EXCEPTIONS), zone, self.power,
+                                  trust_clock=False, on_fault=self.faults.append,
+                                  on_change=self.changes.append, now=lambda: self.wall,
+                                  synced=lambda: self.synced, monotonic=lambda: self.mono)
 
     def advance(self, seconds):
         self.wall += seconds
@@ -137,7 +140,7 @@ def test_a_display_that_will_not_come_on_is_a_fault_once_and_is_tried_again(tmp_
     b.advance(1)
     b.hours.step()
     assert len(b.faults) == 1 and b.hours.snapshot()["fault"].startswith("sh exited 3")
-    b.hours.commands[True] = ["true"]
+    b.power.commands["on"] = "true"
     b.advance(RETRY_S)
     b.hours.step()
     assert b.hours.snapshot()["fault"] is None and b.hours.applied is True
@@ -150,13 +153,13 @@ def unplugged(tmp_path):
     card.mkdir(parents=True)
     (card / "status").write_text("disconnected\n")
     b = Bench(tmp_path, "2026-12-07 08:00:00+00:00")
-    b.hours.sysfs_root = str(tmp_path / "sys")
+    b.power.sysfs_root = str(tmp_path / "sys")
     return b, card / "status"
 
 
 def test_a_tv_that_raises_hot_plug_a_moment_after_waking_is_no_fault(tmp_path):
     b, status = unplugged(tmp_path)
-    b.hours.monotonic, b.hours.connect_grace_s = time.monotonic, 5.0
+    b.power.connect_grace_s = 5.0
     threading.Timer(1.0, lambda: status.write_text("connected\n")).start()
     b.hours.step()
     assert b.faults == [] and b.hours.applied is True
@@ -174,8 +177,8 @@ def test_a_clock_once_set_stays_trusted_and_a_new_state_is_not_held_by_a_retry(t
 
 def test_a_hanging_command_is_killed_with_its_children_and_its_line_never_reported(tmp_path):
     b = Bench(tmp_path, "2026-12-07 08:00:00+00:00")
-    b.hours.timeout_s = 0.5
-    b.hours.commands[True] = ["sh", "-c", "sleep 30 & sleep 30", "password=hunter2"]
+    b.power.runner.timeout_s = 0.5
+    b.power.commands["on"] = "sh -c 'sleep 30 & sleep 30' password=hunter2"
     started = time.monotonic()
     b.hours.step()
     assert time.monotonic() - started < 5

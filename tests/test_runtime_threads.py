@@ -232,10 +232,13 @@ def test_working_hours_restart_after_a_bug_and_are_on_the_gate(tmp_path, quick_r
                                                                caplog):
     from agent.config.week import Schedule
     from agent.hours.service import WorkingHours
+    from agent.screen.power import DisplayPower
     gate = WatchdogGate(require_link=False)
-    hours = WorkingHours(Schedule.parse(["mon-sun 00:00-24:00"], []), "UTC", "true", "true",
-                         1.0, trust_clock=True, on_fault=lambda d: None,
-                         on_change=lambda d: None, sysfs_root=str(tmp_path), gate=gate)
+    power = DisplayPower("true", "true", 1.0, None, lambda event: None,
+                         sysfs_root=str(tmp_path))
+    hours = WorkingHours(Schedule.parse(["mon-sun 00:00-24:00"], []), "UTC", power,
+                         trust_clock=True, on_fault=lambda d: None,
+                         on_change=lambda d: None, gate=gate)
     looks = []
 
     def step():

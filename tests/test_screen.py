@@ -14,6 +14,7 @@ from agent.config.model import Screen as ScreenSection
 from agent.config.week import Schedule
 from agent.hours.service import WorkingHours
 from agent.screen import service as screen_service
+from agent.screen.power import DisplayPower
 from agent.screen.core import (OFF, ON, Asked, Mend, Mended, Read, ReadAt, ReadBack, Reading,
                                Stopped, Verdict)
 from agent.screen.sources import Cec, Drm, Wayland, X11Dpms
@@ -354,8 +355,10 @@ def x_actions(display, tmp_path, off=None, on=None, settle_s=1.0):
     screen = screen_service.from_config(ScreenSection(settle_s=settle_s), commands,
                                         sysfs_root=str(tmp_path / "nosys"),
                                         environ={"PATH": str(bin_dir)})
+    power = DisplayPower(commands.display_on_command, commands.display_off_command,
+                         commands.timeout_s, screen, lambda event: None)
     return Actions(commands, "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
-                   request_restart=lambda: None, enqueue=lambda *a: "x", screen=screen)
+                   request_restart=lambda: None, enqueue=lambda *a: "x", power=power)
 
 
 def test_a_real_x_server_is_asked_and_one_without_dpms_is_said_at_once(xvfb, tmp_path):
@@ -402,17 +405,17 @@ def test_working_hours_say_how_the_display_was_confirmed_and_fault_one_that_stay
     screen = screen_service.from_config(
         ScreenSection(settle_s=0.6), SimpleNamespace(display_on_command="", display_off_command=""),
         sysfs_root=str(sys_root), environ={"PATH": str(tmp_path)})
-    hours = WorkingHours(Schedule.parse(["mon-fri 08:00-18:00"], []), None,
-                         f"sh -c 'echo On > {dpms}'", "true", 5.0,
+    power = DisplayPower(f"sh -c 'echo On > {dpms}'", "true", 5.0, screen, lambda event: None,
+                         sysfs_root=str(sys_root), connect_grace_s=0)
+    hours = WorkingHours(Schedule.parse(["mon-fri 08:00-18:00"], []), None, power,
                          trust_clock=True, on_fault=faults.append, on_change=changes.append,
-                         sysfs_root=str(sys_root), now=lambda: wall[0],
-                         connect_grace_s=0, screen=screen)
+                         now=lambda: wall[0])
     hours.step()   # "off" ran (true) and the connector still reads On: a fault, once
     assert faults == [{"wanted": "off", "error": "the display reads on 0.6 s after it was "
                                                  "turned off: DRM: card0-HDMI-A-1 enabled, On"}]
     assert changes == [] and hours.applied is None
     assert hours.snapshot()["fault"] == faults[0]["error"]
-    hours.commands[False] = ["sh", "-c", f"echo Off > {dpms}"]
+    power.commands["off"] = f"sh -c 'echo Off > {dpms}'"
     hours._retry_at = 0.0
     hours.step()
     assert changes == [{"state": "off", "by": "working hours", "confirmed": True,

@@ -27,8 +27,7 @@ def config_of(tmp_path, commands: str, screen: str = ""):
 def part_of(config, tmp_path, environ):
     return screen_part.assemble(
         config, sysfs=str(tmp_path), environ=environ, runtime_dir=str(tmp_path),
-        publish=lambda e: None, enqueue=lambda kind, data: None, gate=None,
-        scheduled_off=lambda: False, wake=lambda: (True, ""), reboot=lambda: (True, ""))
+        publish=lambda e: None, enqueue=lambda kind, data: None, gate=None)
 
 
 def actions_of(config, part, queued):

@@ -84,9 +84,7 @@ class Agent:
         self.screen = screen_part.assemble(
             config, sysfs=sysfs, environ=self.environ, runtime_dir=runtime_dir,
             publish=self.outbox.put, enqueue=self._enqueue, gate=self.gate,
-            scheduled_off=lambda: self.hours is not None and self.hours.expected_off(),
-            wake=lambda: self._acted("display", {"state": "on"}),
-            reboot=lambda: self._acted("reboot", {}), means_changed=lambda: self.runner.declare(),
+            means_changed=lambda: self.runner.declare(),
             cold_start=cold_start, on_change=lambda: self._refresh())
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
@@ -100,7 +98,7 @@ class Agent:
             link_socket=lambda: self.runner.raw_socket(), request_restart=self._restart_requested,
             enqueue=self._enqueue, updater=self.updater, configure=self.settings.configure,
             undeliverable=lambda kind: uncarried(self.profile, kind),
-            screen=self.screen.command_display, controls=self.screen.controls,
+            power=self.screen.power, controls=self.screen.controls,
             server_far=lambda t: self.server_clock.far(t, time.monotonic()),
             shoot=self.screen.screenshot)
         self.commands = CommandService(
@@ -123,9 +121,8 @@ class Agent:
         self.hours = None
         if config.hours.week:   # the part is loaded only where a screen keeps hours
             from ..hours import service as hours_service
-            self.hours = hours_service.from_config(
-                config.hours, config.commands, sysfs_root=sysfs, publish=self.outbox.put,
-                gate=self.gate, screen=self.screen.display)
+            self.hours = hours_service.from_config(   # the display's power is the screen's
+                config.hours, self.screen.power, publish=self.outbox.put, gate=self.gate)
         self.events = None
         if config.events.enabled:
             e = config.events
@@ -199,12 +196,6 @@ class Agent:
             return self.uploads.add(kind, payload)
         except (QueueRefused, QueueUnavailable) as e:
             raise NotQueued(str(e)) from None
-
-    def _acted(self, name: str, args: dict) -> tuple[bool, str]:
-        """The recovery ladder's rung through the command's own action: (done, words)."""
-        outcome = self.actions.run(name, args)
-        return (outcome.ok and outcome.extra.get("confirmed", True) is not False,
-                outcome.output or outcome.error or "")
 
     def _update_settled(self, command_id: str, ok: bool, text: str) -> None:
         outcome = Outcome(True, text) if ok else Outcome(False, error=text)

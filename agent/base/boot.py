@@ -1,11 +1,13 @@
 """Which boot this is: the kernel's boot id, a token of this boot that holds inside a
 container too, and whether this process is the agent's first start since the machine
-booted (a service restart is not a boot)."""
+booted (a service restart is not a boot); and how this device is rebooted or powered
+off (``ask_logind``: the reboot command's, the recovery ladder's)."""
 from __future__ import annotations
 
 import logging
 import os
 import subprocess
+from typing import Callable
 
 from . import status_file
 from .fsutil import atomic_write, read_bounded
@@ -68,6 +70,15 @@ def manager_started() -> str:
         return ""
     value = r.stdout.strip()
     return value if r.returncode == 0 and value.isdigit() and value != "0" else ""
+
+
+def ask_logind(verb: str, run: Callable[[list[str]], str]) -> str:
+    """A reboot or power-off asked of logind, as polkit lets the edge-agent user ask for
+    exactly this (/usr/share/polkit-1/rules.d/50-edge-agent.rules), so the sandbox stays
+    shut. ``run(argv)`` runs it, bounded, and answers "" or why it failed; this answers
+    "" once asked (the device goes down soon after), else why not."""
+    why = run(["systemctl", verb, "--no-ask-password"])
+    return f"{verb} refused: {why}" if why else ""
 
 
 def boot_token(runtime_dir: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import shlex
 import signal
 import subprocess
 import time
@@ -117,6 +118,15 @@ def finish(child: subprocess.Popen, timeout_s: float) -> tuple[bytes, bytes]:
         kill_group(child)
         _reap(child)
         raise
+
+
+def split(command: str) -> tuple[list[str], str]:
+    """A configured command line's words, or ([], why they cannot be run)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        return [], f"the configured command cannot be split: {e}"
+    return argv, "" if argv else "the configured command is empty"
 
 
 def program(argv: list[str]) -> str:

@@ -12,7 +12,6 @@ import gzip
 import io
 import json
 import logging
-import shlex
 import socket
 import subprocess
 import threading
@@ -22,13 +21,14 @@ from urllib.parse import urlparse
 
 from ..base import children
 from ..base import journal_wire
+from ..base.boot import ask_logind
 from ..config.model import Commands
 from ..runtime.threads import start_worker
 from ..base.logs import RECENT, under_journal
 from ..update.rules import NotStaged
 from ..base.upload_kinds import LOG, SCREENSHOT
 from ..base.vocabulary import SCREEN_CONTROLS
-from ..screen.core import Display
+from ..screen.core import Power, not_configured
 from .core import LATER, Outcome
 from .operator import OperatorTools
 
@@ -82,7 +82,7 @@ class Actions:
                  enqueue: Callable[[str, bytes], str], updater: "Updates | None" = None,
                  configure: Callable[[dict], tuple[bool, str]] | None = None,
                  undeliverable: Callable[[str], str | None] = lambda kind: None,
-                 screen: Display | None = None, controls: ScreenControls | None = None,
+                 power: Power | None = None, controls: ScreenControls | None = None,
                  server_far: Callable[[float], float | None] = lambda when: None,
                  shoot: Callable[[], tuple[bytes | None, str]] | None = None):
         """``enqueue(kind, payload)`` returns the item's id or raises NotQueued. The
@@ -91,17 +91,18 @@ class Actions:
         the result's words).
         ``undeliverable(kind)`` says why the link's profile cannot carry an upload of
         that kind, or None: a bundle nobody can deliver is not made at all.
-        ``screen`` reads the display's state back after a display command
-        (agent/screen/); ``controls`` act for the screen's commands and read back.
+        ``power``: the display's owner (agent/screen/power.py), which turns it for a
+        display command and reads it back; ``controls`` act for the screen's commands
+        and read back.
         ``shoot()``: the screen captured full size, as a JPEG, by the picture check's
         means (agent/screen/part.py), or (None, why not): the screenshot where no
         ``screenshot_command`` is set."""
         self.shoot = shoot
         self.undeliverable = undeliverable
-        self.screen = screen
+        self.power = power
         self.controls = controls
         # what one command may take beyond the configured command's bound
-        self.read_back_s = max(screen.bound_s if screen is not None else 0.0,
+        self.read_back_s = max(power.bound_s if power is not None else 0.0,
                                controls.bound_s if controls is not None else 0.0)
         self.section = section
         self.server_url = server_url
@@ -113,8 +114,7 @@ class Actions:
         self._configure = configure
         self.timeout_s = section.timeout_s
         self._lock = threading.Lock()
-        # the programs running now: the command's, and the recovery ladder's wake or
-        # reboot on its own thread (agent/screen/mender.py)
+        # the programs the command runs now (the display's are its owner's)
         self._children: set[subprocess.Popen] = set()
         self._stopping = False
         self.operator = OperatorTools(section.timeout_s, self._start, self._release, self._run,
@@ -210,20 +210,13 @@ class Actions:
                        extra={"upload_id": upload_id})
 
     def display(self, args: dict) -> Outcome:
-        command = (self.section.display_on_command if args["state"] == "on"
-                   else self.section.display_off_command)
-        if not command:
-            return Outcome(False, error=f"no display_{args['state']}_command configured "
-                                        "([commands] in agent.toml)")
-        r = self._shell(command)
-        if isinstance(r, Outcome):
-            return r
-        if self.screen is None:
-            return Outcome(True, f"display {args['state']}")
+        if self.power is None:
+            return Outcome(False, error=not_configured(args["state"]))
+        turned = self.power.turn(args["state"])
+        if turned.error:
+            return Outcome(False, error=turned.error)
         # ok: the command ran; whether the display is seen in that state is "confirmed"
-        verdict = self.screen.read_back(args["state"])
-        return Outcome(True, f"display {args['state']}: {verdict.said()}",
-                       extra=verdict.fields())
+        return Outcome(True, turned.said(), extra=turned.fields())
 
     def _screen_control(self, name: str) -> Callable[[dict], Outcome]:
         def act(args: dict) -> Outcome:
@@ -253,12 +246,11 @@ class Actions:
         return self._logind("poweroff")
 
     def _logind(self, verb: str) -> Outcome:
-        # logind does it; polkit lets the edge-agent user ask for exactly this
-        # (/usr/share/polkit-1/rules.d/50-edge-agent.rules), so the sandbox stays shut
-        r = self._run(["systemctl", verb, "--no-ask-password"])
-        if isinstance(r, Outcome):
-            return Outcome(False, error=f"{verb} refused: {r.error}")
-        return LATER
+        def run(argv: list[str]) -> str:
+            r = self._run(argv)
+            return (r.error or "failed") if isinstance(r, Outcome) else ""
+        why = ask_logind(verb, run)
+        return Outcome(False, error=why) if why else LATER
 
     def update(self, args: dict, command_id: str = "") -> Outcome:
         if self.updater is None:
@@ -285,13 +277,8 @@ class Actions:
     def _shell(self, command: str):
         """The configured command's output, or an Outcome saying why it failed in
         children.failure's words: never its command line."""
-        try:
-            argv = shlex.split(command)
-        except ValueError as e:
-            return Outcome(False, error=f"the configured command cannot be split: {e}")
-        if not argv:
-            return Outcome(False, error="the configured command is empty")
-        return self._run(argv)
+        argv, why = children.split(command)
+        return Outcome(False, error=why) if why else self._run(argv)
 
     def _start(self, argv: list[str], merge_stderr: bool = False):
         """``argv`` started, its process group killed on stop (the caller bounds it in

@@ -1,74 +1,64 @@
-"""The working-hours thread: asks the schedule what the display should be, and runs the
-configured display command when the answer changes. No network needed.
+"""The working-hours thread: asks the schedule what the display should be, and turns
+the display through its one owner (the screen part's ``Power``, agent/screen/power.py)
+when the answer changes. No network needed.
 
 Only on a clock it can trust: a Pi boots without an RTC at the last time it saved, so
 before NTP answers (or with ``[hours] clock = "trusted"``, for a board with an RTC) the
 display is left as it is: a screen lit out of hours costs less than one dark in them.
 A command that fails (CEC not answered, no output) is a fault, tried again each minute;
 an "off" the schedule asked for is not. After a command that ran, the display's state is
-read back (agent/screen/, the ``screen`` port): the change's event says whether it was
-confirmed and by what, and a display that still reads the other state once the settle
-is over is a fault like a failed command (once, tried again each minute).
+read back (the owner's turn): the change's event says whether it was confirmed and by
+what, and a display that still reads the other state once the settle is over is a
+fault like a failed command (once, tried again each minute). At each look the owner is
+told what the schedule wants (``schedule``): a display off by the hours is not judged.
 
 The thread is a Loop: a bug in a look at the clock restarts it after a backoff, seen in
 the journal, and it is on the watchdog gate (it looks at least every TICK_S, and one
-look is bounded by the display command's timeout and the connect grace).
+look is bounded by the owner's turn).
 """
 from __future__ import annotations
 
 import logging
-import shlex
-import subprocess
 import threading
 import time
 from datetime import datetime
 from typing import Callable
 from zoneinfo import ZoneInfo
 
-from ..base import children
 from ..base.clock import wall_synced
-from ..base.hardware import connectors
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
-from ..config.model import Commands, Hours
+from ..config.model import Hours
 from ..events.model import Event
 from ..config.week import Schedule
-from ..screen.core import Display
+from ..screen.core import OFF, ON, Power
 
 log = logging.getLogger("edge_agent.hours")
 
 TICK_S = 30.0          # how often the clock is asked again, besides the next change
 RETRY_S = 60.0         # a failed command, again
-# a TV woken by CEC raises hot-plug detect a few seconds after it answers
-CONNECT_GRACE_S = 15.0
 
 
-def max_silence_s(timeout_s: float, connect_grace_s: float, read_back_s: float = 0.0) -> float:
-    """What the watchdog gate allows between two looks: the wait, a command that ran to
-    its timeout (and was killed), the connect grace, the read-back's bound, and a margin
-    for the rest."""
-    return TICK_S + timeout_s + connect_grace_s + read_back_s + 30.0
+def max_silence_s(turn_s: float) -> float:
+    """What the watchdog gate allows between two looks: the wait, a turn of the display
+    to its bound (a command that ran to its timeout, the connect grace, the read-back,
+    one turn it waited behind), and a margin for the rest."""
+    return TICK_S + turn_s + 30.0
 
 
 class WorkingHours:
-    def __init__(self, schedule: Schedule, zone: str | None, on_command: str, off_command: str,
-                 timeout_s: float, trust_clock: bool, on_fault: Callable[[dict], None],
-                 on_change: Callable[[dict], None], sysfs_root: str = "/sys",
+    def __init__(self, schedule: Schedule, zone: str | None, power: Power, trust_clock: bool,
+                 on_fault: Callable[[dict], None], on_change: Callable[[dict], None],
                  now: Callable[[], float] = time.time, synced: Callable[[], bool] = wall_synced,
                  monotonic: Callable[[], float] = time.monotonic,
-                 connect_grace_s: float = CONNECT_GRACE_S,
-                 gate: WatchdogGate | None = None, screen: Display | None = None):
-        """``gate``: the thread is on the watchdog gate (the daemon's). ``screen``: reads
-        the display's state back after each command that ran (None: not read)."""
+                 gate: WatchdogGate | None = None):
+        """``power``: the display's owner, which turns it and reads it back. ``gate``:
+        the thread is on the watchdog gate (the daemon's)."""
         self.schedule = schedule
         self.zone = ZoneInfo(zone) if zone else None   # None: the system's local time
-        self.commands = {True: shlex.split(on_command), False: shlex.split(off_command)}
-        self.timeout_s = timeout_s
-        self.connect_grace_s = connect_grace_s
+        self.power = power
         self.on_fault, self.on_change = on_fault, on_change
-        self.sysfs_root = sysfs_root
         self.now, self.synced, self.monotonic = now, synced, monotonic
-        self.screen = screen
         self.read_back: str | None = None   # what the last read-back said
         self.applied: bool | None = None    # what the last command that worked set
         self.waiting_for_clock = False
@@ -81,8 +71,7 @@ class WorkingHours:
         self._retry_at = 0.0
         self._stop = threading.Event()
         self.loop = Loop("hours", self._run, gate=gate,
-                         max_silence_s=max_silence_s(timeout_s, connect_grace_s,
-                                                     screen.bound_s if screen else 0.0),
+                         max_silence_s=max_silence_s(power.bound_s),
                          pause=self._stop.wait, stopping=self._stop.is_set)
 
     def local_now(self) -> datetime:
@@ -114,6 +103,7 @@ class WorkingHours:
         """One look at the clock; returns how long to wait before the next."""
         local = self.local_now()
         wanted = self.wanted(local)
+        self.power.schedule(None if wanted is None else ON if wanted else OFF)
         if wanted is None:
             if not self.waiting_for_clock:
                 log.warning("working hours: the clock is not synchronised yet; the display "
@@ -157,24 +147,20 @@ class WorkingHours:
             self._stop.wait(self.step())
 
     def _apply(self, on: bool) -> None:
-        state = "on" if on else "off"
-        error = self._run_command(self.commands[on])
-        if error is None and on and not self._connected_within(self.connect_grace_s):
-            error = "no display is connected (HDMI unplugged?)"
-        verdict = None
-        if error is None and self.screen is not None:
-            verdict = self.screen.read_back(state)
+        state = ON if on else OFF
+        turned = self.power.turn(state, scheduled=True)
+        error, verdict = turned.error, turned.read
+        if verdict is not None:
             self.read_back = verdict.said()
             if verdict.contrary:
                 error = verdict.why
         # the state first, then the event: the status the event's refresh writes has it
-        if error is None:
+        if not error:
             changed, self.applied, self.fault = self.applied != on, on, None
             if changed:
                 log.info("working hours: display %s%s", state,
                          f": {verdict.said()}" if verdict else "")
-                self.on_change({"state": state, "by": "working hours",
-                                **(verdict.fields() if verdict else {})})
+                self.on_change({"state": state, "by": "working hours", **turned.fields()})
             return
         self._retry_at = self.monotonic() + RETRY_S
         new, self.fault = self.fault != error, error
@@ -182,44 +168,15 @@ class WorkingHours:
             log.warning("working hours: the display should be %s and is not: %s", state, error)
             self.on_fault({"wanted": state, "error": error})
 
-    def _run_command(self, argv: list[str]) -> str | None:
-        """None, or why it failed (children.failure: never the command line)."""
-        try:
-            proc = children.spawn(argv)
-        except OSError as e:
-            return children.failure(argv, error=e)
-        try:
-            _, err = children.finish(proc, self.timeout_s)
-        except subprocess.TimeoutExpired:
-            return children.failure(argv, timeout_s=self.timeout_s)
-        if proc.returncode != 0:
-            return children.failure(argv, exited=proc.returncode, stderr=err)
-        return None
 
-    def _connected_within(self, seconds: float) -> bool:
-        deadline = self.monotonic() + seconds
-        while not self._display_connected():
-            if self.monotonic() >= deadline or self._stop.wait(0.5):
-                return False
-        return True
-
-    def _display_connected(self) -> bool:
-        """A DRM connector says connected; a device with no DRM at all (a test, a board
-        whose display is not DRM's) is not second-guessed."""
-        statuses = connectors(self.sysfs_root).values()
-        return not statuses or "connected" in statuses
-
-
-def from_config(hours: Hours, commands: Commands, *, sysfs_root: str,
-                publish: Callable[[Event], None],
-                gate: WatchdogGate | None = None, screen: Display | None = None) -> WorkingHours:
-    """Working hours as the configuration sets them, run through [commands]' display
-    commands, each read back through ``screen``; what they do is told as events
-    (display.scheduled, display.fault)."""
+def from_config(hours: Hours, power: Power, *, publish: Callable[[Event], None],
+                gate: WatchdogGate | None = None) -> WorkingHours:
+    """Working hours as the configuration sets them, the display turned through
+    ``power`` (its owner: [commands]' display commands, each read back); what they do is
+    told as events (display.scheduled, display.fault)."""
     return WorkingHours(
-        Schedule.parse(list(hours.week), list(hours.exceptions)), hours.timezone,
-        commands.display_on_command, commands.display_off_command, commands.timeout_s,
+        Schedule.parse(list(hours.week), list(hours.exceptions)), hours.timezone, power,
         trust_clock=hours.clock == "trusted",
         on_fault=lambda d: publish(Event("display.fault", time.time(), d)),
         on_change=lambda d: publish(Event("display.scheduled", time.time(), d)),
-        sysfs_root=sysfs_root, gate=gate, screen=screen)
+        gate=gate)

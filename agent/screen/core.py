@@ -115,14 +115,61 @@ class Verdict:
         return {"confirmed": False, "why": self.why, **retried}
 
 
-class Display(Protocol):
-    """What a part that turns the display on or off asks of the screen part
-    (agent/screen/service.py, bound by the daemon): the state read back, within
-    ``bound_s`` seconds at most."""
+FAILED, DONE, CONFIRMED, UNCONFIRMED = "failed", "done", "confirmed", "unconfirmed"
+
+
+def not_configured(state: str) -> str:
+    """Why the display cannot be turned ``state`` here."""
+    return f"no display_{state}_command configured ([commands] in agent.toml)"
+
+
+@dataclass(frozen=True)
+class Turned:
+    """What turning the display gave (its one owner, agent/screen/power.py): ``failed``
+    (the command did not run, or failed: ``error`` says why, never its command line),
+    ``done`` (it ran, and nothing here reads the display back), ``confirmed`` or
+    ``unconfirmed`` (it ran and was read back: ``read``, the Verdict)."""
+    state: str                   # what was asked
+    error: str = ""
+    read: Verdict | None = None
+
+    @property
+    def outcome(self) -> str:
+        if self.error:
+            return FAILED
+        if self.read is None:
+            return DONE
+        return CONFIRMED if self.read.confirmed else UNCONFIRMED
+
+    @property
+    def ok(self) -> bool:
+        """The display is as asked, as far as anything here can tell."""
+        return self.outcome in (DONE, CONFIRMED)
+
+    def said(self) -> str:
+        """"display off: confirmed by DRM (...)", "display on", or why it failed."""
+        if self.error:
+            return self.error
+        return f"display {self.state}" + (f": {self.read.said()}" if self.read else "")
+
+    def fields(self) -> dict:
+        """What a command's result and an event carry of the read-back."""
+        return self.read.fields() if self.read is not None else {}
+
+
+class Power(Protocol):
+    """What a part that turns the display on or off asks of the screen part, the
+    display's one owner (agent/screen/power.py): ``turn`` runs the configured command
+    and reads the display back, one turn at a time, within ``bound_s`` seconds at most
+    (one turn it waits behind included). ``scheduled``: the working hours' turn (see
+    power.py). ``schedule(wanted)``: the working hours say what they want now (on,
+    off, or None: no clock to trust yet)."""
 
     bound_s: float
 
-    def read_back(self, state: str) -> Verdict: ...
+    def turn(self, state: str, *, scheduled: bool = False) -> Turned: ...
+
+    def schedule(self, wanted: str | None) -> None: ...
 
 
 def _listed(readings) -> str:

@@ -4,13 +4,14 @@ Every POLL_S it reads the player's unit (player.py) and tells what changed
 (``player.crashed``, ``player.restarted``), hands the ladder what it saw, and the
 pictures' verdicts that the picture check gave ``on_picture`` since, and runs the rungs
 the ladder asks for through the callables it was given: the player's restart, the
-display's wake (display on, read back), the reboot (the daemon's reboot path), the last
-only once reboots.py has counted it on the card. The ladder's reports are published as
+display's wake (a turn on by the display's owner, power.py, read back), the reboot
+(logind asked, as the reboot command asks it), the last only once reboots.py has
+counted it on the card. The ladder's reports are published as
 events. With ``[screen] recovery`` off the player is still read and reported, and
 nothing is done.
 
 A rung runs on this thread and is bounded by its own callable (the restart by
-player.py's bound, the wake by the display's read-back, the reboot by the command's
+player.py's bound, the wake by the display's turn, the reboot by the command's
 timeout); the thread is a Loop on the watchdog gate, allowed a poll and a rung between
 two turns. Nothing is written to the card but the reboot count, just before a reboot.
 """

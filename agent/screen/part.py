@@ -1,12 +1,14 @@
 """The screen's truth, assembled: what the daemon builds from ``[screen]`` and wires.
 
-- the display's state read back after every on/off (service.py), for the ``display``
-  command and the working hours; a display command's verdict is also an event,
-  ``display.read_back`` (the hours tell theirs in ``display.scheduled``);
+- the display's power, one owner (power.py): the ``display`` command, the working
+  hours and the recovery ladder's wake each turn it there, one at a time, and it is
+  read back (service.py) every time; the verdict is an event, ``display.read_back``
+  (the hours tell theirs in ``display.scheduled``);
 - the picture checked black, frozen or ok (watch.py), never while the display is meant
   to be dark: off by working hours, or last turned off by a display command;
 - the player unit watched and the recovery ladder (mender.py), which hears each
-  picture verdict;
+  picture verdict, wakes the display through its owner and reboots as the reboot
+  command does (base/boot.py's ``ask_logind``);
 - the screen's controls for restart-player, brightness, volume and poweroff
   (controls.py), each read back;
 - the screenshot, where no ``[commands] screenshot_command`` is set: the screen full
@@ -24,6 +26,7 @@ import logging
 import time
 from typing import Callable
 
+from ..base.boot import ask_logind
 from ..base.vocabulary import SCREEN_CONTROLS, SCREEN_MEANS
 from ..config.model import Config
 from ..events.model import Event
@@ -31,34 +34,23 @@ from ..runtime.threads import start_worker
 from ..runtime.watchdog_gate import WatchdogGate
 from typing import TYPE_CHECKING
 
-from .core import Verdict
+from .ladder import REBOOT
+from .power import DisplayPower
+from .sources import Runner
 
 if TYPE_CHECKING:   # each is imported where this screen has a use for it
     from . import capture as capturing, controls as controlling, display_watch, \
-        mender as mending, service, watch
+        mender as mending, watch
 
 log = logging.getLogger("edge_agent.screen")
 
 
-class CommandDisplay:
-    """The read-back as the display command sees it: the verdict, also told as an event."""
-
-    def __init__(self, display: "service.Screen", publish: Callable[[Event], None]):
-        self.display, self.publish = display, publish
-        self.bound_s = display.bound_s
-
-    def read_back(self, state: str) -> Verdict:
-        verdict = self.display.read_back(state)
-        self.publish(Event("display.read_back", time.time(),
-                           {"state": state, **verdict.fields()}))
-        return verdict
-
-
 class ScreenPart:
-    def __init__(self, display: "service.Screen | None", picture: "watch.PictureWatch | None",
-                 publish: Callable[[Event], None]):
-        self.display = display          # the hours' read-back
-        self.command_display = CommandDisplay(display, publish) if display else None
+    def __init__(self, power: DisplayPower | None, picture: "watch.PictureWatch | None",
+                 timeout_s: float):
+        """``power``: the display's owner, where a display command is configured;
+        ``timeout_s``: a reboot's bound ([commands] timeout_s)."""
+        self.power = power
         self.picture = picture
         self.controls: "controlling.Controls | None" = None
         self.mender: "mending.Mender | None" = None
@@ -67,16 +59,17 @@ class ScreenPart:
         self.cold_start = False   # the boot's first start of the agent
         self.shot_means: tuple[str | None, str] = (None, "screenshot is not allowed")
         self.shooter: "capturing.Capture | None" = None   # the screenshot's own capture
-        self.scheduled_off: Callable[[], bool] = lambda: False   # the working hours' off
         self.started_at: float | None = None
+        self._rebooter = Runner(timeout_s, refused="not run: the agent is stopping")
 
-    def dark(self, scheduled_off: Callable[[], bool]) -> str | None:
-        """Why the display is meant to be dark now, or None."""
-        if scheduled_off():
-            return "off by working hours"
-        if self.display is not None and self.display.asked == "off":
-            return "turned off by a display command"
-        return None
+    def dark(self) -> str | None:
+        """Why the display is meant to be dark now (its owner knows), or None."""
+        return self.power.meant_dark() if self.power is not None else None
+
+    def reboot(self) -> tuple[bool, str]:
+        """The recovery ladder's last rung, as the reboot command asks: (asked, words)."""
+        why = ask_logind(REBOOT, lambda argv: self._rebooter(argv)[1])
+        return (False, why) if why else (True, "logind asked to reboot")
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -129,8 +122,9 @@ class ScreenPart:
 
     def stop(self) -> None:
         """From any thread: a read-back or a capture in progress ends now."""
-        if self.display is not None:
-            self.display.stop()
+        if self.power is not None:
+            self.power.stop()
+        self._rebooter.stop()
         if self.picture is not None:
             self.picture.stop()
         if self.controls is not None:
@@ -148,7 +142,7 @@ class ScreenPart:
                 loop.join(timeout)
 
     def snapshot(self) -> dict | None:
-        doc = {"display": self.display.snapshot() if self.display else None,
+        doc = {"display": self.power.snapshot() if self.power else None,
                "picture": self._picture(), "watched": self._watched(),
                "controls": {"via": self.controls.via(), "lacking": self.controls.why_not()}
                if self.controls else None, "player": None, "recovery": None}
@@ -166,7 +160,7 @@ class ScreenPart:
         if self.watched is None:
             return None
         shot = self.watched.snapshot()
-        why_dark = self.dark(self.scheduled_off)
+        why_dark = self.dark()
         return {**shot, "meant_dark": why_dark} if why_dark else shot
 
     def _picture(self) -> dict | None:
@@ -176,7 +170,7 @@ class ScreenPart:
         if self.picture is None:
             return None
         shot = self.picture.snapshot()
-        why_dark = self.dark(self.scheduled_off) if shot.get("verdict") != "off" else None
+        why_dark = self.dark() if shot.get("verdict") != "off" else None
         if why_dark and shot.get("verdict") != "dark":
             return {**shot, "verdict": "dark", "dark": why_dark, "since_s": None,
                     "mean": None, "contrast": None}
@@ -190,26 +184,24 @@ class ScreenPart:
 
 def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
              publish: Callable[[Event], None], enqueue: Callable[[str, bytes], object],
-             gate: WatchdogGate | None, scheduled_off: Callable[[], bool],
-             wake: Callable[[], tuple[bool, str]], reboot: Callable[[], tuple[bool, str]],
-             means_changed: Callable[[], None] = lambda: None,
+             gate: WatchdogGate | None, means_changed: Callable[[], None] = lambda: None,
              cold_start: bool = False,
              on_change: Callable[[], None] = lambda: None) -> ScreenPart:
-    """``scheduled_off()``: the working hours have the display off now. ``wake()`` turns
-    the display on and reads it back, ``reboot()`` asks for a reboot: the recovery
-    ladder's rungs, each (done, in words). ``means_changed()``: a probe found what the
+    """``means_changed()``: a probe found what the
     screen can do changed (the server that was told at registration hears it again).
     ``on_change()``: a check is done (a picture judged, the display read): the status
     board says it now, on tmpfs, so every line of `edge-agent status` is as of its last
     check, not of the last event."""
     section, commands = config.screen, config.commands
-    display = None
+    power = None
     if commands.display_on_command or commands.display_off_command:
         from . import service
-        display = service.from_config(section, commands, sysfs_root=sysfs, environ=environ)
-    part = ScreenPart(display, None, publish)
+        power = DisplayPower(commands.display_on_command, commands.display_off_command,
+                             commands.timeout_s, service.from_config(
+                                 section, commands, sysfs_root=sysfs, environ=environ),
+                             publish, sysfs_root=sysfs)
+    part = ScreenPart(power, None, commands.timeout_s)
     part.cold_start = cold_start
-    part.scheduled_off = scheduled_off
 
     def queue_thumbnail(kind: str, data: bytes) -> None:
         # the verdict is told whatever the queue says: a full or failed card refuses the
@@ -219,13 +211,14 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
         except Exception as e:   # the queue's refusals (NotQueued), each a line of words
             log.warning("picture check: the thumbnail was not queued: %s", e)
     if section.player_unit or section.recovery:
-        # a wake is the display command and its read-back; a reboot, the command's bound
-        rung_s = commands.timeout_s + (display.bound_s if display is not None else 0.0) + 10.0
+        # a wake is a turn of the display (the command, its read-back); a reboot, the
+        # command's bound
+        rung_s = max(commands.timeout_s, power.bound_s if power is not None else 0.0) + 10.0
         from . import mender as mending
         part.mender = mending.from_config(
             section, commands.allow, config.state_dir, publish=publish,
-            wake=wake if commands.display_on_command else None, reboot=reboot,
-            meant_dark=lambda: part.dark(scheduled_off) is not None, gate=gate,
+            wake=power.wake if power is not None and commands.display_on_command else None,
+            reboot=part.reboot, meant_dark=lambda: part.dark() is not None, gate=gate,
             rung_bound_s=rung_s, clock_trusted=config.hours.clock == "trusted")
     if set(SCREEN_CONTROLS) & set(commands.allow):
         from . import controls as controlling
@@ -240,12 +233,12 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
     if section.display_every_s > 0:
         part.watched = _display_watch(config, sysfs=sysfs, environ=environ, publish=publish,
                                       on_change=on_change, gate=gate,
-                                      dark=lambda: part.dark(scheduled_off))
+                                      dark=part.dark)
     if section.picture_every_s > 0 and something_to_capture(config, environ):
 
         from . import watch
         part.picture = watch.from_config(
-            section, commands, environ, dark=lambda: part.dark(scheduled_off),
+            section, commands, environ, dark=part.dark,
             publish=publish, gate=gate, temp_dir=runtime_dir,
             enqueue=queue_thumbnail if "screenshot" in commands.allow else None,
             on_verdict=lambda verdict: _checked(part, verdict, on_change))

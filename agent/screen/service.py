@@ -1,9 +1,9 @@
 """The display's state read back after a display command: the shell around core.py.
 
-``read_back(state)`` runs on the thread that turned the display (the commands thread,
-the working hours'): it reads the sources (sources.py) when the core says, waits
-between reads on an event that ``stop()`` sets, and returns the core's Verdict, within
-``bound_s``. Nothing is written anywhere; one read-back shares nothing with another but
+``read_back(state)`` runs inside the display's turn (power.py), on the turning thread
+(the commands', the working hours', the mender's): it reads the sources (sources.py)
+when the core says, waits between reads on an event that ``stop()`` sets, and returns
+the core's Verdict, within ``bound_s``. Nothing is written anywhere; one read-back shares nothing with another but
 the runner that ``stop()`` ends.
 
 Where X11 is asked: ``[screen] x_display``; unset, the display the configured display
@@ -34,7 +34,6 @@ class Screen:
         self.clock = clock
         self._stop = threading.Event()
         self._last: tuple[Verdict, float] | None = None   # the last verdict, and when
-        self._asked: str | None = None
         self.menders = tuple(name for name, s in self.sources.items() if hasattr(s, "mend"))
         # twice (the retry): the settle, a round of reads begun just before its end, and
         # the last look (Wayland's may be two runs of wlr-randr); the rungs between
@@ -42,7 +41,6 @@ class Screen:
             + 4 * len(self.menders) * READ_TIMEOUT_S
 
     def read_back(self, state: str) -> Verdict:
-        self._asked = state   # from now: the picture check counts an asked off as dark
         core = ReadBack({name: s.every_s for name, s in self.sources.items()}, self.settle_s,
                         self.menders)
         effects = core.handle(Asked(state, self.clock()))
@@ -66,11 +64,6 @@ class Screen:
         (log.warning if verdict.contrary else log.info)("display %s: %s", state,
                                                           verdict.said())
         return verdict
-
-    @property
-    def asked(self) -> str | None:
-        """The state the last display command or working hours asked for, if any."""
-        return self._asked
 
     def snapshot(self) -> dict | None:
         """For status: the last read-back, how it was confirmed, and how long ago."""

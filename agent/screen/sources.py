@@ -43,8 +43,9 @@ class Runner:
     """Runs a source's program, bounded; ``stop()`` from any thread kills the one
     running and refuses the next."""
 
-    def __init__(self, timeout_s: float = READ_TIMEOUT_S):
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float = READ_TIMEOUT_S,
+                 refused: str = "not read: the agent is stopping"):
+        self.timeout_s, self.refused = timeout_s, refused
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen] = set()
         self._stopping = False
@@ -55,7 +56,7 @@ class Runner:
         try:
             with self._lock:
                 if self._stopping:
-                    return None, "not read: the agent is stopping"
+                    return None, self.refused
                 child = children.spawn(argv, env=env)
                 self._running.add(child)
         except OSError as e:
