@@ -304,3 +304,37 @@ def test_a_logs_bundle_the_profile_cannot_deliver_is_never_made(monkeypatch):
     outcome = actions.run("logs", {"since_s": 60, "priority": 6})
     assert outcome.ok is False and queued == []
     assert outcome.error.startswith("the screentinker profile carries no log uploads")
+
+
+def test_the_service_does_the_effects_in_order_and_runs_nothing_the_ledger_refused(tmp_path):
+    """The shell's half of the rule: the Persist is written before the Run is queued,
+    and a Run whose Persist failed (a full card) is never queued: its result says why."""
+    import errno
+
+    from agent.commands.actions import Actions
+    from agent.commands.service import CommandService
+    path = tmp_path / "commands.jsonl"
+    service = CommandService(str(path), frozenset({"diagnostics"}), Actions.__new__(Actions),
+                             on_finished=lambda *a: None, runtime_dir=str(tmp_path))
+    order, write = [], service._ledger.write
+
+    def recorded(changes, *rest):
+        order.append(("write", [cid for cid, _ in changes]))
+        write(changes, *rest)
+
+    service._ledger.write = recorded
+    service._jobs.put = lambda job: order.append(("run", job.id, path.read_bytes()))
+    assert service.received({"id": "c1", "name": "diagnostics"}) == []
+    assert [o[:2] for o in order] == [("write", ["c1"]), ("run", "c1")]
+    assert b'"c1"' in order[1][2], "queued before the ledger held it"
+
+    def full(changes, *rest):
+        order.append(("write", [cid for cid, _ in changes]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    service._ledger.write = full
+    [report] = service.received({"id": "c2", "name": "diagnostics"})
+    assert report.result["ok"] is False and report.result["error"] == \
+        "not run: the command ledger could not be written (No space left on device)"
+    assert [o[:2] for o in order[2:]] == [("write", ["c2"]), ("write", ["c2"])], \
+        "c2 was queued to run on a ledger that does not hold it"
