@@ -338,3 +338,59 @@ def test_the_service_does_the_effects_in_order_and_runs_nothing_the_ledger_refus
         "not run: the command ledger could not be written (No space left on device)"
     assert [o[:2] for o in order[2:]] == [("write", ["c2"]), ("write", ["c2"])], \
         "c2 was queued to run on a ledger that does not hold it"
+
+
+# What the last release (before handle()) wrote for: diagnostics d1 run, finished and
+# confirmed; format-disk x1 refused; reboot r1 running when the power went; d1 forgotten.
+LAST_RELEASE = (
+    b'{"v":2,"floor":null,"closed":false}\n'
+    b'{"e":{"id":"d1","name":"diagnostics","state":"running","received_at":1000.0,'
+    b'"boot_id":"boot-a","pid":7,"result":null,"acked":false,"expires_at":1300,'
+    b'"admitted":true}}\n'
+    b'{"e":{"id":"d1","name":"diagnostics","state":"done","received_at":1000.0,'
+    b'"boot_id":"boot-a","pid":7,"result":{"id":"d1","name":"diagnostics","ok":true,'
+    b'"received_at":1000.0,"finished_at":1001.0,"started_at":1000.5,"output":"fine"},'
+    b'"acked":false,"expires_at":1300,"admitted":true}}\n'
+    b'{"e":{"id":"d1","name":"diagnostics","state":"done","received_at":1000.0,'
+    b'"boot_id":"boot-a","pid":7,"result":{"id":"d1","name":"diagnostics","ok":true,'
+    b'"received_at":1000.0,"finished_at":1001.0,"started_at":1000.5,"output":"fine"},'
+    b'"acked":true,"expires_at":1300,"admitted":true}}\n'
+    b'{"e":{"id":"x1","name":"format-disk","state":"done","received_at":1002.0,'
+    b'"boot_id":"boot-a","pid":7,"result":{"id":"x1","name":"format-disk","ok":false,'
+    b'"received_at":1002.0,"finished_at":1002.0,"error":"unknown command \'format-disk\'"},'
+    b'"acked":false,"expires_at":1310,"admitted":false}}\n'
+    b'{"e":{"id":"r1","name":"reboot","state":"running","received_at":1003.0,'
+    b'"boot_id":"boot-a","pid":7,"result":null,"acked":false,"expires_at":1320,'
+    b'"admitted":true}}\n'
+    b'{"forget":"d1","floor":1300.0,"closed":false}\n')
+
+
+def test_the_ledger_is_the_last_releases_line_for_line(tmp_path):
+    """The same events write the same bytes as the release before handle(), and what
+    that release left on a card is taken up: the interrupted reboot is done, the
+    forgotten command too old, the refusal answered again."""
+    path = str(tmp_path / "commands.json")
+    c = core(allow={"diagnostics", "reboot"})
+    for event in (Received({"id": "d1", "name": "diagnostics", "expires_at": 1300}, 1000.0,
+                           1.0, None, "boot-a", 7),
+                  Finished("d1", True, "fine", None, 1000.5, 1001.0), ResultAcked("d1"),
+                  Received({"id": "x1", "name": "format-disk", "expires_at": 1310}, 1002.0,
+                           5.0, None, "boot-a", 7),
+                  Received({"id": "r1", "name": "reboot", "expires_at": 1320}, 1003.0, 9.0,
+                           None, "boot-a", 7)):
+        persist(path, c, c.handle(event))
+    with open(path, "rb") as f:
+        assert f.read() == LAST_RELEASE[:LAST_RELEASE.index(b'{"forget"')]
+    with open(path, "wb") as f:
+        f.write(LAST_RELEASE)
+    loaded = ledger.load(path, 2000.0)
+    assert list(loaded.entries) == ["x1", "r1"] and loaded.floor == 1300.0 and not loaded.rewrite
+    after = CommandCore(frozenset({"diagnostics", "reboot"}), loaded.entries, loaded.floor,
+                        loaded.closed)
+    [p, r] = after.handle(Recovered("boot-b", 8, 2000.0))
+    assert p.durable and r.result["output"] == "the device rebooted"
+    [too_old] = results(receive(after, {"id": "d1", "name": "diagnostics",
+                                        "expires_at": 1300}, 2001.0))
+    assert "too old" in too_old["error"]
+    [again] = results(receive(after, {"id": "x1", "name": "format-disk"}, 2002.0))
+    assert again["error"] == "unknown command 'format-disk'"

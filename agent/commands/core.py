@@ -434,7 +434,9 @@ class CommandCore:
             return [self._refused(cid, name, now, "busy", (
                 f"busy: {MAX_PENDING} commands queued or running; not run, send it again "
                 "later"))]
-        entry = Entry(cid, name, "running", now, ev.boot, ev.pid, expires_at=expires,
+        # as the server said it (an integer stays one in the ledger's line)
+        entry = Entry(cid, name, "running", now, ev.boot, ev.pid,
+                      expires_at=raw["expires_at"] if expires is not None else None,
                       admitted=why is None)
         self.entries[cid] = entry
         self._changed(entry)
