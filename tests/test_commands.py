@@ -1,11 +1,14 @@
-"""Remote operations, sans I/O: at most once, expiry, allow-list, arguments, results."""
+"""Remote operations, sans I/O: at most once, expiry, allow-list, arguments, results.
+
+The core through its one way in, ``handle(event) -> [effect]``, on a fake clock."""
 import json
 import os
 
 import pytest
 
 from agent.commands import ledger
-from agent.commands.core import MAX_ENTRIES, CommandCore, Report, Run
+from agent.commands.core import (MAX_ENTRIES, CommandCore, Connected, Finished, Persist,
+                                 Received, Recovered, Report, ResultAcked, Run)
 
 ALL = frozenset({"diagnostics", "logs", "reboot", "restart-agent", "display", "screenshot"})
 
@@ -14,28 +17,42 @@ def core(allow=ALL, entries=None):
     return CommandCore(frozenset(allow), dict(entries or {}))
 
 
-def persist(path, c):
-    """As the service does before anything the core decided is done."""
-    changes, durable = c.take_changes()
-    ledger.Ledger(path, ledger.load(path, 0.0)).write(changes, c.horizon(), durable,
-                                                      lambda: list(c.entries.values()))
+def receive(c, raw, now, boot="", pid=0):
+    """A command at fake wall and monotonic time ``now``."""
+    return c.handle(Received(raw, now, now, None, boot, pid))
 
 
-def results(actions):
-    return [a.result for a in actions if isinstance(a, Report)]
+def persist(path, c, effects):
+    """As the service does before anything after it in ``effects`` is done."""
+    lg = ledger.Ledger(path, ledger.load(path, 0.0))
+    for p in effects:
+        if isinstance(p, Persist):
+            lg.write(list(p.changes), p.horizon, p.durable, lambda: list(c.entries.values()))
+
+
+def results(effects):
+    return [a.result for a in effects if isinstance(a, Report)]
+
+
+def runs(effects):
+    return [a for a in effects if isinstance(a, Run)]
 
 
 def test_a_command_runs_once_and_its_result_goes_until_acked():
     c = core()
-    [run] = c.receive({"id": "c1", "name": "logs", "args": {"since_s": 600}}, now=100.0)
-    assert run == Run("c1", "logs", {"since_s": 600, "priority": 6}) and c.dirty
-    assert c.receive({"id": "c1", "name": "logs"}, now=101.0) == [], "a resend never runs twice"
-    [report] = c.finished("c1", True, "42 lines", None, 100.5, now=102.0)
+    [persist_, run] = receive(c, {"id": "c1", "name": "logs", "args": {"since_s": 600}}, 100.0)
+    assert run == Run("c1", "logs", {"since_s": 600, "priority": 6})
+    assert persist_.durable and [cid for cid, _ in persist_.changes] == ["c1"]
+    assert receive(c, {"id": "c1", "name": "logs"}, 101.0) == [], "a resend never runs twice"
+    [kept, report] = c.handle(Finished("c1", True, "42 lines", None, 100.5, now=102.0))
+    assert isinstance(kept, Persist) and kept.durable
     assert report.result["ok"] and report.result["output"] == "42 lines"
-    assert results(c.receive({"id": "c1", "name": "logs"}, now=103.0)) == [report.result]
-    assert results(c.unacked()) == [report.result]
-    c.result_acked("c1")
-    assert c.unacked() == []
+    assert results(receive(c, {"id": "c1", "name": "logs"}, 103.0)) == [report.result]
+    assert results(c.handle(Connected())) == [report.result]
+    [acked] = c.handle(ResultAcked("c1"))
+    assert isinstance(acked, Persist) and not acked.durable, "a confirmation is only appended"
+    assert c.handle(Connected()) == []
+    assert c.handle(ResultAcked("c1")) == [], "nothing changed, nothing written"
 
 
 def test_refusals_are_results_and_run_nothing():
@@ -49,12 +66,84 @@ def test_refusals_are_results_and_run_nothing():
         "t": ({"name": "diagnostics", "expires_at": "soon"}, "malformed: expires_at"),
     }
     for cid, (body, why) in cases.items():
-        actions = c.receive({"id": cid, **body}, now=100.0)
-        assert not [a for a in actions if isinstance(a, Run)], cid
-        [r] = results(actions)
+        effects = receive(c, {"id": cid, **body}, 100.0)
+        assert not runs(effects), cid
+        [r] = results(effects)
         assert r["ok"] is False and why in r["error"], (cid, r)
-    assert c.receive("not a command", now=1.0) == [] and c.receive({"name": "x"}, now=1.0) == []
-    assert c.receive({"id": "x" * 65, "name": "diagnostics"}, now=1.0) == []
+        # remembered (its resend is answered the same) but not synced: it did nothing
+        [p] = [e for e in effects if isinstance(e, Persist)]
+        assert not p.durable, cid
+    assert receive(c, "not a command", 1.0) == [] and receive(c, {"name": "x"}, 1.0) == []
+    assert receive(c, {"id": "x" * 65, "name": "diagnostics"}, 1.0) == []
+
+
+class Card:
+    """What a power cut leaves of the ledger: the Persists the shell did, up to the last
+    synced one (an fdatasync takes every line appended before it)."""
+
+    def __init__(self):
+        self.written, self.synced = {}, {}
+
+    def persist(self, p):
+        for cid, entry in p.changes:
+            self.written.pop(cid, None)
+            if entry is not None:
+                self.written[cid] = entry
+        if p.durable:
+            self.synced = dict(self.written)
+
+
+def test_nothing_runs_or_is_reported_that_a_power_cut_could_take_from_the_ledger():
+    """The order of the effects is the rule: a Persist, synced, comes before every Run
+    it records (at most once across a power cut) and before every kept result of a
+    command that was given to run (what it did can always be reported). Every kind of
+    event, through the flood, the refusals, forgetting, a restart."""
+    c = core(allow={"diagnostics", "reboot", "restart-agent"})
+    card, ran, t = Card(), set(), 1000.0
+
+    def drive(event):
+        effects = c.handle(event)
+        for i, effect in enumerate(effects):
+            if isinstance(effect, Persist):
+                assert i == 0, f"a Persist after what it records: {effects}"
+                card.persist(effect)
+            elif isinstance(effect, Run):
+                on_card = card.synced.get(effect.id)
+                assert on_card is not None and on_card.state == "running", \
+                    f"{effect.id} runs before the card holds it: {effects}"
+                assert effect.id not in ran, f"{effect.id} ran twice"
+                ran.add(effect.id)
+            elif effect.kept and not isinstance(event, Connected):
+                # appended before it is said; synced if the command was given to run (a
+                # refusal lost to a power cut is refused again when it is sent again)
+                cid = effect.result["id"]
+                on_card = (card.synced if card.written[cid].admitted else card.written).get(cid)
+                assert on_card is not None and on_card.result == effect.result, \
+                    f"a result said before the card holds it: {effects}"
+        return effects
+
+    n = 3 * MAX_ENTRIES
+    for i in range(n):
+        name = ("diagnostics", "reboot", "format-disk", "restart-agent")[i % 4]
+        raw = {"id": f"c{i}", "name": name, "expires_at": t + 300}
+        for effect in drive(Received(raw, t, t, t, "boot-a", 10)):
+            # the last reboot and restart-agent are running when the power goes
+            if isinstance(effect, Run) and (name == "diagnostics" or i < n - 8):
+                drive(Finished(effect.id, True, "ok", None, t, t + 1))
+                if i % 3:
+                    drive(ResultAcked(effect.id))
+        drive(Connected())
+        drive(Received(raw, t, t, t, "boot-a", 10))   # a resend: answered, never run
+        t += 3.0
+    assert len(ran) > MAX_ENTRIES and c.floor is not None and c.running("reboot")
+    # the power goes: what the card synced is all the next start knows
+    c = CommandCore(frozenset({"diagnostics", "reboot", "restart-agent"}),
+                    dict(card.synced), c.floor, c.closed)
+    drive(Recovered("boot-b", 11, t))
+    assert not c.running("reboot") and not c.running("restart-agent")
+    for i in range(n):   # the server sends them all again: none runs
+        raw = {"id": f"c{i}", "name": "diagnostics", "expires_at": 1000.0 + 3.0 * i + 300}
+        assert not runs(drive(Received(raw, t, t + 3.0 * i, t, "boot-b", 11))), raw["id"]
 
 
 HUGE = 10 ** 400   # a JSON integer Python reads whole; math.isfinite(HUGE) raises OverflowError
@@ -74,28 +163,35 @@ def test_a_number_too_large_for_a_float_is_refused_not_raised():
         "v": ({"name": "configure", "args": {"settings": {"log.level": HUGE}}}, "bad argument"),
     }
     for cid, (body, why) in cases.items():
-        actions = c.receive({"id": cid, **body}, now=100.0)
-        assert not [a for a in actions if isinstance(a, Run)], cid
-        [r] = results(actions)
+        effects = receive(c, {"id": cid, **body}, 100.0)
+        assert not runs(effects), cid
+        [r] = results(effects)
         assert r["ok"] is False and why in r["error"], (cid, r)
 
 
 def test_a_reboot_interrupted_by_its_reboot_is_done_not_run_again(tmp_path):
     path = str(tmp_path / "commands.json")
     c = core()
-    [run] = c.receive({"id": "r1", "name": "reboot"}, now=100.0, boot_id="boot-a", pid=10)
-    persist(path, c)                       # durable before it runs: then the power goes
+    effects = receive(c, {"id": "r1", "name": "reboot"}, 100.0, boot="boot-a", pid=10)
+    persist(path, c, effects)                # durable before it runs: then the power goes
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     after = core(entries=ledger.load(path, 0.0).entries)
-    [r] = results(after.recover("boot-b", pid=20, now=200.0))
+    [r] = results(after.handle(Recovered("boot-b", pid=20, now=200.0)))
     assert r["ok"] and r["output"] == "the device rebooted"
-    assert results(after.receive({"id": "r1", "name": "reboot"}, now=201.0, boot_id="boot-b")) \
+    assert results(receive(after, {"id": "r1", "name": "reboot"}, 201.0, boot="boot-b")) \
         == [r], "the server's resend of the reboot is answered, not run"
     # the same boot (the agent was killed before the reboot happened): not done, not rerun
     c2 = core()
-    c2.receive({"id": "r2", "name": "reboot"}, now=100.0, boot_id="boot-a", pid=10)
-    [r2] = results(c2.recover("boot-a", pid=11, now=101.0))
+    receive(c2, {"id": "r2", "name": "reboot"}, 100.0, boot="boot-a", pid=10)
+    [r2] = results(c2.handle(Recovered("boot-a", pid=11, now=101.0)))
     assert r2["ok"] is False and "not run again" in r2["error"]
+    # a restart-agent from another process is done; the start always gives its Persist
+    c3 = core()
+    receive(c3, {"id": "a1", "name": "restart-agent"}, 100.0, boot="boot-a", pid=10)
+    [p, r3] = c3.handle(Recovered("boot-a", pid=11, now=101.0))
+    assert p.durable and r3.result["output"] == "the agent restarted"
+    [nothing_changed] = c3.handle(Recovered("boot-a", pid=12, now=102.0))
+    assert nothing_changed.changes == () and not nothing_changed.durable
 
 
 def test_a_corrupt_ledger_is_kept_aside(tmp_path):
@@ -111,9 +207,9 @@ def test_a_corrupt_ledger_is_kept_aside(tmp_path):
 def test_the_ledger_stays_bounded():
     c = core()
     for i in range(600):
-        c.receive({"id": f"c{i}", "name": "diagnostics"}, now=3.0 * i)
-        c.finished(f"c{i}", True, "ok", None, None, now=3.0 * i)
-        c.result_acked(f"c{i}")
+        receive(c, {"id": f"c{i}", "name": "diagnostics"}, 3.0 * i)
+        c.handle(Finished(f"c{i}", True, "ok", None, None, now=3.0 * i))
+        c.handle(ResultAcked(f"c{i}"))
     assert len(c.entries) <= MAX_ENTRIES
 
 
@@ -213,3 +309,93 @@ def test_a_logs_bundle_the_profile_cannot_deliver_is_never_made(monkeypatch):
     outcome = actions.run("logs", {"since_s": 60, "priority": 6})
     assert outcome.ok is False and queued == []
     assert outcome.error.startswith("the screentinker profile carries no log uploads")
+
+
+def test_the_service_does_the_effects_in_order_and_runs_nothing_the_ledger_refused(tmp_path):
+    """The shell's half of the rule: the Persist is written before the Run is queued,
+    and a Run whose Persist failed (a full card) is never queued: its result says why."""
+    import errno
+
+    from agent.commands.actions import Actions
+    from agent.commands.service import CommandService
+    path = tmp_path / "commands.jsonl"
+    service = CommandService(str(path), frozenset({"diagnostics"}), Actions.__new__(Actions),
+                             on_finished=lambda *a: None, runtime_dir=str(tmp_path))
+    order, write = [], service._ledger.write
+
+    def recorded(changes, *rest):
+        order.append(("write", [cid for cid, _ in changes]))
+        write(changes, *rest)
+
+    service._ledger.write = recorded
+    service._jobs.put = lambda job: order.append(("run", job.id, path.read_bytes()))
+    assert service.received({"id": "c1", "name": "diagnostics"}) == []
+    assert [o[:2] for o in order] == [("write", ["c1"]), ("run", "c1")]
+    assert b'"c1"' in order[1][2], "queued before the ledger held it"
+
+    def full(changes, *rest):
+        order.append(("write", [cid for cid, _ in changes]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    service._ledger.write = full
+    [report] = service.received({"id": "c2", "name": "diagnostics"})
+    assert report.result["ok"] is False and report.result["error"] == \
+        "not run: the command ledger could not be written (No space left on device)"
+    assert [o[:2] for o in order[2:]] == [("write", ["c2"]), ("write", ["c2"])], \
+        "c2 was queued to run on a ledger that does not hold it"
+
+
+# What the last release (before handle()) wrote for: diagnostics d1 run, finished and
+# confirmed; format-disk x1 refused; reboot r1 running when the power went; d1 forgotten.
+LAST_RELEASE = (
+    b'{"v":2,"floor":null,"closed":false}\n'
+    b'{"e":{"id":"d1","name":"diagnostics","state":"running","received_at":1000.0,'
+    b'"boot_id":"boot-a","pid":7,"result":null,"acked":false,"expires_at":1300,'
+    b'"admitted":true}}\n'
+    b'{"e":{"id":"d1","name":"diagnostics","state":"done","received_at":1000.0,'
+    b'"boot_id":"boot-a","pid":7,"result":{"id":"d1","name":"diagnostics","ok":true,'
+    b'"received_at":1000.0,"finished_at":1001.0,"started_at":1000.5,"output":"fine"},'
+    b'"acked":false,"expires_at":1300,"admitted":true}}\n'
+    b'{"e":{"id":"d1","name":"diagnostics","state":"done","received_at":1000.0,'
+    b'"boot_id":"boot-a","pid":7,"result":{"id":"d1","name":"diagnostics","ok":true,'
+    b'"received_at":1000.0,"finished_at":1001.0,"started_at":1000.5,"output":"fine"},'
+    b'"acked":true,"expires_at":1300,"admitted":true}}\n'
+    b'{"e":{"id":"x1","name":"format-disk","state":"done","received_at":1002.0,'
+    b'"boot_id":"boot-a","pid":7,"result":{"id":"x1","name":"format-disk","ok":false,'
+    b'"received_at":1002.0,"finished_at":1002.0,"error":"unknown command \'format-disk\'"},'
+    b'"acked":false,"expires_at":1310,"admitted":false}}\n'
+    b'{"e":{"id":"r1","name":"reboot","state":"running","received_at":1003.0,'
+    b'"boot_id":"boot-a","pid":7,"result":null,"acked":false,"expires_at":1320,'
+    b'"admitted":true}}\n'
+    b'{"forget":"d1","floor":1300.0,"closed":false}\n')
+
+
+def test_the_ledger_is_the_last_releases_line_for_line(tmp_path):
+    """The same events write the same bytes as the release before handle(), and what
+    that release left on a card is taken up: the interrupted reboot is done, the
+    forgotten command too old, the refusal answered again."""
+    path = str(tmp_path / "commands.json")
+    c = core(allow={"diagnostics", "reboot"})
+    for event in (Received({"id": "d1", "name": "diagnostics", "expires_at": 1300}, 1000.0,
+                           1.0, None, "boot-a", 7),
+                  Finished("d1", True, "fine", None, 1000.5, 1001.0), ResultAcked("d1"),
+                  Received({"id": "x1", "name": "format-disk", "expires_at": 1310}, 1002.0,
+                           5.0, None, "boot-a", 7),
+                  Received({"id": "r1", "name": "reboot", "expires_at": 1320}, 1003.0, 9.0,
+                           None, "boot-a", 7)):
+        persist(path, c, c.handle(event))
+    with open(path, "rb") as f:
+        assert f.read() == LAST_RELEASE[:LAST_RELEASE.index(b'{"forget"')]
+    with open(path, "wb") as f:
+        f.write(LAST_RELEASE)
+    loaded = ledger.load(path, 2000.0)
+    assert list(loaded.entries) == ["x1", "r1"] and loaded.floor == 1300.0 and not loaded.rewrite
+    after = CommandCore(frozenset({"diagnostics", "reboot"}), loaded.entries, loaded.floor,
+                        loaded.closed)
+    [p, r] = after.handle(Recovered("boot-b", 8, 2000.0))
+    assert p.durable and r.result["output"] == "the device rebooted"
+    [too_old] = results(receive(after, {"id": "d1", "name": "diagnostics",
+                                        "expires_at": 1300}, 2001.0))
+    assert "too old" in too_old["error"]
+    [again] = results(receive(after, {"id": "x1", "name": "format-disk"}, 2002.0))
+    assert again["error"] == "unknown command 'format-disk'"

@@ -15,7 +15,9 @@ import time
 import pytest
 
 from agent.commands import ledger
-from agent.commands.core import BURST, MAX_ENTRIES, MAX_PENDING, RATE_PER_S, CommandCore, Report, Run
+from agent.commands.core import (BURST, MAX_ENTRIES, MAX_PENDING, RATE_PER_S, CommandCore,
+                                 Finished, Persist, Received, Recovered, Report, ResultAcked,
+                                 Run)
 from devtools.card import SdCard
 from devtools.harness import agent_config, wait_for
 
@@ -32,14 +34,17 @@ def runs(actions):
 
 
 def run_one(c, cid, t, output="ok", expires=None, ack=True):
-    """A command admitted, run, finished and (by default) confirmed, at fake time t."""
+    """A command admitted, run, finished and (by default) confirmed, at fake time t;
+    returns the effects, in order."""
     body = {"id": cid, "name": "diagnostics"}
     if expires is not None:
         body["expires_at"] = expires
-    [run] = runs(c.receive(body, now=t, mono=t))
-    c.finished(run.id, True, output, None, t, now=t)
+    effects = c.handle(Received(body, t, t))
+    [run] = runs(effects)
+    effects += c.handle(Finished(run.id, True, output, None, t, now=t))
     if ack:
-        c.result_acked(run.id)
+        effects += c.handle(ResultAcked(run.id))
+    return effects
 
 
 # -- the core, on a fake clock ------------------------------------------------------
@@ -48,29 +53,31 @@ def test_admission_is_a_token_bucket_and_what_is_over_it_is_refused_not_dropped(
     c = CommandCore(ALL)
     admitted, refused = [], []
     for i in range(3000):
-        actions = c.receive({"id": f"f{i}", "name": "diagnostics"}, now=1000.0, mono=50.0)
-        assert len(actions) == 1, "every command gets an answer"
-        for a in actions:
+        effects = c.handle(Received({"id": f"f{i}", "name": "diagnostics"}, 1000.0, 50.0))
+        assert len(runs(effects) + results(effects)) == 1, "every command gets an answer"
+        for a in effects:
             if isinstance(a, Run):
                 admitted.append(a.id)
-                c.finished(a.id, True, "ok", None, 1000.0, now=1000.0)
-            else:
+                c.handle(Finished(a.id, True, "ok", None, 1000.0, now=1000.0))
+            elif isinstance(a, Report):
                 refused.append(a)
+            else:
+                assert a.changes and not refused, "a refusal writes nothing"
     assert len(admitted) == BURST and len(refused) == 3000 - BURST
     assert all(not r.kept and r.result["ok"] is False
                and r.result["error"].startswith("rate-limited") for r in refused)
     assert len(c.entries) == BURST, "a rate-limited command is neither recorded nor run"
     # the bucket refills at RATE_PER_S: one more after GAP, not before
     g1 = {"id": "g1", "name": "diagnostics"}
-    assert not runs(c.receive(g1, now=1001.0, mono=50.0 + GAP * 0.9))
-    assert runs(c.receive(g1, now=1001.0, mono=50.0 + GAP * 1.01)), \
+    assert not runs(c.handle(Received(g1, 1001.0, 50.0 + GAP * 0.9)))
+    assert runs(c.handle(Received(g1, 1001.0, 50.0 + GAP * 1.01))), \
         "a rate-limited id may be sent again and run"
-    c.finished("g1", True, "ok", None, 1001.0, now=1001.0)
+    c.handle(Finished("g1", True, "ok", None, 1001.0, now=1001.0))
     # an hour later the burst is back, and no more
-    got = [runs(c.receive({"id": f"h{i}", "name": "logs"}, now=5000.0, mono=4000.0))
+    got = [runs(c.handle(Received({"id": f"h{i}", "name": "logs"}, 5000.0, 4000.0)))
            for i in range(BURST + 5)]
     assert sum(map(len, got)) == MAX_PENDING < BURST
-    busy = results(c.receive({"id": "b", "name": "logs"}, now=5000.0, mono=9000.0))
+    busy = results(c.handle(Received({"id": "b", "name": "logs"}, 5000.0, 9000.0)))
     assert busy[0]["error"].startswith("busy") and "b" not in c.entries
 
 
@@ -85,16 +92,16 @@ def test_a_forgotten_id_is_refused_never_run_and_new_commands_still_run():
     assert not set(forgotten) & set(c.entries)
     for i, cid in enumerate(forgotten):
         # the server's resend: same id, same expires_at; the device clock is irrelevant
-        actions = c.receive({"id": cid, "name": "diagnostics", "expires_at": 1300.0 + i * GAP},
-                            now=0.0, mono=t + i * GAP)
-        assert not runs(actions), cid
-        [r] = results(actions)
+        effects = c.handle(Received({"id": cid, "name": "diagnostics",
+                                     "expires_at": 1300.0 + i * GAP}, 0.0, t + i * GAP))
+        assert not runs(effects), cid
+        [r] = results(effects)
         assert "too old" in r["error"], r
     # a remembered id is answered with its result, and a new command runs
-    assert results(c.receive({"id": f"c{3 * MAX_ENTRIES - 1}", "name": "diagnostics"},
-                             now=t, mono=t))[0]["ok"]
-    assert runs(c.receive({"id": "new", "name": "diagnostics", "expires_at": t + 300},
-                          now=t, mono=t + 10 * GAP))
+    assert results(c.handle(Received({"id": f"c{3 * MAX_ENTRIES - 1}", "name": "diagnostics"},
+                                     t, t)))[0]["ok"]
+    assert runs(c.handle(Received({"id": "new", "name": "diagnostics", "expires_at": t + 300},
+                                  t, t + 10 * GAP)))
 
 
 def test_forgetting_a_refusal_leaves_the_horizon_alone():
@@ -103,12 +110,12 @@ def test_forgetting_a_refusal_leaves_the_horizon_alone():
     c = CommandCore(frozenset({"diagnostics"}))
     t = 1000.0
     for i in range(3 * MAX_ENTRIES):
-        [r] = results(c.receive({"id": f"r{i}", "name": "reboot", "expires_at": t + 3600},
-                                now=t, mono=t))
+        [r] = results(c.handle(Received({"id": f"r{i}", "name": "reboot",
+                                         "expires_at": t + 3600}, t, t)))
         assert "not allowed" in r["error"]
         t += GAP
     assert len(c.entries) == MAX_ENTRIES and c.floor is None and not c.closed
-    assert runs(c.receive({"id": "d", "name": "diagnostics", "expires_at": t + 60}, now=t, mono=t))
+    assert runs(c.handle(Received({"id": "d", "name": "diagnostics", "expires_at": t + 60}, t, t)))
 
 
 def test_without_expires_at_forgetting_closes_the_door_unless_the_ids_are_ours():
@@ -123,21 +130,23 @@ def test_without_expires_at_forgetting_closes_the_door_unless_the_ids_are_ours()
         run_one(c, f"n{i}", t)
         t += GAP
     assert "noexp" not in c.entries and c.closed
-    [r] = results(c.receive({"id": "noexp", "name": "diagnostics"}, now=t, mono=t))
+    [r] = results(c.handle(Received({"id": "noexp", "name": "diagnostics"}, t, t)))
     assert "no expires_at" in r["error"]
     # ScreenTinker: the agent mints every id, nothing sends one again
     st = CommandCore(ALL, ids_ours=True)
     for i in range(MAX_ENTRIES + 5):
         run_one(st, f"st-{i}", 10.0 + i * GAP)
     assert not st.closed and st.floor is None
-    assert runs(st.receive({"id": "st-new", "name": "diagnostics"}, now=1e4, mono=1e4))
+    assert runs(st.handle(Received({"id": "st-new", "name": "diagnostics"}, 1e4, 1e4)))
 
 
 # -- the ledger on a real card ---------------------------------------------------------
 
-def _persist(c, lg):
-    changes, durable = c.take_changes()
-    lg.write(changes, c.horizon(), durable, lambda: list(c.entries.values()))
+def _persist(c, lg, effects):
+    """As the service does: each Persist in order."""
+    for p in effects:
+        if isinstance(p, Persist):
+            lg.write(list(p.changes), p.horizon, p.durable, lambda: list(c.entries.values()))
 
 
 def _wchar() -> int:
@@ -156,14 +165,13 @@ def test_3000_commands_on_a_card_bounded_bytes_and_every_forgotten_id_refused_af
         card_before, wchar_before, biggest = card.bytes_written(), _wchar(), 0
         t = 1000.0
         for i in range(n):
-            # as the service does: persist after each step the core takes
-            [run] = runs(c.receive({"id": f"id-{i:05d}", "name": "diagnostics",
-                                    "expires_at": t + 300}, now=t, mono=t))
-            _persist(c, lg)
-            c.finished(run.id, True, output, None, t, now=t + 0.1)
-            _persist(c, lg)
-            c.result_acked(run.id)
-            _persist(c, lg)
+            # as the service does: each step's Persist before what follows it
+            effects = c.handle(Received({"id": f"id-{i:05d}", "name": "diagnostics",
+                                         "expires_at": t + 300}, t, t))
+            [run] = runs(effects)
+            _persist(c, lg, effects)
+            _persist(c, lg, c.handle(Finished(run.id, True, output, None, t, now=t + 0.1)))
+            _persist(c, lg, c.handle(ResultAcked(run.id)))
             biggest = max(biggest, os.path.getsize(path))
             t += GAP
         per_command = (_wchar() - wchar_before) / n
@@ -179,10 +187,10 @@ def test_3000_commands_on_a_card_bounded_bytes_and_every_forgotten_id_refused_af
         again = CommandCore(ALL, loaded.entries, loaded.floor, loaded.closed)
         t0 = 1000.0
         for i in range(n):
-            actions = again.receive({"id": f"id-{i:05d}", "name": "diagnostics",
-                                     "expires_at": t0 + i * GAP + 300}, now=t0, mono=i * GAP)
-            assert not runs(actions), f"id-{i:05d} ran again"
-            assert results(actions), f"id-{i:05d} unanswered"
+            effects = again.handle(Received({"id": f"id-{i:05d}", "name": "diagnostics",
+                                             "expires_at": t0 + i * GAP + 300}, t0, i * GAP))
+            assert not runs(effects), f"id-{i:05d} ran again"
+            assert results(effects), f"id-{i:05d} unanswered"
 
 
 def test_an_earlier_builds_ledger_past_the_limit_is_taken_over_not_forgotten(tmp_path):
@@ -195,17 +203,17 @@ def test_an_earlier_builds_ledger_past_the_limit_is_taken_over_not_forgotten(tmp
     assert path.stat().st_size > ledger.MAX_BYTES
     loaded = ledger.load(str(path), 5000.0)
     c = CommandCore(ALL, loaded.entries, loaded.floor, loaded.closed)
-    c.recover("boot", 1, 5000.0)
+    effects = c.handle(Recovered("boot", 1, 5000.0))
     lg = ledger.Ledger(str(path), loaded)
-    _persist(c, lg)
+    _persist(c, lg, effects)   # nothing changed: the start's Persist rewrites it anyway
     assert path.stat().st_size <= ledger.MAX_BYTES
     assert not [p for p in os.listdir(tmp_path) if "corrupt" in p]
     reopened = ledger.load(str(path), 5000.0)
     c = CommandCore(ALL, reopened.entries, reopened.floor, reopened.closed)
     for i in range(3000):
-        actions = c.receive({"id": f"old-{i}", "name": "diagnostics", "expires_at": 1300.0 + i},
-                            now=1100.0, mono=i * GAP)
-        assert not runs(actions) and results(actions), f"old-{i}"
+        effects = c.handle(Received({"id": f"old-{i}", "name": "diagnostics",
+                                     "expires_at": 1300.0 + i}, 1100.0, i * GAP))
+        assert not runs(effects) and results(effects), f"old-{i}"
 
 
 def test_a_damaged_ledger_raises_the_horizon_instead_of_forgetting(tmp_path):
@@ -213,8 +221,7 @@ def test_a_damaged_ledger_raises_the_horizon_instead_of_forgetting(tmp_path):
     c = CommandCore(ALL)
     lg = ledger.Ledger(path, ledger.load(path, 0.0))
     for i in range(5):
-        run_one(c, f"d{i}", 1000.0 + i * GAP, expires=1300.0 + i)
-        _persist(c, lg)
+        _persist(c, lg, run_one(c, f"d{i}", 1000.0 + i * GAP, expires=1300.0 + i))
     with open(path, "r+b") as f:   # a bad sector in the middle
         f.seek(os.path.getsize(path) // 2)
         f.write(b"\x00" * 64)
@@ -223,9 +230,9 @@ def test_a_damaged_ledger_raises_the_horizon_instead_of_forgetting(tmp_path):
     assert [p for p in os.listdir(tmp_path) if ".corrupt-" in p]
     again = CommandCore(ALL, loaded.entries, loaded.floor, loaded.closed)
     for i in range(5):
-        actions = again.receive({"id": f"d{i}", "name": "diagnostics", "expires_at": 1300.0 + i},
-                                now=1010.0, mono=i * GAP)
-        assert not runs(actions) and results(actions)
+        effects = again.handle(Received({"id": f"d{i}", "name": "diagnostics",
+                                         "expires_at": 1300.0 + i}, 1010.0, i * GAP))
+        assert not runs(effects) and results(effects)
     # a line cut short at the end was never synced: its command never ran; dropped
     with open(path, "ab") as f:
         f.write(b'{"e":{"id":"torn","na')
@@ -240,10 +247,11 @@ def test_a_result_record_stays_bounded_whatever_the_output(tmp_path):
     nasty = "\x00\ud800é" * 5000 + "a" * 20000
     t = 1000.0
     for i in range(MAX_ENTRIES + 20):
-        [run] = runs(c.receive({"id": "i" * 60 + f"{i:04d}", "name": "diagnostics",
-                                "expires_at": t + 300}, now=t, mono=t))
-        c.finished(run.id, False, nasty, nasty, t, now=t)   # never confirmed
-        _persist(c, lg)
+        effects = c.handle(Received({"id": "i" * 60 + f"{i:04d}", "name": "diagnostics",
+                                     "expires_at": t + 300}, t, t))
+        [run] = runs(effects)
+        effects += c.handle(Finished(run.id, False, nasty, nasty, t, now=t))  # never confirmed
+        _persist(c, lg, effects)
         t += GAP
     assert os.path.getsize(path) <= ledger.MAX_BYTES
     snapshot = sum(len(json.dumps({"e": e.to_dict()})) for e in c.entries.values())

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from agent.commands.actions import Actions
-from agent.commands.core import LATER, CommandCore, Outcome, level_args
+from agent.commands.core import LATER, CommandCore, Outcome, Received, Recovered, level_args
 from agent.config.model import Screen as ScreenSection
 from agent.link.profiles import ProfileContext, ScreenTinkerProfile
 from agent.screen import controls as controls_mod
@@ -349,9 +349,9 @@ def test_poweroff_asks_logind_and_its_result_comes_after_the_next_start(tmp_path
                                                "Access denied"
     # the device powered off with the command running: at the next boot it is done
     core = CommandCore(allow=frozenset({"poweroff"}))
-    core.receive({"id": "p1", "name": "poweroff"}, now=100.0, boot_id="boot-a", pid=10)
-    [report] = CommandCore(allow=core.allow, entries=core.entries).recover(
-        "boot-b", pid=20, now=300.0)
+    core.handle(Received({"id": "p1", "name": "poweroff"}, 100.0, 100.0, boot="boot-a", pid=10))
+    [_, report] = CommandCore(allow=core.allow, entries=core.entries).handle(
+        Recovered("boot-b", pid=20, now=300.0))
     assert report.result["ok"] and report.result["output"] == \
         "the device powered off (started again since)"
 

@@ -13,7 +13,10 @@ from agent.base.clock import FakeClock
 from agent.identity import device
 from agent.identity.credentials import Credentials
 from agent.identity.enroller import BadAnswer, CodeGone, Enroller
-from agent.identity.enrollment import NEED_CODE, PAIRED, WAITING, EnrollmentCore, PairingCode, PollPairing, RequestCode
+from agent.identity.enrollment import (NEED_CODE, PAIRED, WAITING, CodeUnknown, EnrollmentCore,
+                                       Failed, GotCode, GotToken, NoEnrollment, PairingCode,
+                                       PollPairing, RequestCode, Retry, Started, StillPending,
+                                       Tick, TokenRefused)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,49 +28,51 @@ def code(now, ttl=600.0):
 def test_the_same_code_is_shown_until_it_expires_then_a_new_one_is_requested():
     clock = FakeClock()
     core = EnrollmentCore()
-    core.start(clock.now)
-    assert core.poll(clock.now) == [RequestCode()]
-    assert core.poll(clock.now) == []  # one request in flight at a time
-    core.on_code(clock.now, code(clock.now, ttl=60))
+    core.handle(Started(clock.now))
+    assert core.handle(Tick(clock.now)) == [RequestCode()]
+    assert core.handle(Tick(clock.now)) == []  # one request in flight at a time
+    core.handle(GotCode(clock.now, code(clock.now, ttl=60)))
     requests_seen = []
     while clock.now < 1000 + 59:
         clock.advance(0.5)
-        for action in core.poll(clock.now):
+        for action in core.handle(Tick(clock.now)):
             requests_seen.append(action)
-            core.on_pending(clock.now)
+            core.handle(StillPending(clock.now))
     assert set(requests_seen) == {PollPairing()}
     assert 9 <= len(requests_seen) <= 15  # every ~5 s, jittered: no hammering
     assert core.code.display == "483-112"
     clock.advance(1.5)
-    assert core.poll(clock.now) == [RequestCode()]
+    assert core.handle(Tick(clock.now)) == [RequestCode()]
     assert core.state == NEED_CODE
 
 
 def test_errors_back_off_and_a_refused_token_waits_before_enrolling_again():
     clock = FakeClock()
     core = EnrollmentCore()
-    core.start(clock.now)
+    core.handle(Started(clock.now))
     delays = []
     for _ in range(8):
-        clock.advance(core.next_wakeup() - clock.now)
-        assert core.poll(clock.now) == [RequestCode()]
-        delays.append(core.on_error(clock.now, "HTTP 500"))
+        clock.advance(core.deadline() - clock.now)
+        assert core.handle(Tick(clock.now)) == [RequestCode()]
+        [retry] = core.handle(Failed(clock.now, "HTTP 500"))
+        assert isinstance(retry, Retry) and core.deadline() == clock.now + retry.delay_s
+        delays.append(retry.delay_s)
     assert max(delays) <= 120 and sum(delays) > 30
-    core.on_code(clock.now, code(clock.now))
-    core.on_paired("t" * 32)
-    assert core.state == PAIRED and core.poll(clock.now + 1e6) == []
-    core.revoke(clock.now, hold_s=20)
-    assert core.poll(clock.now + 19) == []
-    assert core.poll(clock.now + 20) == [RequestCode()]
+    core.handle(GotCode(clock.now, code(clock.now)))
+    core.handle(GotToken("t" * 32))
+    assert core.state == PAIRED and core.handle(Tick(clock.now + 1e6)) == []
+    core.handle(TokenRefused(clock.now, hold_s=20))
+    assert core.handle(Tick(clock.now + 19)) == []
+    assert core.handle(Tick(clock.now + 20)) == [RequestCode()]
 
 
 def test_a_saved_code_survives_a_restart_while_valid():
     core = EnrollmentCore()
-    core.start(100.0, code(100.0, ttl=30))
-    assert core.state == WAITING and core.poll(100.0) == [PollPairing()]
+    core.handle(Started(100.0, code(100.0, ttl=30)))
+    assert core.state == WAITING and core.handle(Tick(100.0)) == [PollPairing()]
     stale = EnrollmentCore()
-    stale.start(200.0, code(100.0, ttl=30))
-    assert stale.poll(200.0) == [RequestCode()]
+    stale.handle(Started(200.0, code(100.0, ttl=30)))
+    assert stale.handle(Tick(200.0)) == [RequestCode()]
 
 
 def test_credentials_are_private_and_a_corrupt_file_is_kept_aside(tmp_path, caplog):
@@ -227,11 +232,11 @@ def _requests_in(core, clock, seconds, answer):
     ``answer(core, action)``; the requests it made."""
     made, end = [], clock.now + seconds
     while True:
-        wake = core.next_wakeup()
+        wake = core.deadline()
         if wake > end:
             return made
         clock.advance(max(wake - clock.now, 0.0))
-        for action in core.poll(clock.now):
+        for action in core.handle(Tick(clock.now)):
             made.append(action)
             answer(core, action)
 
@@ -241,11 +246,11 @@ def test_a_404_to_the_code_request_is_a_server_that_does_not_enroll_so_not_at_on
     code. It backs off like any answer the agent does not expect, and says what it means."""
     clock = FakeClock()
     core = EnrollmentCore()
-    core.start(clock.now)
+    core.handle(Started(clock.now))
 
     def not_here(core, action):
         assert action == RequestCode()
-        core.on_not_enrolling(clock.now, 404)
+        core.handle(NoEnrollment(clock.now, 404))
     made = _requests_in(core, clock, 3600.0, not_here)
     # the cap (120 s, full jitter) allows about 60 an hour; at once it would be millions
     assert 20 <= len(made) <= 120, len(made)
@@ -259,27 +264,27 @@ def test_a_server_that_forgets_every_code_is_asked_less_and_less_often():
     but on the backoff, not at once and not at the poll's pace for ever."""
     clock = FakeClock()
     core = EnrollmentCore()
-    core.start(clock.now)
+    core.handle(Started(clock.now))
 
     def forgetful(core, action):
         if action == RequestCode():
-            core.on_code(clock.now, code(clock.now))
+            core.handle(GotCode(clock.now, code(clock.now)))
         else:
-            core.on_code_gone(clock.now)
+            core.handle(CodeUnknown(clock.now))
     made = _requests_in(core, clock, 3600.0, forgetful)
     assert len(made) <= 2 * 120, len(made)
     # a code that expired after it was polled as pending is replaced at once (a second)
     core = EnrollmentCore()
-    core.start(clock.now)
-    assert core.poll(clock.now) == [RequestCode()]
-    core.on_code(clock.now, code(clock.now))
-    clock.advance(core.next_wakeup() - clock.now)
-    assert core.poll(clock.now) == [PollPairing()]
-    core.on_pending(clock.now)
-    clock.advance(core.next_wakeup() - clock.now)
-    assert core.poll(clock.now) == [PollPairing()]
-    core.on_code_gone(clock.now)
-    assert core.next_wakeup() - clock.now <= 2.0
+    core.handle(Started(clock.now))
+    assert core.handle(Tick(clock.now)) == [RequestCode()]
+    core.handle(GotCode(clock.now, code(clock.now)))
+    clock.advance(core.deadline() - clock.now)
+    assert core.handle(Tick(clock.now)) == [PollPairing()]
+    core.handle(StillPending(clock.now))
+    clock.advance(core.deadline() - clock.now)
+    assert core.handle(Tick(clock.now)) == [PollPairing()]
+    core.handle(CodeUnknown(clock.now))
+    assert core.deadline() - clock.now <= 2.0
 
 
 @pytest.mark.parametrize("status", [404, 410, 405])
@@ -290,7 +295,7 @@ def test_the_shell_tells_a_code_request_refused_from_a_poll_whose_code_is_gone(
     e = Enroller(f"http://127.0.0.1:{hostile.server_port}", "dev", str(tmp_path / "run"))
     with pytest.raises(NotEnrolling):
         e._request_code()
-    e.core.start(0.0)
+    e.core.handle(Started(0.0))
     e._execute(RequestCode())
-    assert e.core.state == NEED_CODE and e.core.next_wakeup() > e.clock.monotonic() - 1
+    assert e.core.state == NEED_CODE and e.core.deadline() > e.clock.monotonic() - 1
     assert e.pairing()["error"].startswith(f"the server answered {status} to edge-agent's enrollment")

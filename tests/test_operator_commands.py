@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from agent.commands.actions import Actions
-from agent.commands.core import (COMMANDS, SHELL_OUTPUT, CommandCore, Report, Run,
+from agent.commands.core import (COMMANDS, SHELL_OUTPUT, CommandCore, Finished, Persist,
+                                 Received, Report, Run,
                                  set_time_args, set_timezone_args, shell_args)
 from agent.commands.operator import TIMED_OUT
 
@@ -46,11 +47,13 @@ def wait_gone(pid: int, within_s: float = 2.0) -> bool:
                                        ("set-timezone", {"zone": "Europe/Berlin"})])
 def test_the_operator_tools_are_refused_unless_allowed(name, args):
     core = CommandCore(frozenset({"diagnostics", "logs", "reboot"}))
-    [report] = core.receive({"id": "c1", "name": name, "args": args}, now=100.0)
+    [_, report] = core.handle(Received({"id": "c1", "name": name, "args": args}, 100.0, 100.0))
     assert isinstance(report, Report) and report.result["ok"] is False
     assert f"{name!r} is not allowed on this screen" in report.result["error"]
     allowed = CommandCore(frozenset({name}))
-    [run] = allowed.receive({"id": "c1", "name": name, "args": args}, now=100.0)
+    [persist, run] = allowed.handle(Received({"id": "c1", "name": name, "args": args},
+                                             100.0, 100.0))
+    assert isinstance(persist, Persist) and persist.durable
     assert isinstance(run, Run) and run.args == COMMANDS[name](args)
 
 
@@ -158,10 +161,11 @@ def test_a_flood_of_output_is_stopped_long_before_its_time_bound():
 
 def test_a_shell_result_as_the_core_reports_it():
     core = CommandCore(frozenset({"shell"}))
-    [run] = core.receive({"id": "c1", "name": "shell", "args": {"cmd": "printf 'a\\nb'"}},
-                         now=100.0)
+    [_, run] = core.handle(Received({"id": "c1", "name": "shell",
+                                     "args": {"cmd": "printf 'a\\nb'"}}, 100.0, 100.0))
     out = actions().run(run.name, run.args)
-    [report] = core.finished("c1", out.ok, out.output, out.error, 100.5, 101.0, out.extra)
+    [_, report] = core.handle(Finished("c1", out.ok, out.output, out.error, 100.5, 101.0,
+                                       out.extra))
     r = report.result
     assert (r["ok"], r["output"], r["exit"], r["name"]) == (True, "a\nb", 0, "shell")
     assert "error" not in r
@@ -323,13 +327,14 @@ def test_a_shell_result_goes_to_screentinker_as_its_terminal_reads_it():
     handlers["device:command"](None, {"type": "shell", "payload": {"cmd": "x" * 1100}})
     [ran, refused] = [p.raw for p in posted if isinstance(p, inbox.CommandReceived)]
     core = CommandCore(frozenset({"shell"}))
-    [run] = core.receive(ran, now=100.0)
+    [_, run] = core.handle(Received(ran, 100.0, 100.0))
     out = actions().run(run.name, run.args)
-    [report] = core.finished(run.id, out.ok, out.output, out.error, 100.0, 101.0, out.extra)
+    [_, report] = core.handle(Finished(run.id, out.ok, out.output, out.error, 100.0, 101.0,
+                                       out.extra))
     assert profile.command_result(report.result) == ("device:shell-result", {
         "device_id": "st-1", "cmd": "echo hi; false", "output": "hi\n", "exit": 1}, False)
     # refused before it ran: the terminal is told why, and that it never ran
-    [report] = core.receive(refused, now=100.0)
+    [_, report] = core.handle(Received(refused, 100.0, 100.0))
     event, payload, confirms = profile.command_result(report.result)
     assert (event, payload["cmd"], payload["exit"]) == ("device:shell-result", "x" * 500, -1)
     assert payload["output"] == "bad argument: cmd: at most 1000 characters"

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from agent.base.server_clock import CLOCK_OK, CLOCK_SKEWED, FAR_S, SKEWED_S, ServerClock
-from agent.commands.core import CommandCore, Run, set_time_args
+from agent.commands.core import CommandCore, Persist, Received, Run, set_time_args
 from agent.commands.operator import OperatorTools
 from devtools.harness import REPO, AgentProcess, agent_config, wait_for
 
@@ -72,13 +72,13 @@ def _diagnostics(cid: str, expires_at: float) -> dict:
 def test_expiry_is_judged_by_the_servers_clock_on_a_device_36_years_ahead():
     ahead = SERVER + YEARS_36
     core = CommandCore(frozenset({"diagnostics"}))
-    fresh = core.receive(_diagnostics("c1", SERVER + 300), ahead, mono=1.0, server_now=SERVER)
-    assert [type(a) for a in fresh] == [Run], fresh
-    stale = core.receive(_diagnostics("c2", SERVER - 1), ahead, mono=2.0, server_now=SERVER)
-    assert "expired 1s before it arrived" in stale[0].result["error"], stale
+    fresh = core.handle(Received(_diagnostics("c1", SERVER + 300), ahead, 1.0, SERVER))
+    assert [type(a) for a in fresh] == [Persist, Run], fresh
+    stale = core.handle(Received(_diagnostics("c2", SERVER - 1), ahead, 2.0, SERVER))
+    assert "expired 1s before it arrived" in stale[1].result["error"], stale
     # before any measure, the device's clock is all there is
-    alone = core.receive(_diagnostics("c3", SERVER + 300), ahead, mono=3.0)
-    assert "expired" in alone[0].result["error"], alone
+    alone = core.handle(Received(_diagnostics("c3", SERVER + 300), ahead, 3.0))
+    assert "expired" in alone[1].result["error"], alone
 
 
 def test_set_time_far_from_the_servers_clock_is_refused_unless_forced():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.commands.core import CommandCore
+from agent.commands.core import CommandCore, Received, Recovered, Report
 from agent.base.egress import Egress
 from agent.base.http import fleet_url
 from agent.update import rules
@@ -54,12 +54,15 @@ def test_a_malformed_order_is_refused_naming_the_field(field, value):
 
 def test_an_order_is_an_update_command_the_core_checks_and_the_allow_list_gates():
     core = CommandCore(frozenset({"diagnostics"}))
-    [report] = core.receive({"id": "u1", "name": "update", "args": args()}, 100.0)
+    [_, report] = core.handle(Received({"id": "u1", "name": "update", "args": args()},
+                                       100.0, 100.0))
     assert "not allowed" in report.result["error"]
     core = CommandCore(frozenset({"update"}))
-    [report] = core.receive({"id": "u2", "name": "update", "args": args(size=-1)}, 100.0)
+    [_, report] = core.handle(Received({"id": "u2", "name": "update",
+                                        "args": args(size=-1)}, 100.0, 100.0))
     assert report.result["error"].startswith("bad argument: size")
-    [run] = core.receive({"id": "u3", "name": "update", "args": args()}, 100.0)
+    [_, run] = core.handle(Received({"id": "u3", "name": "update", "args": args()},
+                                    100.0, 100.0))
     assert run.name == "update" and run.args["version"] == "0.2.0-1"
 
 
@@ -333,8 +336,8 @@ def test_an_order_the_agent_restarted_in_the_middle_of_is_reported_not_installed
     u.stop()
     core = CommandCore(frozenset({"update"}))
     for cid in ("done", "busy", "lost"):
-        core.receive({"id": cid, "name": "update", "args": args()}, 1.0)
-    reports = core.recover("boot", 1, 2.0, found)
+        core.handle(Received({"id": cid, "name": "update", "args": args()}, 1.0, 1.0))
+    reports = [r for r in core.handle(Recovered("boot", 1, 2.0, found)) if isinstance(r, Report)]
     assert {r.result["id"] for r in reports} == {"done", "lost"}
     assert core.running("update") == ["busy"]
 

@@ -45,9 +45,12 @@ class NotQueued(Exception):
 
 class Updates(Protocol):
     """What the update command needs of the part that stages an update (update/service.py,
-    bound by the daemon)."""
+    bound by the daemon), and the start (``recover``: the outcome of each update the
+    ledger had running)."""
 
     def begin(self, command_id: str, args: dict) -> None: ...
+
+    def recover(self, ids: list[str]) -> dict[str, tuple[bool, str] | None]: ...
 
     def stop(self) -> None: ...
 
@@ -119,8 +122,9 @@ class Actions:
         self._stopping = False
         self.operator = OperatorTools(section.timeout_s, self._start, self._release, self._run,
                                       server_far=server_far)
-        # every name of core.COMMANDS, and nothing else, runs here
-        self.commands: dict[str, Callable[[dict], Outcome]] = {
+        # every name of core.COMMANDS, and nothing else, runs here (update's also takes
+        # its command's id: run())
+        self.commands: dict[str, Callable[..., Outcome]] = {
             "diagnostics": self.diagnostics, "logs": self.logs, "screenshot": self.screenshot,
             "display": self.display, "restart-agent": self.restart_agent, "reboot": self.reboot,
             "update": self.update, "configure": self.configure, "poweroff": self.poweroff,

@@ -1,11 +1,18 @@
 """Remote operations, sans I/O: which command runs, at most once, and what is reported.
 
+One way in, h11's: ``CommandCore.handle(event) -> [effect]``. The events are what
+happens to it (``Recovered`` at the start, ``Received``, ``Finished``, ``ResultAcked``,
+``Connected``), each carrying the time it happened; the effects are what the shell does,
+in the order given, which is the rule: ``Persist`` (the ledger's new lines) comes before
+every ``Run`` and ``Report`` it records. The core has no timer of its own (the rate and
+the expiry are judged when a command arrives), so it has no deadline and takes no tick.
+
 A command comes with an id, a name, arguments and an expiry. Each id runs at most once,
 whatever happens around it: the record that it started is written durably *before* it
-runs (the shell appends ``changes`` to the ledger, synced when ``must_sync``, then
-acts), so a reboot, a crash or a kill -9 in the middle never leads to a second run, and
-the record of a command interrupted by the restart or reboot it caused is turned into
-its result at the next start. Expired, duplicate, unknown, forbidden and malformed
+runs (a ``Persist`` with ``durable`` ahead of its ``Run``: the shell appends it to the
+ledger, synced, then acts), so a reboot, a crash or a kill -9 in the middle never leads
+to a second run, and the record of a command interrupted by the restart or reboot it
+caused is turned into its result at the next start. Expired, duplicate, unknown, forbidden and malformed
 commands get an error result and run nothing. A result is reported until the server
 ACKs it.
 
@@ -36,9 +43,9 @@ from __future__ import annotations
 import json
 import unicodedata
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Callable
+from typing import Callable, NamedTuple, Union
 
 from ..base.vocabulary import MAX_COMMAND_ID
 from ..config.revision import finite, revision_args
@@ -87,10 +94,10 @@ def display_args(args: dict) -> dict:
 def level_args(args: dict) -> dict:
     """brightness and volume: ``level``, a fraction from 0 to 1 (ScreenTinker's slider
     sends percent / 100)."""
-    level = args.get("level")
-    if set(args) != {"level"} or finite(level) is None or not 0 <= level <= 1:
+    level = finite(args.get("level"))
+    if set(args) != {"level"} or level is None or not 0 <= level <= 1:
         raise ValueError("level: a number from 0 to 1")
-    return {"level": float(level)}
+    return {"level": level}
 
 
 # the shell's one line: what 1.9's dashboard shows of it (cmd.slice(0, 500)) and more
@@ -143,12 +150,14 @@ def set_time_args(args: dict) -> dict:
             raise ValueError("time: not ISO 8601 (2026-12-05T19:40:00Z)") from None
         if parsed.tzinfo is None:
             raise ValueError("time: ISO 8601 needs its offset (Z or +hh:mm)")
-        when = parsed.timestamp()
-    elif finite(when) is None:
+        seconds: float | None = parsed.timestamp()
+    else:
+        seconds = finite(when)
+    if seconds is None:
         raise ValueError("time: seconds since the epoch or ISO 8601 with an offset")
-    if not EARLIEST_TIME <= when < LATEST_TIME:
+    if not EARLIEST_TIME <= seconds < LATEST_TIME:
         raise ValueError("time: out of bounds (2025 to 2100)")
-    return {"time": int(when), **({"force": True} if force else {})}
+    return {"time": int(seconds), **({"force": True} if force else {})}
 
 
 def set_timezone_args(args: dict) -> dict:
@@ -204,6 +213,68 @@ class Report:
     # result for a resend): sent once, unconfirmed, no status refresh; ``why`` says which
     kept: bool = True
     why: str = ""
+
+
+@dataclass(frozen=True)
+class Persist:
+    """The ledger's new lines: ``changes`` [(id, the entry as it is now, or None once
+    forgotten)], in order, and the horizon after them. ``durable``: synced before the
+    shell does anything that follows it (a ``Run`` it records, a result it keeps). The
+    entries are copies: what the core changes later is not in them."""
+    changes: tuple
+    durable: bool
+    horizon: dict
+
+
+# -- events: what happens to the core, each with the time it happened ------------------
+
+class Recovered(NamedTuple):
+    """The agent started (``boot``, ``pid``: this start's, ``now``: wall time): what the
+    ledger says was running was interrupted. ``updates``: for each running ``update``,
+    its outcome as (ok, text), or None while the root side still has it."""
+    boot: str
+    pid: int
+    now: float
+    updates: dict | None = None
+
+
+class Received(NamedTuple):
+    """A command from the server, in any shape. ``now``: wall time (for reports);
+    ``mono``: the monotonic clock (for the rate); ``server_now``: the server's clock as
+    the link measured it (base/server_clock.py), None before a measure: ``expires_at``
+    is the server's time, judged by the server's clock, so a device clock years off
+    refuses nothing; this device's only before any measure. ``boot``, ``pid``: this
+    start's, kept with the entry for ``Recovered``."""
+    raw: object
+    now: float
+    mono: float
+    server_now: float | None = None
+    boot: str = ""
+    pid: int = 0
+
+
+class Finished(NamedTuple):
+    """A command the shell ran gave its outcome (``started``, ``now``: wall times)."""
+    id: str
+    ok: bool
+    output: str | None
+    error: str | None
+    started: float | None
+    now: float
+    extra: dict | None = None
+
+
+class ResultAcked(NamedTuple):
+    """The server confirmed a result: it need not be sent again."""
+    id: str
+
+
+class Connected(NamedTuple):
+    """A new connection: every result the server has not confirmed goes again."""
+
+
+Event = Union[Recovered, Received, Finished, ResultAcked, Connected]
+Effect = Union[Persist, Run, Report]
 
 
 @dataclass
@@ -268,26 +339,50 @@ class CommandCore:
     closed: bool = False          # a command without expires_at was forgotten
     ids_ours: bool = False        # every id was minted by this agent, never sent again
     bucket: TokenBucket = field(default_factory=TokenBucket)
-    # for the ledger: id -> the entry as it is now, or None once forgotten (in order)
-    changes: dict = field(default_factory=dict)
-    must_sync: bool = False       # a change that must be durable before anything is done
+    # what the event being handled changed, for its Persist: id -> the entry as it is
+    # now, or None once forgotten (in order); and whether it must be durable first
+    _changes: dict = field(default_factory=dict, init=False, repr=False)
+    _durable: bool = field(default=False, init=False, repr=False)
 
-    @property
-    def dirty(self) -> bool:
-        return bool(self.changes)
+    def handle(self, event: Event) -> list[Effect]:
+        """What ``event`` changes, and what the shell does about it, in order: the
+        ``Persist`` of what changed first, then what it records (a ``Run``, a
+        ``Report``): nothing is done or said that the ledger does not hold."""
+        self._changes, self._durable = {}, False
+        if isinstance(event, Received):
+            effects = self._received(event)
+        elif isinstance(event, Finished):
+            effects = self._finished(event)
+        elif isinstance(event, ResultAcked):
+            effects = self._result_acked(event.id)
+        elif isinstance(event, Recovered):
+            effects = self._recovered(event)
+        elif isinstance(event, Connected):
+            effects = self._unacked()
+        else:
+            raise TypeError(f"not a command core event: {type(event).__name__}")
+        # at the start always: the shell's ledger may have a rewrite due (an older
+        # format, a torn tail) with nothing changed
+        if self._changes or isinstance(event, Recovered):
+            changes = tuple((cid, _copy(e)) for cid, e in self._changes.items())
+            effects.insert(0, Persist(changes, self._durable, self.horizon()))
+        self._changes, self._durable = {}, False
+        return effects
 
-    # -- start-up ---------------------------------------------------------------
+    # -- what the shell may read ------------------------------------------------------
     def running(self, name: str) -> list[str]:
         return [e.id for e in self.entries.values() if e.state == "running" and e.name == name]
 
-    def recover(self, boot_id: str, pid: int, now: float,
-                updates: dict | None = None) -> list:
+    def horizon(self) -> dict:
+        return {"floor": self.floor, "closed": self.closed}
+
+    # -- events -----------------------------------------------------------------------
+    def _recovered(self, ev: Recovered) -> list[Effect]:
         """Commands found running at start were interrupted: never run again; their
-        result says what became of them. ``updates``: for each running ``update``, its
-        outcome as (ok, text), or None while the root side still has it (it stays
-        running, and is finished when that side is done)."""
-        actions = []
-        updates = updates or {}
+        result says what became of them. A running ``update`` the root side still has
+        stays running, and is finished when that side is done."""
+        effects: list[Effect] = []
+        updates = ev.updates or {}
         for e in list(self.entries.values()):
             if e.state != "running":
                 continue
@@ -295,26 +390,19 @@ class CommandCore:
                 if updates[e.id] is None:
                     continue
                 ok, detail = updates[e.id]
-            elif e.name in ("reboot", "poweroff") and e.boot_id and e.boot_id != boot_id:
+            elif e.name in ("reboot", "poweroff") and e.boot_id and e.boot_id != ev.boot:
                 ok, detail = True, SURVIVES[e.name]
-            elif e.name == "restart-agent" and e.pid != pid:
+            elif e.name == "restart-agent" and e.pid != ev.pid:
                 ok, detail = True, SURVIVES["restart-agent"]
             else:
                 ok, detail = False, "interrupted by a restart of the agent; not run again"
-            actions += self._finish(e, ok, detail if ok else None, detail if not ok else None,
-                                    None, now)
+            effects += self._finish(e, ok, detail if ok else None, detail if not ok else None,
+                                    None, ev.now)
         self._bound()
-        return actions
+        return effects
 
-    # -- inputs -----------------------------------------------------------------
-    def receive(self, raw, now: float, boot_id: str = "", pid: int = 0,
-                mono: float | None = None, server_now: float | None = None) -> list:
-        """A command from the server (any shape). ``now`` is wall time (for reports),
-        ``mono`` the monotonic clock (for the rate; ``now`` when not given),
-        ``server_now`` the server's clock as the link measured it (base/server_clock.py):
-        ``expires_at`` is the server's time, judged by the server's clock, so a device
-        clock years off refuses nothing; this device's only before any measure. Returns
-        what to do."""
+    def _received(self, ev: Received) -> list[Effect]:
+        raw, now = ev.raw, ev.now
         if not isinstance(raw, dict):
             return []  # no id to answer to: the receipt ACK is all the server gets
         cid = raw.get("id")
@@ -327,10 +415,8 @@ class CommandCore:
             # a duplicate (a resend after a lost receipt ACK): never a second run; the
             # result goes again if there is one (and on every connection until confirmed)
             return [Report(known.result, False, RESEND)] if known.result is not None else []
-        expires = raw.get("expires_at")
-        if finite(expires) is None:
-            expires = None   # malformed ones are refused below, and recorded
-        elif self.floor is not None and expires <= self.floor:
+        expires = finite(raw.get("expires_at"))   # malformed ones are refused below
+        if expires is not None and self.floor is not None and expires <= self.floor:
             return [self._refused(cid, name, now, "too old", (
                 "too old: issued before commands this screen no longer remembers one by "
                 "one, so it may have run already; not run (send it again with a new id)"))]
@@ -338,38 +424,40 @@ class CommandCore:
             return [self._refused(cid, name, now, "no expires_at", (
                 "no expires_at: this screen has forgotten a command without one and cannot "
                 "tell a resend from a new command; not run (send it with expires_at)"))]
-        if not self.bucket.take(now if mono is None else mono):
+        if not self.bucket.take(ev.mono):
             return [self._refused(cid, name, now, "rate-limited", (
                 f"rate-limited: more than {BURST} commands at once or one every "
                 f"{1 / RATE_PER_S:.0f}s; not run, send it again in "
                 f"{self.bucket.wait_s():.0f}s"))]
-        why = self._refusal(raw, now if server_now is None else server_now)
+        why = self._refusal(raw, now if ev.server_now is None else ev.server_now)
         if why is None and sum(e.state == "running" for e in self.entries.values()) >= MAX_PENDING:
             return [self._refused(cid, name, now, "busy", (
                 f"busy: {MAX_PENDING} commands queued or running; not run, send it again "
                 "later"))]
-        entry = Entry(cid, name, "running", now, boot_id, pid, expires_at=expires,
+        # as the server said it (an integer stays one in the ledger's line)
+        entry = Entry(cid, name, "running", now, ev.boot, ev.pid,
+                      expires_at=raw["expires_at"] if expires is not None else None,
                       admitted=why is None)
         self.entries[cid] = entry
         self._changed(entry)
         if why is not None:
-            actions = self._finish(entry, False, None, why, None, now)
+            effects = self._finish(entry, False, None, why, None, now)
             self._bound()
-            return actions
-        self.must_sync = True  # the record goes to disk before the command runs
+            return effects
+        self._durable = True  # the record goes to disk before the command runs
         self._bound()
         return [Run(cid, raw["name"], COMMANDS[raw["name"]](raw.get("args") or {}))]
 
-    def finished(self, cid: str, ok: bool, output: str | None, error: str | None,
-                 started: float | None, now: float, extra: dict | None = None) -> list:
-        entry = self.entries.get(cid)
+    def _finished(self, ev: Finished) -> list[Effect]:
+        entry = self.entries.get(ev.id)
         if entry is None or entry.state != "running":
             return []
-        return self._finish(entry, ok, output, error, started, now, extra)
+        return self._finish(entry, ev.ok, ev.output, ev.error, ev.started, ev.now, ev.extra)
 
-    def result_acked(self, cid: str) -> None:
+    def _result_acked(self, cid: str) -> list[Effect]:
         entry = self.entries.get(cid)
-        if entry is not None and entry.state == "done" and not entry.acked:
+        if entry is not None and entry.state == "done" and not entry.acked \
+                and entry.result is not None:
             entry.acked = True
             # the server has the whole result: a resend's answer and the status need
             # only its gist, and the ledger stays small
@@ -377,35 +465,26 @@ class CommandCore:
                 if isinstance(entry.result.get(key), str):
                     entry.result[key] = _clip(entry.result[key], SUMMARY)
             self._changed(entry)
+        return []
 
-    def unacked(self) -> list:
+    def _unacked(self) -> list[Effect]:
         """Results the server has not confirmed: sent again on every new connection."""
         return [Report(e.result) for e in sorted(self.entries.values(), key=lambda e: e.received_at)
                 if e.state == "done" and not e.acked and e.result is not None]
 
-    def take_changes(self) -> tuple[list, bool]:
-        """What the ledger must record since the last call: [(id, Entry | None)], and
-        whether it must be durable before anything decided is done."""
-        changes, sync = list(self.changes.items()), self.must_sync
-        self.changes, self.must_sync = {}, False
-        return changes, sync
-
-    def horizon(self) -> dict:
-        return {"floor": self.floor, "closed": self.closed}
-
     # -- internals ----------------------------------------------------------------
     def _changed(self, entry: Entry | None, cid: str | None = None) -> None:
         key = entry.id if entry is not None else cid
-        self.changes.pop(key, None)   # keep the order of the latest change
-        self.changes[key] = entry
+        self._changes.pop(key, None)   # keep the order of the latest change
+        self._changes[key] = entry
 
     def _refusal(self, raw: dict, now: float) -> str | None:
         name = raw.get("name")
         if not isinstance(name, str) or name not in COMMANDS:
             return f"unknown command {str(name)[:40]!r}"
-        expires = raw.get("expires_at")
-        if expires is not None:
-            if finite(expires) is None:
+        if raw.get("expires_at") is not None:
+            expires = finite(raw["expires_at"])
+            if expires is None:
                 return "malformed: expires_at must be a time in seconds"
             if now > expires:   # the server's clock where the link measured it
                 return f"expired {now - expires:.0f}s before it arrived"
@@ -441,7 +520,7 @@ class CommandCore:
         return Report(self._result(cid, name, False, None, why, now, None, now), False, kind)
 
     def _finish(self, entry: Entry, ok: bool, output, error, started, now: float,
-                extra: dict | None = None) -> list:
+                extra: dict | None = None) -> list[Effect]:
         result = self._result(entry.id, entry.name, ok, output, error, entry.received_at,
                               started, now, extra)
         entry.state, entry.result, entry.acked = "done", result, False
@@ -449,7 +528,7 @@ class CommandCore:
         if entry.admitted:
             # what it did, lost to a power cut, could never be reported; a refusal can
             # (its resend is refused again)
-            self.must_sync = True
+            self._durable = True
         return [Report(result)]
 
     def _bound(self) -> None:
@@ -473,6 +552,13 @@ class CommandCore:
                     self.floor = e.expires_at if self.floor is None else max(self.floor,
                                                                             e.expires_at)
             self._changed(None, e.id)
+
+
+def _copy(entry: Entry | None) -> Entry | None:
+    """An entry as it is now, for a Persist: its result is changed in place later."""
+    if entry is None:
+        return None
+    return replace(entry, result=dict(entry.result) if entry.result is not None else None)
 
 
 def _clip(text: str, limit: int) -> str:

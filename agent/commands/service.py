@@ -2,9 +2,10 @@
 supervised, and on the watchdog gate while a command runs, idle while none is queued).
 
 Everything that touches the core runs on the link thread (the runner calls in): a
-command received, one finished (the executor posts it back), a result confirmed. The
-ledger is written durably whenever the core changed, before anything it decided is
-done, which is what makes "at most once" hold across a power cut.
+command received, one finished (the executor posts it back), a result confirmed. Each
+is an event for the core's ``handle``, and its effects are done in the order given: a
+``Persist`` (the ledger, synced when it says so) before the ``Run`` it records, which is
+what makes "at most once" hold across a power cut.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from . import ledger
 from .actions import Actions
-from .core import CommandCore, LATER, RESEND, Outcome, Report, Run
+from .core import (LATER, RESEND, CommandCore, Connected, Effect, Finished, Outcome, Persist,
+                   Received, Recovered, Report, ResultAcked, Run)
 
 log = logging.getLogger("edge_agent.commands")
 
@@ -80,8 +82,8 @@ class CommandService:
     def start(self) -> list[Report]:
         updater = self.actions.updater
         updates = updater.recover(self.core.running("update")) if updater else None
-        reports = self.core.recover(self._boot, self._pid, self._clock(), updates)
-        self._persist()
+        reports = self._do(self.core.handle(Recovered(self._boot, self._pid, self._clock(),
+                                                      updates)))
         for r in reports:
             log.info("command %s (%s) from before this start: %s", r.result["id"],
                      r.result["name"], r.result.get("output") or r.result.get("error"))
@@ -90,43 +92,27 @@ class CommandService:
 
     def received(self, raw) -> list[Report]:
         now, mono = self._clock(), self._mono()
-        actions = self.core.receive(raw, now, self._boot, self._pid, mono,
-                                    server_now=self._server_now(mono))
-        problem = self._persist()  # before anything runs: a command id runs at most once
-        reports = []
-        for a in actions:
-            if isinstance(a, Run):
-                if problem is not None or self._stopping.is_set():
-                    why = (f"not run: the command ledger could not be written ({problem})"
-                           if problem is not None else "not run: the agent is stopping")
-                    reports += self.core.finished(a.id, False, None, why, None, now)
-                    self._persist()
-                    self._log_result(reports[-1].result)
-                    continue
-                log.info("server command %s: running %r %s", a.id, a.name, a.args or "",
-                         extra=journal(COMMAND_ID=a.id))
-                self._jobs.put(a)
-            else:
-                reports.append(a)
-                self._log_result(a.result, a.why)
+        reports = self._do(self.core.handle(Received(raw, now, mono, self._server_now(mono),
+                                                     self._boot, self._pid)))
+        for r in reports:
+            self._log_result(r.result, r.why)
         return reports
 
     def finished(self, cid: str, outcome, started: float) -> list[Report]:
         if outcome is LATER:
             return []  # its result is known after the restart it causes
-        reports = self.core.finished(cid, outcome.ok, outcome.output, outcome.error, started,
-                                     self._clock(), outcome.extra)
-        self._persist()
+        reports = self._do(self.core.handle(Finished(cid, outcome.ok, outcome.output,
+                                                     outcome.error, started, self._clock(),
+                                                     outcome.extra)))
         for r in reports:
             self._log_result(r.result)
         return reports
 
     def acked(self, cid: str) -> None:
-        self.core.result_acked(cid)
-        self._persist()
+        self._do(self.core.handle(ResultAcked(cid)))
 
     def unacked(self) -> list[Report]:
-        return self.core.unacked()
+        return self._do(self.core.handle(Connected()))
 
     def recent(self, n: int = 10) -> list[dict]:
         """The latest results, for `edge-agent status`."""
@@ -148,14 +134,35 @@ class CommandService:
         self._jobs.put(None)
 
     # -- internals -------------------------------------------------------------------
-    def _persist(self) -> str | None:
-        """The core's changes to the ledger; what went wrong, if anything."""
-        changes, durable = self.core.take_changes()
+    def _do(self, effects: list[Effect]) -> list[Report]:
+        """The core's effects, in their order (the order is the rule: a Run after the
+        Persist that records it); returns the Reports, for the link to send."""
+        problem = None
+        reports: list[Report] = []
+        for effect in effects:
+            if isinstance(effect, Persist):
+                problem = self._persist(effect)
+            elif isinstance(effect, Run):
+                if problem is not None or self._stopping.is_set():
+                    # not durable means not at-most-once: nothing runs on it
+                    why = (f"not run: the command ledger could not be written ({problem})"
+                           if problem is not None else "not run: the agent is stopping")
+                    reports += self._do(self.core.handle(
+                        Finished(effect.id, False, None, why, None, self._clock())))
+                    continue
+                log.info("server command %s: running %r %s", effect.id, effect.name,
+                         effect.args or "", extra=journal(COMMAND_ID=effect.id))
+                self._jobs.put(effect)
+            else:
+                reports.append(effect)
+        return reports
+
+    def _persist(self, effect: Persist) -> str | None:
+        """A Persist to the ledger; what went wrong, if anything."""
         try:
-            self._ledger.write(changes, self.core.horizon(), durable,
+            self._ledger.write(list(effect.changes), effect.horizon, effect.durable,
                                lambda: list(self.core.entries.values()))
         except OSError as e:
-            # not durable means not at-most-once: nothing runs on it (received())
             if self._on_storage_error is not None:
                 self._on_storage_error(self.path, e)
             else:

@@ -27,7 +27,9 @@ from ..base.journal_fields import MessageId, journal
 from ..runtime.deadline import deadline
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
-from .enrollment import PAIRED, EnrollmentCore, PairingCode, PollPairing, RequestCode
+from .enrollment import (PAIRED, CodeUnknown, EnrollmentCore, Failed, GotCode, GotToken,
+                         NoEnrollment, PairingCode, PollPairing, RequestCode, Retry, Started,
+                         StillPending, Tick, TokenRefused)
 from ..base.identifiers import shown
 from .pairing_code import remove_file, write_file
 from ..base.identifiers import token_problem
@@ -47,6 +49,11 @@ MAX_WAIT_S = 30.0
 # before it asks for a new one (the server answers a poll at once).
 PAIRED_RECHECK_S = 120.0
 MAX_SILENCE_S = MAX_WAIT_S + 2 * sum(TIMEOUT) + 10.0
+
+
+def _delay(effects: list) -> float:
+    """The backoff a failed request's answer gave (the core's Retry)."""
+    return sum(e.delay_s for e in effects if isinstance(e, Retry))
 
 
 class BadAnswer(Exception):
@@ -81,7 +88,7 @@ class Enroller:
         self.clock = SystemClock()
         self.core = EnrollmentCore()
         if paired_with is not None:
-            self.core.on_paired(paired_with)
+            self.core.handle(GotToken(paired_with))
         # (token, generation): the identity core keeps it, or not if revoked meanwhile
         self._on_paired = on_paired or (lambda token, generation: None)
         self._on_change = on_change or (lambda: None)
@@ -115,7 +122,7 @@ class Enroller:
             hold, self._restart_hold = self._restart_hold, None
         if hold is None:
             return False
-        self.core.revoke(self.clock.monotonic(), hold)
+        self.core.handle(TokenRefused(self.clock.monotonic(), hold))
         return True
 
     def stop(self) -> None:
@@ -130,7 +137,7 @@ class Enroller:
         code = self.core.code
         if self.core.state == PAIRED or code is None:
             out = {"state": self.core.state, "error": self.core.last_error}
-            wake = self.core.next_wakeup()
+            wake = self.core.deadline()
             if self.core.last_error and wake != math.inf:
                 out.update(next_try_in_s=round(max(0.0, wake - self.clock.monotonic()), 1),
                            attempts=self.core.attempts)
@@ -145,19 +152,19 @@ class Enroller:
 
     def _turns(self) -> None:
         if not self._begun:   # on this thread: a bad pairing file costs a line, not the agent
-            self.core.start(self.clock.monotonic(), self._load_code())
+            self.core.handle(Started(self.clock.monotonic(), self._load_code()))
             self._begun = True
         while not self._stopping:
             self.loop.turn()
             self._take_restart()
-            for action in self.core.poll(self.clock.monotonic()):
+            for action in self.core.handle(Tick(self.clock.monotonic())):
                 self._execute(action)
             if self.core.state == PAIRED:
                 # nothing to do until unpaired: no timer, no wake-ups, off the gate
                 self.loop.idle()
                 self._wake.wait()
             else:
-                wait = self.core.next_wakeup() - self.clock.monotonic()
+                wait = self.core.deadline() - self.clock.monotonic()
                 self._wake.wait(min(max(wait, 0.0), MAX_WAIT_S))
             self._wake.clear()
 
@@ -166,32 +173,31 @@ class Enroller:
         try:
             if isinstance(action, RequestCode):
                 code = self._request_code()
-                self.core.on_code(now(), code)
+                self.core.handle(GotCode(now(), code))
                 self._show(code)
             elif isinstance(action, PollPairing):
                 with self._lock:
                     generation = self._generation
                 token = self._poll()
                 if token is None:
-                    self.core.on_pending(now())
+                    self.core.handle(StillPending(now()))
                     return
                 # unpaired meanwhile? the identity core sees the old generation and drops
                 # the token; this loop's restart comes next
                 code = self.core.code
-                self.core.on_paired(token)
+                self.core.handle(GotToken(token))
                 self._keep_until_stored(code)
                 self._on_paired(token, generation)
         except CodeGone:
-            delay = self.core.on_code_gone(now())
             log.info("pairing code expired or used elsewhere; requesting a new one in %.0fs",
-                     delay)
+                     _delay(self.core.handle(CodeUnknown(now()))))
         except NotEnrolling as e:
-            delay = self.core.on_not_enrolling(now(), e.status)
+            delay = _delay(self.core.handle(NoEnrollment(now(), e.status)))
             log.warning("enrollment: %s; retrying in %.0fs", self.core.last_error, delay)
         except (BadAnswer, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             why = str(e) if isinstance(e, (BadAnswer, HostileAnswer)) else type(e).__name__
-            delay = self.core.on_error(now(), why)
-            log.warning("enrollment: %s; retrying in %.0fs", why, delay)
+            log.warning("enrollment: %s; retrying in %.0fs", why,
+                        _delay(self.core.handle(Failed(now(), why))))
         finally:
             self._on_change()
 

@@ -1,6 +1,12 @@
 """Enrollment rules, sans I/O: get a pairing code, show it until it is used or expires,
 poll for the token with jittered backoff, never hammer the server.
 
+One way in, h11's: ``EnrollmentCore.handle(event) -> [effect]``, time as an event
+(``Tick``) and a ``deadline()`` (monotonic) by which the shell brings the next one. A
+``Tick`` at or after it gives the request to make (``RequestCode``, ``PollPairing``),
+one at a time; each answer is an event, and a backoff gives ``Retry`` (when, for the
+shell's log line).
+
 Every answer the agent does not expect goes through the one backoff (base/backoff.py):
 an error, a code request the server does not serve (404/405/410: no code was ever
 made, so nothing is "gone"), and a code the server forgets again and again. Only a
@@ -12,6 +18,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import NamedTuple, Union
 
 from ..base.backoff import Backoff, BackoffPolicy
 
@@ -26,6 +33,12 @@ class RequestCode:
 @dataclass(frozen=True)
 class PollPairing:
     pass
+
+
+@dataclass(frozen=True)
+class Retry:
+    """An answer the agent did not expect: the next request in ``delay_s`` (backoff)."""
+    delay_s: float
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,64 @@ def not_enrolling(status: int) -> str:
             f"is it a ScreenTinker server? set [server] profile (\"auto\" finds out)")
 
 
+# -- events: each with the monotonic time it happened ---------------------------------
+
+class Started(NamedTuple):
+    """The enrollment begins, with a code from before a restart if one was saved (used
+    while it is still valid)."""
+    now: float
+    saved: PairingCode | None = None
+
+
+class Tick(NamedTuple):
+    """The time is ``now``: the request that is due, if any."""
+    now: float
+
+
+class GotCode(NamedTuple):
+    now: float
+    code: PairingCode
+
+
+class StillPending(NamedTuple):
+    """A poll proved the code alive: not paired yet."""
+    now: float
+
+
+class GotToken(NamedTuple):
+    """Paired (or already paired at the start: a token held from before)."""
+    token: str
+
+
+class CodeUnknown(NamedTuple):
+    """The server no longer knows the code (expired, or used by someone else)."""
+    now: float
+
+
+class NoEnrollment(NamedTuple):
+    """The code request itself was answered ``status`` (404, 405, 410): this server
+    does not enroll this way."""
+    now: float
+    status: int
+
+
+class Failed(NamedTuple):
+    """A request failed (the network, a bad answer): ``why``."""
+    now: float
+    why: str
+
+
+class TokenRefused(NamedTuple):
+    """The token was refused or dropped: a fresh code, after ``hold_s``."""
+    now: float
+    hold_s: float = 0.0
+
+
+Event = Union[Started, Tick, GotCode, StillPending, GotToken, CodeUnknown, NoEnrollment,
+              Failed, TokenRefused]
+Effect = Union[RequestCode, PollPairing, Retry]
+
+
 class EnrollmentCore:
     def __init__(self, policy: EnrollmentPolicy = EnrollmentPolicy(), rng: random.Random | None = None):
         self.policy = policy
@@ -66,13 +137,58 @@ class EnrollmentCore:
         """Answers in a row that were not what the agent expects."""
         return self._errors.attempts
 
-    def start(self, now: float, saved: PairingCode | None = None) -> None:
-        """Begins, reusing a code from before a restart while it is still valid."""
-        if saved is not None and saved.expires_at > now:
-            self.code, self.state = saved, WAITING
-        self._next_at = now
+    def handle(self, event: Event) -> list[Effect]:
+        if isinstance(event, Tick):
+            return self._tick(event.now)
+        if isinstance(event, Started):
+            if event.saved is not None and event.saved.expires_at > event.now:
+                self.code, self.state = event.saved, WAITING
+            self._next_at = event.now
+        elif isinstance(event, GotCode):
+            # not a reset of the backoff: a server may hand out codes it forgets at
+            # once; the first pending poll proves the code (StillPending)
+            self._in_flight = False
+            self.code, self.state, self.last_error = event.code, WAITING, None
+            self._next_at = event.now + self._poll_delay()
+        elif isinstance(event, StillPending):
+            self._in_flight = False
+            self._errors.reset()
+            self.last_error = None
+            self._next_at = event.now + self._poll_delay()
+        elif isinstance(event, GotToken):
+            self._in_flight = False
+            self._errors.reset()
+            self.token, self.state, self.code = event.token, PAIRED, None
+        elif isinstance(event, CodeUnknown):
+            # a new code, on the backoff (within its base after a code polled pending)
+            self.code, self.state = None, NEED_CODE
+            return self._back_off(event.now)
+        elif isinstance(event, NoEnrollment):
+            # no code was made; backs off like any error
+            self.last_error = not_enrolling(event.status)
+            return self._back_off(event.now)
+        elif isinstance(event, Failed):
+            self.last_error = event.why
+            return self._back_off(event.now)
+        elif isinstance(event, TokenRefused):
+            self.token, self.code, self.state = None, None, NEED_CODE
+            self._in_flight = False
+            self._next_at = event.now + event.hold_s
+        else:
+            raise TypeError(f"not an enrollment event: {type(event).__name__}")
+        return []
 
-    def poll(self, now: float) -> list:
+    def deadline(self) -> float:
+        """When the next Tick is wanted (monotonic); inf while nothing is due (paired,
+        or a request in flight: its answer comes as an event)."""
+        if self.state == PAIRED or self._in_flight:
+            return math.inf
+        t = self._next_at
+        if self.code is not None:
+            t = min(t, self.code.expires_at)
+        return t
+
+    def _tick(self, now: float) -> list[Effect]:
         if self._in_flight or self.state == PAIRED:
             return []
         if self.state == WAITING and self.code is not None and now >= self.code.expires_at:
@@ -84,59 +200,11 @@ class EnrollmentCore:
         self._in_flight = True
         return [RequestCode()] if self.state == NEED_CODE else [PollPairing()]
 
-    def next_wakeup(self) -> float:
-        if self.state == PAIRED or self._in_flight:
-            return math.inf
-        t = self._next_at
-        if self.code is not None:
-            t = min(t, self.code.expires_at)
-        return t
-
-    # -- answers ------------------------------------------------------------------
-    def on_code(self, now: float, code: PairingCode) -> None:
-        # not a reset of the backoff: a server may hand out codes it forgets at once;
-        # the first pending poll proves the code (on_pending)
+    def _back_off(self, now: float) -> list[Effect]:
         self._in_flight = False
-        self.code, self.state, self.last_error = code, WAITING, None
-        self._next_at = now + self._poll_delay()
-
-    def on_pending(self, now: float) -> None:
-        self._in_flight = False
-        self._errors.reset()
-        self.last_error = None
-        self._next_at = now + self._poll_delay()
-
-    def on_paired(self, token: str) -> None:
-        self._in_flight = False
-        self._errors.reset()
-        self.token, self.state, self.code = token, PAIRED, None
-
-    def on_code_gone(self, now: float) -> None:
-        """The server no longer knows the code (expired, or used by someone else): a new
-        one, on the backoff (within its base after a code that was polled pending)."""
-        self._in_flight = False
-        self.code, self.state = None, NEED_CODE
         delay = self._errors.next_delay()
         self._next_at = now + delay
-        return delay
-
-    def on_not_enrolling(self, now: float, status: int) -> float:
-        """The code request itself was answered ``status`` (404, 405, 410): this server
-        does not enroll this way. No code was made; backs off like any error."""
-        return self.on_error(now, not_enrolling(status))
-
-    def on_error(self, now: float, why: str) -> float:
-        self._in_flight = False
-        self.last_error = why
-        delay = self._errors.next_delay()
-        self._next_at = now + delay
-        return delay
-
-    def revoke(self, now: float, hold_s: float = 0.0) -> None:
-        """The token was refused: back to a fresh code, after ``hold_s``."""
-        self.token, self.code, self.state = None, None, NEED_CODE
-        self._in_flight = False
-        self._next_at = now + hold_s
+        return [Retry(delay)]
 
     def _poll_delay(self) -> float:
         j = self.policy.poll_jitter
