@@ -106,7 +106,7 @@ def read_lines(f, length: int | None = None) -> Iterator[bytes]:
     while left is None or left > 0:
         line = f.readline(MAX_LINE_BYTES if left is None else min(MAX_LINE_BYTES, left))
         if not line:
-            if left:
+            if left and length is not None:
                 raise GateError(f"the reply was cut short ({length - left} of {length} bytes)")
             return
         if left is not None:
