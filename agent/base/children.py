@@ -56,6 +56,7 @@ def collect(child: subprocess.Popen, timeout_s: float, max_bytes: int, max_drain
     start = mono()
     deadline = start + timeout_s
     kept, dropped = bytearray(), 0
+    assert child.stdout is not None   # started with stdout=PIPE
     fd = child.stdout.fileno()
     os.set_blocking(fd, False)
     exited_at = None

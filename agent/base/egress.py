@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
 if TYPE_CHECKING:
-    import requests
+    import requests  # type: ignore[import]  # no stubs on Debian 12 (python3-typeshed)
 
 
 # curl's and requests' names, lower case first (the convention; httpoxy taught CGI

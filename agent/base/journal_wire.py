@@ -107,7 +107,7 @@ def read_lines(f, length: int | None = None) -> Iterator[bytes]:
         line = f.readline(MAX_LINE_BYTES if left is None else min(MAX_LINE_BYTES, left))
         if not line:
             if left:
-                raise GateError(f"the reply was cut short ({length - left} of {length} bytes)")
+                raise GateError(f"the reply was cut short ({(length or 0) - left} of {length} bytes)")
             return
         if left is not None:
             left -= len(line)

@@ -270,7 +270,7 @@ def crash_line(error: BaseException) -> str:
 def _one_line(exc_info, ours_first: bool = False) -> str:
     _, error, tb = exc_info
     where = ""
-    frames = traceback.extract_tb(tb) if tb is not None else []
+    frames: list[traceback.FrameSummary] = list(traceback.extract_tb(tb)) if tb else []
     if ours_first:
         frames = [f for f in frames if "/agent/" in f.filename] or frames
     if frames:
@@ -451,7 +451,7 @@ class RecentLines(logging.Handler):
 
     def __init__(self, capacity: int = 1000):
         super().__init__()
-        self.lines = deque(maxlen=capacity)
+        self.lines: deque[dict] = deque(maxlen=capacity)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
