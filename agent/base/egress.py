@@ -12,15 +12,15 @@ its own (a requests session with ``trust_env`` off; the link dials its own socke
 """
 from __future__ import annotations
 
-import base64
 import ipaddress
 import re
-import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
 if TYPE_CHECKING:
+    import ssl
+
     import requests  # type: ignore[import]  # no stubs on Debian 12 (python3-typeshed)
 
 
@@ -64,6 +64,7 @@ class Proxy:
         """The Proxy-Authorization header value, or None without credentials."""
         if self.user is None:
             return None
+        import base64
         pair = f"{self.user}:{self.password or ''}".encode()
         return "Basic " + base64.b64encode(pair).decode("ascii")
 
@@ -215,6 +216,7 @@ class Egress:
     def ssl_context(self) -> ssl.SSLContext:
         """Verification on, against the site's CA when one is configured (and then
         only it, as requests does with a CA path), with the client certificate."""
+        import ssl
         ctx = ssl.create_default_context(cafile=self.ca_file)
         if self.client_cert:
             ctx.load_cert_chain(self.client_cert, self.client_key)
