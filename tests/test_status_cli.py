@@ -378,22 +378,3 @@ def test_status_reads_the_configured_runtime_dir_past_a_bad_key_elsewhere(tmp_pa
                     f'[runtime]\ndir = "{tmp_path}"\n')
     assert cli.main(["status", "--config", str(conf)]) == cli.EXIT_OK
 
-
-def test_status_loads_neither_logging_nor_the_whole_configuration(tmp_path):
-    """What `status` runs in a third of 0.2.2's time by (scripts/bench, the status row):
-    a fresh interpreter, the command run to its end, loads no logging, ssl or socket, and
-    none of the configuration's schema, records or validation."""
-    cfg = tmp_path / "agent.toml"
-    cfg.write_text(f'[server]\nurl = "http://fleet.example:8080"\n[runtime]\ndir = "{tmp_path}"\n')
-    script = ("import sys; from agent import cli\n"
-              "try:\n    cli.main(['status', '--config', sys.argv[1]])\n"
-              "except SystemExit:\n    pass\n"
-              "print(' '.join(sorted(sys.modules)))")
-    from devtools.harness import REPO
-    r = subprocess.run([sys.executable, "-c", script, str(cfg)], cwd=REPO,
-                       capture_output=True, text=True, check=True)
-    loaded = set(r.stdout.split())
-    assert "agent.app.status" in loaded and "agent.config.files" in loaded, r.stderr
-    heavy = sorted(loaded & {"logging", "ssl", "socket", "dataclasses", "agent.config.load",
-                             "agent.config.schema", "agent.config.model", "agent.base.logs"})
-    assert not heavy, f"`status` loads {heavy}"
