@@ -223,5 +223,5 @@ class Egress:
         return ctx
 
 
-def default_port(scheme: str) -> int:
+def default_port(scheme: str | None) -> int:
     return 443 if scheme in ("https", "wss") else 80
