@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import logging
 import os
-import signal
 import sys
+from typing import TYPE_CHECKING
 
 from . import __version__
-from .config import load as cfgmod
-from .config.model import Config
-from .base import logs
+from .config import files as cfgfiles
 from .app import status
 from .base import status_file
 from .base.fsutil import UnsafePath, drop_to_owner
 from .base.upload_kinds import KINDS
 # Each command imports what it runs: `status`, run by every operator and monitoring
-# script, reads a file and loads none of the link, the parts or their libraries.
+# script, reads a file and loads none of the link, the parts or their libraries, nor
+# the configuration's schema and records (it finds its file with config/files.py).
+if TYPE_CHECKING:
+    from .config.model import Config
 
 EXIT_OK, EXIT_DEGRADED, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
 # status: running, and no operator has claimed the screen yet (it shows a pairing code)
@@ -30,8 +29,6 @@ STATUS_EXITS = """exit status:
      or the token is only in memory
   3  not running (or no status file)
   4  running but unclaimed: waiting for an operator to enter the pairing code"""
-# the doctor's (app/doctor.py holds them; a light module, as --help needs them)
-from .app.doctor import DOCTOR_EXITS  # noqa: E402
 EXIT_CRASHED = 70   # EX_SOFTWARE: a bug; systemd restarts the agent (Restart=always)
 
 
@@ -40,6 +37,17 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(f"edge-agent: {message} (see edge-agent --help)\n")
         raise SystemExit(EXIT_USAGE)
 
+    def format_help(self):
+        if callable(self.epilog):   # read where it is shown: its module is not `status`'s
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
+def doctor_exits() -> str:
+    """The doctor's exit statuses, as app/doctor.py holds them."""
+    from .app.doctor import DOCTOR_EXITS
+    return DOCTOR_EXITS
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="edge-agent",
@@ -47,23 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
                             "when the network silently drops it.")
     p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    conf_help = f"configuration file (default {cfgmod.DEFAULT_PATH})"
+    conf_help = f"configuration file (default {cfgfiles.DEFAULT_PATH})"
 
     run = sub.add_parser("run", help="run the agent in the foreground (what systemd starts)")
-    run.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    run.add_argument("--config", default=cfgfiles.DEFAULT_PATH, help=conf_help)
 
     st = sub.add_parser("status", help="show the running agent's link state and whether the "
                                        "screen is claimed; exit 0 online, 1 degraded, "
                                        "3 not running, 4 unclaimed",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog=STATUS_EXITS)
-    st.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    st.add_argument("--config", default=cfgfiles.DEFAULT_PATH, help=conf_help)
     st.add_argument("--json", action="store_true", help="print the raw status as JSON")
 
     enq = sub.add_parser("enqueue", help="queue a file for upload to the fleet server",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=ENQUEUE_EXITS)
-    enq.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    enq.add_argument("--config", default=cfgfiles.DEFAULT_PATH, help=conf_help)
     enq.add_argument("--kind", required=True, choices=list(KINDS))
     enq.add_argument("--key", help="idempotency key (1 to 64 of A-Z a-z 0-9 . _ : -): an item "
                                    "whose key is queued or was sent in the last dedupe window "
@@ -74,13 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("unpair", "forget this device's credentials; the agent shows a new pairing code"),
                        ("enroll", "enroll again now: same as unpair, for a screen moved to another fleet")):
         cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+        cmd.add_argument("--config", default=cfgfiles.DEFAULT_PATH, help=conf_help)
 
     chk = sub.add_parser("check-config", help="validate the configuration, say what is in force "
                                               "(profile, proxy, CA) and where each value comes "
                                               "from, and check that the agent's user can read "
                                               "every file it names; exit 0 ok, 2 not")
-    chk.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    chk.add_argument("--config", default=cfgfiles.DEFAULT_PATH, help=conf_help)
 
     # said by --help's list and by doctor --help (which keeps its line breaks, for the epilog)
     doctor_said = ("check each step now, in order (configuration, clock, DNS, route, TCP,\n"
@@ -89,18 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "what fails and what to do")
     doc = sub.add_parser("doctor", help=" ".join(doctor_said.split()), description=doctor_said,
                          formatter_class=argparse.RawDescriptionHelpFormatter,
-                         epilog=DOCTOR_EXITS)
-    doc.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+                         epilog=doctor_exits)
+    doc.add_argument("--config", default=cfgfiles.DEFAULT_PATH, help=conf_help)
     doc.add_argument("--json", action="store_true", help="print the steps as JSON, for scripts")
 
     cnd = sub.add_parser("configured", help="exit 0 if a fleet server url is set, 1 if not "
                                             "(systemd's ExecCondition: a fresh install waits "
                                             "for its configuration instead of failing)")
-    cnd.add_argument("--config", default=cfgmod.DEFAULT_PATH, help=conf_help)
+    cnd.add_argument("--config", default=cfgfiles.DEFAULT_PATH, help=conf_help)
     return p
 
 
 def _load(path: str, env: dict | None = None) -> Config:
+    from .base import logs
+    from .config import load as cfgmod
     try:
         return cfgmod.load(path, env=env)
     except cfgmod.ConfigError as e:
@@ -109,6 +119,9 @@ def _load(path: str, env: dict | None = None) -> Config:
 
 
 def cmd_run(args) -> int:
+    import gc
+    import logging
+    from .base import logs
     from .base.journal_fields import MessageId, journal
     from .identity.credentials import CredentialsUnreadable
     from .runtime import crashes
@@ -165,6 +178,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_doctor(args) -> int:
+    import logging
     from .app import doctor, doctor_probes   # the link's libraries: off `status`'s path
     # the probes' own warnings (a screen source's, the link's) are for the agent's journal
     logging.getLogger("edge_agent").addHandler(logging.NullHandler())
@@ -181,12 +195,14 @@ def cmd_configured(args) -> int:
     """Only "no server url" means not configured. Any other problem is left to `run`,
     which fails the unit with the error in the journal: a typo must not pass for a
     screen that is merely waiting to be set up."""
+    from .base import logs
+    from .config import load as cfgmod
     try:
         cfgmod.load(args.config)
     except cfgmod.ConfigMissing as e:
         if e.key == "server.url":
             logs.early(f"edge-agent: not configured yet: set [server] url in {args.config} "
-                       f"(or {cfgmod.env_name('server', 'url')}), then "
+                       f"(or {cfgfiles.env_name('server', 'url')}), then "
                        f"systemctl restart edge-agent", priority=5)
             return EXIT_DEGRADED
     except Exception:  # a config error or a bug: `run` says which, loudly, not a skip
@@ -194,17 +210,10 @@ def cmd_configured(args) -> int:
     return EXIT_OK
 
 
-def _status_path(args) -> str:
-    try:
-        return cfgmod.load(args.config).status_path
-    except cfgmod.ConfigError:
-        # status must work for an operator even if the config is unreadable to them
-        base = os.environ.get("RUNTIME_DIRECTORY", "/run/edge-agent").split(":")[0]
-        return os.path.join(base, status_file.NAME)
-
-
 def cmd_status(args) -> int:
-    path = _status_path(args)
+    # the runtime directory alone, from the layers the agent read it from; status must
+    # work for an operator even if the configuration is unreadable to them
+    path = cfgfiles.status_path(args.config)
     try:
         doc = status_file.read(path)
     except status_file.StatusFileError as e:
@@ -254,6 +263,8 @@ def _profile_text(config, came: str) -> str:
 
 
 def cmd_enqueue(args) -> int:
+    import logging
+    import signal
     from .identity import kind_record
     from .link.profiles import PROFILES, uncarried
     config = _load(args.config)
@@ -323,6 +334,7 @@ def cmd_enqueue(args) -> int:
 
 
 def cmd_unpair(args) -> int:
+    import signal
     from .config import overlay as fleet_store
     from .identity.credentials import Credentials
     config = _load(args.config)
@@ -358,6 +370,7 @@ def cmd_unpair(args) -> int:
 
 def cmd_check_config(args) -> int:
     from .app import unit_env
+    from .config import load as cfgmod
     unit = unit_env.read()   # what systemd gives the agent, not this shell's (#50.2)
     config = _load(args.config, unit.over(os.environ))
     print(f"{config.source}: ok (device {config.identity.device_id or 'derived'}, server {config.server.display})")
@@ -372,9 +385,10 @@ def cmd_check_config(args) -> int:
     return code
 
 
-def _say_in_force(config: cfgmod.Config, unit) -> int:
+def _say_in_force(config: Config, unit) -> int:
     """What is in force and where each value comes from; then whether the agent's user
     can read every file named. EXIT_OK or EXIT_USAGE."""
+    from .config import load as cfgmod
     origins = config.origins
 
     def came(key: str) -> str:
@@ -425,7 +439,7 @@ def _say_in_force(config: cfgmod.Config, unit) -> int:
     return _check_readable(config)
 
 
-def _check_readable(config: cfgmod.Config) -> int:
+def _check_readable(config: Config) -> int:
     """Every file the configuration names, as the agent's user opens it."""
     from .base import access
     named = {key: path for key, path in (
@@ -433,8 +447,8 @@ def _check_readable(config: cfgmod.Config) -> int:
         ("server.ca_file", config.server.egress.ca_file),
         ("network.client_cert", config.server.egress.client_cert),
         ("network.client_key", config.server.egress.client_key)) if path and path != "-"}
-    if os.path.exists(cfgmod.VENDOR_PATH):
-        named["the package's defaults"] = cfgmod.VENDOR_PATH
+    if os.path.exists(cfgfiles.VENDOR_PATH):
+        named["the package's defaults"] = cfgfiles.VENDOR_PATH
     try:
         how, problems = access.check(named)
     except LookupError as e:
@@ -466,6 +480,7 @@ def main(argv=None) -> int:
         # a bug: one line a person (and `journalctl -p err`) can act on, the exception
         # and where it was raised, never a traceback on the terminal; the installer
         # tells the fleet this line when a release crash-loops
+        from .base import logs
         logs.early(f"edge-agent {args.command}: crashed: {logs.crash_line(e)}", 3)
         return EXIT_CRASHED
 

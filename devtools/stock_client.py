@@ -4,7 +4,9 @@ Default: library defaults (automatic reconnection, polling then websocket upgrad
 and an app-level heartbeat every 15 s, fire-and-forget and guarded by
 ``sio.connected``, like the field reports' players. SIGUSR1 raises a device event,
 sent the same way. ``--acked`` is the footprint baseline: websocket only, the
-heartbeat with an ACK callback and nothing else. Prints one JSON line per link event.
+heartbeat with an ACK callback and nothing else; with ``--card`` it imports the design
+card's other packages too (requests, sdnotify, psutil, pyudev: issue #51's bare client).
+Prints one JSON line per link event.
 """
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ def main(argv=None) -> int:
     p.add_argument("--token", default="t")
     p.add_argument("--heartbeat", type=float, default=15.0)
     p.add_argument("--acked", action="store_true", help="websocket, heartbeat with an ACK")
+    p.add_argument("--card", action="store_true",
+                   help="import the design card's packages too (requests, sdnotify, psutil, pyudev)")
     args = p.parse_args(argv)
+    if args.card:
+        import psutil, pyudev, requests, sdnotify  # noqa: F401,E401
     sio = socketio.Client()
     seq = [0]
     events = [0]

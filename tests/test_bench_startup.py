@@ -74,3 +74,37 @@ def test_the_footprint_says_the_device_reads_cost_beside_the_same_agent_without(
     text = "\n".join(FP.section(fps))
     assert "| edge-agent, device off | 47.5 | 0.048 |" in text
     assert "without them: CPU 1.04x, wake-ups 1.00x; 0 bytes written" in text
+
+
+def test_the_design_cards_client_is_the_bare_one_with_the_cards_packages_and_nothing_else():
+    compile(SU.CARD_CLIENT, "card", "exec")
+    assert "import socketio, requests, sdnotify, psutil, pyudev\n" in SU.CARD_CLIENT
+    assert SU.CARD_CLIENT.replace("import socketio, requests, sdnotify, psutil, pyudev\n",
+                                  "import socketio\n") == SU.BARE_CLIENT
+    compile(SU._import_code(SU.CARD_IMPORTS, SU.BARE_TOUCH), "card", "exec")
+    for name in SU.CARD_IMPORTS:
+        assert importlib.util.find_spec(name) is not None, name
+
+
+def test_the_startup_row_prints_the_design_cards_ratios_against_issue_51s_target():
+    s = SU.Startup(3, SU.agent_imports(), agent_import_ms=[300.0] * 5,
+                   card_import_ms=[250.0] * 5, card_server_ms=[200.0] * 7,
+                   card={"agent_import_best_ms": 300.0, "card_import_best_ms": 250.0,
+                         "agent_server_ms": 320.0, "card_server_ms": 200.0,
+                         "import": 1.2, "server": 1.6},
+                   medians={}, ratios={})
+    text = "\n".join(SU.section(s))
+    assert "| import statement, best of 5 | 300.0 | 250.0 | 1.20x |" in text
+    assert "| exec to the first heartbeat at the server, median of 7 | 320.0 | 200.0 | 1.60x |" in text
+    assert "Import 1.20x (target <= 1.3x: met); exec to the first heartbeat at the server " \
+           "1.60x (target <= 1.3x: NOT met)." in text
+
+
+def test_the_footprint_row_says_the_agent_against_the_design_cards_client():
+    fps = [FP.Footprint("edge-agent", 60.0, rss_mb=47.7, cpu_s=0.05, wakeups_per_min=34.3),
+           FP.Footprint("bare", 60.0, rss_mb=38.0, cpu_s=0.04, wakeups_per_min=32.7),
+           FP.Footprint(FP.CARD, 60.0, rss_mb=45.0, cpu_s=0.04, wakeups_per_min=33.0)]
+    text = "\n".join(FP.section(fps))
+    assert f"| {FP.CARD} | 45.0 |" in text
+    assert "Against the design card's bare client" in text
+    assert "RSS 1.06x (target <= 1.15x: met); wake-ups 1.04x (target <= 1.06x: met)." in text

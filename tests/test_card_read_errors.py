@@ -73,7 +73,8 @@ def test_the_agent_stops_degraded_and_says_why_instead_of_pairing_again(tmp_path
     conf.write_text(f'[server]\nurl = "http://127.0.0.1:9"\n[identity]\nstate_dir = "{state}"\n'
                     f'device_id = "dev-1"\n[runtime]\ndir = "{tmp_path / "run"}"\n')
     failing_reads(monkeypatch, fsutil, "credentials.json", None)
-    monkeypatch.setattr(cli.logs, "setup", lambda level: None)
+    from agent.base import logs   # imported by the command that runs (cli imports it lazily)
+    monkeypatch.setattr(logs, "setup", lambda level: None)
     rc = cli.main(["run", "--config", str(conf)])
     assert rc == cli.EXIT_DEGRADED
     assert "the card is failing; not pairing again" in caplog.text

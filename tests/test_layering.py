@@ -187,6 +187,10 @@ def test_the_root_programs_load_none_of_the_running_parts():
 # it loaded 305-317 modules, requests, socketio and the link among them, to print a file)
 STATUS_MODULES = 100
 HTTP_AND_LINK = ("requests", "urllib3", "socketio", "engineio", "websocket", "agent.link")
+# what its third of 0.2.2's time rests on (scripts/bench, the status row): no logging, ssl
+# or socket, none of the configuration's schema, records or validation (config/files.py)
+NOT_FOR_STATUS = ("logging", "ssl", "socket", "dataclasses", "agent.base.logs",
+                  "agent.config.load", "agent.config.schema", "agent.config.model")
 
 
 def test_status_loads_a_hundred_modules_and_neither_http_nor_the_link(tmp_path):
@@ -206,6 +210,8 @@ def test_status_loads_a_hundred_modules_and_neither_http_nor_the_link(tmp_path):
     heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".")
                                              for h in HTTP_AND_LINK))
     assert not heavy, f"`status` loads {heavy}"
+    unneeded = sorted(set(loaded) & set(NOT_FOR_STATUS))
+    assert not unneeded, f"`status` loads {unneeded}"
     assert len(loaded) <= STATUS_MODULES, f"`status` loads {len(loaded)} modules: {loaded}"
 
 

@@ -343,3 +343,38 @@ def test_each_status_line_names_one_thing():
            "device": {"storage": {"verdict": "ok"}}}
     labels = [line[:12].strip() for line in status.render(doc, True).splitlines()[1:]]
     assert len(labels) == len(set(labels)), labels
+
+
+@pytest.mark.parametrize("layers", [
+    {}, {"RUNTIME_DIRECTORY": "/run/a:/run/b"}, {"file": "/srv/f"}, {"vendor": "/srv/v"},
+    {"vendor": "/srv/v", "file": "/srv/f"}, {"env": "/srv/e", "file": "/srv/f", "vendor": "/srv/v"},
+    {"no_file": True, "vendor": "/srv/v"}, {"file": "/srv/f", "RUNTIME_DIRECTORY": "/run/a"}])
+def test_status_finds_the_status_file_where_the_agent_writes_it(tmp_path, layers):
+    """`status` reads [runtime] dir alone (config/files.py), not the whole validated
+    configuration: from the same layers, in the same order, as the agent's load()."""
+    from agent.config import files, load as cfgmod
+    env = {"EDGE_AGENT_SERVER_URL": "http://fleet.example:8080"}
+    if "RUNTIME_DIRECTORY" in layers:
+        env["RUNTIME_DIRECTORY"] = layers["RUNTIME_DIRECTORY"]
+    if "env" in layers:
+        env["EDGE_AGENT_RUNTIME_DIR"] = layers["env"]
+    path, vendor = tmp_path / "agent.toml", tmp_path / "vendor.toml"
+    path.write_text(f'[runtime]\ndir = "{layers["file"]}"\n' if "file" in layers else "")
+    vendor.write_text(f'[runtime]\ndir = "{layers["vendor"]}"\n' if "vendor" in layers else "")
+    given = "-" if layers.get("no_file") else str(path)
+    agent_reads = cfgmod.load(given, env=env, vendor=str(vendor)).status_path
+    assert files.status_path(given, env=env, vendor=str(vendor)) == agent_reads
+
+
+def test_status_reads_the_configured_runtime_dir_past_a_bad_key_elsewhere(tmp_path, monkeypatch):
+    """An operator's typo in another key does not stop the running agent (it read the file
+    before); status still finds its status file, where the whole load used to fail over
+    to /run/edge-agent."""
+    from agent import cli
+    put(tmp_path, {"state": "online"})
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    conf = tmp_path / "agent.toml"
+    conf.write_text(f'[server]\nurl = "http://fleet.example:8080"\nnot_a_key = 1\n'
+                    f'[runtime]\ndir = "{tmp_path}"\n')
+    assert cli.main(["status", "--config", str(conf)]) == cli.EXIT_OK
+

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from ..base import reasons as J
 from ..base.clock import printable_wall
-from ..base.logs import clean
+from ..base.text import clean
 from ..base.server_clock import NOTABLE_SKEW_S
 from .status import STATUS_LINE_CHARS
 

@@ -14,7 +14,7 @@ from .. import __version__
 from ..base.boot import boot_id
 from ..base.clock import printable_wall
 from ..base.server_clock import NOTABLE_SKEW_S
-from ..base.logs import clean
+from ..base.text import clean
 from ..device import words as device_words
 
 STATUS_LINE_CHARS = 2000

@@ -4,15 +4,11 @@ booted (a service restart is not a boot); and how this device is rebooted or pow
 off (``ask_logind``: the reboot command's, the recovery ladder's)."""
 from __future__ import annotations
 
-import logging
 import os
-import subprocess
 from typing import Callable
 
 from . import status_file
 from .fsutil import atomic_write, read_bounded
-
-log = logging.getLogger("edge_agent")
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 BOOT_MARK = "last-start-boot-id"
@@ -62,6 +58,7 @@ def manager_started() -> str:
     container once the unit's sandbox mounts its own /proc (ProtectProc=, seen on
     bookworm's systemd 252 in systemd-nspawn: the container's own id is lost), and
     would never change at the container's reboot; its manager starts again at each."""
+    import subprocess   # here: `status` asks only for the boot id
     try:
         r = subprocess.run(["systemctl", "show", "--property=UserspaceTimestampMonotonic",
                             "--value"], capture_output=True, text=True, timeout=5,
@@ -106,4 +103,5 @@ def _keep_mark(path: str, value: str, what: str) -> None:
     try:
         atomic_write(path, value.encode(), 0o644, durable=False)
     except OSError as e:
-        log.warning("cannot keep %s in %s: %s", what, path, e.strerror)
+        import logging
+        logging.getLogger("edge_agent").warning("cannot keep %s in %s: %s", what, path, e.strerror)

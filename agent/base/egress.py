@@ -12,16 +12,16 @@ its own (a requests session with ``trust_env`` off; the link dials its own socke
 """
 from __future__ import annotations
 
-import base64
 import ipaddress
 import re
-import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
 if TYPE_CHECKING:
-    import requests
+    import ssl
+
+    import requests  # type: ignore[import]  # no stubs on Debian 12 (python3-typeshed)
 
 
 # curl's and requests' names, lower case first (the convention; httpoxy taught CGI
@@ -64,6 +64,7 @@ class Proxy:
         """The Proxy-Authorization header value, or None without credentials."""
         if self.user is None:
             return None
+        import base64
         pair = f"{self.user}:{self.password or ''}".encode()
         return "Basic " + base64.b64encode(pair).decode("ascii")
 
@@ -215,11 +216,12 @@ class Egress:
     def ssl_context(self) -> ssl.SSLContext:
         """Verification on, against the site's CA when one is configured (and then
         only it, as requests does with a CA path), with the client certificate."""
+        import ssl
         ctx = ssl.create_default_context(cafile=self.ca_file)
         if self.client_cert:
             ctx.load_cert_chain(self.client_cert, self.client_key)
         return ctx
 
 
-def default_port(scheme: str) -> int:
+def default_port(scheme: str | None) -> int:
     return 443 if scheme in ("https", "wss") else 80

@@ -15,8 +15,8 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
-import requests
-import requests.adapters
+import requests  # type: ignore[import]  # no stubs on Debian 12 (python3-typeshed)
+import requests.adapters  # type: ignore[import]
 import urllib3.connection
 import urllib3.connectionpool
 from urllib3.util import parse_url

@@ -30,6 +30,8 @@ from typing import Callable
 
 from .. import __version__
 from .journal_fields import FIELD_CHARS, FIELDS, datagram
+# the one sanitizer's home is text.py (light: `status` prints with it); named here too
+from .text import LINE_CHARS, clean  # noqa: F401
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4,
@@ -43,34 +45,6 @@ LIBRARY_LEVELS = {"socketio": logging.ERROR, "engineio": logging.ERROR,
 # unless a level is already set on it.
 _LIBRARY_CLIENT_LOGGERS = ("socketio.client", "engineio.client")
 LIBRARY_LINE_CHARS = 400
-# Any line, the agent's own included: what a server names (a command id, a device's
-# name, a refusal's text) reaches the journal inside the agent's lines, so no line may
-# be longer than a journal entry anyone reads whole.
-LINE_CHARS = 1000
-# Control characters that must not reach journald or a terminal as they are: journald
-# starts a new entry at NUL as well as at LF (the next one's "<N>" taken as its
-# priority, emergency included), CR rewrites a terminal's line, ESC starts a terminal
-# escape (a clipboard write, a title), C1 controls do the same on some terminals.
-# Invisible and bidirectional controls too: a server's words must not reorder or hide
-# what an operator reads (U+202E turns the rest of a line around).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069"
-                      "\ufeff\ufff9-\ufffb]")
-
-
-def clean(text: str, limit: int = LINE_CHARS) -> str:
-    """``text`` as one safe line: every control character escaped (``\\n``, ``\\x1b``),
-    cut to ``limit`` characters. The one sanitizer for text from outside on its way to
-    the journal or a terminal."""
-    text = _CONTROL.sub(_escape, text[:limit + 1])   # escaping only lengthens it
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _escape(match: "re.Match") -> str:
-    char = match.group()
-    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char)
-    if named:
-        return named
-    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
 
 
 def _library(name: str) -> bool:
@@ -270,8 +244,7 @@ def crash_line(error: BaseException) -> str:
 def _one_line(exc_info, ours_first: bool = False) -> str:
     _, error, tb = exc_info
     where = ""
-    frames: list[traceback.FrameSummary] = (list(traceback.extract_tb(tb)) if tb is not None
-                                            else [])
+    frames: list[traceback.FrameSummary] = list(traceback.extract_tb(tb)) if tb else []
     if ours_first:
         frames = [f for f in frames if "/agent/" in f.filename] or frames
     if frames:

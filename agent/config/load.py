@@ -20,9 +20,7 @@ import math
 import os
 import re
 import shlex
-import ssl
 import time
-import tomllib
 from typing import Any
 from urllib.parse import urlparse
 
@@ -34,22 +32,13 @@ from . import overlay as fleet_store, revision as fleet_rules
 from .model import POLICIES, SECTIONS, Config
 from .week import Schedule, ScheduleError
 from .schema import REQUIRED, SCHEMA, ConfigError, ConfigMissing, Key, Range, _shown, shown_number
-
-DEFAULT_PATH = "/etc/edge-agent/agent.toml"
-# the package's defaults, under whichever file the operator's is: the systemd layout
-# (vendor files in /usr/lib, the administrator's of the same name in /etc over them)
-VENDOR_PATH = "/usr/lib/edge-agent/agent.toml"
-ENV_PREFIX = "EDGE_AGENT_"
+from .files import DEFAULT_PATH, ENV_PREFIX, VENDOR_PATH, env_name, read_toml as _read_toml, runtime_dir
 
 
 # where a value came from, as check-config and the docs say it
 ORIGINS = {"default": "built-in default", "package": f"the package's defaults ({VENDOR_PATH})",
            "file": "this screen's file", "fleet": "the fleet's settings",
            "env": "the environment"}
-
-
-def env_name(section: str, key: str) -> str:
-    return ENV_PREFIX + (section.replace(".", "_") + "_" + key).upper()
 
 
 def _flatten(table: dict, path: str, out: dict[str, dict]) -> dict[str, dict]:
@@ -136,22 +125,6 @@ def _env_list(name: str, value: str) -> list:
     raise ConfigError(f"{name}: a list is written {first},{second} (items separated by "
                       f"commas) or as a JSON list {json.dumps([first, second])}, got "
                       f"{value[:MAX_SHOWN]!r}{'...' if len(value) > MAX_SHOWN else ''}")
-
-
-def _read_toml(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except PermissionError:
-        raise ConfigError(f"{path}: permission denied") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not valid UTF-8") from None
 
 
 def _package_defaults(vendor: str | None) -> dict[str, dict]:
@@ -466,6 +439,7 @@ def ca_certificates(path: str) -> int:
     """How many CA certificates ``server.ca_file`` holds, read as the agent reads it
     (PEM, by OpenSSL); anything else is this key's ConfigError. The file replaces the
     system's store for every TLS connection the agent makes (egress.Egress)."""
+    import ssl   # here: only a configured CA file is read with it
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
         ctx.load_verify_locations(cafile=path)
@@ -529,8 +503,7 @@ def _build(v: dict, env: dict, path: str, **about) -> Config:
     server = fields["server"]
     server["url"] = server["url"].rstrip("/")
     server["egress"] = _egress(fields["server.egress"], server["url"], env)
-    runtime_dir = fields["runtime"]["dir"] or env.get("RUNTIME_DIRECTORY") or "/run/edge-agent"
-    fields["runtime"]["dir"] = runtime_dir.split(":")[0]
+    fields["runtime"]["dir"] = runtime_dir(fields["runtime"]["dir"], env)
     fields["commands"]["allow"] = frozenset(fields["commands"]["allow"])
     fields["hours"]["week"] = tuple(fields["hours"]["week"])
     fields["hours"]["exceptions"] = tuple(fields["hours"]["exceptions"])

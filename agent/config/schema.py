@@ -11,19 +11,9 @@ from typing import Any
 
 from ..base.backoff import JITTER_MODES, BackoffPolicy
 from ..base.vocabulary import PROFILE_AUTO, PROFILE_NAMES
+# the errors' home is files.py (light: `status` finds its file with it), named here too
+from .files import ConfigError, ConfigMissing  # noqa: F401
 from .policies import IdlePolicy, KeepalivePolicy, LivenessPolicy, UploadPolicy
-
-
-class ConfigError(Exception):
-    """A one-line, user-facing description of what is wrong and where."""
-
-
-class ConfigMissing(ConfigError):
-    """A required key is not set anywhere: the device is not configured yet."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
 
 
 # -- schema -------------------------------------------------------------------

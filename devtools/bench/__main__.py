@@ -18,6 +18,7 @@ from devtools.bench import faults as F, footprint as FP, hung_node as HN, idle_r
 from devtools.bench.common import ACK_DEFAULT, HB_DEFAULT
 from devtools.bench.uploads import upload_queue, uploads_section
 from devtools.bench import picture as PB
+from devtools.bench import status_cli as SC
 
 
 def _med(values):
@@ -196,6 +197,7 @@ def main(argv=None) -> int:
     job("uploads", upload_queue, 200 if quick else 1000, work)
     # fresh processes timed to the millisecond: alone on the machine, after the rest
     job("startup", SU.measure, 3 if quick else 10, work / "startup")
+    job("status", SC.measure, 11 if quick else 31, work / "status")   # about 0.3 s a pair
     job("picture", PB.measure, 20)   # CPU per check: alone too, beside section 5's idle
     job("outage", OR.compare)   # a fake clock: microseconds, in every run
     elapsed = time.monotonic() - t0
@@ -211,7 +213,8 @@ def main(argv=None) -> int:
     sections = [("silent", silent_section), ("faults", fault_section),
                 ("netback", lambda r: netback_section(r, outage_s)),
                 ("storm", None), ("footprint", FP.section), ("uploads", uploads_section),
-                ("idle_reap", IR.section), ("startup", SU.section), ("outage", OR.section),
+                ("idle_reap", IR.section), ("startup", SU.section), ("status", SC.section),
+                ("outage", OR.section),
                 ("picture", lambda r: PB.section(r, res.get("footprint")
                                                  if isinstance(res.get("footprint"), list)
                                                  else None))] + ([] if quick else [("hung", HN.section)])

@@ -67,6 +67,8 @@ class Footprint:
 
 
 METRICS_DEVICE = "screen-metrics"
+# issue #51's bare client: the bare one with the design card's other packages imported
+CARD = "bare, the design card's packages"
 QUIET_DEVICE = "screen-no-device"   # [device] enabled = false: what its reads cost, beside
 
 
@@ -77,12 +79,12 @@ def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footpri
     work.mkdir(parents=True)
     runtime = Path("/dev/shm") / f"edge-agent-bench-{os.getpid()}"  # /run is tmpfs on a Pi
     clients = {"edge-agent": DEVICE, "edge-agent, metrics on": METRICS_DEVICE,
-               "edge-agent, device off": QUIET_DEVICE, "bare": "bare-1"}
+               "edge-agent, device off": QUIET_DEVICE, "bare": "bare-1", CARD: "card-1"}
     with NetNS():
         server = FleetServerProcess(work, "--accept-any").start()
         procs = {}
         try:
-            for name in ("agent", "agent-metrics", "agent-no-device", "bare"):
+            for name in ("agent", "agent-metrics", "agent-no-device", "bare", "card"):
                 (work / name).mkdir()
             procs["edge-agent"] = edge_agent(server, work / "agent",
                                              runtime={"dir": str(runtime)})
@@ -93,6 +95,8 @@ def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footpri
                 server, work / "agent-no-device", runtime={"dir": f"{runtime}-no-device"},
                 identity={"device_id": QUIET_DEVICE}, device={"enabled": False})
             procs["bare"] = StockProcess(server.url, work / "bare", "--acked", device_id="bare-1")
+            procs[CARD] = StockProcess(server.url, work / "card", "--acked", "--card",
+                                       device_id="card-1")
             for dev in clients.values():
                 wait_for(lambda: server.device(dev).get("first_heartbeat_times"), 30,
                          what=f"{dev} online")
@@ -136,7 +140,9 @@ def section(fps: list[Footprint]) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     metered = next((f for f in fps if f.client == "edge-agent, metrics on"), None)
     quiet = next((f for f in fps if f.client == "edge-agent, device off"), None)
-    for f in (ours, *([metered] if metered else []), *([quiet] if quiet else []), bare):
+    card = next((f for f in fps if f.client == CARD), None)
+    for f in (ours, *([metered] if metered else []), *([quiet] if quiet else []), bare,
+              *([card] if card else [])):
         lines.append(f"| {f.client} | {f.rss_mb} | {f.cpu_s} | {f.wakeups_per_min} | {f.write_bytes} | "
                      f"{f.heartbeats} | {f.bytes_per_heartbeat:.0f} | {f.threads} |")
     rss_r = ours.rss_mb / bare.rss_mb if bare.rss_mb else None
@@ -151,6 +157,14 @@ def section(fps: list[Footprint]) -> list[str]:
                             else "- (bare client used no measurable CPU)")
               + f"; {ours.bytes_per_heartbeat:.0f} bytes written per heartbeat (target 0: "
               f"{'met' if ours.write_bytes == 0 else 'NOT met'})."]
+    if card:
+        lines += ["", "Against the design card's bare client (issue #51: the bare client with "
+                      "requests, sdnotify, psutil and pyudev imported too): RSS "
+                  + (against(ours.rss_mb / card.rss_mb, RSS_TARGET) if card.rss_mb else "-")
+                  + "; wake-ups " + (against(ours.wakeups_per_min / card.wakeups_per_min,
+                                             WAKEUPS_TARGET) if card.wakeups_per_min else "-")
+                  + "."]
+
     def beside(a, b):
         return f"{a / b:.2f}x" if b else "-"
     if quiet:

@@ -13,7 +13,13 @@ directory) proves its link with the first ACKed heartbeat: the time is the statu
 connects (websocket), emits one heartbeat with a callback and prints the time the ACK
 arrives. The server's receipt of each client's first heartbeat is kept beside them.
 
-Repetitions alternate the two clients, after one warm-up of each that is not counted
+Beside the bench's own bare client, the design card's (issue #51): the packages the
+agent is made of and nothing else (``import socketio, requests, sdnotify, psutil,
+pyudev``), the same connect with auth and one ACKed heartbeat. Against it: the import
+statement, best of at least 5 fresh interpreters, and the exec to the first heartbeat at
+the server, median of at least 7.
+
+Repetitions rotate the clients, after one warm-up of each that is not counted
 (bytecode compiled, page cache warm, as on a screen that has booted before).
 
 Alone: ``python -m devtools.bench.startup --reps 3`` (root for a private loopback;
@@ -39,8 +45,10 @@ from devtools.harness import REPO, FleetServerProcess, wait_for
 
 from devtools.bench.common import DEVICE, edge_agent
 
-TARGET = 1.3   # issue #38: each ratio at most this
+TARGET = 1.3   # issue #38: each ratio at most this (and #51's against the design card)
 BARE_DEVICE = "bare-1"
+CARD_DEVICE = "card-1"
+CARD_IMPORT_REPS, CARD_LINK_REPS = 5, 7   # issue #51: best of 5, median of 7
 
 # the bare client: connect, one heartbeat with an ACK callback, print when the ACK came
 BARE_CLIENT = """\
@@ -62,12 +70,16 @@ sys.exit(0 if ok else 1)
 
 
 def agent_imports(repo: Path = REPO) -> list[str]:
-    """What cmd_run imports to start, in this tree: read from cli.py itself, each
+    """What cmd_run imports to start, in this tree: read from cli.py itself (cmd_run and
+    the functions of cli.py it calls, _load's configuration among them), each
     ``from .x import y`` as the module y where y is one, else x."""
     tree = ast.parse((repo / "agent" / "cli.py").read_text())
-    run = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "cmd_run")
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    run = funcs["cmd_run"]
+    called = dict.fromkeys(c.func.id for c in ast.walk(run) if isinstance(c, ast.Call)
+                           and isinstance(c.func, ast.Name) and c.func.id in funcs)
     found = []
-    for node in ast.walk(run):
+    for node in (n for fn in (run, *(funcs[c] for c in called)) for n in ast.walk(fn)):
         if not (isinstance(node, ast.ImportFrom) and node.level == 1 and node.module):
             continue
         base = repo / "agent" / node.module.replace(".", "/")
@@ -80,6 +92,10 @@ def agent_imports(repo: Path = REPO) -> list[str]:
 
 BARE_IMPORTS = ["socketio"]
 BARE_TOUCH = "socketio.Client"   # what a bare client goes on to use
+# the design card's packages, nothing else (issue #51's bare client)
+CARD_IMPORTS = ["socketio", "requests", "sdnotify", "psutil", "pyudev"]
+CARD_CLIENT = BARE_CLIENT.replace("import socketio\n", "import socketio, requests, sdnotify, "
+                                  "psutil, pyudev\n", 1)
 
 
 @dataclass
@@ -94,6 +110,11 @@ class Startup:
     bare_link_ms: list = field(default_factory=list)
     agent_server_ms: list = field(default_factory=list)    # spawn to the server's first heartbeat
     bare_server_ms: list = field(default_factory=list)
+    card_import_ms: list = field(default_factory=list)      # the design card's bare client
+    card_process_ms: list = field(default_factory=list)
+    card_link_ms: list = field(default_factory=list)
+    card_server_ms: list = field(default_factory=list)
+    card: dict = field(default_factory=dict)               # agent / card: best, medians
     heaviest: list = field(default_factory=list)           # agent-only imports: [name, self ms]
     medians: dict = field(default_factory=dict)
     ratios: dict = field(default_factory=dict)
@@ -146,9 +167,10 @@ def _importtime(modules: list[str], touch: str = "") -> dict[str, int]:
 
 
 def heaviest_agent_only(modules: list[str], top: int = 8) -> list[list]:
-    """The modules only the agent imports, by package (agent's by its sub-package), with
-    their own import time summed: where the difference in import time goes."""
-    ours, bare = _importtime(modules), _importtime(BARE_IMPORTS, BARE_TOUCH)
+    """The modules only the agent imports (not the design card's client), by package
+    (agent's by its sub-package), with their own import time summed: where the
+    difference in import time goes."""
+    ours, bare = _importtime(modules), _importtime(CARD_IMPORTS, BARE_TOUCH)
     groups: dict[str, int] = {}
     for name, us in ours.items():
         if name in bare:
@@ -186,16 +208,21 @@ def _agent_once(server: FleetServerProcess, work: Path) -> tuple[float, float | 
     return (seen - t0) * 1000, (first - t0) * 1000 if first else None
 
 
-def _bare_once(server: FleetServerProcess, work: Path) -> tuple[float, float | None]:
+def _bare_once(server: FleetServerProcess, work: Path, client: str = BARE_CLIENT,
+               device: str = BARE_DEVICE) -> tuple[float, float | None]:
     work.mkdir(parents=True)
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-c", BARE_CLIENT, server.url, BARE_DEVICE],
+    out = subprocess.run([sys.executable, "-c", client, server.url, device],
                          cwd=work, capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"bare client: no ACK: {out.stderr.strip()[-300:]}")
     acked = float(out.stdout.strip().splitlines()[-1])
-    first = _first_after(server.device(BARE_DEVICE).get("first_heartbeat_times"), t0)
+    first = _first_after(server.device(device).get("first_heartbeat_times"), t0)
     return (acked - t0) * 1000, (first - t0) * 1000 if first else None
+
+
+def _card_once(server: FleetServerProcess, work: Path) -> tuple[float, float | None]:
+    return _bare_once(server, work, CARD_CLIENT, CARD_DEVICE)
 
 
 def _med(values: list) -> float | None:
@@ -217,10 +244,11 @@ def measure(reps: int, work: Path) -> Startup:
     byte_compile()
     mods = agent_imports()
     s = Startup(reps, mods)
-    # imports: one warm-up each, then alternating, fresh interpreters
-    for i in range(reps + 1):
-        order = (("agent", mods, ""), ("bare", BARE_IMPORTS, BARE_TOUCH))
-        for name, m, touch in (order if i % 2 == 0 else order[::-1]):
+    # imports: one warm-up each, then rotating, fresh interpreters
+    order = [("agent", mods, ""), ("bare", BARE_IMPORTS, BARE_TOUCH),
+             ("card", CARD_IMPORTS, BARE_TOUCH)]
+    for i in range(max(reps, CARD_IMPORT_REPS) + 1):
+        for name, m, touch in order[i % 3:] + order[:i % 3]:
             ms, wall = _import_once(m, touch)
             if i:
                 getattr(s, f"{name}_import_ms").append(round(ms, 1))
@@ -237,9 +265,9 @@ def measure(reps: int, work: Path) -> Startup:
     with netns:
         server = FleetServerProcess(work, "--accept-any").start()
         try:
-            for i in range(reps + 1):
-                order = (("agent", _agent_once), ("bare", _bare_once))
-                for name, once in (order if i % 2 == 0 else order[::-1]):
+            clients = [("agent", _agent_once), ("bare", _bare_once), ("card", _card_once)]
+            for i in range(max(reps, CARD_LINK_REPS) + 1):
+                for name, once in clients[i % 3:] + clients[:i % 3]:
                     try:
                         link, first = once(server, work / f"{name}-{i}")
                     except Exception as e:
@@ -254,7 +282,19 @@ def measure(reps: int, work: Path) -> Startup:
         a, b = _med(getattr(s, f"agent_{key}")), _med(getattr(s, f"bare_{key}"))
         s.medians[f"agent_{key}"], s.medians[f"bare_{key}"] = a, b
         s.ratios[key] = round(a / b, 2) if a and b else None
+    best = [min(v) if v else None for v in (s.agent_import_ms, s.card_import_ms)]
+    s.card = {"agent_import_best_ms": best[0], "card_import_best_ms": best[1],
+              "agent_server_ms": s.medians["agent_server_ms"],
+              "card_server_ms": _med(s.card_server_ms), "card_link_ms": _med(s.card_link_ms),
+              "card_process_ms": _med(s.card_process_ms)}
+    s.card["import"] = round(best[0] / best[1], 2) if all(best) else None
+    a, b = s.card["agent_server_ms"], s.card["card_server_ms"]
+    s.card["server"] = round(a / b, 2) if a and b else None
     return s
+
+
+def _x(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
 
 
 def _met(r: float | None) -> str:
@@ -264,8 +304,10 @@ def _met(r: float | None) -> str:
 def section(s: Startup) -> list[str]:
     m, r = s.medians, s.ratios
     lines = ["## 8. Startup: imports and spawn to a proven link", "",
-             f"Medians of {s.reps} fresh processes each, edge-agent and a bare python-socketio",
-             "client alternating, after a warm-up of each. Import: inside the process, around",
+             f"Medians of {len(s.agent_import_ms) or s.reps} fresh processes each for the imports, "
+             f"{len(s.agent_link_ms) or s.reps} for the link,",
+             "edge-agent and a bare python-socketio client (and the design card's, below)",
+             "rotating, after a warm-up of each. Import: inside the process, around",
              "the imports alone (edge-agent: what `edge-agent run` imports to start,",
              f"{', '.join(s.agent_modules)}; bare: socketio and its Client); process: the",
              "interpreter's start, the imports and its exit. Link: from the spawn to the client's",
@@ -279,8 +321,23 @@ def section(s: Startup) -> list[str]:
         lines.append(f"| {label} | {m.get(f'agent_{key}')} | {m.get(f'bare_{key}')} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'} |")
     lines += ["", f"Import {_met(r.get('import_ms'))}; spawn to a proven link {_met(r.get('link_ms'))}."]
+    c = s.card
+    if c:
+        lines += ["", "Against the design card's bare client (issue #51): `import socketio, requests,",
+                  "sdnotify, psutil, pyudev` and nothing else, the same connect with auth and one",
+                  "ACKed heartbeat, byte-compiled, each run a fresh process.", "",
+                  "| measure | edge-agent ms | design card's client ms | edge-agent / card |",
+                  "|---|---|---|---|",
+                  f"| import statement, best of {len(s.card_import_ms)} | "
+                  f"{c.get('agent_import_best_ms')} | {c.get('card_import_best_ms')} | "
+                  f"{_x(c.get('import'))} |",
+                  f"| exec to the first heartbeat at the server, median of {len(s.card_server_ms)} | "
+                  f"{c.get('agent_server_ms')} | {c.get('card_server_ms')} | {_x(c.get('server'))} |",
+                  "", f"Import {_met(c.get('import'))}; exec to the first heartbeat at the server "
+                      f"{_met(c.get('server'))}."]
     if s.heaviest:
-        lines += ["", "Imported by edge-agent only, heaviest (own import time, -X importtime): "
+        lines += ["", "Imported by edge-agent and not by the design card's client, heaviest (own "
+                  "import time, -X importtime): "
                   + ", ".join(f"{n} {ms:g} ms" for n, ms in s.heaviest) + "."]
     if s.errors:
         lines += ["", "Errors:", *[f"- {e}" for e in s.errors]]
