@@ -1528,12 +1528,15 @@ def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_
     for name in ("default", "left_ptr"):
         (home / ".icons/blank/cursors" / name).write_bytes(blank_cursor())
     s.run("chown", "-R", "pi:pi", "/home/pi")
-    s.run("systemctl", "start", "user-runtime-dir@1000.service")    # as logind at a login
     desktop_env = ["-E", "WLR_BACKENDS=headless", "-E", "WLR_LIBINPUT_NO_DEVICES=1",
                    "-E", "WLR_RENDERER=pixman", "-E", "XCURSOR_THEME=blank"]
 
     def start_desktop():
-        s.run(*as_desktop("--unit=desktop", *desktop_env, *COMPOSITOR[release]))
+        # the session needs its runtime directory, as user@1000.service does at a login
+        # (user-runtime-dir@ stops when no unit needs it)
+        s.run(*as_desktop("--unit=desktop", "-p", "Requires=user-runtime-dir@1000.service",
+                          "-p", "After=user-runtime-dir@1000.service", *desktop_env,
+                          *COMPOSITOR[release]))
         return wait_for(lambda: [name for name in s.run("ls", "/run/user/1000").stdout.split()
                                  if name.startswith("wayland-") and "." not in name], 20,
                         interval=0.2, what="the compositor's socket")[0]   # /run: not on disk
