@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,104 @@ def xvfb_pictures():
                     "xvfb, x11-xserver-utils, x11-apps and imagemagick)")
     with _x_server("320x180x24", "-noreset") as (display, _):
         yield display
+
+
+# -- a real wlroots compositor (Raspberry Pi OS's desktop is one: labwc) -----------------
+DESKTOP_UID = 65534      # the desktop's user: not root (sway refuses to run as root), and
+                         # not the test's: its runtime directory is another user's, 0700
+
+
+class WaylandDesktop:
+    """sway run headless as another user, in a runtime directory of its own (0700, that
+    user's): its ``env`` is what a client needs (WAYLAND_DISPLAY, XDG_RUNTIME_DIR, PATH),
+    ``swaymsg(...)`` asks it over its IPC, ``show(image)`` puts a picture (or a colour,
+    "#rrggbb") on its one output through swaybg and waits until the output shows it."""
+    OUTPUT = "HEADLESS-1"
+
+    def __init__(self, runtime: Path, proc: subprocess.Popen):
+        self.runtime, self.proc = runtime, proc
+        self.env: dict = {}
+        self.ipc = ""
+        self._shown = 0
+
+    def swaymsg(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["swaymsg", "-s", self.ipc, *argv], capture_output=True,
+                              text=True, timeout=10)
+
+    def grab(self):
+        """The output's pixels now, as grim prints them (a Pillow RGB image)."""
+        import io
+        from PIL import Image
+        out = subprocess.run(["grim", "-t", "ppm", "-"], env=self.env, capture_output=True,
+                             timeout=10)
+        assert out.returncode == 0, out.stderr
+        return Image.open(io.BytesIO(out.stdout)).convert("RGB")
+
+    def show(self, image) -> None:
+        if isinstance(image, str):
+            r = self.swaymsg("output", self.OUTPUT, "bg", image, "solid_color")
+            want = None
+        else:       # swaybg, the desktop's own client, reads it as the desktop's user
+            self._shown += 1
+            path = self.runtime / f"shown-{self._shown}.png"
+            image.save(path)
+            os.chown(path, DESKTOP_UID, DESKTOP_UID)
+            r = self.swaymsg("output", self.OUTPUT, "bg", str(path), "stretch")
+            want = image.convert("RGB")
+        assert r.returncode == 0, r.stdout + r.stderr
+        if want is None:
+            rgb = tuple(int(image[i:i + 2], 16) for i in (1, 3, 5))
+            wait_for(lambda: self.grab().getextrema() == tuple((v, v) for v in rgb), 10,
+                     interval=0.1, what=f"the output filled {image}")
+        else:
+            from PIL import ImageChops
+            wait_for(lambda: ImageChops.difference(self.grab(), want).getbbox() is None, 10,
+                     interval=0.1, what="the output showing the picture")
+
+
+@pytest.fixture
+def wayland_desktop():
+    """A real headless wlroots compositor, sway (bookworm's 1.7; trixie's labwc is met in
+    the booted tier), as the desktop's user, 1920x1080, nothing drawn."""
+    missing = [t for t in ("sway", "swaymsg", "swaybg", "grim", "wlr-randr", "setpriv")
+               if shutil.which(t) is None]
+    if missing:
+        pytest.fail(f"the Wayland tests need {', '.join(missing)} (.ci/run installs sway, "
+                    "swaybg, grim and wlr-randr)")
+    # in /tmp itself: pytest's directories are root's 0700, the desktop's user could not
+    # reach its own runtime directory in them
+    runtime = Path(tempfile.mkdtemp(prefix="edge-agent-desktop-"))
+    os.chown(runtime, DESKTOP_UID, DESKTOP_UID)
+    (runtime / "config").write_text("output * mode 1920x1080\n")
+    env = {"PATH": os.environ["PATH"], "HOME": str(runtime), "XDG_RUNTIME_DIR": str(runtime),
+           "WLR_BACKENDS": "headless", "WLR_LIBINPUT_NO_DEVICES": "1",
+           "WLR_RENDERER": "pixman"}     # no GPU here: the CPU renders
+    log = open(runtime.with_suffix(".log"), "wb")
+    proc = subprocess.Popen(["setpriv", f"--reuid={DESKTOP_UID}", f"--regid={DESKTOP_UID}",
+                             "--clear-groups", "sway", "-c", str(runtime / "config")],
+                            env=env, stdout=log, stderr=log, start_new_session=True)
+    desktop = WaylandDesktop(runtime, proc)
+    try:
+        def ready():
+            assert proc.poll() is None, \
+                "sway exited: " + runtime.with_suffix(".log").read_text()[-2000:]
+            sockets = [p.name for p in runtime.glob("wayland-*") if not p.name.endswith(".lock")]
+            ipc = list(runtime.glob("sway-ipc.*.sock"))
+            return (sockets[0], str(ipc[0])) if sockets and ipc else None
+        display, desktop.ipc = wait_for(ready, 15, interval=0.05, what="sway's sockets")
+        desktop.env = {"PATH": os.environ["PATH"], "WAYLAND_DISPLAY": display,
+                       "XDG_RUNTIME_DIR": str(runtime)}
+        wait_for(lambda: subprocess.run(["wlr-randr"], env=desktop.env, capture_output=True
+                                        ).returncode == 0, 10, what="sway answering")
+        yield desktop
+    finally:        # sway and its swaybg: the group sway leads
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+        shutil.rmtree(runtime, ignore_errors=True)
+        runtime.with_suffix(".log").unlink(missing_ok=True)

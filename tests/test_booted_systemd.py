@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,14 @@ TIME_STAND_IN = ["tzdata"]
 # its textfile collector at its own default directory; by debootstrap, without the
 # collectors it recommends (their timers would write files of their own beside ours)
 METRICS_READER = ["prometheus-node-exporter"]
+# Raspberry Pi OS's own desktop (issue #52.2): a wlroots compositor run headless as a
+# desktop user's (trixie's labwc, what Raspberry Pi OS runs; bookworm's sway 1.7), what
+# the agent captures it with and reads it back with, a background to show, and setfacl
+# for the recipe's grant
+DESKTOP_STAND_IN = {"trixie": ["labwc", "grim", "wlr-randr", "swaybg", "acl"],
+                    "bookworm": ["grim", "wlr-randr", "swaybg", "acl"]}
+# bookworm's sway depends on polkitd, whose scripts debootstrap cannot run: apt installs it
+DESKTOP_LATER = {"trixie": [], "bookworm": ["sway"]}
 # the alarms apt's output must not raise on install, upgrade or purge
 ALARMING = re.compile(r"could not|fail|error|warning", re.I)
 # what dpkg says when it stops to ask about a configuration file: never, unattended
@@ -157,8 +166,9 @@ def rootfs(release):
                     "(.ci/run installs systemd-container and debootstrap)")
     control = REPO / "debian" / "control"
     return ensure_rootfs(package_depends(control) + DISPLAY_STAND_IN + TIME_STAND_IN
-                         + METRICS_READER,
-                         package_depends(control, "Recommends"), suite=release)
+                         + METRICS_READER + DESKTOP_STAND_IN[release],
+                         package_depends(control, "Recommends") + DESKTOP_LATER[release],
+                         suite=release)
 
 
 @pytest.fixture(scope="module")
@@ -1455,6 +1465,140 @@ def test_the_picture_is_captured_and_judged_under_the_sandbox_with_the_readmes_d
         s.run("rm", "-f", X11_DROP_IN, "/root/lit.xbm")
         s.run("systemctl", "daemon-reload")
         s.run("systemctl", "stop", "x-picture", check=False)
+        conf.write_text(before)
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+
+
+
+# Raspberry Pi OS's own desktop: a wlroots compositor run by the desktop's user (pi, uid
+# 1000) in its runtime directory, /run/user/1000, its own and 0700. docs/operate.md's
+# recipe: the unit binds that directory read-only into its own runtime directory, and the
+# desktop's autostart grants edge-agent the directory's x and the socket's rw (ACLs)
+DESKTOP_DROP_IN = "/etc/systemd/system/edge-agent.service.d/desktop.conf"
+DESKTOP_GRANT = ('setfacl -m u:edge-agent:x "$XDG_RUNTIME_DIR"\n'
+                 'setfacl -m u:edge-agent:rw "$XDG_RUNTIME_DIR/$WAYLAND_DISPLAY"\n')
+# trixie's labwc, as Raspberry Pi OS runs it (its autostart runs the grant); bookworm's
+# sway 1.7 (an exec line in its configuration does)
+COMPOSITOR = {"trixie": ["labwc"], "bookworm": ["sway", "-c", "/home/pi/.config/sway/config"]}
+
+
+def blank_cursor() -> bytes:
+    """An Xcursor file of one transparent pixel: a signage desktop's hidden pointer. A
+    headless output has no cursor plane, so labwc draws its pointer into the picture,
+    and a pointer on black is a bright detail (not black), as it would be on a screen."""
+    image = struct.pack("<9I", 36, 0xFFFD0002, 1, 1, 1, 1, 0, 0, 0) + struct.pack("<I", 0)
+    return (b"Xcur" + struct.pack("<3I", 16, 0x10000, 1)
+            + struct.pack("<3I", 0xFFFD0002, 1, 28) + image)
+
+
+def desktop_drop_in(socket: str) -> str:
+    return ("[Unit]\nWants=user-runtime-dir@1000.service\nAfter=user-runtime-dir@1000.service\n"
+            "[Service]\nBindReadOnlyPaths=/run/user/1000:/run/edge-agent/desktop\n"
+            f"Environment=XDG_RUNTIME_DIR=/run/edge-agent/desktop WAYLAND_DISPLAY={socket}\n")
+
+
+def as_desktop(*argv: str) -> list[str]:
+    """A program of the desktop's session: pi's, with the compositor's variables."""
+    return ["systemd-run", "--uid=pi", "--gid=pi", "-E", "XDG_RUNTIME_DIR=/run/user/1000",
+            "-E", "HOME=/home/pi", *argv]
+
+
+@step(test_enrolls_and_pairs_under_systemd,
+      test_the_picture_is_captured_and_judged_under_the_sandbox_with_the_readmes_drop_in)
+def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_the_grant(
+        site):
+    """The agent in its unit reaches the desktop user's compositor (labwc on trixie, sway
+    1.7 on bookworm, headless), in a runtime directory another user owns, 0700: with
+    the drop-in alone grim is refused; with the desktop's grant (its autostart, run again
+    as the compositor restarts) the picture is captured and judged (black, then a
+    starfield: ok). The display turned off and on by the fleet's display command is read
+    back by wlr-randr: on trixie confirmed off then on; on bookworm sway 1.7 refuses the
+    off (the command fails) and cannot say whether its headless output is on."""
+    s, release = site.screen, site.release
+    from tests.test_picture_content import starfield
+    if s.run("id", "pi", check=False).returncode != 0:
+        s.run("useradd", "-m", "-u", "1000", "-U", "pi")
+    home = s.path("/home/pi")
+    for d in (".config", ".config/labwc", ".config/sway"):
+        (home / d).mkdir(exist_ok=True)
+    (home / ".config/sway/config").write_text("")      # nothing but the headless output
+    starfield().save(home / "stars.png")
+    (home / ".icons/blank/cursors").mkdir(parents=True, exist_ok=True)
+    for name in ("default", "left_ptr"):
+        (home / ".icons/blank/cursors" / name).write_bytes(blank_cursor())
+    s.run("chown", "-R", "pi:pi", "/home/pi")
+    desktop_env = ["-E", "WLR_BACKENDS=headless", "-E", "WLR_LIBINPUT_NO_DEVICES=1",
+                   "-E", "WLR_RENDERER=pixman", "-E", "XCURSOR_THEME=blank"]
+
+    def start_desktop():
+        # the session needs its runtime directory, as user@1000.service does at a login
+        # (user-runtime-dir@ stops when no unit needs it)
+        s.run(*as_desktop("--unit=desktop", "-p", "Requires=user-runtime-dir@1000.service",
+                          "-p", "After=user-runtime-dir@1000.service", *desktop_env,
+                          *COMPOSITOR[release]))
+        return wait_for(lambda: [name for name in s.run("ls", "/run/user/1000").stdout.split()
+                                 if name.startswith("wayland-") and "." not in name], 20,
+                        interval=0.2, what="the compositor's socket")[0]   # /run: not on disk
+
+    def show(*swaybg):
+        s.run("systemctl", "stop", "desktop-bg", check=False)
+        s.run(*as_desktop("--unit=desktop-bg", "-E", f"WAYLAND_DISPLAY={socket}", "swaybg",
+                          *swaybg))
+
+    socket = start_desktop()
+    show("-c", "#000000")
+    conf = s.path(CONF)
+    before = conf.read_text()
+    commands = ('display_on_command = "wlr-randr --output HEADLESS-1 --on"\n'
+                'display_off_command = "wlr-randr --output HEADLESS-1 --off"\n')
+    body = with_allow(before, ["display"])
+    body = body.replace("[commands]\n", "[commands]\n" + commands, 1)
+    conf.write_text(body + "[screen]\npicture_every_s = 1\nsettle_s = 3\n")
+    s.path(DESKTOP_DROP_IN).write_text(desktop_drop_in(socket))
+    try:
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        refused = wait_for(lambda: status(s)[1]["screen"]["picture"]["failure"], 20,
+                           what="the capture refused without the grant")
+        assert refused.startswith("grim exited 1") and "failed to create display" in refused
+        # the desktop's autostart grants it; the compositor restarted: a new socket in
+        # the same directory, reached without restarting the agent
+        if release == "trixie":
+            (home / ".config/labwc/autostart").write_text(DESKTOP_GRANT)
+        else:
+            (home / ".config/sway/config").write_text(
+                "exec sh -c '" + DESKTOP_GRANT.replace("\n", "; ").replace("'", "") + "'\n")
+        s.run("systemctl", "stop", "desktop-bg", "desktop")
+        assert start_desktop() == socket
+        wait_for(lambda: "user:edge-agent:rw" in s.run(
+            "getfacl", "-p", f"/run/user/1000/{socket}").stdout, 15, what="the grant")
+        show("-c", "#000000")
+
+        def told(kind):     # this test's: the X11 one's events are on the server too
+            return [e for e in screen_events(site, kind) if e.get("captured_by") == "grim"]
+        wait_for(lambda: told("screen.black"), 30, what="screen.black by grim")
+        show("-i", "/home/pi/stars.png", "-m", "stretch")
+        wait_for(lambda: told("screen.ok"), 30, what="screen.ok by grim")
+        picture = status(s)[1]["screen"]["picture"]
+        assert picture["verdict"] == "ok" and picture["failure"] is None, picture
+        # the display turned off and on by the fleet, read back by wlr-randr
+        off = command(site, "display", {"state": "off"})
+        on = command(site, "display", {"state": "on"})
+        if release == "trixie":
+            assert off["ok"] and off["confirmed"] and off["confirmed_by"] == ["Wayland"], off
+            assert off["read"] == "Wayland: HEADLESS-1 disabled", off
+            assert on["ok"] and on["confirmed"] and on["read"] == "Wayland: HEADLESS-1 enabled", on
+        else:
+            assert not off["ok"] and "wlr-randr exited 1" in off["error"], off
+            assert on["ok"] and not on["confirmed"] and "cannot tell" in on["output"], on
+        assert "picture check" not in text(e for e in agent_lines(s)
+                                           if int(e.get("PRIORITY", 6)) <= 3)
+    finally:
+        s.run("rm", "-f", DESKTOP_DROP_IN)
+        s.run("systemctl", "daemon-reload")
+        s.run("systemctl", "stop", "desktop-bg", "desktop", check=False)
         conf.write_text(before)
         s.run("systemctl", "restart", UNIT)
         wait_online(s)

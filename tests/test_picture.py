@@ -469,7 +469,7 @@ def test_a_screen_with_no_capture_tool_says_so_once_and_looks_again_rarely(caplo
     assert w.check() == ABSENT_EVERY_S
     assert w.check() == ABSENT_EVERY_S
     said = [r.getMessage() for r in caplog.records if "picture check" in r.getMessage()]
-    assert len(said) == 1 and "no capture tool on this screen" in said[0]
+    assert len(said) == 1 and "no capture on this screen" in said[0]
     snap = w.snapshot()
     assert snap["verdict"] == "unavailable" and snap["failures"] == 0
 
@@ -561,3 +561,38 @@ def test_a_palette_or_bilevel_png_is_bounded_by_its_rgb_copy_too(mode):
     small = io.BytesIO()
     Image.new(mode, (1280, 720)).save(small, "PNG")
     assert capturing.thumbnail(Image, small.getvalue()).peak == 0
+
+
+def test_a_kms_only_screen_says_the_picture_unavailable_and_reads_the_connector(tmp_path):
+    """Raspberry Pi OS Lite, a player drawing straight to KMS (issue #52.3): no
+    compositor to ask, no display configured. The DRM connector's state is what can be
+    checked; the picture is declared unavailable, saying why, never guessed; a box whose
+    connectors are all disconnected (a headless IoT player) loads no picture check."""
+    from agent.config import load as cfgmod
+    from agent.screen import part as screen_part
+    from agent.screen.core import ON
+    from tests.test_screen import connector
+    connector(tmp_path)
+    path = tmp_path / "agent.toml"
+    path.write_text('[server]\nurl = "http://fleet.invalid"\n')
+    config = cfgmod.load(str(path), {})
+
+    def part():
+        return screen_part.assemble(
+            config, sysfs=str(tmp_path), environ={"PATH": os.environ["PATH"]},
+            runtime_dir=str(tmp_path), publish=lambda e: None, enqueue=lambda k, d: None,
+            gate=None)
+    kms = part()
+    assert kms.picture is not None, "a screen on KMS has its picture said, not left out"
+    assert kms.picture.check() == ABSENT_EVERY_S
+    picture = kms.snapshot()["picture"]
+    assert picture["verdict"] == "unavailable", picture
+    assert picture["unavailable"] == (
+        "no capture on this screen: no compositor (no WAYLAND_DISPLAY, no X display); a "
+        "player drawing straight to KMS is captured only by a [screen] capture_command "
+        "that works with the unit's rights"), picture
+    kms.watched.check()
+    assert kms.watched.snapshot()["state"] == ON
+    assert kms.watched.snapshot()["read"] == "DRM: card0-HDMI-A-1 enabled, On"
+    connector(tmp_path, status="disconnected")
+    assert part().picture is None

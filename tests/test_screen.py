@@ -167,6 +167,17 @@ def test_wayland_outputs_are_read_from_wlr_randr_json_or_its_text_where_it_has_n
                     'printf \'HDMI-A-1 "TV"\\n  Enabled: no\\n\'\n')
     assert Wayland(env, Runner()).read() == Reading("Wayland", OFF, "HDMI-A-1 disabled")
     assert Wayland({"PATH": str(tmp_path)}, Runner()).read().present is False
+    # wlroots 0.15 (sway 1.7) says an output of a custom size (headless, nested) is
+    # disabled with one mode of 0x0 whatever it shows (tests/test_wayland.py): not "off"
+    tool.write_text("#!/bin/sh\necho '[{\"name\": \"HEADLESS-1\", \"enabled\": false, "
+                    "\"modes\": [{\"width\": 0, \"height\": 0}]}, {\"name\": \"HDMI-A-1\", "
+                    "\"enabled\": false, \"modes\": [{\"width\": 1920, \"height\": 1080}]}]'\n")
+    assert Wayland(env, Runner()).read() == Reading("Wayland", None, (
+        "HEADLESS-1 reads disabled with no mode of any size: cannot tell; HDMI-A-1 disabled"))
+    assert Wayland.parse_text('HEADLESS-1 "Headless output 1"\n  Enabled: no\n  Modes:\n'
+                              '    0x0 px\n').state is None
+    assert Wayland.parse_text('HDMI-A-1 "TV"\n  Enabled: no\n  Modes:\n    1920x1080 px, '
+                              '60.000000 Hz (preferred)\n').state == OFF
     assert Wayland({"WAYLAND_DISPLAY": "w", "PATH": str(tmp_path / "none")},
                    Runner()).read().said == "wlr-randr is not installed"
 

@@ -5,7 +5,10 @@ stdout); else on Wayland (``WAYLAND_DISPLAY``) ``grim -t ppm -``; else on X11 (t
 display the read-back asks, service.x_display_of) ``xwd -root`` (x11-apps), its dump's
 pixels taken by Pillow as they are (a third of the CPU of ImageMagick's ``import``,
 measured: most of import's is its own start), else ImageMagick's ``import``, asked for
-an 8-bit grey PGM. None of these: no capture on this screen (said, not a failure).
+an 8-bit grey PGM. None of these: no capture on this screen (said, not a failure): a
+player drawing straight to KMS (Raspberry Pi OS Lite) has no compositor to ask, and a
+KMS capture needs rights the unit does not give (CAP_SYS_ADMIN for a DRM framebuffer's
+handle), so its picture is unavailable unless a capture command works under the unit.
 
 ImageMagick's import writes its picture to a temporary file before it prints it (2 MB a
 1080p check, on the card where /tmp is on it): every tool runs with its temporary files
@@ -502,4 +505,6 @@ def choose(capture_command: str | None, x_display: str | None, environ: dict,
                                  "nor ImageMagick's import (imagemagick) is installed")
         return Capture([tool, "-display", x_display, "-window", "root", "-depth", "8",
                         "pgm:-"], f"import on {x_display}", env=env, timeout_s=timeout_s)
-    return Capture(None, "no capture tool on this screen: no WAYLAND_DISPLAY, no X display")
+    return Capture(None, "no capture on this screen: no compositor (no WAYLAND_DISPLAY, no X "
+                         "display); a player drawing straight to KMS is captured only by a "
+                         "[screen] capture_command that works with the unit's rights")

@@ -234,7 +234,8 @@ def assemble(config: Config, *, sysfs: str, environ: dict, runtime_dir: str,
         part.watched = _display_watch(config, sysfs=sysfs, environ=environ, publish=publish,
                                       on_change=on_change, gate=gate,
                                       dark=part.dark)
-    if section.picture_every_s > 0 and something_to_capture(config, environ):
+    if section.picture_every_s > 0 and (something_to_capture(config, environ)
+                                        or _kms_screen(sysfs)):
 
         from . import watch
         part.picture = watch.from_config(
@@ -268,6 +269,15 @@ def _checked(part: ScreenPart, verdict: str, on_change: Callable[[], None]) -> N
     if part.mender is not None:
         part.mender.on_picture(verdict)
     on_change()
+
+
+def _kms_screen(sysfs: str) -> bool:
+    """A DRM connector reads connected: a screen, maybe with no compositor (a player
+    drawing straight to KMS), whose picture check then says why it is unavailable."""
+    from .core import NO_CONNECTOR_CONNECTED
+    from .sources import Drm
+    reading = Drm(sysfs).read()
+    return reading.present and reading.said != NO_CONNECTOR_CONNECTED
 
 
 def something_to_capture(config: Config, environ: dict) -> bool:

@@ -180,10 +180,12 @@ class Wayland:
             return Reading(self.name, None, why)
         else:
             try:
-                outputs = [(str(o["name"]), bool(o["enabled"])) for o in json.loads(out)]
-            except (ValueError, TypeError, KeyError, RecursionError):
+                outputs = [(str(o["name"]), bool(o["enabled"]),
+                            _sized([(m["width"], m["height"]) for m in o.get("modes", ())]))
+                           for o in json.loads(out)]
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
                 return Reading(self.name, None, "wlr-randr's JSON is not a list of outputs")
-        self.disabled = [name for name, on in outputs if not on]
+        self.disabled = [name for name, on, sized in outputs if not on and sized]
         return self._judge(outputs)
 
     def mend(self) -> str:
@@ -195,27 +197,54 @@ class Wayland:
         return "; ".join(done) or "no output to enable"
 
     @staticmethod
-    def outputs_in_text(text: str) -> list[tuple[str, bool]]:
-        outputs, name = [], None
+    def outputs_in_text(text: str) -> list[tuple[str, bool, bool]]:
+        """(name, enabled, sized) of each output in wlr-randr's text (0.2's and later's:
+        a name line, then indented ``Enabled:`` and ``Modes:`` with a ``WxH px`` line a
+        mode)."""
+        heads: dict[str, list] = {}
+        name = None
         for line in text.splitlines():
             if line and not line[0].isspace():
                 name = line.split()[0]
-            elif name and line.strip().startswith("Enabled:"):
-                outputs.append((name, line.split(":", 1)[1].strip() == "yes"))
-        return outputs
+                heads[name] = [None, []]
+            elif name is None:
+                continue
+            elif line.strip().startswith("Enabled:"):
+                heads[name][0] = line.split(":", 1)[1].strip() == "yes"
+            elif (m := _MODE.match(line)) is not None:
+                heads[name][1].append((int(m.group(1)), int(m.group(2))))
+        return [(n, on, _sized(modes)) for n, (on, modes) in heads.items() if on is not None]
 
     @classmethod
     def parse_text(cls, text: str) -> Reading:
         return cls._judge(cls.outputs_in_text(text))
 
     @classmethod
-    def _judge(cls, outputs: list[tuple[str, bool]]) -> Reading:
+    def _judge(cls, outputs: list[tuple[str, bool, bool]]) -> Reading:
+        """On, off, or cannot tell. An output that reads disabled with modes all of 0x0
+        cannot be told: a wlroots 0.15 compositor (bookworm's sway 1.7) says that of
+        every output of a custom size (headless, nested, virtual) whatever it shows, and
+        a real connector has the sizes its EDID gives."""
         if not outputs:
             return Reading(cls.name, None, "no output")
-        said = "; ".join(f"{name} {'enabled' if on else 'disabled'}" for name, on in outputs)
-        states = {on for _, on in outputs}
-        state = None if len(states) > 1 else ON if states.pop() else OFF
-        return Reading(cls.name, state, said[:200])
+        said, states = [], set()
+        for name, on, sized in outputs:
+            if on or sized:
+                said.append(f"{name} {'enabled' if on else 'disabled'}")
+                states.add(ON if on else OFF)
+            else:
+                said.append(f"{name} reads disabled with no mode of any size: cannot tell")
+                states.add(None)
+        state = states.pop() if len(states) == 1 else None
+        return Reading(cls.name, state, "; ".join(said)[:200])
+
+
+_MODE = re.compile(r"\s+(\d+)x(\d+) px")   # wlr-randr's text: "    1920x1080 px, 60.0 Hz"
+
+
+def _sized(modes: list) -> bool:
+    """Whether an output's modes say its size: none listed, or one not 0x0."""
+    return not modes or any(int(w) > 0 and int(h) > 0 for w, h in modes)
 
 
 class Cec:
