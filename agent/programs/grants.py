@@ -364,9 +364,11 @@ def _system_watchdog(seconds: int | None, config: str, directory: str | None) ->
     where = os.path.join(directory, system_watchdog.DROPIN_NAME)
     try:
         changed = system_watchdog.sync(seconds, config, directory)
-    except (GrantError, OSError) as e:
-        early(f"edge-agent: the system's watchdog: {getattr(e, 'strerror', None) or e}", 3,
-              sys.stdout)
+    # run as __main__, this module's GrantError is not the one system_watchdog imports
+    except (GrantError, system_watchdog.GrantError, OSError) as e:
+        why = f"{directory}: {e.strerror or e}" if isinstance(e, OSError) else e
+        early(f"edge-agent: the system's watchdog: {why} (never through a link): left as it "
+              "was", 3, sys.stdout)
         return
     if changed is None:
         return
