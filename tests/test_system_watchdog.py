@@ -10,7 +10,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,9 @@ from agent.config.schema import SCHEMA, ConfigError
 from agent.device import words
 from agent.device.part import DevicePart
 from agent.device.reader import DeviceReader
+from tests.test_grants import GROUP, USER, ground  # noqa: F401 (a fixture)
 
 REPO = Path(__file__).resolve().parent.parent
-USER, GROUP = "nobody", "nogroup"
 CONFIG = '[server]\nurl = "http://127.0.0.1:9"\n'
 PI = W.Device("Broadcom BCM2835 Watchdog timer", 15, 15, True)
 
@@ -112,16 +111,10 @@ def test_each_state_in_words():
 
 # -- root's start step on real directories ----------------------------------------------------
 @pytest.fixture
-def ground():
-    """A root-owned base (0755) standing for /etc/systemd, a directory of the unprivileged
-    user's, and a systemctl that records each call."""
-    if os.geteuid() != 0:
-        pytest.fail("these tests run the start step as root, as systemd does: they need root")
-    base = Path(tempfile.mkdtemp(prefix="edge-agent-watchdog-", dir="/var/tmp"))
-    base.chmod(0o755)
-    theirs = base / "theirs"
-    theirs.mkdir(mode=0o755)
-    shutil.chown(theirs, USER, GROUP)
+def watchdog_ground(ground):
+    """test_grants' ground (a root-owned base standing for /etc/systemd, a directory of
+    the unprivileged user's) and a systemctl that records each call."""
+    base, theirs = ground
     bin_ = base / "bin"
     bin_.mkdir()
     fake = bin_ / "systemctl"
@@ -129,8 +122,7 @@ def ground():
                     f'[ -e {base}/systemctl.fails ] && {{ echo "Failed to reload" >&2; exit 1; }}\n'
                     'exit 0\n')
     fake.chmod(0o755)
-    yield base, theirs
-    shutil.rmtree(base)
+    return base, theirs
 
 
 def step(base: Path, text: str = "", *args, dropins: Path | None = None):
@@ -153,8 +145,8 @@ def reloads(base: Path) -> list[str]:
 ON = "[device]\nhardware_watchdog = true\nhardware_watchdog_s = 12\n"
 
 
-def test_root_writes_the_drop_in_only_while_configured_and_reloads_systemd_on_a_change(ground):
-    base, _ = ground
+def test_root_writes_the_drop_in_only_while_configured_and_reloads_systemd_on_a_change(watchdog_ground):
+    base, _ = watchdog_ground
     dropin = base / "system.conf.d" / W.DROPIN_NAME
     r = step(base)
     assert r.returncode == 0 and not r.stdout, r
@@ -192,8 +184,8 @@ def test_root_writes_the_drop_in_only_while_configured_and_reloads_systemd_on_a_
                         "systemd reloaded\n"), r.stdout
 
 
-def test_a_reload_that_fails_is_said_and_the_drop_in_waits_for_the_next_boot(ground):
-    base, _ = ground
+def test_a_reload_that_fails_is_said_and_the_drop_in_waits_for_the_next_boot(watchdog_ground):
+    base, _ = watchdog_ground
     (base / "systemctl.fails").touch()
     r = step(base, ON)
     assert r.returncode == 0 and (base / "system.conf.d" / W.DROPIN_NAME).exists(), r
@@ -210,8 +202,8 @@ def _overlay(theirs: Path, values: dict) -> str:
     return f'[identity]\nstate_dir = "{theirs}"\n'
 
 
-def test_the_fleets_overlay_the_agents_user_writes_turns_it_neither_on_nor_off(ground):
-    base, theirs = ground
+def test_the_fleets_overlay_the_agents_user_writes_turns_it_neither_on_nor_off(watchdog_ground):
+    base, theirs = watchdog_ground
     dropin = base / "system.conf.d" / W.DROPIN_NAME
     state = _overlay(theirs, {"device.hardware_watchdog": True, "log.level": "debug"})
     r = step(base, state)
@@ -226,8 +218,8 @@ def test_the_fleets_overlay_the_agents_user_writes_turns_it_neither_on_nor_off(g
     assert "RuntimeWatchdogSec=12s\n" in dropin.read_text() and len(reloads(base)) == 1, r
 
 
-def test_root_never_writes_through_a_link_nor_into_a_directory_someone_else_owns(ground):
-    base, theirs = ground
+def test_root_never_writes_through_a_link_nor_into_a_directory_someone_else_owns(watchdog_ground):
+    base, theirs = watchdog_ground
     target = theirs / "target"
     subprocess.run(["sh", "-c", f"echo theirs > {target}"], check=True, user=USER, group=GROUP)
     dropins = base / "system.conf.d"
