@@ -238,6 +238,13 @@ DOCS = {
                       "Reads only: the one write is a small mark at each orderly stop.",
     "device.every_s": "How often all of it is read, on the link thread's wake-ups; whether "
                       "the card went read-only is looked at every 10 s at most between.",
+    "device.hardware_watchdog": "The system's own (hardware) watchdog: systemd's PID 1 pets "
+                                "/dev/watchdog0 and a board that hangs resets. Root's start "
+                                "step writes /etc/systemd/system.conf.d/edge-agent-watchdog.conf "
+                                "(RuntimeWatchdogSec) and reloads systemd; off, it removes "
+                                "the file. The operator's alone: never the fleet's.",
+    "device.hardware_watchdog_s": "The board resets this long after PID 1's last pet (every "
+                                  "half of it); the Pi's BCM2835 takes at most 15 s.",
     "debug.stall_link_after_s": "The link thread wedges itself this long after start.",
     "debug.link_max_wait_s": "The link loop's longest wait (30 s), shortened.",
     "debug.sysfs_root": "Read display, power and network state from this tree, not /sys.",

@@ -573,6 +573,58 @@ def test_the_os_grants_the_agent_only_what_its_configuration_allows(site):
     assert exposure <= HELPER_EXPOSURE_TARGET
 
 
+WATCHDOG_DROPIN = "/etc/systemd/system.conf.d/edge-agent-watchdog.conf"
+
+
+def runtime_watchdog(screen) -> str:
+    """What PID 1 says of its RuntimeWatchdogSec (the manager's property)."""
+    return screen.run("systemctl", "show", "-p", "RuntimeWatchdogUSec", "--value").stdout.strip()
+
+
+@step(test_enrolls_and_pairs_under_systemd)
+def test_the_system_watchdog_is_asked_of_systemd_only_while_configured(site):
+    """[device] hardware_watchdog: root's start step writes the drop-in and reloads
+    systemd, whose PID 1 then holds the period; a container has no /dev/watchdog0, which
+    the doctor says. Turned off, the drop-in goes and systemd is back to off."""
+    s = site.screen
+    conf = s.path(CONF)
+    before = conf.read_text()
+    assert "[device]" not in before and runtime_watchdog(s) == "0"
+    cursor = s.cursor()
+    conf.write_text(before + "[device]\nhardware_watchdog = true\nhardware_watchdog_s = 12\n")
+    try:
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        st = s.path(WATCHDOG_DROPIN).lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644
+        assert "RuntimeWatchdogSec=12s" in s.path(WATCHDOG_DROPIN).read_text()
+        assert runtime_watchdog(s) == "12s"
+        said = text(unit_lines(s, cursor))
+        assert (f"the system's watchdog: systemd's RuntimeWatchdogSec=12s in {WATCHDOG_DROPIN}, "
+                "systemd reloaded") in said, said
+        r = s.run("edge-agent", "doctor", "--json", check=False, timeout=120)
+        step_ = {x["name"]: x for x in json.loads(r.stdout)["steps"]}["watchdog"]
+        watchdog = wait_for(lambda: (status(s)[1].get("device") or {}).get("watchdog"), 20,
+                            what="the status' watchdog")
+        assert watchdog["configured_s"] == 12, watchdog
+        # a container has no /dev/watchdog0; sysfs is the host's, which may have one
+        if not exists(s, "/sys/class/watchdog/watchdog0"):
+            assert not exists(s, "/dev/watchdog0")
+            assert step_["verdict"] == "info" and step_["said"] == (
+                "configured, no watchdog device here (systemd's RuntimeWatchdogSec is 12 s)"), \
+                step_
+            assert watchdog["state"] == "no-device", watchdog
+        else:
+            assert "/dev/watchdog0" in step_["said"], step_
+        print(f"\n[{site.release}] RuntimeWatchdogUSec={runtime_watchdog(s)}; doctor: "
+              f"{step_['said']}")
+    finally:
+        conf.write_text(before)
+        s.run("systemctl", "restart", UNIT)
+    wait_online(s)
+    assert not s.path(WATCHDOG_DROPIN).exists() and runtime_watchdog(s) == "0"
+
+
 @step(test_enrolls_and_pairs_under_systemd)
 def test_a_healthy_link_gets_pets_and_is_never_restarted(site):
     s = site.screen

@@ -117,7 +117,8 @@ def test_the_root_entry_points_run_on_a_damaged_overlay(tmp_path, name, text):
     env = {"PATH": os.environ["PATH"]}
     runs = {
         "grants": [sys.executable, "-I", "-m", "agent.programs.grants", "--config", str(conf),
-                   "--dir", str(tmp_path / "grants")],
+                   "--dir", str(tmp_path / "grants"),
+                   "--watchdog-dir", str(tmp_path / "system.conf.d")],
         "installer": [sys.executable, "-I", "-m", "agent.programs.installer", "--config", str(conf),
                       "--root-dir", str(tmp_path / "root"), "--keys-dir", str(tmp_path / "keys")],
         "check-config": [sys.executable, "-I", "-m", "agent", "check-config", "--config",

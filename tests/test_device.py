@@ -396,7 +396,8 @@ def test_the_assembled_part_asks_the_ladders_book_and_the_command_core(tmp_path)
     (sys_ / "class/watchdog/watchdog0/bootstatus").unlink()
     (tmp_path / "state").mkdir()
     (tmp_path / "run").mkdir()
-    config = NS(device=NS(enabled=True, every_s=60.0), state_dir=str(tmp_path / "state"),
+    config = NS(device=NS(enabled=True, every_s=60.0, watchdog_s=None),
+                state_dir=str(tmp_path / "state"),
                 runtime=NS(dir=str(tmp_path / "run")), debug=NS(sysfs=str(sys_)))
     running = {"reboot": ["c-1"]}
     core = NS(running=lambda name: running.get(name, []))

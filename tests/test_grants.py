@@ -48,7 +48,8 @@ def step(base: Path, *args, allow='["diagnostics", "logs"]', config_text=None):
     cfg = base / "agent.toml"
     cfg.write_text(config_text if config_text is not None else CONFIG.format(allow=allow))
     return subprocess.run([sys.executable, "-m", "agent.programs.grants", "--config", str(cfg),
-                           "--dir", str(base / "grants"), *args],
+                           "--dir", str(base / "grants"),
+                           "--watchdog-dir", str(base / "system.conf.d"), *args],
                           capture_output=True, text=True, timeout=60, cwd=REPO, umask=0o077,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..base import reasons as J
+from ..base import system_watchdog as W
 from ..base.clock import printable_wall
 from ..base.text import clean
 from ..base.server_clock import NOTABLE_SKEW_S
@@ -23,16 +24,17 @@ OK, INFO, WARN, FAIL, NOT_CHECKED = "ok", "info", "warn", "fail", "not checked"
 # the order they are checked and printed in: the link's steps as a connect meets them,
 # then the device's own (what the screen has and shows, how it is upgraded)
 STEPS = ("configuration", "clock", "dns", "route", "tcp", "proxy", "tls", "upgrade",
-         "profile", "token", "card", "upload", "storage", "display", "screen", "repository")
+         "profile", "token", "card", "upload", "storage", "display", "screen", "repository",
+         "watchdog")
 # a failing step's exit status: its class (--help, the man page and operate.md say the
 # same); the card step only warns, so it has none
 EXIT_OK, EXIT_CONFIG, EXIT_CLOCK, EXIT_NETWORK, EXIT_TLS, EXIT_SERVER, EXIT_STORAGE, \
-    EXIT_DISPLAY, EXIT_PACKAGES = 0, 2, 3, 4, 5, 6, 7, 8, 9
+    EXIT_DISPLAY, EXIT_PACKAGES, EXIT_WATCHDOG = 0, 2, 3, 4, 5, 6, 7, 8, 9, 10
 EXIT_OF = {"configuration": EXIT_CONFIG, "clock": EXIT_CLOCK, "dns": EXIT_NETWORK,
            "route": EXIT_NETWORK, "tcp": EXIT_NETWORK, "proxy": EXIT_NETWORK, "tls": EXIT_TLS,
            "upgrade": EXIT_SERVER, "profile": EXIT_SERVER, "token": EXIT_SERVER, "upload": EXIT_SERVER,
            "storage": EXIT_STORAGE, "display": EXIT_DISPLAY, "screen": EXIT_DISPLAY,
-           "repository": EXIT_PACKAGES}
+           "repository": EXIT_PACKAGES, "watchdog": EXIT_WATCHDOG}
 DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
   0  ok: every step, or only warnings and notes
   2  configuration: it does not load
@@ -43,7 +45,9 @@ DOCTOR_EXITS = """exit status (the first failing step's class; warnings exit 0):
      the stored token
   7  storage: the state partition is not writable
   8  display: connected, but it reads off; or the player unit failed
-  9  packages: the project's repository cannot be fetched the way apt is set up"""
+  9  packages: the project's repository cannot be fetched the way apt is set up
+ 10  watchdog: [device] hardware_watchdog is on, and the system's watchdog is not
+     armed as configured"""
 # the skew past which the clock fails: certificates' and tokens' times are judged by it
 # (past the server clock's NOTABLE_SKEW_S it is worth a word, as in status)
 SKEW_FAIL_S = 300.0
@@ -384,6 +388,31 @@ def judge_repository(found: dict) -> Step:
     return step("repository", OK, f"{found['url']} fetched via {found['via']}{ca} in "
                                   f"{found['took_s'] * 1000:.0f} ms ({found['bytes']} bytes, "
                                   f"signed)")
+
+
+# the system's watchdog (base/system_watchdog.py): its word -> the verdict, what to do
+WATCHDOG_VERDICTS = {
+    W.ARMED: (OK, ""), W.OFF: (INFO, ""), W.OTHERS: (INFO, ""),
+    W.NO_DEVICE: (INFO, "a Pi has one (bcm2835_wdt); a container or most VMs have none"),
+    W.CONFIGURED: (WARN, "the device takes its own nearest timeout: set [device] "
+                         "hardware_watchdog_s to one it takes"),
+    W.UNKNOWN: (WARN, "busctl get-property org.freedesktop.systemd1 /org/freedesktop/systemd1 "
+                      "org.freedesktop.systemd1.Manager RuntimeWatchdogUSec"),
+    W.NOT_ARMED: (FAIL, f"systemctl restart edge-agent (its start step writes {W.DROPIN} and "
+                        "reloads systemd; journalctl -u edge-agent -g watchdog says what it "
+                        "did); a system.conf drop-in sorted after it wins"),
+}
+
+
+def judge_watchdog(found: dict) -> Step:
+    """``found`` from doctor_probes.system_watchdog(): what [device] asks, what systemd
+    says (RuntimeWatchdogUSec), what sysfs says of /dev/watchdog0, the drop-in's place."""
+    state, said = W.judge(found.get("configured_s"), found.get("systemd_s"),
+                          found.get("device"), found.get("dropin"), found.get("asked", True))
+    verdict, todo = WATCHDOG_VERDICTS[state]
+    if found.get("systemd_problem") and state in (W.UNKNOWN, W.NO_DEVICE):
+        said += f" ({found['systemd_problem']})"
+    return step("watchdog", verdict, said, todo)
 
 
 # -- the report -----------------------------------------------------------------------

@@ -25,7 +25,8 @@ import time
 from dataclasses import asdict
 from urllib.parse import urlsplit
 
-from ..base import children, status_file
+from ..base import children, status_file, sysfs
+from ..base import system_watchdog as system_watchdog_rules
 from ..base import reasons as J
 from ..base.clock import kernel_synced
 from ..base.egress import default_port
@@ -85,6 +86,7 @@ def examine(config_path: str) -> tuple[list[D.Step], list[str]]:
     steps.append(D.judge_display(readings))
     steps.append(D.judge_screen(screen(config, environ, agent, readings)))
     steps.append(D.judge_repository(apt_repository.examine()))
+    steps.append(D.judge_watchdog(system_watchdog(config)))
     return steps, notes
 
 
@@ -133,6 +135,38 @@ def clock_sync() -> tuple[bool | None, str]:
     if synced is None:
         return None, "neither timedatectl nor adjtimex answered"
     return synced, "the kernel's NTP state"
+
+
+# -- the system's watchdog -----------------------------------------------------------------
+WATCHDOG_PROPERTY = ["busctl", "get-property", "org.freedesktop.systemd1",
+                     "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
+                     "RuntimeWatchdogUSec"]
+
+
+def system_watchdog(config: Config, sysfs_root: str | None = None,
+                    dropin: str = system_watchdog_rules.DROPIN) -> dict:
+    """What [device] asks, what systemd's PID 1 says it runs (RuntimeWatchdogUSec, over
+    D-Bus: exact microseconds, readable by any user), what sysfs says of /dev/watchdog0,
+    whether the drop-in is there (never followed, never read)."""
+    found: dict = {"configured_s": config.device.watchdog_s,
+                   "device": sysfs.watchdog(sysfs_root or config.debug.sysfs),
+                   "dropin": os.path.lexists(dropin)}
+    try:
+        child = children.spawn(WATCHDOG_PROPERTY)
+        out, err = children.finish(child, CLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        found["systemd_problem"] = f"busctl: no answer in {CLOCK_TIMEOUT_S:g} s"
+        return found
+    except OSError as e:
+        found["systemd_problem"] = children.failure(WATCHDOG_PROPERTY, error=e)
+        return found
+    seconds = system_watchdog_rules.parse_busctl(out[:256].decode("ascii", "replace"))
+    if child.returncode != 0 or seconds is None:
+        found["systemd_problem"] = children.failure(WATCHDOG_PROPERTY, exited=child.returncode,
+                                                    stderr=err)
+    else:
+        found["systemd_s"] = seconds
+    return found
 
 
 # -- the network: the name, the route, then the agent's own dial and upgrade -----------

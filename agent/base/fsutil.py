@@ -62,15 +62,21 @@ def drop_to_owner(directory: str) -> tuple[int, int]:
     return st.st_uid, st.st_gid
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True,
+                 dir_fd: int | None = None) -> None:
     """Temp file, rename over ``path``; with ``durable``, fsync the file and the directory
     too, so the rename survives a power cut (the SD card). Without it (tmpfs state that
     only has to be whole, not kept) no fsync is paid. The directory is opened without
     following a link, and the temp file is created with O_EXCL|O_NOFOLLOW inside it; a
-    rename replaces a link at ``path``, it never writes through one."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    rename replaces a link at ``path``, it never writes through one. ``dir_fd``: the
+    directory, opened and checked by the caller (root's, every step of the way), and
+    ``path`` a name in it."""
+    if dir_fd is None:
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    else:
+        dfd = dir_fd
     try:
         name = os.path.basename(path)
         tmp = f".{name}.{os.urandom(6).hex()}"
@@ -93,7 +99,8 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, durable: bool = True
         if durable:
             os.fsync(dfd)
     finally:
-        os.close(dfd)
+        if dir_fd is None:
+            os.close(dfd)
 
 
 def write_in_place(path: str, data: bytes, mode: int = 0o644, create: bool = True) -> None:

@@ -9,6 +9,8 @@ import os
 import re
 import stat
 
+from .system_watchdog import Device
+
 READ_LIMIT = 4096
 TEXT_LIMIT = 128
 # eMMC 5.0+ EXT_CSD DEVICE_LIFE_TIME_EST_TYP_A/B and PRE_EOL_INFO, as JEDEC defines them
@@ -59,3 +61,16 @@ def ext4_errors(directory: str) -> dict:
     """ext4's error record of one mounted device (/sys/fs/ext4/<dev>): each of
     EXT4_ERRORS as a number, or None where it is not there."""
     return {key: as_int(text(os.path.join(directory, key))) for key in EXT4_ERRORS}
+
+
+def watchdog(sysfs_root: str = "/sys", name: str = "watchdog0") -> Device | None:
+    """What the kernel says of a watchdog device, or None where there is none (a
+    container, a board without one)."""
+    directory = os.path.join(sysfs_root, "class/watchdog", name)
+    if not os.path.isdir(directory):
+        return None
+    state = text(os.path.join(directory, "state"), 16)
+    return Device(identity=text(os.path.join(directory, "identity"), 64) or None,
+                  timeout_s=as_int(text(os.path.join(directory, "timeout"), 16)),
+                  max_timeout_s=as_int(text(os.path.join(directory, "max_timeout"), 16)),
+                  active={"active": True, "inactive": False}.get(state))

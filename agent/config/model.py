@@ -140,6 +140,13 @@ class Metrics:
 class Device:
     enabled: bool
     every_s: float
+    hardware_watchdog: bool
+    hardware_watchdog_s: int
+
+    @property
+    def watchdog_s(self) -> int | None:
+        """The system watchdog's period asked for, or None (off)."""
+        return self.hardware_watchdog_s if self.hardware_watchdog else None
 
 
 @dataclass(frozen=True)

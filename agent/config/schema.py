@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..base import system_watchdog
 from ..base.backoff import JITTER_MODES, BackoffPolicy
 from ..base.vocabulary import PROFILE_AUTO, PROFILE_NAMES
 # the errors' home is files.py (light: `status` finds its file with it), named here too
@@ -306,6 +307,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # everything read this often on the link thread's wake-ups; mountinfo (a card
         # remounted read-only) at most every 10 s between
         "every_s": Key(float, 60.0, "device.every_s", Range(1, 3600)),
+        # the system's own watchdog (base/system_watchdog.py): systemd's RuntimeWatchdogSec
+        # by a drop-in root's start step writes; the operator's alone, never the fleet's
+        # (root acts on it, and a fleet that turned it off would hide a hung board)
+        "hardware_watchdog": Key(bool, False, "device.hardware_watchdog"),
+        # the Pi's BCM2835 takes at most 15 s; under 5 s a PID 1 held by a slow card's
+        # write resets a healthy screen
+        "hardware_watchdog_s": Key(int, system_watchdog.PI_MAX_S, "device.hardware_watchdog_s",
+                                   Range(system_watchdog.MIN_S, system_watchdog.PI_MAX_S)),
     },
     "debug": {
         # Test hook: the link thread wedges itself this long after start.

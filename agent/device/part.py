@@ -21,6 +21,7 @@ import os
 import time
 from typing import Callable
 
+from ..base import system_watchdog
 from ..base.boot import boot_id
 from ..base.fsutil import atomic_write, read_bounded, read_json
 from ..base.journal_fields import MessageId, journal
@@ -40,11 +41,14 @@ class DevicePart:
                  ladder: Callable[[], object] = lambda: None,
                  asked_by: Callable[[], str] = lambda: "",
                  on_change: Callable[[], None] = lambda: None,
-                 boot: Callable[[], str] = boot_id, wall: Callable[[], float] = time.time):
+                 boot: Callable[[], str] = boot_id, wall: Callable[[], float] = time.time,
+                 watchdog_s: int | None = None):
         """``ladder()``: the recovery ladder's newest reboot before this boot (an entry
         with ``boot`` and ``why``) or None; ``asked_by()``: at stop, who asked for the
         reboot to come, where the agent knows (last_boot.BY_FLEET) or "";
-        ``on_change()``: what the status says changed (the first read, a verdict, a flag)."""
+        ``on_change()``: what the status says changed (the first read, a verdict, a flag);
+        ``watchdog_s``: the system's watchdog [device] asks for (None: off), said beside
+        what sysfs says of the board's."""
         self.reader, self.publish, self.every_s = reader, publish, every_s
         self.mark_path = os.path.join(state_dir, last_boot.MARK_FILE)
         self.cause_path = os.path.join(runtime_dir, CAUSE_FILE)
@@ -54,6 +58,8 @@ class DevicePart:
         self.storage = storage.StorageJudge()
         self.power = power.PowerFlags()
         self.last_boot: last_boot.BootEnd | None = None
+        self.watchdog_s = watchdog_s
+        self.watchdog: system_watchdog.Device | None | bool = False   # False: not read yet
         self._full_due = self._mount_due = 0.0
 
     # -- start and stop ----------------------------------------------------------------
@@ -123,6 +129,10 @@ class DevicePart:
             first = self.storage.verdict is None
             self._storage(self.reader.storage(), now)
             change = self.power.feed(self.reader.throttled(), self.reader.undervoltage())
+            watchdog = self.reader.system_watchdog()
+            if watchdog != self.watchdog and not first:
+                self._on_change()
+            self.watchdog = watchdog
             if first:
                 self._on_change()   # the status says the device from the first read on
             if change is not None:
@@ -155,8 +165,17 @@ class DevicePart:
 
     def snapshot(self) -> dict:
         return {"storage": self.storage.snapshot(), "power": self.power.snapshot(),
+                "watchdog": self._watchdog_snapshot(),
                 "last_boot": ({**self.last_boot.details(), "words": self.last_boot.words()}
                               if self.last_boot else None)}
+
+
+    def _watchdog_snapshot(self) -> dict | None:
+        if self.watchdog is False:
+            return None
+        state, said = system_watchdog.judge(self.watchdog_s, None, self.watchdog or None,
+                                            asked=False)
+        return {"configured_s": self.watchdog_s, "state": state, "said": said}
 
 
 class Off:
@@ -193,4 +212,5 @@ def assemble(config, cold_start: bool, publish: Callable[[Event], None],
     return DevicePart(DeviceReader(config.state_dir, config.debug.sysfs, proc),
                       publish=publish, every_s=section.every_s, state_dir=config.state_dir,
                       runtime_dir=config.runtime.dir, cold_start=cold_start, ladder=ladder,
-                      asked_by=asked_by, on_change=on_change)
+                      asked_by=asked_by, on_change=on_change,
+                      watchdog_s=section.watchdog_s)

@@ -154,6 +154,10 @@ class DeviceReader:
             return False
         return True
 
+    def system_watchdog(self):
+        """/dev/watchdog0 as sysfs says it (base/system_watchdog.Device), or None."""
+        return sysfs.watchdog(self.sysfs)
+
     def watchdog_status(self) -> int | None:
         text = sysfs.text(os.path.join(self.sysfs, "class/watchdog/watchdog0/bootstatus"))
         return sysfs.as_int(text)

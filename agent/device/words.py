@@ -43,6 +43,9 @@ def lines(device) -> list[str]:
         now = ", ".join(_names(pw.get("now"))) or "no flag now"
         since = ", ".join(_names(pw.get("since_boot"))) or "none"
         out.append(f"power       {now}; since boot: {since} (from the {pw.get('source')})")
+    dog = device.get("watchdog")
+    if isinstance(dog, dict) and isinstance(dog.get("said"), str):
+        out.append(f"watchdog    the system's: {dog['said']}")
     boot = device.get("last_boot")
     if isinstance(boot, dict):
         at = boot.get("at")

@@ -298,16 +298,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=GRANTS_DIR, help=argparse.SUPPRESS)
     parser.add_argument("--node-exporter-dir", default=NODE_EXPORTER_DIR, help=argparse.SUPPRESS)
     parser.add_argument("--user", default=AGENT_USER, help=argparse.SUPPRESS)
+    parser.add_argument("--watchdog-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     grants: frozenset = frozenset()
     player = metrics = None
     source = args.config
+    watchdog: int | None | bool = False   # False: left as it is (a stop, a bad file)
     if not args.revoke:
         try:
             config = config_mod.load(args.config)
         except config_mod.ConfigError:
             pass  # nothing is granted; the agent's own start says what is wrong, once
         else:
+            # the operator's layers alone: the fleet may not set it (schema.py)
+            watchdog = config.device.watchdog_s
             grants = wanted(config.commands.allow)
             player = player_unit(config.screen, config.commands.allow)
             metrics = config.metrics_path if config.metrics.enabled else None
@@ -333,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             early(f"edge-agent: node_exporter reads the metrics at {metrics}", 6, sys.stdout)
     except OSError as e:
         early(f"edge-agent: grants: node_exporter's link: {e.strerror}", 4, sys.stdout)
+    if watchdog is not False:
+        _system_watchdog(watchdog, args.config, args.watchdog_dir)
     try:
         changed = sync(flags(grants, player, source, args.config), args.dir, source)
     except (GrantError, OSError) as e:
@@ -349,6 +355,31 @@ def main(argv: list[str] | None = None) -> int:
         early(f"edge-agent: polkit grants this service {', '.join(given)}: [commands] allow "
               f"in {source} lists it", 6, sys.stdout)
     return 0
+
+
+def _system_watchdog(seconds: int | None, config: str, directory: str | None) -> None:
+    """The system's watchdog as [device] asks (system_watchdog.py); said, never fatal."""
+    from . import system_watchdog   # it takes this module's directory checks
+    directory = directory or system_watchdog.DROPIN_DIR
+    where = os.path.join(directory, system_watchdog.DROPIN_NAME)
+    try:
+        changed = system_watchdog.sync(seconds, config, directory)
+    # run as __main__, this module's GrantError is not the one system_watchdog imports
+    except (GrantError, system_watchdog.GrantError, OSError) as e:
+        why = f"{directory}: {e.strerror or e}" if isinstance(e, OSError) else e
+        early(f"edge-agent: the system's watchdog: {why} (never through a link): left as it "
+              "was", 3, sys.stdout)
+        return
+    if changed is None:
+        return
+    what, _, why = changed.partition("; ")
+    said = (f"systemd's RuntimeWatchdogSec={seconds}s in {where}" if what.startswith("+")
+            else f"off: {where} removed")
+    if why:
+        early(f"edge-agent: the system's watchdog: {said}; systemd not told ({why}): it "
+              "applies at the next boot", 4, sys.stdout)
+    else:
+        early(f"edge-agent: the system's watchdog: {said}, systemd reloaded", 6, sys.stdout)
 
 
 if __name__ == "__main__":
