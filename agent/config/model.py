@@ -135,6 +135,10 @@ class Metrics:
 class Device:
     enabled: bool
     every_s: float
+    heal_network: bool
+    heal_probe_s: float
+    heal_confirm_s: float
+    heal_wait_s: float
 
 
 @dataclass(frozen=True)
