@@ -162,7 +162,7 @@ def test_an_upstream_drop_beyond_a_gateway_that_answers_is_told_upstream_and_lef
     probe = NetProbe(sysfs, run_=rec, networkd_dir=str(links))
 
     def attempt():   # the link's attempts go on meanwhile, each a connect-timeout
-        assert isinstance(connect_fails(SERVER, timeout=0.2), socket.timeout)
+        assert isinstance(connect_fails(SERVER, timeout=0.1), socket.timeout)
     attempt()
     seen = probe.probe()
     assert seen.neighbour in ("REACHABLE", "STALE", "DELAY", "PROBE") and seen.carrier
