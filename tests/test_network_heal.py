@@ -245,21 +245,27 @@ class Clock:
         return self.t
 
 
-def test_the_shell_takes_the_reboot_from_the_screens_book_and_respects_its_day(tmp_path):
-    """One budget a day for every reboot the agent asks: the screen's ladder took the
-    day's one; the network's healer is refused, and says so."""
-    book = RebootBook(str(tmp_path), 1, synced=lambda: True)
-    assert book.take("screen: picture black")[0]
+def shell_down_for(book, state, reason, seconds):
+    """The shell on a fake clock, its link down for ``seconds``: its turns when it asks."""
     reboots, events = [], []
     clock = Clock()
     heal = NetworkHeal(N.Healer(POLICY), FakeNet(NO_CARRIER), events.append,
                        book=lambda: book, reboot=lambda: reboots.append(1) or (True, "asked"),
                        clock=clock, wall=lambda: 1.7e9)
-    heal.link_changed({"state": "waiting", "reason": R.CONNECT_TIMEOUT, "proven_live": False})
+    heal.link_changed({"state": state, "reason": reason, "proven_live": False})
     wake = heal.step()
-    while clock.t < 1000.0 + 900.0:
+    while clock.t < 1000.0 + seconds:
         clock.t = max(wake, clock.t + 1.0)
         wake = heal.step() or clock.t + 10
+    return heal, reboots, events
+
+
+def test_the_shell_takes_the_reboot_from_the_screens_book_and_respects_its_day(tmp_path):
+    """One budget a day for every reboot the agent asks: the screen's ladder took the
+    day's one; the network's healer is refused, and says so."""
+    book = RebootBook(str(tmp_path), 1, synced=lambda: True)
+    assert book.take("screen: picture black")[0]
+    heal, reboots, events = shell_down_for(book, "waiting", R.CONNECT_TIMEOUT, 900.0)
     assert reboots == []
     said = [(e.details["rung"], e.details["outcome"]) for e in events]
     assert said == [("bounce", "done"), ("restart-manager", "done"), ("reboot", "failed"),
@@ -271,16 +277,7 @@ def test_the_shell_takes_the_reboot_from_the_screens_book_and_respects_its_day(t
 
 def test_the_shell_reboots_within_the_shared_budget_and_counts_it_on_the_card(tmp_path):
     book = RebootBook(str(tmp_path), 2, synced=lambda: True)
-    reboots, events = [], []
-    clock = Clock()
-    heal = NetworkHeal(N.Healer(POLICY), FakeNet(NO_CARRIER), events.append,
-                       book=lambda: book, reboot=lambda: reboots.append(1) or (True, "asked"),
-                       clock=clock, wall=lambda: 1.7e9)
-    heal.link_changed({"state": "connecting", "reason": R.DNS_FAILED, "proven_live": False})
-    wake = heal.step()
-    while clock.t < 1000.0 + 600.0:
-        clock.t = max(wake, clock.t + 1.0)
-        wake = heal.step() or clock.t + 10
+    heal, reboots, events = shell_down_for(book, "connecting", R.DNS_FAILED, 600.0)
     assert reboots == [1]
     assert RebootBook(str(tmp_path), 2, synced=lambda: True).left() == 1   # on the card
     assert book.entries[-1].why == "network: no-carrier"

@@ -100,6 +100,8 @@ class NetworkHeal:
             effects += self._handle(core.Probed(probe, self.clock()))
         effects += self._handle(core.Tick(self.clock()))
         self._apply(effects)
+        if due or effects:
+            self.on_change()   # the status says the probe and the ladder as they are now
         with self._lock:
             return self.healer.next_wake(self.clock())
 
@@ -120,7 +122,6 @@ class NetworkHeal:
                 self.loop.turn()
                 effects = effects + self._handle(core.RungDone(effect.rung, ok, said,
                                                                self.clock()))
-        self.on_change()
 
     def _report(self, report: core.Report) -> None:
         f = report.fields

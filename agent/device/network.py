@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 from ..base import reasons as R
 from ..base.backoff import ceiling
-from ..screen.ladder import HOUR, Budget
+# a rung's answer, the clock's tick and a report are the screen ladder's own records
+from ..screen.ladder import HOUR, Budget, Report, RungDone, Tick
 
 EVENT = "network.healing"
 BOUNCE, RESTART_MANAGER, REBOOT = "bounce", "restart-manager", "reboot"
@@ -62,7 +63,7 @@ class Probe:
     neighbour: str | None = None  # the gateway's neighbour state, upper case (None: no entry)
     rx_packets: int | None = None
     tx_packets: int | None = None
-    manager: str | None = None   # what manages the interface (netmanager.py), or None
+    manager: str | None = None   # what manages the interface (netprobe.py), or None
 
 
 @dataclass(frozen=True)
@@ -80,30 +81,11 @@ class Probed:
 
 
 @dataclass(frozen=True)
-class RungDone:
-    rung: str
-    ok: bool
-    said: str
-    now: float
-
-
-@dataclass(frozen=True)
-class Tick:
-    now: float
-
-
-@dataclass(frozen=True)
 class Act:
     rung: str
     cause: str
     interface: str | None
     manager: str | None
-
-
-@dataclass(frozen=True)
-class Report:
-    event_type: str
-    fields: dict
 
 
 @dataclass(frozen=True)
