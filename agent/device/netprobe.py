@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ from typing import Callable
 
 from ..base import children, sysfs
 from .network import Probe
+
+log = logging.getLogger("edge_agent.device")
 
 RUN_TIMEOUT_S = 5.0          # an `ip -j` or `nmcli -t` read
 ACT_TIMEOUT_S = 60.0         # a bounce or a manager's restart
@@ -78,10 +81,19 @@ class NetProbe:
         self.run, self.networkd_dir, self.ifstate = run_, networkd_dir, ifstate
         self.nudge = nudge
         self.last_interface: str | None = None
+        self._told_blind = False
 
     # -- the probe -------------------------------------------------------------------
     def probe(self) -> Probe:
-        route = self.default_route()
+        routes = self.default_route()
+        if routes is None:   # `ip` did not answer: nothing is known, nothing is proven
+            if not self._told_blind:
+                log.warning("network: `ip -j route` did not answer (is iproute2 installed?): "
+                            "the network's healer sees nothing and does nothing")
+            self._told_blind = True
+            return Probe(self.last_interface, known=False)
+        self._told_blind = False
+        route = routes[0] if routes else None
         interface = route[0] if route else self.last_interface
         if route:
             self.last_interface = route[0]
@@ -94,9 +106,12 @@ class NetProbe:
                      rx_packets=stats[0], tx_packets=stats[1],
                      manager=self.manager(interface))
 
-    def default_route(self) -> tuple[str, str | None] | None:
-        """(interface, gateway) of the IPv4 default route with the lowest metric."""
-        routes = _json(self.run, ["ip", "-j", "-4", "route", "show", "default"]) or []
+    def default_route(self) -> list[tuple[str, str | None]] | None:
+        """[(interface, gateway)] of the IPv4 default route with the lowest metric, []
+        where there is none, None where `ip` did not say (not installed, its bound)."""
+        routes = _json(self.run, ["ip", "-j", "-4", "route", "show", "default"])
+        if routes is None:
+            return None
         best = None
         for r in routes:
             if not isinstance(r, dict) or not isinstance(r.get("dev"), str) \
@@ -106,7 +121,7 @@ class NetProbe:
             gateway = r.get("gateway") if isinstance(r.get("gateway"), str) else None
             if best is None or metric < best[0]:
                 best = (metric, r["dev"], gateway)
-        return (best[1], best[2]) if best else None
+        return [(best[1], best[2])] if best else []
 
     def carrier(self, interface: str) -> bool | None:
         """True with carrier, False without (or the interface down), None: not told."""

@@ -64,6 +64,7 @@ class Probe:
     rx_packets: int | None = None
     tx_packets: int | None = None
     manager: str | None = None   # what manages the interface (netprobe.py), or None
+    known: bool = True           # False: the routes could not be read (no proof of anything)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ WATCHING, CONFIRMING, ACTING, WAITING, HELD, EXHAUSTED = (
 def cause(probe: Probe, before: Probe | None) -> str:
     """The device-side cause ``probe`` shows (``before``: the probe before it, for a
     wedged interface), or UPSTREAM where the kernel sees nothing wrong on the device."""
+    if not probe.known:
+        return UPSTREAM
     if probe.interface is None:
         return NO_ROUTE
     if probe.carrier is False:
