@@ -329,3 +329,17 @@ def test_a_probe_that_cannot_run_ip_tells_nothing_and_nothing_is_done(tmp_path):
     w.feed(down(0.0, R.NETWORK_UNREACHABLE))
     w.run_until(86400.0, step=10.0)
     assert w.acts == [] and w.reports == []
+
+
+def test_no_default_route_is_device_side_only_where_the_kernel_found_no_route():
+    """A server on the screen's own subnet needs no default route: a connect that timed
+    out had a route, so a missing default route is no cause; the kernel's own
+    network-unreachable (or a name that did not resolve) is."""
+    routeless = N.Probe("eth0", route=False, carrier=True, address=True)
+    assert N.cause(routeless, None, R.CONNECT_TIMEOUT) == N.UPSTREAM
+    assert N.cause(routeless, None, R.NETWORK_UNREACHABLE) == N.NO_ROUTE
+    assert N.cause(routeless, None, R.DNS_FAILED) == N.NO_ROUTE
+    w = World(probe=routeless)
+    w.feed(down(0.0, R.CONNECT_TIMEOUT))
+    w.run_until(3600.0, step=10.0)
+    assert w.acts == []

@@ -105,19 +105,27 @@ WATCHING, CONFIRMING, ACTING, WAITING, HELD, EXHAUSTED = (
     "exhausted")
 
 
-def cause(probe: Probe, before: Probe | None) -> str:
+# the link's reasons that a missing default route explains: the kernel found no route
+# (or the resolver none to ask); a connect that timed out had one, to a server on the
+# screen's own subnet that needs no default route
+ROUTELESS = frozenset({R.NETWORK_UNREACHABLE, R.DNS_FAILED, R.PROXY_UNREACHABLE})
+
+
+def cause(probe: Probe, before: Probe | None, reason: str | None = None) -> str:
     """The device-side cause ``probe`` shows (``before``: the probe before it, for a
-    wedged interface), or UPSTREAM where the kernel sees nothing wrong on the device."""
+    wedged interface; ``reason``: the link's), or UPSTREAM where the kernel sees nothing
+    wrong on the device."""
     if not probe.known:
         return UPSTREAM
+    routeless = reason is None or reason in ROUTELESS
     if probe.interface is None:
-        return NO_ROUTE
+        return NO_ROUTE if routeless else UPSTREAM
     if probe.carrier is False:
         return NO_CARRIER
     if probe.address is False:
         return NO_ADDRESS
     if not probe.route:
-        return NO_ROUTE
+        return NO_ROUTE if routeless else UPSTREAM
     if probe.neighbour in NEIGH_SILENT:
         return GATEWAY_SILENT
     if (before is not None and before.interface == probe.interface
@@ -215,7 +223,7 @@ class Healer:
         self._next_probe = event.now + self.policy.probe_s
         if event.probe.interface is not None:
             self.interface = event.probe.interface
-        self.cause = cause(event.probe, before)
+        self.cause = cause(event.probe, before, self.reason)
         if not self.policy.enabled or not self.suspect():
             return []
         if self.cause != UPSTREAM:
