@@ -343,3 +343,21 @@ def test_no_default_route_is_device_side_only_where_the_kernel_found_no_route():
     w.feed(down(0.0, R.CONNECT_TIMEOUT))
     w.run_until(3600.0, step=10.0)
     assert w.acts == []
+
+
+def test_the_manager_is_told_by_its_own_files_never_by_a_directory_alone(tmp_path):
+    from agent.device.netprobe import IFUPDOWN, NETWORKD, NetProbe
+    links, net = tmp_path / "links", tmp_path / "sys" / "class" / "net" / "eth0"
+    links.mkdir()
+    net.mkdir(parents=True)
+    (net / "ifindex").write_text("2\n")
+    probe = NetProbe(str(tmp_path / "sys"), networkd_dir=str(links),
+                     ifstate=str(tmp_path / "ifstate"), nudge=False)
+    assert probe.manager("eth0") is None and probe.manager(None) is None   # installed, idle
+    (links / "2").write_text("# This is private data. Do not parse.\nADMIN_STATE=unmanaged\n")
+    assert probe.manager("eth0") is None
+    (links / "2").write_text("ADMIN_STATE=configured\nOPER_STATE=routable\n")
+    assert probe.manager("eth0") == NETWORKD and probe.manager(None) == NETWORKD
+    (links / "2").unlink()
+    (tmp_path / "ifstate").write_text("lo=lo\neth0=eth0\n")
+    assert probe.manager("eth0") == IFUPDOWN and probe.manager("wlan0") is None

@@ -169,16 +169,19 @@ class NetProbe:
         return None
 
     def _networkd(self, interface: str | None) -> bool:
-        if not os.path.isdir(self.networkd_dir):
-            return False
+        """networkd's own file of the link (of any link, for no interface) says it
+        manages it: its directory alone is the package's, networkd may not run."""
         if interface is None:
-            return True
-        index = sysfs.as_int(sysfs.text(os.path.join(self.net, interface, "ifindex")))
-        if index is None:
-            return False
-        lines = _lines(os.path.join(self.networkd_dir, str(index)))
+            try:
+                names = sorted(os.listdir(self.networkd_dir))[:64]
+            except OSError:
+                return False
+        else:
+            index = sysfs.as_int(sysfs.text(os.path.join(self.net, interface, "ifindex")))
+            names = [str(index)] if index is not None else []
         return any(x.startswith("ADMIN_STATE=") and x != "ADMIN_STATE=unmanaged"
-                   for x in lines)
+                   for name in names if name.isdigit()
+                   for x in _lines(os.path.join(self.networkd_dir, name)))
 
     def _networkmanager(self, interface: str | None) -> bool:
         if shutil.which("nmcli") is None:
