@@ -11,6 +11,7 @@ networkctl goes through polkit (tests/test_booted_systemd.py).
 - the server beyond a gateway that answers is dropped (a WAN outage): told upstream, and
   nothing is done in ten simulated minutes (the core holds it for a day: test_network_heal.py).
 """
+import contextlib
 import os
 import socket
 import subprocess
@@ -33,38 +34,51 @@ def sh(*argv, ns=None):
     subprocess.run(argv, check=True, capture_output=True, text=True, timeout=20)
 
 
+@contextlib.contextmanager
+def gateway(tmp_path):
+    """In this thread's namespace: a gateway's namespace, a veth between them, a default
+    route through the gateway and a "server" address on the gateway's side."""
+    gw = f"edgegw{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", gw], check=True, timeout=20)
+    try:
+        sh("ip", "link", "add", "eh0", "type", "veth", "peer", "name", "gw0", "netns", gw)
+        sh("ip", "addr", "add", f"{ME}/24", "dev", "eh0")
+        sh("ip", "link", "set", "eh0", "up")
+        sh("ip", "link", "set", "lo", "up", ns=gw)
+        sh("ip", "addr", "add", f"{GW}/24", "dev", "gw0", ns=gw)
+        sh("ip", "addr", "add", f"{SERVER}/32", "dev", "lo", ns=gw)
+        sh("ip", "link", "set", "gw0", "up", ns=gw)
+        sh("ip", "route", "add", "default", "via", GW, "dev", "eh0")
+        # /sys shows the namespace of whoever mounted it: a sysfs mounted from here
+        # shows this one's interfaces, as the agent's own /sys shows its
+        sysfs = tmp_path / "sys"
+        sysfs.mkdir()
+        sh("mount", "-t", "sysfs", "sysfs", str(sysfs))
+        # what manages eh0: networkd, as its link file says (the test's own)
+        links = tmp_path / "netif-links"
+        links.mkdir()
+        index = (sysfs / "class/net/eh0/ifindex").read_text().strip()
+        (links / index).write_text("# networkd\nADMIN_STATE=configured\nOPER_STATE=routable\n")
+        yield gw, links, str(sysfs)
+    finally:
+        subprocess.run(["umount", str(tmp_path / "sys")], timeout=20, capture_output=True)
+        subprocess.run(["ip", "netns", "del", gw], timeout=20)
+
+
 @pytest.fixture
 def site(tmp_path):
-    """The device's namespace (this thread's), a gateway's, a veth between them, a
-    default route through the gateway and a "server" address on the gateway's side."""
     if os.geteuid() != 0:
         pytest.fail("network namespaces need root")
-    gw = f"edgegw{os.getpid()}"
-    with NetNS() as ns:
-        subprocess.run(["ip", "netns", "add", gw], check=True, timeout=20)
-        try:
-            sh("ip", "link", "add", "eh0", "type", "veth", "peer", "name", "gw0", "netns", gw)
-            sh("ip", "addr", "add", f"{ME}/24", "dev", "eh0")
-            sh("ip", "link", "set", "eh0", "up")
-            sh("ip", "link", "set", "lo", "up", ns=gw)
-            sh("ip", "addr", "add", f"{GW}/24", "dev", "gw0", ns=gw)
-            sh("ip", "addr", "add", f"{SERVER}/32", "dev", "lo", ns=gw)
-            sh("ip", "link", "set", "gw0", "up", ns=gw)
-            sh("ip", "route", "add", "default", "via", GW, "dev", "eh0")
-            # /sys shows the namespace of whoever mounted it: a sysfs mounted from here
-            # shows this one's interfaces, as the agent's own /sys shows its
-            sysfs = tmp_path / "sys"
-            sysfs.mkdir()
-            sh("mount", "-t", "sysfs", "sysfs", str(sysfs))
-            # what manages eh0: networkd, as its link file says (the test's own)
-            links = tmp_path / "netif-links"
-            links.mkdir()
-            index = (sysfs / "class/net/eh0/ifindex").read_text().strip()
-            (links / index).write_text("# networkd\nADMIN_STATE=configured\nOPER_STATE=routable\n")
-            yield ns, gw, links, str(sysfs)
-        finally:
-            subprocess.run(["umount", str(tmp_path / "sys")], timeout=20, capture_output=True)
-            subprocess.run(["ip", "netns", "del", gw], timeout=20)
+    with NetNS() as ns, gateway(tmp_path) as (gw, links, sysfs):
+        yield ns, gw, links, sysfs
+
+
+def blackhole_arp(gw):
+    """The gateway answers nothing at the neighbour level: ARP dropped on its side."""
+    subprocess.run(["ip", "netns", "exec", gw, "nft", "-f", "-"], check=True, text=True,
+                   input="add table arp edgetest\n"
+                         "add chain arp edgetest in { type filter hook input priority 0; "
+                         "policy drop; }\n", timeout=20)
 
 
 class Recorder:
@@ -130,10 +144,7 @@ def test_a_veth_whose_peer_drops_its_carrier_is_told_device_side_and_bounced(sit
 
 def test_a_gateway_that_blackholes_is_told_device_side_by_its_failed_neighbour(site):
     _, gw, links, sysfs = site
-    subprocess.run(["ip", "netns", "exec", gw, "nft", "-f", "-"], check=True, text=True,
-                   input="add table arp edgetest\n"
-                         "add chain arp edgetest in { type filter hook input priority 0; "
-                         "policy drop; }\n", timeout=20)
+    blackhole_arp(gw)
     sh("ip", "neigh", "flush", "dev", "eh0")
     rec = Recorder()
     probe = NetProbe(sysfs, run_=rec, networkd_dir=str(links))
@@ -169,3 +180,44 @@ def test_an_upstream_drop_beyond_a_gateway_that_answers_is_told_upstream_and_lef
     heal, events = drive(probe, R.CONNECT_TIMEOUT, 600.0, fault_settles=attempt)
     assert events == [] and rec.acts == []
     assert heal.healer.cause == N.UPSTREAM and heal.healer.tried == []
+
+
+@pytest.mark.netns
+def test_a_real_agent_heals_only_with_its_key_on_and_tells_the_fleet(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """The agent itself, wired: [device] heal_network on, its server on loopback, its
+    default route through a gateway that stops answering ARP, then the server's port
+    dropped (the link down: ack-timeout, connect-timeout). It probes, finds the gateway
+    silent, and with no manager of the interface known on this machine and no reboot
+    allowed, passes every rung over and says it is exhausted: the fleet hears
+    network.healing once the link is back, the status says it meanwhile."""
+    from devtools.harness import agent_config, wait_for
+    with gateway(tmp_path) as (gw, links, sysfs):
+        server = fleet()
+        cfg = agent_config(server, tmp_path, debug={"sysfs_root": sysfs},
+                           device={"heal_network": True, "heal_probe_s": 2.0,
+                                   "heal_confirm_s": 10.0, "heal_wait_s": 30.0})
+        agent = spawn_agent(agent_python, cfg)
+        agent.wait_live(15)
+        assert agent.status()["network"]["state"] == "watching"
+        blackhole_arp(gw)
+        sh("ip", "neigh", "flush", "dev", "eh0")
+        netns.drop_port(server.port)
+        began = time.monotonic()
+        network = wait_for(lambda: (agent.status().get("network") or {}).get("state")
+                           == "exhausted" and agent.status()["network"], 40,
+                           what="the healer to climb and be exhausted")
+        took = time.monotonic() - began
+        assert network["cause"] == N.GATEWAY_SILENT and network["interface"] == "eh0"
+        assert network["gateway"] in ("FAILED", "INCOMPLETE")
+        netns.restore()
+        agent.wait_live(20)
+        said = wait_for(lambda: [e for e in server.device().get("events", [])
+                                 if e.get("type") == N.EVENT], 20, what="network.healing")
+        assert said[0]["outcome"] == "exhausted" and said[0]["cause"] == N.GATEWAY_SILENT
+        assert any("no manager" in p for p in said[0]["passed_over"]), said
+        assert any(p.startswith("reboot: not allowed") for p in said[0]["passed_over"])
+        print(f"gateway-silent told and the ladder exhausted {took:.1f}s after the drop")
+        assert agent.stop() == 0
+        log = agent.log_text()
+        assert "Traceback" not in log and "network: " in log
