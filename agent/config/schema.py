@@ -328,8 +328,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # a device-side cause seen this long (and by two probes) before the first rung;
         # doubled for each episode in the hour before (16 times at most)
         "heal_confirm_s": Key(float, 60.0, "device.heal_confirm_s", Range(10, 3600)),
-        # each rung's time to work before the next
-        "heal_wait_s": Key(float, 120.0, "device.heal_wait_s", Range(30, 3600)),
+        # each rung's time to work before the next: with the defaults the three rungs fit
+        # in the first WatchdogSec (5 min) of an outage, whose restart would begin again
+        "heal_wait_s": Key(float, 90.0, "device.heal_wait_s", Range(30, 3600)),
     },
     "debug": {
         # Test hook: the link thread wedges itself this long after start.
