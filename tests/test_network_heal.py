@@ -361,3 +361,27 @@ def test_the_manager_is_told_by_its_own_files_never_by_a_directory_alone(tmp_pat
     (links / "2").unlink()
     (tmp_path / "ifstate").write_text("lo=lo\neth0=eth0\n")
     assert probe.manager("eth0") == IFUPDOWN and probe.manager("wlan0") is None
+
+
+def test_two_parts_asking_the_days_last_reboot_at_once_get_one(tmp_path, monkeypatch):
+    """The screen's ladder and the network's healer share the book, each on its own
+    thread: the day's last reboot goes to one of them, however their asks interleave."""
+    import threading
+    import time as _time
+    from agent.screen import reboots
+    real = reboots.atomic_write
+
+    def slow_write(*args, **kw):   # the card's write: where the two would pass each other
+        _time.sleep(0.2)
+        return real(*args, **kw)
+    monkeypatch.setattr(reboots, "atomic_write", slow_write)
+    book = RebootBook(str(tmp_path), 1, synced=lambda: True)
+    answers = []
+    threads = [threading.Thread(target=lambda w=why: answers.append(book.take(w)[0]))
+               for why in ("screen: picture black", "network: no-carrier")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert sorted(answers) == [False, True]
+    assert RebootBook(str(tmp_path), 1, synced=lambda: True).left() == 0
