@@ -385,3 +385,40 @@ def test_two_parts_asking_the_days_last_reboot_at_once_get_one(tmp_path, monkeyp
         t.join(5)
     assert sorted(answers) == [False, True]
     assert RebootBook(str(tmp_path), 1, synced=lambda: True).left() == 0
+
+
+def test_a_restart_of_the_agent_climbs_on_from_the_next_rung_never_from_the_first(tmp_path):
+    """A watchdog's restart in the middle of an outage: the new process reads the episode
+    from the runtime directory (tmpfs) and, the cause still there, restarts the manager;
+    it does not bounce again. A damaged file is said once and the healer starts afresh."""
+    clock = Clock()
+    net = FakeNet(NO_CARRIER)
+    first = NetworkHeal(N.Healer(POLICY), net, lambda e: None, clock=clock,
+                        runtime_dir=str(tmp_path))
+    first.restore_kept()
+    first.link_changed({"state": "waiting", "reason": R.CONNECT_TIMEOUT, "proven_live": False})
+    while not net.done:
+        clock.t = max(first.step() or 0, clock.t + 1.0)
+    assert net.done == [("bounce", "systemd-networkd", "eth0")]
+    assert (tmp_path / "network-heal.json").stat().st_mode & 0o777 == 0o600
+    second = NetworkHeal(N.Healer(POLICY), net, lambda e: None, clock=clock,
+                         runtime_dir=str(tmp_path))
+    second.restore_kept()
+    assert second.snapshot()["tried"] == ["bounce"] and second.snapshot()["state"] == N.HELD
+    second.link_changed({"state": "waiting", "reason": R.CONNECT_TIMEOUT, "proven_live": False})
+    began = clock.t
+    while len(net.done) < 2:
+        clock.t = max(second.step() or 0, clock.t + 1.0)
+    assert net.done[1] == ("restart", "systemd-networkd") and clock.t - began <= 70.0
+    second.link_changed({"state": "online", "reason": None, "proven_live": True})
+    second.step()
+    third = NetworkHeal(N.Healer(POLICY), net, lambda e: None, clock=clock,
+                        runtime_dir=str(tmp_path))
+    third.restore_kept()
+    assert third.snapshot()["tried"] == [] and third.healer.budgets[N.BOUNCE].times
+    for damaged in (b"[1, 2", b'{"tried": ["rm -rf"]}', b'{"tried": "bounce"}', b"7"):
+        (tmp_path / "network-heal.json").write_bytes(damaged)
+        fresh = NetworkHeal(N.Healer(POLICY), net, lambda e: None, clock=clock,
+                            runtime_dir=str(tmp_path))
+        fresh.restore_kept()
+        assert fresh.snapshot()["tried"] == [] and fresh.healer.state == N.WATCHING

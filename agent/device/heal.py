@@ -12,11 +12,14 @@ MESSAGE_ID and the status's ``network`` section.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from typing import Callable
 
+from ..base.fsutil import an_object, atomic_write, load_state
 from ..base.journal_fields import MessageId, journal
 from ..events.model import Event
 from ..runtime.loop import Loop
@@ -28,13 +31,18 @@ log = logging.getLogger("edge_agent.device")
 
 Outcome = Callable[[], "tuple[bool, str]"]
 PROBE_BOUND_S = 4 * RUN_TIMEOUT_S + 5.0   # route, addr, neigh, nmcli: each bounded
+# the episode and the hours' budgets, across a watchdog's restart in this boot: in the
+# runtime directory (tmpfs, kept by the unit's RuntimeDirectoryPreserve=restart), written
+# only when a rung ran or an episode ended, never on the card
+KEPT_FILE = "network-heal.json"
+KEPT_MAX_BYTES = 16384
 DOWN_STATES = ("waiting", "connecting")
 
 
 class NetworkHeal:
     def __init__(self, healer: core.Healer, probe: NetProbe, publish: Callable[[Event], None],
                  *, book: Callable[[], object] = lambda: None, reboot: Outcome | None = None,
-                 on_change: Callable[[], None] = lambda: None,
+                 on_change: Callable[[], None] = lambda: None, runtime_dir: str | None = None,
                  gate: WatchdogGate | None = None, reboot_bound_s: float = 180.0,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time):
@@ -43,6 +51,7 @@ class NetworkHeal:
         self.healer, self.net, self.publish = healer, probe, publish
         self.book, self.reboot_fn, self.on_change = book, reboot, on_change
         self.clock, self.wall = clock, wall
+        self.kept_path = os.path.join(runtime_dir, KEPT_FILE) if runtime_dir else None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poke = threading.Event()
@@ -61,7 +70,21 @@ class NetworkHeal:
         self._poke.set()
 
     def start(self) -> None:
+        self.restore_kept()
         self.loop.start()
+
+    def restore_kept(self) -> None:
+        """The episode a previous process of this boot left (a watchdog's restart)."""
+        if self.kept_path is not None:
+            doc, why = load_state(self.kept_path, KEPT_MAX_BYTES, an_object)
+            try:
+                if doc is not None:
+                    self.healer.restore(doc)
+            except ValueError as e:
+                why = str(e)
+            if why is not None:
+                log.warning("network: %s cannot be read (%s): the healer starts afresh",
+                            self.kept_path, why)
 
     def stop(self) -> None:
         self._stop.set()
@@ -102,8 +125,21 @@ class NetworkHeal:
         self._apply(effects)
         if due or effects:
             self.on_change()   # the status says the probe and the ladder as they are now
+        if effects:
+            self._keep()
         with self._lock:
             return self.healer.next_wake(self.clock())
+
+    def _keep(self) -> None:
+        if self.kept_path is None:
+            return
+        with self._lock:
+            data = json.dumps(self.healer.kept()).encode()
+        try:
+            atomic_write(self.kept_path, data, 0o600, durable=False)
+        except OSError as e:
+            log.warning("network: %s not written (%s): a restart would begin the ladder "
+                        "again", self.kept_path, e.strerror)
 
     def _handle(self, event) -> list:
         with self._lock:
@@ -118,6 +154,7 @@ class NetworkHeal:
                 log.warning("network: %s on the device (%s): %s", effect.cause,
                             effect.interface or "no interface", effect.rung,
                             extra=journal(MessageId.NETWORK_HEALING, CAUSE=effect.cause))
+                self._keep()   # before it runs: a restart meanwhile does not run it again
                 ok, said = self._rung(effect)
                 self.loop.turn()
                 effects = effects + self._handle(core.RungDone(effect.rung, ok, said,
@@ -181,4 +218,5 @@ def assemble(config, publish: Callable[[Event], None], on_change: Callable[[], N
     return NetworkHeal(core.Healer(policy), NetProbe(config.debug.sysfs), publish,
                        book=book if may_reboot else (lambda: None),
                        reboot=reboot if may_reboot else None, on_change=on_change, gate=gate,
+                       runtime_dir=config.runtime.dir,
                        reboot_bound_s=config.commands.timeout_s + 10.0)

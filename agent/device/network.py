@@ -182,6 +182,49 @@ class Healer:
     def suspect(self) -> bool:
         return self.down and self.reason in R.SILENT_PATH
 
+    # -- across a restart of the agent (a watchdog's, in the same boot) ---------------
+    def kept(self) -> dict:
+        """What a restart in this boot must not forget: the episode's rungs and the
+        hours' budgets, in monotonic seconds (the boot's clock, not the process's)."""
+        return {"tried": list(self.tried), "considered": list(self.considered),
+                "passed": list(self.passed), "cause": self.episode_cause,
+                "taken": dict(self.taken), "episodes": list(self.episodes),
+                "budgets": {r: list(b.times) for r, b in self.budgets.items()}}
+
+    def restore(self, doc) -> None:
+        """The episode a previous process of this boot left: held, so a device-side cause
+        still there is confirmed again and climbs on from the next rung, never from the
+        first. ValueError for anything kept() does not write."""
+        def words(key, allowed=None):
+            v = doc.get(key)
+            if not isinstance(v, list) or len(v) > 16 or not all(
+                    isinstance(x, str) and len(x) <= MAX_SAID for x in v) or (
+                    allowed is not None and not set(v) <= set(allowed)):
+                raise ValueError(f"{key}: not a list of words")
+            return list(v)
+
+        def times(v):
+            if not isinstance(v, list) or len(v) > 64 or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+                raise ValueError("not a list of times")
+            return [float(x) for x in v]
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        tried, considered = words("tried", RUNGS), words("considered", RUNGS)
+        passed, episode = words("passed"), doc.get("cause")
+        budgets = doc.get("budgets") if isinstance(doc.get("budgets"), dict) else {}
+        taken = doc.get("taken") if isinstance(doc.get("taken"), dict) else {}
+        if episode not in ("", *CAUSES):
+            raise ValueError("cause: not a cause")
+        self.episodes = times(doc.get("episodes", []))
+        for rung, budget in self.budgets.items():
+            budget.times = times(budgets.get(rung, []))
+        self.taken.update({r: n for r, n in taken.items()
+                           if r in RUNGS and isinstance(n, int) and 0 <= n < 1 << 31})
+        self.tried, self.considered, self.passed = tried, considered, passed
+        self.episode_cause = episode
+        self.state = HELD if tried else WATCHING
+
     def snapshot(self) -> dict:
         p = self.probe
         return {"enabled": self.policy.enabled, "state": self.state,
@@ -264,8 +307,9 @@ class Healer:
 
     def _confirm_s(self, now: float) -> float:
         self.episodes = [t for t in self.episodes if now - t < HOUR]
-        return ceiling(self.policy.confirm_s, self.policy.confirm_s * MAX_BACKOFF,
-                       len(self.episodes))
+        before = len(self.episodes) - (1 if self.tried and self.episodes else 0)
+        # an episode going on (held, or a restart's) is not one more of the hour
+        return ceiling(self.policy.confirm_s, self.policy.confirm_s * MAX_BACKOFF, before)
 
     def _next(self, now: float) -> list:
         for rung in RUNGS:
