@@ -247,7 +247,7 @@ DOCS = {
                            "reboots_per_day where [commands] allow lists reboot. An upstream "
                            "cause only waits. Off: nothing probed, polkit grants nothing.",
     "device.heal_probe_s": "While the link is down for such a reason, the device's network "
-                           "is probed this often (sysfs and `ip -j`, each bounded).",
+                           "is probed this often (sysfs and rtnetlink, each bounded).",
     "device.heal_confirm_s": "A device-side cause seen this long, and by two probes, before "
                              "the first rung; twice as long for each episode in the hour "
                              "before (16 times at most).",

@@ -1,6 +1,6 @@
 """The network's healer on the real kernel (#53): a device namespace with a veth to a
 gateway namespace the test makes (devtools/netns.py), faults that are real (the peer's
-link down, nftables DROP), the probe's reads real (sysfs, `ip -j`), the healer's core and
+link down, nftables DROP), the probe's reads real (sysfs, rtnetlink), the healer's core and
 shell driven on a fake clock. What manages the interface is told by a networkd link file
 the test writes, and the manager's acts are recorded, not run: the booted tier is where
 networkctl goes through polkit (tests/test_booted_systemd.py).
@@ -22,7 +22,7 @@ import pytest
 from agent.base import reasons as R
 from agent.device import network as N
 from agent.device.heal import NetworkHeal
-from agent.device.netprobe import NETWORKD, NetProbe, run
+from agent.device.netprobe import NETWORKD, NetProbe
 from devtools.netns import NetNS
 
 GW, ME, SERVER = "10.77.0.1", "10.77.0.2", "198.51.100.1"
@@ -82,15 +82,12 @@ def blackhole_arp(gw):
 
 
 class Recorder:
-    """The probe's runs: `ip` for real (in this namespace), every other program recorded
-    and answered done."""
+    """The probe's programs (the manager's acts): recorded and answered done."""
 
     def __init__(self):
         self.acts = []
 
     def __call__(self, argv, timeout_s):
-        if argv[0] == "ip":
-            return run(argv, timeout_s)
         self.acts.append(list(argv))
         return 0, b""
 
@@ -221,3 +218,25 @@ def test_a_real_agent_heals_only_with_its_key_on_and_tells_the_fleet(
         assert agent.stop() == 0
         log = agent.log_text()
         assert "Traceback" not in log and "network: " in log
+
+
+def test_the_netlink_reads_say_what_ip_says(site):
+    """The healer reads rtnetlink itself (`ip` is stopped by the unit's sandbox):
+    iproute2's JSON is the reference it is held to, on the same kernel tables."""
+    import json
+    from agent.device import netlink
+    _, gw, _, _ = site
+    sh("ip", "route", "add", "203.0.113.0/24", "via", GW, "dev", "eh0")   # not a default
+    connect_fails(SERVER, timeout=0.3)   # the gateway resolved: an entry to compare
+    ip = lambda *a: json.loads(subprocess.run(["ip", "-j", *a], capture_output=True,  # noqa
+                                              check=True, timeout=20).stdout)
+    index = socket.if_nametoindex("eh0")
+    assert netlink.default_routes() == [(index, r["gateway"], r.get("metric", 0))
+                                        for r in ip("-4", "route", "show", "default")]
+    assert netlink.global_address(index) is True
+    assert netlink.global_address(socket.if_nametoindex("lo")) is False
+    want = ip("neigh", "show", "dev", "eh0", "to", GW)
+    assert netlink.neighbour(index, GW) == (want[0]["state"][0] if want else None)
+    assert netlink.neighbour(index, "10.77.0.99") is None
+    sh("ip", "route", "del", "default")
+    assert netlink.default_routes() == []

@@ -1,11 +1,12 @@
 """What the kernel says of the device's own network, and who manages it: the network
 healer's reads and acts (its core is network.py).
 
-Reads: iproute2's JSON (``ip -j route``, ``addr``, ``neigh``: a netlink socket, which
-the unit's RestrictAddressFamilies= allows), each bounded in time and bytes, and sysfs
-(``/sys/class/net/IF/carrier``, ``operstate``, ``statistics``). Where the gateway has no
-neighbour entry, or only a stale one, one empty UDP datagram to its discard port makes the
-kernel ask it again: the next probe reads the answer (FAILED when it gives none).
+Reads: the kernel's routes, addresses and neighbours over rtnetlink (netlink.py: what
+``ip -j`` would print, without the program, which the unit's sandbox stops), each
+bounded in time and bytes, and sysfs (``/sys/class/net/IF/carrier``, ``operstate``,
+``statistics``). Where the gateway has no neighbour entry, or only a stale one, one empty
+UDP datagram to its discard port makes the kernel ask it again: the next probe reads the
+answer (FAILED when it gives none).
 
 The manager: systemd-networkd where its link file (/run/systemd/netif/links/INDEX) says
 it manages the interface, NetworkManager where ``nmcli -t`` lists it managed, ifupdown
@@ -18,7 +19,6 @@ here runs without the healer's core asking for it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -27,13 +27,15 @@ import socket
 from typing import Callable
 
 from ..base import children, sysfs
+from . import netlink
+from .netlink import NetlinkError
 from .network import Probe
 
 log = logging.getLogger("edge_agent.device")
 
-RUN_TIMEOUT_S = 5.0          # an `ip -j` or `nmcli -t` read
+RUN_TIMEOUT_S = 5.0          # an `nmcli -t` read
 ACT_TIMEOUT_S = 60.0         # a bounce or a manager's restart
-MAX_OUTPUT = 256 * 1024      # what a read keeps (a router's neighbour table is larger)
+MAX_OUTPUT = 64 * 1024       # what a read keeps
 MAX_DRAIN = 1 << 20
 DISCARD_PORT = 9
 IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}")    # the kernel's IFNAMSIZ, no path, no space
@@ -56,17 +58,6 @@ def run(argv: list, timeout_s: float = RUN_TIMEOUT_S) -> tuple[int | None, bytes
     return got.exit, got.output
 
 
-def _json(run_: Run, argv: list):
-    code, out = run_(argv, RUN_TIMEOUT_S)
-    if code != 0:
-        return None
-    try:
-        doc = json.loads(out or b"[]")
-    except (ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, list) else None
-
-
 def _lines(path: str) -> list[str]:
     """The lines of a small state file (at most sysfs.READ_LIMIT bytes), cleaned."""
     return [sysfs.clean(x, 200) for x in
@@ -76,27 +67,28 @@ def _lines(path: str) -> list[str]:
 class NetProbe:
     def __init__(self, sysfs_root: str = "/sys", *, run_: Run = run,
                  networkd_dir: str = "/run/systemd/netif/links",
-                 ifstate: str = "/run/network/ifstate", nudge: bool = True):
+                 ifstate: str = "/run/network/ifstate", nudge: bool = True, nl=netlink):
         self.net = os.path.join(sysfs_root, "class", "net")
         self.run, self.networkd_dir, self.ifstate = run_, networkd_dir, ifstate
-        self.nudge = nudge
+        self.nudge, self.nl = nudge, nl
         self.last_interface: str | None = None
         self._told_blind = False
 
     # -- the probe -------------------------------------------------------------------
     def probe(self) -> Probe:
-        routes = self.default_route()
-        if routes is None:   # `ip` did not answer: nothing is known, nothing is proven
+        try:
+            routes = self.nl.default_routes()
+            route = min(routes, key=lambda r: r[2]) if routes else None
+            interface = socket.if_indextoname(route[0]) if route else self.last_interface
+        except (NetlinkError, OSError) as e:   # nothing is known, nothing is proven
             if not self._told_blind:
-                log.warning("network: `ip -j route` did not answer (is iproute2 installed?): "
-                            "the network's healer sees nothing and does nothing")
+                log.warning("network: the kernel's routes could not be read (%s): the "
+                            "network's healer sees nothing and does nothing", e)
             self._told_blind = True
             return Probe(self.last_interface, known=False)
         self._told_blind = False
-        route = routes[0] if routes else None
-        interface = route[0] if route else self.last_interface
         if route:
-            self.last_interface = route[0]
+            self.last_interface = interface
         if interface is None:
             return Probe(None, route=False, manager=self.manager(None))
         stats = self._stats(interface)
@@ -105,23 +97,6 @@ class NetProbe:
                      address=self.address(interface), neighbour=neighbour,
                      rx_packets=stats[0], tx_packets=stats[1],
                      manager=self.manager(interface))
-
-    def default_route(self) -> list[tuple[str, str | None]] | None:
-        """[(interface, gateway)] of the IPv4 default route with the lowest metric, []
-        where there is none, None where `ip` did not say (not installed, its bound)."""
-        routes = _json(self.run, ["ip", "-j", "-4", "route", "show", "default"])
-        if routes is None:
-            return None
-        best = None
-        for r in routes:
-            if not isinstance(r, dict) or not isinstance(r.get("dev"), str) \
-                    or not IFNAME.fullmatch(r["dev"]):
-                continue
-            metric = r.get("metric", 0) if isinstance(r.get("metric"), int) else 0
-            gateway = r.get("gateway") if isinstance(r.get("gateway"), str) else None
-            if best is None or metric < best[0]:
-                best = (metric, r["dev"], gateway)
-        return [(best[1], best[2])] if best else []
 
     def carrier(self, interface: str) -> bool | None:
         """True with carrier, False without (or the interface down), None: not told."""
@@ -139,18 +114,16 @@ class NetProbe:
             self.net, interface, "statistics", name))) for name in ("rx_packets", "tx_packets"))
 
     def address(self, interface: str) -> bool | None:
-        doc = _json(self.run, ["ip", "-j", "addr", "show", "dev", interface])
-        if doc is None:
+        try:
+            return self.nl.global_address(socket.if_nametoindex(interface))
+        except (NetlinkError, OSError):
             return None
-        return any(isinstance(a, dict) and a.get("scope") == "global"
-                   for link in doc if isinstance(link, dict)
-                   for a in (link.get("addr_info") or []))
 
     def neighbour(self, interface: str, gateway: str) -> str | None:
-        doc = _json(self.run, ["ip", "-j", "neigh", "show", "dev", interface, "to", gateway])
-        states = [s for n in (doc or []) if isinstance(n, dict)
-                  for s in (n.get("state") or []) if isinstance(s, str)]
-        state = states[0].upper()[:16] if states else None
+        try:
+            state = self.nl.neighbour(socket.if_nametoindex(interface), gateway)
+        except (NetlinkError, OSError, ValueError):
+            return None
         if self.nudge and state in (None, "STALE"):
             with contextlib.suppress(OSError, ValueError):
                 with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
