@@ -424,3 +424,10 @@ def test_a_restart_of_the_agent_climbs_on_from_the_next_rung_never_from_the_firs
                             runtime_dir=str(tmp_path))
         fresh.restore_kept()
         assert fresh.snapshot()["tried"] == [] and fresh.healer.state == N.WATCHING
+
+
+def test_the_healers_thread_is_allowed_its_longest_wait_between_two_turns():
+    """heal_probe_s may be 300 s: the watchdog gate must not take that wait for a stall."""
+    slow = N.Policy(enabled=True, probe_s=300.0, confirm_s=60, wait_s=120, reboot=False)
+    heal = NetworkHeal(N.Healer(slow), FakeNet(NO_CARRIER), lambda e: None, clock=Clock())
+    assert heal.loop.max_silence_s > 300.0 + 60.0

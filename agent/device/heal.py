@@ -56,7 +56,9 @@ class NetworkHeal:
         self._stop = threading.Event()
         self._poke = threading.Event()
         self._link: core.LinkSeen | None = None
-        silence = PROBE_BOUND_S + max(ACT_TIMEOUT_S, reboot_bound_s) + 30.0
+        # between two turns: the wait for the next probe, a probe, one rung
+        silence = (healer.policy.probe_s + PROBE_BOUND_S + max(ACT_TIMEOUT_S, reboot_bound_s)
+                   + 30.0)
         self.loop = Loop("network-heal", self._run, gate=gate, max_silence_s=silence,
                          pause=self._stop.wait, stopping=self._stop.is_set)
 
