@@ -255,7 +255,10 @@ class BootedDebian:
         self.console = open(self.work / "console.log", "ab")
         self.proc = subprocess.Popen(
             ["systemd-nspawn", "-D", str(self.root), "-b", "--register=no", "--keep-unit",
-             "--console=passive", f"--machine={self.name}"],
+             "--console=passive", f"--machine={self.name}",
+             # systemd-networkd runs only with it (ConditionCapability=): the network's
+             # healer bounces an interface networkd manages in the test's own namespace
+             "--capability=CAP_NET_ADMIN"],
             stdin=subprocess.DEVNULL, stdout=self.console, stderr=subprocess.STDOUT,
             preexec_fn=into_own_cgroup)
         deadline = time.monotonic() + timeout

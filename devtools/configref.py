@@ -245,6 +245,20 @@ DOCS = {
                                 "the file. The operator's alone: never the fleet's.",
     "device.hardware_watchdog_s": "The board resets this long after PID 1's last pet (every "
                                   "half of it); the Pi's BCM2835 takes at most 15 s.",
+    "device.heal_network": "Heal the network on the device, never blindly: while the link "
+                           "is down for a reason where nothing answered and the kernel sees "
+                           "the cause on the device (no carrier, no address, no default "
+                           "route, a gateway whose neighbour entry is FAILED), bounce the "
+                           "interface through its manager (systemd-networkd, NetworkManager, "
+                           "ifupdown), then restart the manager, then reboot within [screen] "
+                           "reboots_per_day where [commands] allow lists reboot. An upstream "
+                           "cause only waits. Off: nothing probed, polkit grants nothing.",
+    "device.heal_probe_s": "While the link is down for such a reason, the device's network "
+                           "is probed this often (sysfs and rtnetlink, each bounded).",
+    "device.heal_confirm_s": "A device-side cause seen this long, and by two probes, before "
+                             "the first rung; twice as long for each episode in the hour "
+                             "before (16 times at most).",
+    "device.heal_wait_s": "Each rung's time to work before the next one is tried.",
     "debug.stall_link_after_s": "The link thread wedges itself this long after start.",
     "debug.link_max_wait_s": "The link loop's longest wait (30 s), shortened.",
     "debug.sysfs_root": "Read display, power and network state from this tree, not /sys.",

@@ -1480,6 +1480,114 @@ def test_polkit_grants_the_clock_and_zone_only_while_allowed_and_the_shell_stays
         wait_online(s)
 
 
+NETWORK_GRANT = "/run/edge-agent-grants/network-heal"
+HEAL_GW, HEAL_ME = "10.77.0.1", "10.77.0.2"
+
+
+def network_events(site) -> list:
+    return [(e.get("rung"), e.get("outcome"), e.get("cause"))
+            for e in screen_events(site, "network.healing")]
+
+
+@step(test_enrolls_and_pairs_under_systemd)
+def test_the_network_is_bounced_through_networkd_and_polkit_from_the_units_sandbox(site):
+    """[device] heal_network (#53) under real systemd, networkd and polkit. Off: no flag,
+    and polkit refuses the agent's user networkd's reconfigure and its restart. On:
+    systemd-networkd manages eh0 (a veth in the test's namespace, its peer a gateway in
+    a namespace of the test's), the gateway stops answering ARP and the server's port is
+    dropped: the agent, in its sandbox, tells gateway-silent, bounces eh0 with
+    `networkctl reconfigure` through polkit (networkd does it: the interface configured
+    again), restarts networkd through systemd, and, no reboot allowed, says the ladder
+    is exhausted; the link back, healed. The fleet hears each once the link is back.
+    Another verb, another unit stay refused."""
+    s = site.screen
+    conf = s.path(CONF)
+    before = conf.read_text()
+    assert not exists(s, NETWORK_GRANT)
+    assert not polkit_allows(s, "org.freedesktop.network1.reconfigure")
+    r = as_agent_systemctl(s, "restart", "systemd-networkd.service")
+    assert r.returncode != 0 and REFUSED.search(r.stderr), r
+    gw = f"edgehealgw{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", gw], check=True, timeout=20)
+    try:
+        for argv in (["ip", "link", "add", "eh0", "type", "veth", "peer", "name", "gw0",
+                      "netns", gw],
+                     ["ip", "netns", "exec", gw, "ip", "addr", "add", f"{HEAL_GW}/24",
+                      "dev", "gw0"],
+                     ["ip", "netns", "exec", gw, "ip", "link", "set", "gw0", "up"]):
+            subprocess.run(argv, check=True, timeout=20)
+        s.path("/etc/systemd/network").mkdir(parents=True, exist_ok=True)
+        s.path("/etc/systemd/network/50-eh0.network").write_text(
+            f"[Match]\nName=eh0\n[Network]\nAddress={HEAL_ME}/24\nGateway={HEAL_GW}\n")
+        s.run("systemctl", "start", "systemd-networkd.service")
+        wait_for(lambda: "configured" in s.run("networkctl", "list", "--no-legend", "eh0",
+                                               check=False).stdout, 30,
+                 what="networkd to configure eh0")
+        conf.write_text(before + "[watchdog]\nrequire_link = false\n"
+                        "[device]\nheal_network = true\nheal_probe_s = 2\n"
+                        "heal_confirm_s = 10\nheal_wait_s = 30\n")
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        assert s.run("stat", "-c", "%a %U:%G %F", NETWORK_GRANT).stdout.strip() == \
+            "644 root:root regular file"
+        assert polkit_allows(s, "org.freedesktop.network1.reconfigure")
+        for verb, unit in (("stop", "systemd-networkd.service"), ("restart", "ssh.service"),
+                           ("start", "systemd-networkd.service")):
+            r = as_agent_systemctl(s, verb, unit)
+            assert r.returncode != 0 and REFUSED.search(r.stderr), (verb, unit, r)
+        network = status(s)[1]["network"]
+        assert (network["state"], network["manager"]) == ("watching", None), network
+        cursor = s.cursor()
+        subprocess.run(["ip", "netns", "exec", gw, "nft", "-f", "-"], check=True, text=True,
+                       timeout=20, input="add table arp edgetest\nadd chain arp edgetest in "
+                       "{ type filter hook input priority 0; policy drop; }\n")
+        subprocess.run(["ip", "neigh", "flush", "dev", "eh0"], check=True, timeout=20)
+        site.ns.drop_port(site.server.port)
+        began = time.monotonic()
+        try:
+            network = wait_for(lambda: (status(s)[1].get("network") or {}).get("state")
+                               == "exhausted" and status(s)[1]["network"], 150,
+                               interval=1.0, what="bounce, restart, exhausted")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {status(s)[1].get('network')}\n"
+                                 f"{text(agent_lines(s, cursor))[-3000:]}") from None
+        finally:
+            site.ns.restore()
+        took = time.monotonic() - began
+        said = text(agent_lines(s, cursor))
+        assert "eh0 bounced through systemd-networkd" in said, said
+        assert "systemd-networkd.service restarted" in said, said
+        assert network["cause"] == "gateway-silent" and network["manager"] == \
+            "systemd-networkd", network
+        wait_online(s, 30)
+        # and healed: the link proven live again ends the episode
+        events = wait_for(lambda: len(network_events(site)) >= 4 and network_events(site),
+                          30, what="network.healing at the fleet")
+        assert events == [("bounce", "done", "gateway-silent"),
+                          ("restart-manager", "done", "gateway-silent"),
+                          (None, "exhausted", "gateway-silent"),
+                          (None, "healed", "gateway-silent")], events
+        print(f"[{site.release}] bounced, restarted and exhausted in {took:.0f}s")
+        journal = [e for e in agent_lines(s, cursor)
+                   if e.get("MESSAGE_ID") == MessageId.NETWORK_HEALING]
+        assert journal and all(e.get("CAUSE") == "gateway-silent" for e in journal), journal
+        conf.write_text(before)
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+        assert not exists(s, NETWORK_GRANT)
+        assert not polkit_allows(s, "org.freedesktop.network1.reconfigure")
+    finally:
+        site.ns.restore()
+        conf.write_text(before)
+        s.run("systemctl", "stop", "systemd-networkd.service", "systemd-networkd.socket",
+              check=False)
+        s.run("rm", "-f", "/etc/systemd/network/50-eh0.network", check=False)
+        subprocess.run(["ip", "link", "del", "eh0"], timeout=20, capture_output=True)
+        subprocess.run(["ip", "netns", "del", gw], timeout=20, capture_output=True)
+        s.run("systemctl", "restart", UNIT)
+        wait_online(s)
+
+
 @step(test_enrolls_and_pairs_under_systemd,
       test_working_hours_reach_an_x_display_through_the_sandbox_only_with_the_readmes_drop_in)
 def test_the_picture_is_captured_and_judged_under_the_sandbox_with_the_readmes_drop_in(site):

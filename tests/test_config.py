@@ -257,7 +257,7 @@ def test_every_key_reaches_the_config_field_its_schema_entry_names(tmp_path):
                "hours.week": "mon-fri 08:00-18:00", "hours.exceptions": "2026-12-25 off",
                "hours.timezone": "Europe/Berlin", "screen.x_display": ":0",
                "screen.player_unit": "kiosk.service", "screen.mixer_control": "PCM",
-               "metrics.textfile": "/run/other/agent.prom"}
+               "metrics.textfile": "/run/other/agent.prom", "device.hardware_watchdog_s": "12"}
     for section, keys in C.SCHEMA.items():
         for key, spec in keys.items():
             name = f"{section}.{key}"

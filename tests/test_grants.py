@@ -149,7 +149,9 @@ def test_the_polkit_rule_and_the_unit_name_the_flag_this_module_writes():
     for name in grants.GRANTABLE:
         assert f'edgeAgentGranted("{name}") ? polkit.Result.YES : polkit.Result.NO' in rule
     # and the player's restart, whose flag names the unit
-    assert rule.count("polkit.Result.YES") == len(grants.GRANTABLE) + 1
+    # and the network's healer's two: its bounce, its manager's restart
+    assert rule.count("polkit.Result.YES") == len(grants.GRANTABLE) + 1 + 2
+    assert rule.count(f'edgeAgentGranted("{grants.NETWORK}") ? polkit.Result.YES') == 2
     assert f'"{grants.GRANTS_DIR}/{grants.PLAYER}"' in rule
     assert 'action.lookup("unit") == "edge-agent-update.service"' in rule
     unit = (REPO / "systemd" / "edge-agent.service").read_text()
@@ -516,3 +518,44 @@ def test_an_operators_own_textfile_gets_no_tmpfs_over_its_directory_and_no_link(
     assert r.returncode == 0 and "no link for node_exporter" in r.stdout, r
     assert not os.path.lexists(reader / "edge-agent.prom")
     assert os.listdir(theirs) == ["other.prom"] and os.stat(theirs).st_dev == os.stat(base).st_dev
+
+
+NETWORK_CONFIG = CONFIG + "[device]\nheal_network = {heal}\n"
+
+
+def network_cases(user="edge-agent"):
+    act = lambda action: {"id": action, "user": user, "details": {}}   # noqa: E731
+    return [act("org.freedesktop.network1.reconfigure"), act("org.freedesktop.network1.renew"),
+            act("org.freedesktop.NetworkManager.network-control"),
+            restart("systemd-networkd.service", user=user),
+            restart("NetworkManager.service", user=user),
+            restart("networking.service", user=user), restart("ifup@eth0.service", user=user)]
+
+
+def test_the_networks_healer_is_granted_its_acts_only_while_its_key_is_on(ground):
+    """[device] heal_network off (the default): no flag, and polkit answers no to the
+    bounce and leaves the restarts to the system's own policy. On: the flag, and the
+    bounce and the three managers' restarts, nothing else (another unit, another verb,
+    an interface's unit that is a pattern or a path, another user)."""
+    base, _ = ground
+    grants_dir = base / "grants"
+    assert step(base, config_text=NETWORK_CONFIG.format(allow='["reboot"]',
+                                                         heal="false")).returncode == 0
+    assert sorted(listing(grants_dir)) == ["reboot"]
+    off = polkit_answers(grants_dir, network_cases())
+    assert off == ["no"] * 3 + ["not_handled"] * 4
+    r = step(base, config_text=NETWORK_CONFIG.format(allow='["reboot"]', heal="true"))
+    assert r.returncode == 0 and "network's bounce" in r.stdout
+    assert sorted(listing(grants_dir)) == ["network-heal", "reboot"]
+    assert listing(grants_dir)["network-heal"] == (0o644, 0)
+    assert polkit_answers(grants_dir, network_cases()) == ["yes"] * 7
+    hostile = [restart(u) for u in ("ifup@.service", "ifup@eth0 .service", "ifup@../x.service",
+                                    "ifup@*.service", "ifup@" + "e" * 16 + ".service",
+                                    "systemd-resolved.service", "ssh.service", None)]
+    hostile += [restart("systemd-networkd.service", verb) for verb in ("stop", "start", "kill")]
+    assert polkit_answers(grants_dir, hostile + network_cases(user="pi")) == \
+        ["not_handled"] * (len(hostile) + 7)
+    # the device part off takes the healer with it
+    cfg = NETWORK_CONFIG.format(allow='["reboot"]', heal="true") + "enabled = false\n"
+    assert step(base, config_text=cfg).returncode == 0
+    assert sorted(listing(grants_dir)) == ["reboot"]

@@ -18,7 +18,7 @@ from ..commands.core import Outcome
 from ..commands.service import CommandService
 from ..config import load as config_load
 from ..config.model import Config
-from ..device import part as device_part
+from ..device import heal as network_heal, part as device_part
 from ..events.outbox import Outbox
 from ..events.telemetry import TelemetrySource
 from ..events.watcher import EventWatcher, SysfsState
@@ -135,6 +135,9 @@ class Agent:
                 on_display=self.screen.hotplug)
         self.device = device_part.assemble(config, cold_start, self.outbox.put, self._refresh,
                                            lambda: self.screen.mender, lambda: self.commands.core)
+        self.network = network_heal.assemble(config, self.outbox.put, self._refresh, self.gate,
+                                             lambda: self.screen.reboot_book(config),
+                                             self.screen.reboot)
         self.metrics = None
         if config.metrics.enabled:   # loaded only where asked for: the start pays nothing
             from ..metrics import service as metrics
@@ -153,6 +156,7 @@ class Agent:
                                    **self.outbox.snapshot()},
                 "journal": self.runner.journal_snapshot, "commands": self.commands.recent,
                 "update": self.updater.snapshot, "device": self.device.snapshot,
+                "network": self.network.snapshot,
                 "hours": lambda: self.hours.snapshot() if self.hours else None,
                 "settings": self.settings.snapshot, "screen": self.screen.snapshot})
         self._stopping = threading.Event()
@@ -169,6 +173,7 @@ class Agent:
         self.board.link_changed(link)   # first: what the trial's outcome says goes with it
         if link.get("proven_live"):
             self.settings.link_proven()
+        self.network.link_changed(link)   # the network's healer: the link's state and reason
 
     def _link_turn(self) -> None:
         """On a wake-up the link thread had anyway: the parts' periodic work, once the
@@ -244,7 +249,7 @@ class Agent:
         self.settings.start()   # how the last revision ended is said first
         self.runner.start(then=wake_main)
         parts = [p for p in (self.device, self.kind, self.uploads, self.kind.held(self.identity),
-                             self.events, self.hours, self.screen)
+                             self.events, self.hours, self.screen, self.network)
                  if p is not None]   # in order; stopped reversed
         for part in parts:
             part.start()

@@ -39,7 +39,7 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
              update: dict | None = None,
              settings: dict | None = None, hours: dict | None = None,
              screen: dict | None = None, profile: dict | None = None,
-             device: dict | None = None) -> dict:
+             device: dict | None = None, network: dict | None = None) -> dict:
     return {"pid": os.getpid(), "version": __version__, "device_id": device_id,
             "pairing": pairing or {"state": "pre-provisioned"}, "server": server,
             "updated_at": round(time.time(), 3), "link": link, "storage": storage,
@@ -50,7 +50,7 @@ def document(*, device_id: str, pairing: dict | None, server: str, link: dict,
             "credentials": credentials, "board": board, "uploads": uploads, "events": events,
             "journal": journal, "commands": commands, "update": update, "settings": settings,
             "hours": hours, "screen": screen, "profile": profile,
-            "device": device}
+            "device": device, "network": network}
 
 
 # -- the line systemd shows ----------------------------------------------------------
@@ -253,6 +253,7 @@ def render(doc: dict, running: bool) -> str:
                else "")))
     lines.extend(_screen_lines(doc.get("screen"), now["file_age_s"]))
     lines.extend(device_words.lines(doc.get("device")))
+    lines.extend(device_words.network_lines(doc.get("network")))
     settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     if settings:
         lines.append(f"settings    {_settings_text(settings, now['file_age_s'])}")

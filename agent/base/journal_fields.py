@@ -26,7 +26,8 @@ FIELDS = frozenset({
     "REVISION",     # a fleet settings revision
     "MESSAGE_ID",   # one of the moments below
     "HELD_BACK",    # how many lines of this kind the rate limit held back before this one
-    "CAUSE",        # why the last boot ended (device/last_boot.py): clean, power-loss, ...
+    "CAUSE",        # why the last boot ended (device/last_boot.py): clean, power-loss, ...;
+                    # the network's device-side cause (device/network.py): no-carrier, ...
 })
 # A value is one clean line of at most this many characters: fields are for selecting
 # and grouping, the record's text says the rest.
@@ -48,6 +49,7 @@ class MessageId:
     STORAGE_DEGRADED = "31d7487a6da84aa687d9bec39728e6d6"
     CARD_CLONED = "2e222f5ed19f48808925aabcb598c028"   # this card was made from another screen's
     BOOT_ENDED = "39335dc8e20845aca6df3426cb34fb47"   # why the last boot ended, said by the next
+    NETWORK_HEALING = "dbb3968824e14943aa2332cf09a7188b"   # a rung of the network's healer
 
 
 MESSAGE_IDS = {name: value for name, value in vars(MessageId).items()

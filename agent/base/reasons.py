@@ -38,6 +38,13 @@ CONNECT_FAILED = "connect-failed"            # none of the above
 OUTAGE_REASONS = frozenset({DNS_FAILED, NETWORK_UNREACHABLE, CONNECT_TIMEOUT,
                             CONNECTION_REFUSED, NO_ANSWER, PROXY_UNREACHABLE,
                             CAPTIVE_PORTAL})
+# Nothing answered: where the device's own network may be the cause (no carrier, no
+# lease, a gateway that answers nothing). Every other reason carries an answer from
+# beyond the device (a reset, TLS, the proxy, HTTP, the server's words): its network
+# works, and the network's healer (device/network.py) does nothing for it.
+SILENT_PATH = frozenset({DNS_FAILED, NETWORK_UNREACHABLE, CONNECT_TIMEOUT, NO_ANSWER,
+                         PROXY_UNREACHABLE, CONNECT_FAILED, ACK_TIMEOUT, SILENCE,
+                         TRANSPORT_ERROR})
 
 # What to do about a failed attempt, in docs/troubleshooting.md's words, shortened: the
 # doctor (app/doctor.py) says it beside the reason; tests/test_doctor.py holds the two

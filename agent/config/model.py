@@ -142,6 +142,10 @@ class Device:
     every_s: float
     hardware_watchdog: bool
     hardware_watchdog_s: int
+    heal_network: bool
+    heal_probe_s: float
+    heal_confirm_s: float
+    heal_wait_s: float
 
     @property
     def watchdog_s(self) -> int | None:

@@ -315,6 +315,21 @@ SCHEMA: dict[str, dict[str, Key]] = {
         # write resets a healthy screen
         "hardware_watchdog_s": Key(int, system_watchdog.PI_MAX_S, "device.hardware_watchdog_s",
                                    Range(system_watchdog.MIN_S, system_watchdog.PI_MAX_S)),
+        # the network healed on the device (docs/operate.md, the network healed): off,
+        # nothing is probed nor done and polkit grants nothing; on, a device-side cause
+        # (no carrier, no lease, a gateway that answers nothing) climbs a ladder: the
+        # interface bounced through its manager, the manager restarted, a reboot (within
+        # [screen] reboots_per_day, where [commands] allow lists reboot); upstream causes
+        # only wait
+        "heal_network": Key(bool, False, "device.heal_network"),
+        # while the link is down for a reason where nothing answered: a probe this often
+        "heal_probe_s": Key(float, 10.0, "device.heal_probe_s", Range(2, 300)),
+        # a device-side cause seen this long (and by two probes) before the first rung;
+        # doubled for each episode in the hour before (16 times at most)
+        "heal_confirm_s": Key(float, 60.0, "device.heal_confirm_s", Range(10, 3600)),
+        # each rung's time to work before the next: with the defaults the three rungs fit
+        # in the first WatchdogSec (5 min) of an outage, whose restart would begin again
+        "heal_wait_s": Key(float, 90.0, "device.heal_wait_s", Range(30, 3600)),
     },
     "debug": {
         # Test hook: the link thread wedges itself this long after start.

@@ -53,3 +53,22 @@ def lines(device) -> list[str]:
                 if printable_wall(at) else "")
         out.append(f"last boot   ended with {boot.get('words') or boot.get('cause')}{when}")
     return out
+
+
+def network_lines(network) -> list[str]:
+    """The network's healer (device/heal.py): where its ladder is, from the status
+    file's ``network`` section; nothing where it is off."""
+    if not isinstance(network, dict) or not network.get("enabled"):
+        return []
+    text = f"network     healer {network.get('state')}"
+    if network.get("cause"):
+        text += f": {network.get('cause')}"
+    facts = [f"{k} {network[k]}" for k in ("interface", "manager", "gateway")
+             if isinstance(network.get(k), str)]
+    if isinstance(network.get("carrier"), bool):
+        facts.append("carrier" if network["carrier"] else "no carrier")
+    if facts:
+        text += f" ({', '.join(facts)})"
+    if network.get("last"):
+        text += f"; last: {network['last']}"
+    return [text]

@@ -41,6 +41,11 @@ GRANTABLE = {"reboot": "reboot", "update": "update", "poweroff": "poweroff",
 FLAG_TEXT = ("polkit lets the edge-agent user {name} (50-edge-agent.rules): [commands] allow "
              "in {source} lists it. Written by edge-agent.service's ExecStartPre, removed "
              "when it stops.\n")
+NETWORK = "network-heal"
+NETWORK_TEXT = ("polkit lets the edge-agent user bounce the network's interface through its "
+                "manager and restart the manager (50-edge-agent.rules): [device] heal_network "
+                "in {source} is on. Written by edge-agent.service's ExecStartPre, removed "
+                "when it stops.\n")
 PLAYER = "restart-player"
 # the first line is what polkit compares with the unit systemd is asked to restart: the
 # unit's name alone; the rest cannot be a unit's name (it has spaces)
@@ -73,15 +78,22 @@ def player_unit(screen, allow) -> str | None:
     return None
 
 
+def network_heal(device) -> bool:
+    """The network's healer asks polkit for its acts: ``[device]`` on with heal_network."""
+    return bool(device.enabled and device.heal_network)
+
+
 def flags(grants, player: str | None = None, source: str = "",
-          config: str = "") -> dict[str, str]:
+          config: str = "", network: bool = False) -> dict[str, str]:
     """Each flag's name and text: the commands' ``grants`` (``source``: whose allow list
-    it is), and the player's unit (``config``: the operator's file, which alone names
-    it)."""
+    it is), the player's unit (``config``: the operator's file, which alone names
+    it), and the network's healer (``network``: [device] heal_network is on)."""
     texts = {name: FLAG_TEXT.format(name=name, source=source or "the file")
              for name in grants}
     if player:
         texts[PLAYER] = PLAYER_TEXT.format(unit=player, source=config or "the file")
+    if network:
+        texts[NETWORK] = NETWORK_TEXT.format(source=config or "the file")
     return texts
 
 
@@ -302,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     grants: frozenset = frozenset()
     player = metrics = None
+    network = False
     source = args.config
     watchdog: int | None | bool = False   # False: left as it is (a stop, a bad file)
     if not args.revoke:
@@ -314,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             watchdog = config.device.watchdog_s
             grants = wanted(config.commands.allow)
             player = player_unit(config.screen, config.commands.allow)
+            network = network_heal(config.device)
             metrics = config.metrics_path if config.metrics.enabled else None
             if metrics is not None and metrics != metrics_home(config.runtime.dir):
                 # the operator's own path: never a tmpfs mounted over a directory of theirs
@@ -340,13 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     if watchdog is not False:
         _system_watchdog(watchdog, args.config, args.watchdog_dir)
     try:
-        changed = sync(flags(grants, player, source, args.config), args.dir, source)
+        changed = sync(flags(grants, player, source, args.config, network), args.dir, source)
     except (GrantError, OSError) as e:
         # fails closed and does not fail the unit: the agent runs without the grant and
         # a reboot command is refused by polkit, reported to the server as such
         early(f"edge-agent: grants: {e}", 3, sys.stdout)
         return 0
     given = [c[1:] for c in changed if c.startswith("+")]
+    if NETWORK in given:
+        given[given.index(NETWORK)] = "the network's bounce and its manager's restart"
     if PLAYER in given:
         given[given.index(PLAYER)] = f"a restart of {player}"
         early(f"edge-agent: polkit grants this service {', '.join(given)}: as {args.config} "

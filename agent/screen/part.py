@@ -59,6 +59,7 @@ class ScreenPart:
         self.cold_start = False   # the boot's first start of the agent
         self.shot_means: tuple[str | None, str] = (None, "screenshot is not allowed")
         self.shooter: "capturing.Capture | None" = None   # the screenshot's own capture
+        self._book = None   # reboot_book()'s, where the ladder keeps none
         self.started_at: float | None = None
         self._rebooter = Runner(timeout_s, refused="not run: the agent is stopping")
 
@@ -140,6 +141,19 @@ class ScreenPart:
         for loop in (self.picture, self.mender, self.watched):
             if loop is not None:
                 loop.join(timeout)
+
+    def reboot_book(self, config: Config):
+        """The day's reboots for another part that reboots (device/heal.py): the recovery
+        ladder's own book where it keeps one, so that every reboot the agent asks for
+        counts against one [screen] reboots_per_day; else one book on the same file,
+        made once (the ladder then never reboots)."""
+        if self.mender is not None and self.mender.book is not None:
+            return self.mender.book
+        if self._book is None:
+            from .reboots import RebootBook
+            self._book = RebootBook(config.state_dir, config.screen.reboots_per_day, **(
+                {"synced": lambda: True} if config.hours.clock == "trusted" else {}))
+        return self._book
 
     def snapshot(self) -> dict | None:
         doc = {"display": self.power.snapshot() if self.power else None,

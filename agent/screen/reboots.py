@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -102,6 +103,9 @@ class RebootBook:
         self.per_day = per_day
         self.wall, self.synced, self.boot = wall, synced, boot
         self.entries = self._load()
+        # take() is asked by the recovery ladder's thread and the network's healer's
+        # (device/heal.py): one at a time, or both could spend the day's last reboot
+        self._taking = threading.Lock()
 
     def left(self) -> int:
         now, synced = self._now()
@@ -126,6 +130,10 @@ class RebootBook:
     def take(self, why: str = "") -> tuple[bool, str]:
         """(True, words) once this reboot is counted on the card; else (False, why not):
         the budget is spent, or the count could not be written."""
+        with self._taking:
+            return self._take(why)
+
+    def _take(self, why: str) -> tuple[bool, str]:
         now, synced = self._now()
         today = counted(self.entries, now, synced)
         if len(today) >= self.per_day:
