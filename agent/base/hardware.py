@@ -111,7 +111,7 @@ def screen_size(sysfs_root: str = "/sys") -> tuple[int, int] | None:
 
 
 def hardware_facts(sysfs: str = "/sys") -> dict:
-    facts = {"model": board_model() or platform.machine(), "os": os_name(),
+    facts: dict[str, object] = {"model": board_model() or platform.machine(), "os": os_name(),
              "agent_version": __version__, "arch": platform.machine()}
     serial = board_serial(sysfs)
     if serial:

@@ -255,7 +255,7 @@ def fleet_url(url: str, server_url: str) -> str:
         raise ValueError("url: a path on the fleet server, or an http or https URL on it")
     if got.auth is not None or re.match(r"[^:/?#]*://[^/?#]*@", url):
         raise ValueError("url: no user or password in it")
-    if ((got.scheme, (got.host or "").lower(), got.port or default_port(got.scheme))
-            != (want.scheme, (want.host or "").lower(), want.port or default_port(want.scheme))):
+    if ((got.scheme, (got.host or "").lower(), got.port or default_port(got.scheme or ""))
+            != (want.scheme, (want.host or "").lower(), want.port or default_port(want.scheme or ""))):
         raise ValueError("url: not on the fleet server this screen is linked to")
     return got.url
