@@ -120,3 +120,71 @@ def test_the_core_and_the_ledger_are_touched_from_the_commands_thread_only(tmp_p
     assert seen["core"] == {"commands"} and seen["ledger"] == {"commands"}, seen
     # sent once, confirmed: not again on link up
     assert [m.payload["id"] for (m,) in sent] == ["c-1"] and confirmed == [("c-1",)]
+
+
+def test_a_display_command_crosses_between_the_link_and_the_commands_part_twice(tmp_path):
+    """The walk in docs/LAYERS.md, counted: the thread of each step of one command, from
+    the connection's events thread to the server's confirmation of its result."""
+    from agent.commands.actions import Actions
+    from agent.commands.core import Outcome
+    from agent.commands.service import CommandService
+    from agent.link.port import Confirmation
+
+    steps: list[tuple[str, str]] = []   # (part, thread)
+
+    def step(part):
+        steps.append((part, threading.current_thread().name))
+
+    class Port:
+        def serve(self, name, handler):
+            self.handler = handler
+
+        def subscribe(self, **kwargs):
+            pass
+
+        def send_confirmed(self, messages, on_confirmed):
+            step("commands")   # the emit, on the caller's thread
+            # the server's ACK, taken in on the library's read loop
+            reader = threading.Thread(target=lambda: (step("link"), on_confirmed(
+                Confirmation(True, ({"ok": True},)))), name="read-loop")
+            reader.start()
+
+    actions = Actions.__new__(Actions)
+    actions.updater = None
+    actions.run = lambda name, args, cid=None: (step("commands"), Outcome(True, "on"))[1]
+    actions.stop = lambda: None
+    port = Port()
+    service = CommandService(str(tmp_path / "commands.json"), frozenset({"display"}),
+                             actions, str(tmp_path), link=port,
+                             result_message=lambda result: ("device:command-result", result,
+                                                            True))
+    acked = service.core.result_acked
+
+    def result_acked(cid):
+        step("commands")
+        acked(cid)
+    service.core.result_acked = result_acked
+    service.start()
+    try:
+        recorded = threading.Event()
+
+        def events_thread():   # the profile's handler, on the connection's events thread
+            step("link")
+            port.handler({"id": "c-7", "name": "display", "args": {"state": "off"}},
+                         lambda: (step("commands"), recorded.set()))
+        threading.Thread(target=events_thread, name="link-events-1").start()
+        assert recorded.wait(5)
+        wait_for(lambda: len(steps) >= 6, 5, what="the result confirmed")
+    finally:
+        service.stop()
+        service.loop.join(5)
+    threads = [thread for _, thread in steps]
+    changes = sum(a != b for a, b in zip(threads, threads[1:]))
+    # a crossing hands the command from a thread of the link's to the commands part's:
+    # the commands part sends by a call of the port, on its own thread
+    crossings = sum(a[0] == "link" and b[0] == "commands" for a, b in zip(steps, steps[1:]))
+    print(f"\n{threads}: {changes + 1} changes of thread (the read loop's first), "
+          f"{crossings} crossings")
+    assert threads == ["link-events-1", "commands", "command-runs", "commands", "read-loop",
+                       "commands"], threads
+    assert crossings == 2
