@@ -91,7 +91,8 @@ class LinkUploadSender:
         that far apart. Pacing stops after PACED_ROUND_S: what is left is not sent (no
         outcome) and goes in the next round, so the worker keeps ticking its gate."""
         started = time.monotonic()
-        requests, chunk = [], []
+        requests: list = []
+        chunk: list = []
 
         def deliver():
             request = UploadRequest([m for _, m in chunk])
