@@ -148,7 +148,7 @@ class CommandService:
             try:
                 item = self._news.get_nowait()
             except queue.Empty:
-                self._publish()
+                self._publish()   # once the queue is empty: a flood refreshes it once
                 self.loop.idle()   # nothing to do until the link or the executor says
                 item = self._news.get()
             if item is None or self._stopping.is_set():
@@ -208,15 +208,11 @@ class CommandService:
         for r in reports:
             self._log_result(r.result)
             self._send(r)
-        if reports and self._on_change is not None:
-            self._on_change()
 
     def _on_confirmed(self, cid: str, confirmation: Confirmation) -> None:
         if confirmation.ok:
             self.core.result_acked(cid)
             self._persist()
-            if self._on_change is not None:
-                self._on_change()
 
     def _on_up(self) -> None:
         for report in self.core.unacked():  # until the server confirms each
@@ -239,7 +235,8 @@ class CommandService:
                                       ("confirmed", cid, confirmation)))
 
     def _publish(self) -> None:
-        """What the other threads read of the core: the latest results, what runs."""
+        """What the other threads read of the core: the latest results, what runs; and
+        ``on_change()`` when that changed."""
         entries = list(self.core.entries.values())
         done = sorted((e for e in entries if e.result), key=lambda e: e.received_at)[-10:]
         recent = []
@@ -248,8 +245,12 @@ class CommandService:
             state = "done" if r["ok"] else ("failed" if "started_at" in r else "refused")
             recent.append({"id": e.id, "command": e.name, "ok": r["ok"], "at": r["finished_at"],
                            "result": f"{state}: {r.get('output') or r.get('error') or ''}"[:300]})
-        self._recent = recent
-        self._running = tuple((e.id, e.name) for e in entries if e.state == "running")
+        running = tuple((e.id, e.name) for e in entries if e.state == "running")
+        if (recent, running) == (self._recent, self._running):
+            return
+        self._recent, self._running = recent, running
+        if self._on_change is not None:
+            self._on_change()
 
     # -- internals -------------------------------------------------------------------
     def _persist(self) -> str | None:
