@@ -15,7 +15,7 @@ import time
 
 from agent.config import load as cfgmod
 from agent.link.profiles import PROFILES, ProfileContext
-from agent.link.runner import LinkRunner
+from agent.link.runner import LinkRunner, Settings
 
 
 def main(argv=None) -> int:
@@ -37,9 +37,9 @@ def main(argv=None) -> int:
         device = (f"{args.prefix}{i:04d}", "t")
         profile = PROFILES[config.server.profile](ProfileContext(
             device_id=lambda device=device: device[0], token=lambda device=device: device[1]))
-        runners.append(LinkRunner(config.link, config.server, profile=profile,
-                                  identity=lambda device=device: device, debug=config.debug,
-                                  race=not args.no_race))
+        runners.append(LinkRunner(Settings(config.link, config.server, config.debug,
+                                           race=not args.no_race), profile=profile,
+                                  identity=lambda device=device: device))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     for n, runner in enumerate(runners):

@@ -28,7 +28,8 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # agent's textfile (prometheus, prometheus-node-exporter; tests/test_alert_rules.py,
 # tests/test_grants.py). The real agent's fsyncs counted as they reach the card
 # (strace; tests/test_credentials_hostile.py). The link's and the commands' types checked
-# by Debian's mypy on the system python3 (python3-mypy; tests/test_types.py, mypy.ini).
+# by Debian's mypy on the system python3 (python3-mypy, python3-typeshed for requests'
+# stubs; tests/test_types.py, mypy.ini).
 # Raspberry Pi OS's Wayland desktop: a real headless wlroots compositor (sway), its
 # background client (swaybg), the agent's capture and read-back (grim, wlr-randr), and
 # the recipe's grant (acl; tests/test_wayland.py).
@@ -38,8 +39,8 @@ TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin
            haproxy redis-server reprepro imagemagick x11-apps
            pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils alsa-utils
            libasound2-plugins dbus-daemon faketime tzdata
-           prometheus prometheus-node-exporter strace python3-mypy sway swaybg grim wlr-randr
-           acl)
+           prometheus prometheus-node-exporter strace python3-mypy python3-typeshed sway swaybg grim
+           wlr-randr acl)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)

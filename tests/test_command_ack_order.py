@@ -5,13 +5,12 @@ ACKed as soon as it had posted the command to the link thread."""
 from __future__ import annotations
 
 import threading
-import types
 
 from agent.commands.actions import Actions
 from agent.commands.service import CommandService
 from agent.link import inbox
 from agent.link.profiles.edge_agent import EdgeAgentProfile
-from agent.link.runner import LinkRunner
+from devtools.harness import wait_for
 
 
 def test_the_receipt_waits_for_the_link_thread_to_record_the_command():
@@ -27,16 +26,22 @@ def test_the_receipt_waits_for_the_link_thread_to_record_the_command():
     assert answers == [{"ok": True}]
 
 
-def test_the_runner_says_recorded_only_after_the_ledger_is_on_disk(tmp_path):
+def test_the_commands_thread_says_recorded_only_after_the_ledger_is_on_disk(tmp_path):
     ledger = tmp_path / "commands.jsonl"
     seen_on_disk = []
     service = CommandService(str(ledger), frozenset({"diagnostics"}),
-                             Actions.__new__(Actions), on_finished=lambda *a: None,
-                             runtime_dir=str(tmp_path))
+                             Actions.__new__(Actions), runtime_dir=str(tmp_path))
+    service.actions.updater = None
+    service.actions.stop = lambda: None
     service._jobs.put = lambda job: None     # recorded, not run: the order is what counts
-    runner = types.SimpleNamespace(commands=service, _send_result=lambda *a: None)
-    news = inbox.CommandReceived({"id": "cmd-42", "name": "diagnostics", "args": {},
-                                  "ttl_s": 300}, "server:command",
-                                 lambda: seen_on_disk.append(ledger.read_bytes()))
-    LinkRunner._command_received(runner, news)
+    service.start()
+    try:
+        news = inbox.Request("command", {"id": "cmd-42", "name": "diagnostics", "args": {},
+                                         "ttl_s": 300}, "server:command",
+                             lambda: seen_on_disk.append(ledger.read_bytes()))
+        service.serve(news.raw, news.recorded)
+        wait_for(lambda: seen_on_disk, 5, what="recorded()")
+    finally:
+        service.stop()
+        service.loop.join(5)
     assert len(seen_on_disk) == 1 and b"cmd-42" in seen_on_disk[0]

@@ -320,7 +320,7 @@ def test_the_service_does_the_effects_in_order_and_runs_nothing_the_ledger_refus
     from agent.commands.service import CommandService
     path = tmp_path / "commands.jsonl"
     service = CommandService(str(path), frozenset({"diagnostics"}), Actions.__new__(Actions),
-                             on_finished=lambda *a: None, runtime_dir=str(tmp_path))
+                             runtime_dir=str(tmp_path))
     order, write = [], service._ledger.write
 
     def recorded(changes, *rest):
@@ -329,7 +329,8 @@ def test_the_service_does_the_effects_in_order_and_runs_nothing_the_ledger_refus
 
     service._ledger.write = recorded
     service._jobs.put = lambda job: order.append(("run", job.id, path.read_bytes()))
-    assert service.received({"id": "c1", "name": "diagnostics"}) == []
+    # on the commands thread, as served: the raw message to the core, then its effects
+    assert service._received({"id": "c1", "name": "diagnostics"}) == []
     assert [o[:2] for o in order] == [("write", ["c1"]), ("run", "c1")]
     assert b'"c1"' in order[1][2], "queued before the ledger held it"
 
@@ -338,7 +339,7 @@ def test_the_service_does_the_effects_in_order_and_runs_nothing_the_ledger_refus
         raise OSError(errno.ENOSPC, "No space left on device")
 
     service._ledger.write = full
-    [report] = service.received({"id": "c2", "name": "diagnostics"})
+    [report] = service._received({"id": "c2", "name": "diagnostics"})
     assert report.result["ok"] is False and report.result["error"] == \
         "not run: the command ledger could not be written (No space left on device)"
     assert [o[:2] for o in order[2:]] == [("write", ["c2"]), ("write", ["c2"])], \

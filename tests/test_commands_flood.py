@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import threading
+from types import SimpleNamespace
 import time
 
 import pytest
@@ -335,20 +336,23 @@ def _alive(pid: int) -> bool:
 
 
 def test_stop_kills_the_running_commands_whole_process_group(tmp_path):
-    from types import SimpleNamespace
-
+    """A display command runs through the display's owner (screen/power.py); the agent's
+    stop (the screen part's, then the commands') ends it whole, at once."""
     from agent.commands.actions import Actions
+    from agent.screen.power import DisplayPower
     pids = tmp_path / "pids"
-    config = SimpleNamespace(timeout_s=600, display_off_command=None,
-                             display_on_command=f"sh -c 'sleep 600 & echo $$ $! > {pids}; wait'")
-    actions = Actions(config, "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
-                      request_restart=lambda: None, enqueue=lambda *a: None)
+    power = DisplayPower(f"sh -c 'sleep 600 & echo $$ $! > {pids}; wait'", None, 600,
+                         read_back=None, publish=lambda event: None)
+    actions = Actions(SimpleNamespace(timeout_s=600), "http://fleet.invalid", snapshot=dict,
+                      link_socket=lambda: None, request_restart=lambda: None,
+                      enqueue=lambda *a: None, power=power)
     done = []
     worker = threading.Thread(target=lambda: done.append(actions.run("display", {"state": "on"})))
     worker.start()
     wait_for(lambda: pids.exists() and pids.read_text().strip(), 10, what="the command running")
     shell, grandchild = map(int, pids.read_text().split())
     t0 = time.monotonic()
+    power.stop()
     actions.stop()
     worker.join(5)
     assert not worker.is_alive() and time.monotonic() - t0 < 2

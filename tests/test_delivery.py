@@ -9,11 +9,13 @@ import pytest
 from agent.config import load as C
 from agent.events.model import Event
 from agent.events.outbox import Outbox
-from agent.link.cargo import Cargo
+from agent.events.sender import EventSender
+from agent.link.cargo import Cargo, Parcel
 from agent.link.delivery import DELIVERED, LOST, DeliveryTracker
 from agent.link.inbox import HeartbeatAcked, Registered
 from agent.link.profiles import EdgeAgentProfile, ProfileContext, ScreenTinkerProfile, play_record
-from agent.link.runner import LinkRunner
+from agent.link.port import Confirmation, Message
+from agent.link.runner import Keeps, LinkRunner, Seams, Settings
 from agent.link.schedule_store import ScheduleStore
 from agent.uploads.link_sender import LinkUploadSender
 from agent.uploads.schedule import OK, PERMANENT, TRANSIENT
@@ -51,17 +53,16 @@ def test_loss_and_forgetting_settle_once():
 
 def test_the_cargo_loses_an_upload_whose_connection_ends_during_its_writes():
     finished = []
-    request = SimpleNamespace(key="u", messages=[],
-                              finish=lambda verdict, detail: finished.append(verdict))
-    cargo = Cargo(outbox_capacity=8)
-    cargo.upload_sending(request)   # the emit fails: the link ends before upload_sent
+    request = Parcel("u", (), lambda verdict, detail: finished.append(verdict))
+    cargo = Cargo()
+    cargo.sending(request)   # the emit fails: the link ends before sent
     cargo.connection_ended()
-    assert finished == [LOST] and not cargo.uploads_waiting
-    cargo.upload_sending(request)
-    cargo.upload_sent("u", 2, 5, 0)
+    assert finished == [LOST] and not cargo.waiting
+    cargo.sending(request)
+    cargo.sent("u", 2, 5, 0)
     cargo.heartbeat_acked(2, 5)     # the heartbeat before it proves nothing
     cargo.heartbeat_acked(2, 6)
-    assert finished == [LOST, DELIVERED] and not cargo.uploads_waiting
+    assert finished == [LOST, DELIVERED] and not cargo.waiting
 
 
 def item(kind="screenshot", payload=b"\xff\xd8\xff....", item_id="u1"):
@@ -123,13 +124,17 @@ class FakeTransport:
     def emit(self, event, data, callback=None):
         self.emitted.append((event, data, callback))
 
+    def ending(self):
+        return False
+
     def abort(self):
         self.aborted = True
 
     close = abort
 
 
-def make_runner(tmp_path, link: str = "", profile: str = "screentinker", **kwargs):
+def make_runner(tmp_path, link: str = "", profile: str = "screentinker", outbox=None,
+                **keeps):
     path = tmp_path / "agent.toml"
     path.write_text(f'[server]\nurl = "http://127.0.0.1:9"\nprofile = "{profile}"\n'
                     f'[identity]\nstate_dir = "{tmp_path}"\n[runtime]\ndir = "{tmp_path}"\n'
@@ -142,13 +147,15 @@ def make_runner(tmp_path, link: str = "", profile: str = "screentinker", **kwarg
         return transports[-1]
 
     identity = lambda: ("st-1", "t" * 20)   # noqa: E731
-    r = LinkRunner(cfg.link, cfg.server, transport_factory=factory,
+    r = LinkRunner(Settings(cfg.link, cfg.server), seams=Seams(transport_factory=factory),
                    profile=st_profile() if profile == "screentinker" else EdgeAgentProfile(
                        ProfileContext(device_id=lambda: identity()[0],
                                       token=lambda: identity()[1])),
-                   identity=identity, **kwargs)
+                   identity=identity, keeps=Keeps(**keeps))
     r.core.start(0.0)
     r.transports = transports
+    if outbox is not None:
+        r.events = EventSender(outbox, r.pipe)
     return r
 
 
@@ -159,25 +166,25 @@ def runner(tmp_path):
 
 def connect(runner):
     for action in runner.core.poll(runner.clock.monotonic()):
-        runner._execute(action)
+        runner.execute(action)
     assert runner.transport is not None
 
 
 def drain(runner):
     runner.wakeup.wait(0)   # as the loop does: the wait, then what came
-    runner._take_in_events()
+    runner.take_in_events()
 
 
 def heartbeat(runner) -> int:
     runner.core._next_heartbeat_at = runner.clock.monotonic()
     for action in runner.core.poll(runner.clock.monotonic()):
-        runner._execute(action)
+        runner.execute(action)
     return max(runner.core.watchdog._pending)
 
 
 def slept(runner, at_most_s: float) -> float:
     """How long the link thread's wait lasts, given the deadlines the loop would set."""
-    timeout = min(max(runner._next_wakeup() - runner.clock.monotonic(), 0.0), at_most_s)
+    timeout = min(max(runner.next_wakeup() - runner.clock.monotonic(), 0.0), at_most_s)
     t0 = time.monotonic()
     runner.wakeup.wait(timeout)
     return time.monotonic() - t0
@@ -190,7 +197,7 @@ def test_an_ack_waits_for_the_link_threads_next_turn_instead_of_waking_it(tmp_pa
     assert slept(runner, 5.0) < 1.0, "the first ACK of a connection proves it at once"
     drain(runner)
     first = runner.core.watchdog.last_ack_at
-    assert first is not None and runner._acks_may_wait
+    assert first is not None and runner.connection.acks_may_wait
 
     seq = heartbeat(runner)
     runner.sink(runner.generation, HeartbeatAcked(seq, runner.clock.monotonic()))
@@ -217,7 +224,7 @@ def proven(runner):
     connect(runner)
     runner.sink(runner.generation, HeartbeatAcked(heartbeat(runner), runner.clock.monotonic()))
     drain(runner)
-    assert runner._acks_may_wait
+    assert runner.connection.acks_may_wait
 
 
 def test_an_event_ack_is_taken_in_on_the_librarys_thread_without_waking_the_link_thread(tmp_path):
@@ -225,8 +232,9 @@ def test_an_event_ack_is_taken_in_on_the_librarys_thread_without_waking_the_link
     runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2",
                          profile="edge-agent", outbox=box)
     proven(runner)
+    runner._say_up()          # the link up: the sender flushes what waits
     box.put(Event("display.connected", 1.0, {"connector": "HDMI-A-1"}))
-    runner._flush_outbox()
+    runner.events.flush()
     event, _, on_ack = runner.transports[0].emitted[-1]
     assert event == "device:event" and len(box) == 1
     reader = threading.Thread(target=on_ack, args=({"ok": False},))
@@ -238,16 +246,17 @@ def test_an_event_ack_is_taken_in_on_the_librarys_thread_without_waking_the_link
     assert slept(runner, 0.5) >= 0.5, "an event's ACK woke the link thread"
 
 
-def test_an_event_queued_on_the_link_thread_wakes_nothing_one_from_elsewhere_wakes_it(tmp_path):
+def test_an_event_goes_out_from_the_thread_that_queued_it_and_wakes_no_link_thread(tmp_path):
+    box = Outbox()
     runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2",
-                         profile="edge-agent", outbox=Outbox())
+                         profile="edge-agent", outbox=box)
     proven(runner)
-    runner._loop_thread = threading.get_ident()   # what run() records
-    runner.events_queued()          # telemetry on the link thread's tick: flushed this turn
-    assert slept(runner, 0.5) >= 0.5
-    other = threading.Thread(target=runner.events_queued)
+    runner._say_up()
+    other = threading.Thread(target=lambda: (box.put(Event("display.connected", 1.0, {})),
+                                             runner.events.flush()))
     other.start(), other.join()
-    assert slept(runner, 5.0) < 0.5, "an event from the events thread must wake the link"
+    assert runner.transports[0].emitted[-1][0] == "device:event"
+    assert slept(runner, 0.5) >= 0.5, "an event from the events thread woke the link"
 
 
 class CountingStore(ScheduleStore):
@@ -265,26 +274,26 @@ def test_the_reconnect_schedule_is_stored_when_it_changes_not_on_every_turn(tmp_
     runner = make_runner(tmp_path, "heartbeat_interval_s = 5.0\nack_timeout_s = 0.2",
                          schedule_store=store)
     proven(runner)
-    runner._publish()
+    runner.publish()
     before = store.calls
     for _ in range(20):     # turns of an idle, healthy link
         heartbeat(runner)
-        runner._publish()
+        runner.publish()
     assert store.calls == before
-    runner._closed("transport-error", "")
-    runner._publish()
+    runner.connector.closed("transport-error", "")
+    runner.publish()
     assert store.calls == before + 1
     assert store.load()[1] == pytest.approx(runner.core.attempt_at(), abs=0.01)
 
 
-class Request(SimpleNamespace):
-    def finish(self, verdict, detail):
-        self.settled = (verdict, detail)
-
-
 def upload(runner, key):
-    req = Request(key=key, messages=[("device:screenshot", {"image_b64": ""})], settled=None)
-    runner.deliver(req)
+    req = SimpleNamespace(settled=None)
+
+    def confirmed(c: Confirmation):
+        req.settled = (DELIVERED if c.ok else LOST, c.detail)
+
+    runner.pipe.send_confirmed((Message("device:screenshot", {"image_b64": ""}, acked=False),),
+                               confirmed)
     drain(runner)
     return req
 
@@ -316,15 +325,15 @@ def test_the_runner_settles_on_a_later_heartbeat_ack_a_second_ping_or_the_loss(r
     assert by_heartbeat.settled[0] == DELIVERED
     by_ping = upload(runner, 2)
     transport.server_pings = 8           # the library's thread counts them...
-    runner._read_transport()             # ...and the link loop reads them when it looks
+    runner.read_transport()              # ...and the link loop reads them when it looks
     assert by_ping.settled is None, "the pong to this ping may be all the server has read"
     transport.server_pings = 9
-    runner._read_transport()
+    runner.read_transport()
     assert by_ping.settled == (DELIVERED, "received before the pong to a later ping")
     last = upload(runner, 3)
-    runner._abort("ack-timeout")
+    runner.connector.abort("ack-timeout")
     assert last.settled[0] == LOST
-    assert not runner.uploads_ready(), "a new connection must be registered again"
+    assert not runner.ready(), "a new connection must be registered again"
 
 
 def test_an_ack_wakes_the_link_thread_while_an_upload_waits_for_its_proof(tmp_path):
@@ -336,7 +345,7 @@ def test_an_ack_wakes_the_link_thread_while_an_upload_waits_for_its_proof(tmp_pa
     runner.sink(runner.generation, HeartbeatAcked(heartbeat(runner), runner.clock.monotonic()))
     assert slept(runner, 5.0) < 1.0
     drain(runner)
-    assert runner._acks_may_wait
+    assert runner.connection.acks_may_wait
     waiting = upload(runner, 1)
     runner.sink(runner.generation, HeartbeatAcked(heartbeat(runner), runner.clock.monotonic()))
     assert slept(runner, 5.0) < 0.1
@@ -352,16 +361,17 @@ def test_the_sender_maps_verdicts_to_queue_outcomes_and_never_oks_without_proof(
         def __init__(self, verdict):
             self.verdict, self.forgotten, self.sent = verdict, [], []
 
-        def uploads_ready(self):
+        def ready(self):
             return True
 
         def proof_window_s(self):
             return 0.05
 
-        def deliver(self, request):
-            self.sent.append([event for event, _ in request.messages])
+        def send_confirmed(self, messages, on_confirmed):
+            self.sent.append([m.event for m in messages])
             if self.verdict:
-                request.finish(self.verdict, "why")
+                on_confirmed(Confirmation(self.verdict == DELIVERED, (), "why"))
+            return len(self.sent)
 
         def forget(self, key):
             self.forgotten.append(key)
@@ -408,9 +418,9 @@ def test_paced_uploads_go_that_far_apart_and_a_round_stops_pacing_in_time(monkey
         def proof_window_s(self):
             return 1.0
 
-        def deliver(self, request):
-            delivered.append((_time.monotonic(), [p["n"] for _, p in request.messages]))
-            request.finish(DELIVERED, "")
+        def send_confirmed(self, messages, on_confirmed):
+            delivered.append((_time.monotonic(), [m.payload["n"] for m in messages]))
+            on_confirmed(Confirmation(True))
 
         def forget(self, key):
             pass
@@ -441,7 +451,7 @@ def test_the_link_loop_is_supervised_a_bug_costs_a_restart_not_the_link(tmp_path
     runner = make_runner(tmp_path, link="[link.backoff]\nbase_s = 0.1\ncap_s = 0.2")
     runner._begun = True   # make_runner started the core
     opened, ended = [], threading.Event()
-    real_factory = runner._factory
+    real_factory = runner.factory
 
     def factory(generation, sink):
         transport = real_factory(generation, sink)
@@ -452,7 +462,7 @@ def test_the_link_loop_is_supervised_a_bug_costs_a_restart_not_the_link(tmp_path
             transport.open = open_with_a_bug
         return transport
 
-    runner._factory = factory
+    runner.factory = factory
     runner.start(then=ended.set)
     try:
         wait_for(lambda: runner.transport is not None, 10, what="the link up after the restart")

@@ -325,7 +325,7 @@ def test_a_shell_result_goes_to_screentinker_as_its_terminal_reads_it():
     handlers = profile.handlers(posted.append)
     handlers["device:command"](None, {"type": "shell", "payload": {"cmd": "echo hi; false"}})
     handlers["device:command"](None, {"type": "shell", "payload": {"cmd": "x" * 1100}})
-    [ran, refused] = [p.raw for p in posted if isinstance(p, inbox.CommandReceived)]
+    [ran, refused] = [p.raw for p in posted if isinstance(p, inbox.Request)]
     core = CommandCore(frozenset({"shell"}))
     [_, run] = core.handle(Received(ran, 100.0, 100.0))
     out = actions().run(run.name, run.args)

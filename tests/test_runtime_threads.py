@@ -204,28 +204,32 @@ def test_the_commands_executor_is_idle_on_the_gate_stalls_in_a_stuck_command_and
     monkeypatch.setattr(commands, "max_silence_s", lambda timeout_s: 0.05)
     gate, actions, finished = WatchdogGate(require_link=False), _Actions(), []
 
+    service = commands.CommandService(str(tmp_path / "ledger"), frozenset({"diagnostics"}),
+                                      actions, str(tmp_path), gate=gate)
+    finish = service.finished
+
     def on_finished(cid, outcome, started):
         finished.append(cid)
+        finish(cid, outcome, started)
         if cid == "c1":
             raise RuntimeError("a bug after the command ran")
 
-    service = commands.CommandService(str(tmp_path / "ledger"), frozenset({"diagnostics"}),
-                                      actions, on_finished, str(tmp_path), gate=gate)
+    service.finished = on_finished
     service.start()
-    assert wait_until(lambda: gate._loops["commands"].idle)
+    assert wait_until(lambda: gate._loops["command-runs"].idle and gate._loops["commands"].idle)
     assert gate.stalled(time.monotonic() + 3600) == [], "no command queued: no stall"
     for cid in ("c1", "c2"):
-        service.received({"id": cid, "name": "diagnostics", "args": {},
-                          "expires_at": time.time() + 600})
+        service.serve({"id": cid, "name": "diagnostics", "args": {},
+                       "expires_at": time.time() + 600})
     assert wait_until(lambda: actions.ran == ["c1"])
     time.sleep(0.1)
-    assert gate.stalled(time.monotonic()) == ["commands"], "a command stuck past its bound"
+    assert gate.stalled(time.monotonic()) == ["command-runs"], "a command stuck past its bound"
     actions.go.set()
     assert wait_until(lambda: finished == ["c1", "c2"]), "restarted after the bug, c2 ran"
     assert wait_until(lambda: gate.stalled(time.monotonic()) == [])
     service.stop()
-    service.loop.join(3)
-    assert not service.loop.gave_up
+    service.executor.join(3)
+    assert not service.executor.gave_up
 
 
 def test_working_hours_restart_after_a_bug_and_are_on_the_gate(tmp_path, quick_restarts,

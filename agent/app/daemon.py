@@ -19,7 +19,9 @@ from ..commands.service import CommandService
 from ..config import load as config_load
 from ..config.model import Config
 from ..device import heal as network_heal, part as device_part
+from ..events.model import Event
 from ..events.outbox import Outbox
+from ..events.sender import EventSender
 from ..events.telemetry import TelemetrySource
 from ..events.watcher import EventWatcher, SysfsState
 from ..identity.kind_probe import ServerKind
@@ -28,7 +30,7 @@ from ..inventory.service import Inventory
 from ..link.idle_memory import IdleMemory
 from ..link.liveness import heal_window_s
 from ..link.profiles import PROFILES, ProfileContext, uncarried
-from ..link.runner import LinkRunner
+from ..link.runner import Hooks, Keeps, LinkRunner, Settings
 from ..link.schedule_store import ScheduleStore
 from ..runtime.mainwait import MainThreadWait
 from ..screen import part as screen_part
@@ -69,6 +71,7 @@ class Agent:
             config.identity, config.server, runtime_dir, profile=profile_class,
             storage=self.alarms, on_change=self._refresh, gate=self.gate, sysfs=sysfs)
         ids = self.identity.ids
+        self.event_sender: EventSender | None = None   # the outbox's, once the link is built
         self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh)
         self.inventory = Inventory(self.outbox.put, sysfs)
         telemetry = TelemetrySource(state_dir, sysfs)
@@ -79,12 +82,23 @@ class Agent:
             telemetry=lambda: {**telemetry.get(), **self.inventory.summary()},
             allowed_commands=config.commands.allow, means=lambda: self.screen.means(),
             cold_start=cold_start))
+        self.server_clock = ServerClock()   # as the link measures it: expiry, set-time
+        self.runner = LinkRunner(Settings(
+            config.link, config.server, config.debug,
+            paused=self.identity.token() is None and not self.profile.pairs_in_link),
+            profile=self.profile, identity=self.identity.current, gate=self.gate,
+            hooks=Hooks(self._link_changed, self._link_turn, ids.refused, lambda kind, skew: (
+                self.outbox.put(Event(kind, time.time(), {"skew_s": round(skew, 1)})))),
+            keeps=Keeps(self.schedule, IdleMemory(state_dir), self.server_clock))
+        self.link = self.runner.pipe   # the link's port, all the other parts see of it
+        self.event_sender = EventSender(self.outbox, self.link, None if (
+            self.profile.supports_events) else self.profile.incident)
         self.updater = Updater(config.server.url, config.server.egress, state_dir,
                                config.server.connect_timeout_s, settled=self._update_settled)
         self.screen = screen_part.assemble(
             config, sysfs=sysfs, environ=self.environ, runtime_dir=runtime_dir,
             publish=self.outbox.put, enqueue=self._enqueue, gate=self.gate,
-            means_changed=lambda: self.runner.declare(),
+            means_changed=self.link.declare,
             cold_start=cold_start, on_change=lambda: self._refresh())
         self.settings = SettingsTrial(
             settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
@@ -92,29 +106,21 @@ class Agent:
             publish=self.outbox.put, stop=self._stop, fleet_problem=config.fleet_problem,
             origins=config.origins, gate=self.gate,
             adjusted=[config_load.adjustment_text(*a) for a in config.adjusted])
-        self.server_clock = ServerClock()   # as the link measures it: expiry, set-time
         self.actions = Actions(
             config.commands, config.server.url, snapshot=lambda: self.board.document(),
-            link_socket=lambda: self.runner.raw_socket(), request_restart=self._restart_requested,
+            link_socket=self.runner.raw_socket, request_restart=self._restart_requested,
             enqueue=self._enqueue, updater=self.updater, configure=self.settings.configure,
             undeliverable=lambda kind: uncarried(self.profile, kind),
             power=self.screen.power, controls=self.screen.controls,
             server_far=lambda t: self.server_clock.far(t, time.monotonic()),
             shoot=self.screen.screenshot)
         self.commands = CommandService(
-            config.commands_path, config.commands.allow, self.actions,
-            on_finished=lambda *result: self.runner.command_finished(*result),
-            runtime_dir=runtime_dir, ids_ours=profile_class.pairs_in_link,
-            on_storage_error=self.alarms.ledger, gate=self.gate, server_now=self.server_clock.now)
-        self.runner = LinkRunner(
-            config.link, config.server, profile=self.profile, identity=self.identity.current,
-            debug=config.debug, on_status=self._link_changed, outbox=self.outbox,
-            on_turn=self._link_turn, gate=self.gate, on_link_up=lambda: self.uploads.link_up(),
-            on_refused=ids.refused, commands=self.commands, server_clock=self.server_clock,
-            schedule_store=self.schedule, idle_memory=IdleMemory(state_dir),
-            paused=self.identity.token() is None and not self.profile.pairs_in_link)
+            config.commands_path, config.commands.allow, self.actions, runtime_dir,
+            link=self.link, result_message=self.profile.command_result,
+            ids_ours=profile_class.pairs_in_link, on_storage_error=self.alarms.ledger,
+            on_change=self._refresh, gate=self.gate, server_now=self.server_clock.now)
         self.uploads = uploads_part.assemble(
-            config.uploads, config.queue_path, profile=self.profile, link=self.runner,
+            config.uploads, config.queue_path, profile=self.profile, link=self.link,
             server=config.server, identity=self.identity.current, gate=self.gate,
             on_change=self._refresh, on_storage_failed=self.alarms.queue)
         self.identity.bind(self.runner, self.profile, self.uploads.link_up, self._refresh)
@@ -134,7 +140,7 @@ class Agent:
                 scheduled_off=self.hours.expected_off if self.hours else lambda: False,
                 on_display=self.screen.hotplug)
         self.device = device_part.assemble(config, cold_start, self.outbox.put, self._refresh,
-                                           lambda: self.screen.mender, lambda: self.commands.core)
+                                           lambda: self.screen.mender, lambda: self.commands)
         self.network = network_heal.assemble(config, self.outbox.put, self._refresh, self.gate,
                                              lambda: self.screen.reboot_book(config),
                                              self.screen.reboot)
@@ -166,7 +172,8 @@ class Agent:
         self.board.refresh()
 
     def _outbox_put(self) -> None:
-        self.runner.events_queued()
+        if self.event_sender is not None:
+            self.event_sender.flush()
         self._refresh()
 
     def _link_changed(self, link: dict) -> None:
@@ -204,8 +211,7 @@ class Agent:
 
     def _update_settled(self, command_id: str, ok: bool, text: str) -> None:
         outcome = Outcome(True, text) if ok else Outcome(False, error=text)
-        self.runner.command_finished(command_id, outcome, time.time())
-        self._refresh()
+        self.commands.finished(command_id, outcome, time.time())   # which refreshes
 
     def _restart_requested(self) -> None:
         """restart-agent: stop as on SIGTERM; systemd (Restart=always) starts a fresh
@@ -247,6 +253,7 @@ class Agent:
             main_wait.wake()
 
         self.settings.start()   # how the last revision ended is said first
+        self.commands.start()   # before the link: it serves the server's commands
         self.runner.start(then=wake_main)
         parts = [p for p in (self.device, self.kind, self.uploads, self.kind.held(self.identity),
                              self.events, self.hours, self.screen, self.network)

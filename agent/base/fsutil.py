@@ -14,6 +14,7 @@ import math
 import os
 import stat
 import time
+from typing import Any, Callable, TypeVar
 
 
 class UnsafePath(Exception):
@@ -279,8 +280,12 @@ def read_json(path: str, max_bytes: int, follow_links: bool = False,
         raise Damaged(f"{path}: {e}") from None
 
 
-def load_state(path: str, max_bytes: int, shape, *, follow_links: bool = False,
-               dir_fd: int | None = None) -> tuple[object, str | None]:
+T = TypeVar("T")
+
+
+def load_state(path: str, max_bytes: int, shape: Callable[[Any], T], *,
+               follow_links: bool = False,
+               dir_fd: int | None = None) -> tuple[T | None, str | None]:
     """The one loader of the agent's state files. ``shape(document)`` makes the file's
     value of its document (raising ValueError, TypeError, KeyError or the like for one
     its writer never wrote). Returns (value, None); (None, None) when there is no file;

@@ -1,11 +1,14 @@
-"""The command core's shell: the ledger on disk, and one executor thread (a Loop:
-supervised, and on the watchdog gate while a command runs, idle while none is queued).
+"""The command core's shell: the ledger on disk, the commands thread that owns both, and
+one executor thread (each a Loop: supervised, on the watchdog gate while it has work,
+idle while it waits).
 
-Everything that touches the core runs on the link thread (the runner calls in): a
-command received, one finished (the executor posts it back), a result confirmed. Each
-is an event for the core's ``handle``, and its effects are done in the order given: a
-``Persist`` (the ledger, synced when it says so) before the ``Run`` it records, which is
-what makes "at most once" hold across a power cut.
+Everything that touches the core and the ledger runs on the commands thread: a command
+the link's port hands over (served by name, from the connection's events thread), one
+finished (the executor posts it back), a result confirmed (the link posts the server's
+ACK back), the link up (unconfirmed results go again). The ledger is written durably
+by the core's effects in their order, a ``Persist`` (synced when it says so) before the
+``Run`` it records, which is what makes "at most once" hold across a power cut; only
+then does ``recorded()`` let the server's receipt go. A card slow to sync delays commands, never the link.
 """
 from __future__ import annotations
 
@@ -18,10 +21,12 @@ from typing import Callable
 
 from ..base.boot import boot_token
 from ..base.journal_fields import journal
+from ..link.port import Confirmation, LinkPort, Message
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from . import ledger
 from .actions import Actions
+from ..link.protocol import REQUEST_COMMAND
 from .core import (LATER, RESEND, CommandCore, Connected, Effect, Finished, Outcome, Persist,
                    Received, Recovered, Report, ResultAcked, Run)
 
@@ -30,6 +35,11 @@ log = logging.getLogger("edge_agent.commands")
 # The longest command_timeout_s the configuration takes: the bound assumed for actions
 # that do not say their own.
 LONGEST_TIMEOUT_S = 3600.0
+# The commands thread's longest turn: a ledger write on a card slow to sync.
+CORE_SILENCE_S = 120.0
+
+# the profile's words for a result: (event, payload, whether the server ACKs it)
+ResultMessage = Callable[[dict], "tuple[str, dict, bool]"]
 
 
 def max_silence_s(timeout_s: float) -> float:
@@ -41,90 +51,87 @@ def max_silence_s(timeout_s: float) -> float:
 
 
 class CommandService:
-    def __init__(self, path: str, allow: frozenset, actions: Actions,
-                 on_finished: Callable[[str, Outcome, float], None], runtime_dir: str,
+    def __init__(self, path: str, allow: frozenset, actions: Actions, runtime_dir: str, *,
+                 link: LinkPort | None = None, result_message: ResultMessage | None = None,
                  clock: Callable[[], float] = time.time,
                  mono: Callable[[], float] = time.monotonic, ids_ours: bool = False,
                  on_storage_error: Callable[[str, OSError], None] | None = None,
+                 on_change: Callable[[], None] | None = None,
                  gate: WatchdogGate | None = None,
                  server_now: Callable[[float], float | None] = lambda mono: None):
-        """``ids_ours``: the server's protocol has no command ids (ScreenTinker), the
-        profile mints a random one per message, which nothing can send again, so
-        forgetting one needs no horizon (core.py). ``on_finished(id, outcome, started)``
-        hands a finished command to the link thread, whose finished() records it.
-        ``on_storage_error(path, error)``: the ledger could not be written. ``gate``: the
-        executor is on the watchdog gate while a command runs. ``server_now(mono)``: the
-        server's clock as the link measured it (base/server_clock.py), None before a
-        measure: a command's expiry is judged by it, never by this device's clock."""
+        """``link``: the link's port, over which the results go in the profile's words
+        (``result_message``), until the server confirms each. ``ids_ours``: the server's
+        protocol has no command ids (ScreenTinker), the profile mints a random one per
+        message, which nothing can send again, so forgetting one needs no horizon
+        (core.py). ``on_storage_error(path, error)``: the ledger could not be written.
+        ``on_change()``: a result was recorded or confirmed. ``gate``: both threads are
+        on the watchdog gate while they have work. ``server_now(mono)``: the server's
+        clock as the link measured it (base/server_clock.py), None before a measure: a
+        command's expiry is judged by it, never by this device's clock."""
         self.path = path
+        # loaded here, before the commands thread starts; from then on, only it has them
         loaded = ledger.load(path, clock())
         self._ledger = ledger.Ledger(path, loaded)
-        self._on_storage_error = on_storage_error
         self.core = CommandCore(allow, loaded.entries, loaded.floor, loaded.closed, ids_ours)
+        self._started = False
+        self._on_storage_error = on_storage_error
+        self._on_change = on_change
         self.actions = actions
-        self._on_finished = on_finished
+        self._link = link
+        self._result_message = result_message
         self._server_now = server_now
         self._clock = clock
         self._mono = mono
         self._boot, self._pid = boot_token(runtime_dir), os.getpid()
-        self._jobs: queue.Queue = queue.Queue()
+        self._news: queue.Queue = queue.Queue()   # for the commands thread
+        self._jobs: queue.Queue = queue.Queue()   # for the executor
         self._stopping = threading.Event()
         # results said since start, by the metrics' words: ok, error (it ran and
         # failed), refused (it never ran); a resend's stored result is not a new one
         self.results = {"ok": 0, "error": 0, "refused": 0}
-        self.loop = Loop("commands", self._work, gate=gate,
-                         max_silence_s=max_silence_s(getattr(actions, "timeout_s",
-                                                             LONGEST_TIMEOUT_S))
-                         + getattr(actions, "read_back_s", 0.0),
+        # what the other threads read, published by the commands thread
+        self._recent: list[dict] = []
+        self._running: tuple[tuple[str, str], ...] = ()
+        self.loop = Loop("commands", self._serve_news, gate=gate, max_silence_s=CORE_SILENCE_S,
                          pause=self._stopping.wait, stopping=self._stopping.is_set)
+        self.executor = Loop("command-runs", self._work, gate=gate,
+                             max_silence_s=max_silence_s(getattr(actions, "timeout_s",
+                                                                 LONGEST_TIMEOUT_S))
+                             + getattr(actions, "read_back_s", 0.0),
+                             pause=self._stopping.wait, stopping=self._stopping.is_set)
+        if link is not None:
+            link.serve(REQUEST_COMMAND, self.serve)
+            link.subscribe(up=self.link_up)
 
-    # -- on the link thread --------------------------------------------------------
-    def start(self) -> list[Report]:
-        updater = self.actions.updater
-        updates = updater.recover(self.core.running("update")) if updater else None
-        reports = self._do(self.core.handle(Recovered(self._boot, self._pid, self._clock(),
-                                                      updates)))
-        for r in reports:
-            log.info("command %s (%s) from before this start: %s", r.result["id"],
-                     r.result["name"], r.result.get("output") or r.result.get("error"))
+    # -- from any thread -------------------------------------------------------------
+    def start(self) -> None:
+        """The ledger loaded and the commands found running recovered, on the commands
+        thread, before anything the server sends."""
+        self._news.put(("start",))
         self.loop.start()
-        return reports
+        self.executor.start()
 
-    def received(self, raw) -> list[Report]:
-        now, mono = self._clock(), self._mono()
-        reports = self._do(self.core.handle(Received(raw, now, mono, self._server_now(mono),
-                                                     self._boot, self._pid)))
-        for r in reports:
-            self._log_result(r.result, r.why)
-        return reports
+    def serve(self, raw, recorded: Callable[[], None] = lambda: None) -> None:
+        """A command from the server (the link's port, on the connection's events
+        thread): ``recorded()`` once the ledger holds it, or its refusal."""
+        self._news.put(("received", raw, recorded))
 
-    def finished(self, cid: str, outcome, started: float) -> list[Report]:
-        if outcome is LATER:
-            return []  # its result is known after the restart it causes
-        reports = self._do(self.core.handle(Finished(cid, outcome.ok, outcome.output,
-                                                     outcome.error, started, self._clock(),
-                                                     outcome.extra)))
-        for r in reports:
-            self._log_result(r.result)
-        return reports
+    def finished(self, cid: str, outcome, started: float) -> None:
+        """A command's outcome (the executor; an update settled after a restart)."""
+        self._news.put(("finished", cid, outcome, started))
 
-    def acked(self, cid: str) -> None:
-        self._do(self.core.handle(ResultAcked(cid)))
-
-    def unacked(self) -> list[Report]:
-        return self._do(self.core.handle(Connected()))
+    def link_up(self) -> None:
+        """The link is up: the results the server has not confirmed go again."""
+        self._news.put(("up",))
 
     def recent(self, n: int = 10) -> list[dict]:
         """The latest results, for `edge-agent status`."""
-        done = sorted((e for e in self.core.entries.values() if e.result),
-                      key=lambda e: e.received_at)[-n:]
-        out = []
-        for e in done:
-            r = e.result
-            state = "done" if r["ok"] else ("failed" if "started_at" in r else "refused")
-            out.append({"id": e.id, "command": e.name, "ok": r["ok"], "at": r["finished_at"],
-                        "result": f"{state}: {r.get('output') or r.get('error') or ''}"[:300]})
-        return out
+        return self._recent[-n:]
+
+    def running(self, name: str) -> list[str]:
+        """The ids of the commands called ``name`` still running (the device part asks
+        at a stop whether a reboot was the fleet's)."""
+        return [cid for cid, running in self._running if running == name]
 
     def stop(self) -> None:
         """From the daemon on its way out: nothing more starts, and a command's
@@ -132,11 +139,108 @@ class CommandService:
         self._stopping.set()
         self.actions.stop()
         self._jobs.put(None)
+        self._news.put(None)
+
+    # -- on the commands thread ----------------------------------------------------------
+    def _serve_news(self) -> None:
+        """The commands thread's body: one piece of news at a time, then, once the queue
+        is empty, what the other threads read."""
+        while True:
+            try:
+                item = self._news.get_nowait()
+            except queue.Empty:
+                self._publish()   # once the queue is empty: a flood refreshes it once
+                self.loop.idle()   # nothing to do until the link or the executor says
+                item = self._news.get()
+            if item is None or self._stopping.is_set():
+                return   # what is queued is dropped: a receipt not given is sent again
+            self.loop.turn()
+            getattr(self, "_on_" + item[0])(*item[1:])
+
+    def _on_start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        updater = self.actions.updater
+        updates = updater.recover(self.core.running("update")) if updater else None
+        reports = self._do(self.core.handle(Recovered(self._boot, self._pid, self._clock(),
+                                                      updates)))
+        for r in reports:
+            log.info("command %s (%s) from before this start: %s", r.result["id"],
+                     r.result["name"], r.result.get("output") or r.result.get("error"))
+
+    def _on_received(self, raw, recorded: Callable[[], None]) -> None:
+        try:
+            reports = self._received(raw)   # the ledger written, durably
+        finally:
+            recorded()      # now the receipt may go out
+        for report in reports:
+            self._send(report)
+
+    def _received(self, raw) -> list[Report]:
+        now, mono = self._clock(), self._mono()
+        reports = self._do(self.core.handle(Received(raw, now, mono, self._server_now(mono),
+                                                     self._boot, self._pid)))
+        for r in reports:
+            self._log_result(r.result, r.why)
+        return reports
+
+    def _on_finished(self, cid: str, outcome, started: float) -> None:
+        if outcome is LATER:
+            return  # its result is known after the restart it causes
+        reports = self._do(self.core.handle(Finished(cid, outcome.ok, outcome.output,
+                                                     outcome.error, started, self._clock(),
+                                                     outcome.extra)))
+        for r in reports:
+            self._log_result(r.result)
+            self._send(r)
+
+    def _on_confirmed(self, cid: str, confirmation: Confirmation) -> None:
+        if confirmation.ok:
+            self._do(self.core.handle(ResultAcked(cid)))
+
+    def _on_up(self) -> None:
+        for report in self._do(self.core.handle(Connected())):  # until the server confirms each
+            self._send(report)
+
+    def _send(self, report: Report) -> None:
+        """A command's result to the server, until it confirms (it stays in the ledger
+        unconfirmed, and goes again on the next link up). A refusal the ledger does not
+        keep (a flood's rate-limited, busy, too old) goes once, unconfirmed: a flood
+        costs one emit per command."""
+        if self._link is None or self._result_message is None:
+            return
+        event, payload, acked = self._result_message(report.result)
+        if not report.kept:
+            self._link.send(Message(event, payload, acked=False))
+            return
+        cid = report.result["id"]
+        self._link.send_confirmed((Message(event, payload, acked),),
+                                  lambda confirmation: self._news.put(
+                                      ("confirmed", cid, confirmation)))
+
+    def _publish(self) -> None:
+        """What the other threads read of the core: the latest results, what runs; and
+        ``on_change()`` when that changed."""
+        entries = list(self.core.entries.values())
+        done = sorted((e for e in entries if e.result), key=lambda e: e.received_at)[-10:]
+        recent = []
+        for e in done:
+            r = e.result
+            state = "done" if r["ok"] else ("failed" if "started_at" in r else "refused")
+            recent.append({"id": e.id, "command": e.name, "ok": r["ok"], "at": r["finished_at"],
+                           "result": f"{state}: {r.get('output') or r.get('error') or ''}"[:300]})
+        running = tuple((e.id, e.name) for e in entries if e.state == "running")
+        if (recent, running) == (self._recent, self._running):
+            return
+        self._recent, self._running = recent, running
+        if self._on_change is not None:
+            self._on_change()
 
     # -- internals -------------------------------------------------------------------
     def _do(self, effects: list[Effect]) -> list[Report]:
         """The core's effects, in their order (the order is the rule: a Run after the
-        Persist that records it); returns the Reports, for the link to send."""
+        Persist that records it); returns the Reports, to send."""
         problem = None
         reports: list[Report] = []
         for effect in effects:
@@ -190,11 +294,11 @@ class CommandService:
         """The executor's body: a bug here (outside a command's own run) restarts it,
         seen, and what is queued runs after the restart."""
         while True:
-            self.loop.idle()   # waiting for a command: nothing to be stuck on
+            self.executor.idle()   # waiting for a command: nothing to be stuck on
             job = self._jobs.get()
             if job is None or self._stopping.is_set():
                 return  # queued ones stay "running" in the ledger: reported, never run
-            self.loop.turn()
+            self.executor.turn()
             started = self._clock()
             try:
                 outcome = self.actions.run(job.name, job.args, job.id)
@@ -202,4 +306,4 @@ class CommandService:
                 log.error("command %s failed: %s: %s", job.name, type(e).__name__, e,
                           exc_info=True)
                 outcome = Outcome(False, error=f"internal error: {type(e).__name__}")
-            self._on_finished(job.id, outcome, started)
+            self.finished(job.id, outcome, started)

@@ -1,44 +1,31 @@
-"""What the link carries for the agent's other parts, sans I/O.
+"""What the link carries under its proof of delivery, sans I/O.
 
-The runner drives the link; this decides what rides on it and when it counts as
-delivered: hardware events from the outbox, each once per connection until the server
-ACKs it; queued uploads, each until a later heartbeat's ACK or the server's pings prove
-the server read it (delivery.py); and whether the server has registered this device on
-the current connection (profiles that register inside the link carry nothing before).
+A parcel (one or more messages a part asked to have confirmed, where the server ACKs
+none of them) is delivered only on proof: a later heartbeat's ACK on the same
+connection, or the server's second ping after it (delivery.py). And whether the server
+has registered this device on the current connection: profiles that register inside
+the link carry nothing before it.
 """
 from __future__ import annotations
 
-from typing import Hashable, Protocol
+from typing import Callable, Hashable, NamedTuple
 
 from .delivery import LOST, DeliveryTracker, Settled
 
 
-class UploadRequest(Protocol):
-    """A queued upload handed to the link (uploads/link_sender.py)."""
+class Parcel(NamedTuple):
+    """Messages handed to the link under one proof; ``finish(verdict, detail)`` is
+    called exactly once, from the link thread, unless forgotten first."""
     key: Hashable
-    messages: list   # [(event, payload)]
-
-    def finish(self, verdict: str, detail: str) -> None: ...
+    messages: tuple            # (Message, ...) (port.py)
+    finish: Callable[[str, str], None]
 
 
 class Cargo:
-    def __init__(self, outbox_capacity: int):
-        self._outbox_capacity = outbox_capacity
-        self._events_sent_on: dict[int, int] = {}   # event id -> generation it went out on
+    def __init__(self) -> None:
         self._deliveries = DeliveryTracker()
-        self._uploads: dict[Hashable, UploadRequest] = {}
+        self._parcels: dict[Hashable, Parcel] = {}
         self._registered_on = 0   # generation the server last confirmed us on
-
-    # -- hardware events ------------------------------------------------------------
-    def events_to_send(self, pending: list, generation: int) -> list:
-        """Of the outbox's pending events, those not yet sent on this connection."""
-        fresh = [e for e in pending if self._events_sent_on.get(e.id) != generation]
-        for event in fresh:
-            self._events_sent_on[event.id] = generation
-        if len(self._events_sent_on) > 4 * self._outbox_capacity:
-            live = {e.id for e in pending}
-            self._events_sent_on = {k: v for k, v in self._events_sent_on.items() if k in live}
-        return fresh
 
     # -- registration ---------------------------------------------------------------
     def registered(self, generation: int) -> bool:
@@ -51,17 +38,17 @@ class Cargo:
     def registered_on(self, generation: int) -> bool:
         return self._registered_on == generation
 
-    # -- uploads --------------------------------------------------------------------
+    # -- parcels --------------------------------------------------------------------
     @property
-    def uploads_waiting(self) -> bool:
-        return bool(self._uploads)
+    def waiting(self) -> bool:
+        return bool(self._parcels)
 
-    def upload_sending(self, request: UploadRequest) -> None:
+    def sending(self, parcel: Parcel) -> None:
         """Before its messages go out: a connection that ends during the writes loses it."""
-        self._uploads[request.key] = request
+        self._parcels[parcel.key] = parcel
 
-    def upload_sent(self, key: Hashable, generation: int, last_heartbeat_seq: int,
-                    server_pings: int) -> None:
+    def sent(self, key: Hashable, generation: int, last_heartbeat_seq: int,
+             server_pings: int) -> None:
         """Its messages are written; ``server_pings`` counted only now, since a ping
         counted earlier may have had its pong leave ahead of the messages."""
         self._deliveries.sent(key, generation, last_heartbeat_seq, server_pings)
@@ -73,19 +60,19 @@ class Cargo:
         self._settle(self._deliveries.server_pinged(generation, pings))
 
     def connection_ended(self) -> None:
-        """Every upload still unproven is lost: one connection carries them all."""
+        """Every parcel still unproven is lost: one connection carries them all."""
         self._settle(self._deliveries.connection_ended())
-        lost, self._uploads = self._uploads, {}
-        for request in lost.values():
-            request.finish(LOST, "link lost before its messages were written")
+        lost, self._parcels = self._parcels, {}
+        for parcel in lost.values():
+            parcel.finish(LOST, "link lost before its messages were written")
 
-    def forget_upload(self, key: Hashable) -> None:
+    def forget(self, key: Hashable) -> None:
         """The sender stopped waiting; a late proof must not settle it twice."""
         self._deliveries.forget(key)
-        self._uploads.pop(key, None)
+        self._parcels.pop(key, None)
 
     def _settle(self, settled: list[Settled]) -> None:
         for s in settled:
-            request = self._uploads.pop(s.key, None)
-            if request is not None:
-                request.finish(s.verdict, s.detail)
+            parcel = self._parcels.pop(s.key, None)
+            if parcel is not None:
+                parcel.finish(s.verdict, s.detail)

@@ -170,7 +170,8 @@ class LinkCore:
             return [Abort(reason)]
         self.idle.tick(now)
         actions: list = [VerifyDelivery(seq) for seq in self.watchdog.deliveries_due(now)]
-        if not self.stable and now - self.connected_at >= self.policy.stable_after_s:
+        if (not self.stable and self.connected_at is not None
+                and now - self.connected_at >= self.policy.stable_after_s):
             # Only a link that stayed alive this long resets the schedule: a connect
             # that dies at once must keep backing off.
             self.stable = True

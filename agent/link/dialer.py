@@ -22,6 +22,7 @@ import re
 import socket
 import ssl
 import time
+from typing import cast
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
@@ -54,8 +55,9 @@ class DialError(Exception):
         self.busy = busy
 
 
-class _Guarded:
-    """Reads bounded in time and bytes while guarded; a plain socket otherwise."""
+class GuardedSocket(socket.socket):
+    """Reads bounded in time and bytes while guarded; a plain socket otherwise (its TLS
+    form below inherits it)."""
     _guard_deadline: float | None = None
     _guard_left = 0
     _guard_refusal: DialError | None = None
@@ -69,7 +71,7 @@ class _Guarded:
         self._guard_deadline = None
         self.settimeout(timeout)
 
-    def recv(self, bufsize: int, *flags):
+    def recv(self, bufsize: int, *flags: int) -> bytes:
         if self._guard_deadline is None:
             return super().recv(bufsize, *flags)
         left = self._guard_deadline - time.monotonic()
@@ -78,16 +80,12 @@ class _Guarded:
         self.settimeout(left if self._guard_timeout is None else min(left, self._guard_timeout))
         data = super().recv(min(bufsize, self._guard_left + 1), *flags)
         self._guard_left -= len(data)
-        if self._guard_left < 0:
+        if self._guard_left < 0 and self._guard_refusal is not None:
             raise self._guard_refusal
         return data
 
 
-class GuardedSocket(_Guarded, socket.socket):
-    pass
-
-
-class GuardedSSLSocket(_Guarded, ssl.SSLSocket):
+class GuardedSSLSocket(GuardedSocket, ssl.SSLSocket):  # type: ignore[misc]  # recv's names
     pass
 
 
@@ -132,7 +130,7 @@ def _left(deadline: float) -> float:
 
 
 def _tcp(host: str, port: int, deadline: float, phases: dict,
-         proxy: Proxy | None = None) -> socket.socket:
+         proxy: Proxy | None = None) -> GuardedSocket:
     def fail(reason: str, what: str, timed_out: bool = False):
         if proxy is not None:
             return DialError(J.PROXY_UNREACHABLE, f"the proxy {proxy.display}: {what}", timed_out)
@@ -178,7 +176,7 @@ def _tcp(host: str, port: int, deadline: float, phases: dict,
     raise last or fail(J.DNS_FAILED, "the name has no address")
 
 
-def _tunnel(sock: socket.socket, proxy: Proxy, host: str, port: int, deadline: float,
+def _tunnel(sock: GuardedSocket, proxy: Proxy, host: str, port: int, deadline: float,
             phases: dict) -> None:
     """HTTP CONNECT through ``proxy`` to host:port; the socket is then the server's."""
     start = time.monotonic()
@@ -219,7 +217,7 @@ def _tunnel(sock: socket.socket, proxy: Proxy, host: str, port: int, deadline: f
 
 
 def _tls(sock: socket.socket, egress: Egress, host: str, deadline: float,
-         phases: dict) -> ssl.SSLSocket:
+         phases: dict) -> GuardedSSLSocket:
     start = time.monotonic()
     try:
         sock.settimeout(_left(deadline))
@@ -241,7 +239,7 @@ def _tls(sock: socket.socket, egress: Egress, host: str, deadline: float,
         raise DialError(J.TLS_FAILED, f"{host}: {e.strerror or type(e).__name__} during "
                                       "the TLS handshake (a box on the way may block it)") from None
     phases["tls_s"] = round(time.monotonic() - start, 4)
-    return tls
+    return cast(GuardedSSLSocket, tls)   # the context's sslsocket_class
 
 
 def _untrusted(e: ssl.SSLCertVerificationError, host: str) -> DialError:

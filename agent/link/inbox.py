@@ -33,30 +33,20 @@ class NetworkUp(NamedTuple):
     """The device's own network is back: connect now rather than wait out the backoff."""
 
 
-class OutboxChanged(NamedTuple):
-    """An event to flush (each turn flushes the outbox; this only wakes the thread)."""
-
-
 class CredentialsDropped(NamedTuple):
     """This side dropped the credentials: register anew on a fresh connection."""
     why: str
 
 
-class SendUpload(NamedTuple):
-    """A queued upload to carry (profiles that carry them); see LinkRunner.deliver."""
-    request: Any
+class Deliver(NamedTuple):
+    """Messages to carry under one proof of delivery (cargo.Parcel); see
+    LinkRunner.send_confirmed."""
+    parcel: Any
 
 
-class ForgetUpload(NamedTuple):
-    """The sender stopped waiting for this upload's proof."""
+class Forget(NamedTuple):
+    """The sender stopped waiting for this parcel's proof."""
     key: Hashable
-
-
-class CommandFinished(NamedTuple):
-    """The command thread finished a command: its result goes to the server."""
-    command_id: str
-    outcome: Any
-    started: float
 
 
 # -- from the library's threads, about one connection ------------------------------
@@ -90,7 +80,7 @@ class ReconnectWindow(NamedTuple):
 
 
 class Registered(NamedTuple):
-    """The server confirmed this device on this connection: uploads may go."""
+    """The server confirmed this device on this connection: what waits for it may go."""
 
 
 class Unpaired(NamedTuple):
@@ -107,17 +97,15 @@ class Emit(NamedTuple):
     payload: Any
 
 
-class CommandReceived(NamedTuple):
+class Request(NamedTuple):
+    """A request of the server's, served by name (LinkRunner.serve): handed to its
+    handler on the thread that posts it, never queued for the link thread."""
+    name: str
     raw: Any
     via: str   # the server's event name
-    # called by the link thread once the ledger holds the command (or its refusal): the
-    # library's thread waits for it before the receipt goes out
-    recorded: Callable[[], None] | None = None
-
-
-class CommandResultAcked(NamedTuple):
-    command_id: str
-    answer: tuple
+    # called once the part that serves it has it for good: the library's thread waits
+    # for it before the server's receipt goes out
+    recorded: Callable[[], None] = lambda: None
 
 
 class ReportAcked(NamedTuple):
@@ -133,5 +121,4 @@ class Closed(NamedTuple):
 # about the connection whose generation they are put with; stale once that one ends
 CONNECTION_NEWS = frozenset({HeartbeatAcked, BadAck, Malformed, UnknownEvent, Throttled,
                              ReconnectWindow,
-                             Registered, Unpaired, Emit, CommandReceived, CommandResultAcked,
-                             ReportAcked, Closed})
+                             Registered, Unpaired, Emit, ReportAcked, Closed})

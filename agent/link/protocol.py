@@ -17,6 +17,10 @@ RECONNECT_WINDOW = "server:reconnect-window"
 COMMAND = "server:command"
 COMMAND_RESULT = "device:command-result"
 
+# the requests a server makes that a part serves (link/port.py), by the name the
+# profiles post them under, whichever event the server said them with
+REQUEST_COMMAND = "command"
+
 # Anything bigger than this is not a payload we asked for.
 MAX_FIELD_REPR = 200
 

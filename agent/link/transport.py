@@ -175,11 +175,19 @@ class SocketIOTransport:
         return getattr(self.client.eio, "ping_interval", None)
 
     def local_addr(self) -> str:
+        if self._sock is None:
+            return ""
         try:
             host, port = self._sock.getsockname()[:2]
             return f"{host}:{port}"
         except (OSError, AttributeError):
             return ""
+
+    def ending(self) -> bool:
+        """The library has seen this connection end: its disconnect handler, queued after
+        the server's messages before it, tells the link."""
+        client = self.client
+        return not client.connected or self.namespace not in client.namespaces
 
     def emit(self, event: str, data: Any, callback: Callable | None = None) -> None:
         """Queues a message; raises TransportError if the connection is gone.

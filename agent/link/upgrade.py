@@ -169,7 +169,7 @@ class _RacingDial:
         if self.given_up:
             return DialError(J.NO_ANSWER, "connected, then no answer before it was given "
                                           "up for a newer dial", timed_out=True)
-        return self.error
+        return self.error or DialError(J.CONNECT_FAILED, "the dial ended without a word")
 
     def lose(self) -> None:
         """Another dial won: this one is aborted (an RST), whatever phase it is in."""
@@ -202,6 +202,7 @@ def _race(url: str, context: DialContext, timeout: float, options: dict) -> _Upg
     server answered busy (429, 503) ends the racing."""
     start = time.monotonic()
     deadline = start + timeout
+    race_after_s = context.race_after_s or 0.0   # set, or the connect would not race
     done: queue.Queue[_RacingDial] = queue.Queue()
     dials = [_RacingDial(url, context.egress, deadline, dict(options), 0.0, done)]
     failed: list[_RacingDial] = []   # ended with an error, or given up for a newer dial
@@ -209,7 +210,7 @@ def _race(url: str, context: DialContext, timeout: float, options: dict) -> _Upg
     while True:
         more = may_race and len(dials) < RACE_DIALS
         if more:
-            wait = max(0.0, start + dials[-1].offset_s + context.race_after_s - time.monotonic())
+            wait = max(0.0, start + dials[-1].offset_s + race_after_s - time.monotonic())
         else:   # each dial ends by the deadline; the margin is for its thread to say so
             wait = max(0.0, deadline - time.monotonic()) + ABORT_JOIN_S
         try:
@@ -249,11 +250,11 @@ def _race(url: str, context: DialContext, timeout: float, options: dict) -> _Upg
             context.winner = _ORDINALS[dials.index(finished)]
             return finished.answer
         if len(dials) == 1:
-            raise finished.error
+            raise finished.outcome()
         if finished in failed:   # given up for a newer dial: its end says nothing new
             continue
         failed.append(finished)
-        if finished.error.busy:
+        if finished.outcome().busy:
             may_race = False
         if len(failed) == len(dials):   # each answered with a failure: no more dials
             first, *others = [d.outcome() for d in dials]

@@ -77,7 +77,7 @@ class Wakeup:
 
     def __init__(self, cancellable_deadlines: bool = True):
         self._items: collections.deque = collections.deque()
-        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # type: ignore[attr-defined]
         self._poll = select.poll()
         self._poll.register(self._efd, select.POLLIN)
         self._timer = _timerfd() if cancellable_deadlines else None
@@ -98,7 +98,7 @@ class Wakeup:
         """An event for the link thread; with wake=False it waits for the next turn."""
         self._items.append(item)
         if wake:
-            os.eventfd_write(self._efd, 1)
+            os.eventfd_write(self._efd, 1)  # type: ignore[attr-defined]
 
     def call_off(self, key) -> None:
         """The deadline armed for ``key`` is no longer needed (its ACK came), or will not

@@ -9,16 +9,15 @@ shape the server would drop unread is never sent: it is dead-lettered with the r
 """
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
+from typing import Hashable
 
-from ..link.delivery import DELIVERED
+from ..link.port import Confirmation, LinkPort, Message
 from .schedule import OK, PERMANENT, TRANSIENT, Outcome
 from .store import Item
 
-_keys = itertools.count(1)
 # on top of the link's own proof window: the send queue and the link thread's wake-up
 MARGIN_S = 5.0
 # The longest one round spends pacing messages: with the proof window after it, well
@@ -27,14 +26,16 @@ PACED_ROUND_S = 45.0
 
 
 class UploadRequest:
-    def __init__(self, messages: list[tuple[str, dict]]):
-        self.key = next(_keys)
-        self.messages = messages
-        self._done = threading.Event()
-        self.verdict, self.detail = None, ""
+    """Messages handed to the link under one proof of delivery, and what became of them."""
 
-    def finish(self, verdict: str, detail: str) -> None:
-        self.verdict, self.detail = verdict, detail
+    def __init__(self, messages: list[tuple[str, dict]]):
+        self.messages = tuple(Message(event, payload, acked=False) for event, payload in messages)
+        self.key: Hashable = None
+        self._done = threading.Event()
+        self.confirmation: Confirmation | None = None
+
+    def confirmed(self, confirmation: Confirmation) -> None:
+        self.confirmation = confirmation
         self._done.set()
 
     def wait(self, timeout: float) -> bool:
@@ -42,13 +43,13 @@ class UploadRequest:
 
 
 class LinkUploadSender:
-    def __init__(self, runner, profile):
-        self.runner, self.profile = runner, profile
+    def __init__(self, link: LinkPort, profile):
+        self.link, self.profile = link, profile
         self._paced_at = -math.inf   # when the last paced message went (monotonic)
 
     @property
     def ready(self) -> bool:
-        return self.runner.uploads_ready()
+        return self.link.ready()
 
     def send_one(self, item: Item) -> Outcome:
         return self._send(item.kind, [item])[item.id]
@@ -71,13 +72,14 @@ class LinkUploadSender:
                 batch.append((item, message))
         if not batch:
             return outcomes
-        timeout = self.runner.proof_window_s() + MARGIN_S
+        timeout = self.link.proof_window_s() + MARGIN_S
         for request, carried, sent_at in self._deliver_paced(batch):
             if not request.wait(max(0.0, sent_at + timeout - time.monotonic())):
-                self.runner.forget(request.key)
+                self.link.forget(request.key)
                 outcome = Outcome(TRANSIENT, f"no proof of delivery within {timeout:.0f}s")
-            elif request.verdict != DELIVERED:
-                outcome = Outcome(TRANSIENT, request.detail)
+            elif request.confirmation is None or not request.confirmation.ok:
+                outcome = Outcome(TRANSIENT, request.confirmation.detail
+                                  if request.confirmation else "not confirmed")
             else:
                 outcome = Outcome(OK)
             outcomes.update({i.id: outcome for i in carried})
@@ -89,11 +91,12 @@ class LinkUploadSender:
         that far apart. Pacing stops after PACED_ROUND_S: what is left is not sent (no
         outcome) and goes in the next round, so the worker keeps ticking its gate."""
         started = time.monotonic()
-        requests, chunk = [], []
+        requests: list = []
+        chunk: list = []
 
         def deliver():
             request = UploadRequest([m for _, m in chunk])
-            self.runner.deliver(request)
+            request.key = self.link.send_confirmed(request.messages, request.confirmed)
             requests.append((request, [i for i, _ in chunk], time.monotonic()))
             chunk.clear()
 

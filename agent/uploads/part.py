@@ -1,12 +1,13 @@
 """The upload queue, assembled: the queue on the card (which may be unusable: the agent
-runs on, holding uploads), its worker, and the way its items go: over the link where
-the server's profile carries them, else by HTTP (docs/PROTOCOL.md)."""
+runs on, holding uploads), its worker, and the way its items go: over the link's port
+where the server's profile carries them, else by HTTP (docs/PROTOCOL.md)."""
 from __future__ import annotations
 
 from typing import Callable
 
 from ..config.model import Server
 from ..config.policies import UploadPolicy
+from ..link.port import LinkPort
 from ..runtime.watchdog_gate import WatchdogGate
 from .link_sender import LinkUploadSender
 from .sender import UploadSender
@@ -14,7 +15,7 @@ from .store import QueueStore, QueueUnavailable
 from .worker import UploadWorker
 
 
-def assemble(policy: UploadPolicy, queue_path: str, *, profile, link, server: Server,
+def assemble(policy: UploadPolicy, queue_path: str, *, profile, link: LinkPort, server: Server,
              identity: Callable[[], tuple[str, str] | None], gate: WatchdogGate | None,
              on_change: Callable[[], None],
              on_storage_failed: Callable[[Exception], None]) -> UploadWorker:
@@ -27,5 +28,7 @@ def assemble(policy: UploadPolicy, queue_path: str, *, profile, link, server: Se
         on_storage_failed(e)
     sender = (LinkUploadSender(link, profile) if profile.link_upload_kinds
               else UploadSender(server.url, identity, server.egress))
-    return UploadWorker(store, sender, policy, gate=gate, on_change=on_change,
-                        on_storage_failed=on_storage_failed)
+    worker = UploadWorker(store, sender, policy, gate=gate, on_change=on_change,
+                          on_storage_failed=on_storage_failed)
+    link.subscribe(up=worker.link_up)   # an outage's hold ends when the link is back
+    return worker

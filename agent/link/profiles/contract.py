@@ -5,7 +5,7 @@ onto inbox news (inbox.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, Protocol
 
 Post = Callable[[tuple], None]   # news for the runner about this connection (inbox.py)
 
@@ -45,15 +45,15 @@ def uncarried(profile, kind: str) -> str | None:
 
 
 class ServerProfile(Protocol):
-    name: ClassVar[str]
+    name: str
     # pairing happens inside the link (the server hands the token at registration),
     # not over HTTP before it: such a profile connects without a token
-    pairs_in_link: ClassVar[bool]
-    supports_events: ClassVar[bool]          # device:event with ACKs
-    registers: ClassVar[bool]                # uploads wait for the server's registration
-    link_upload_kinds: ClassVar[frozenset]   # upload kinds carried over the link, not HTTP
-    namespace: ClassVar[str]
-    transports: ClassVar[list[str]]
+    pairs_in_link: bool
+    supports_events: bool          # device:event with ACKs
+    registers: bool                # uploads wait for the server's registration
+    link_upload_kinds: frozenset   # upload kinds carried over the link, not HTTP
+    namespace: str
+    transports: list[str]
 
     def __init__(self, ctx: ProfileContext) -> None: ...
 

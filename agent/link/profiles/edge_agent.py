@@ -45,10 +45,10 @@ class EdgeAgentProfile:
 
         def command(_transport, data=None, *_):
             # the receipt tells the server not to send it again: it goes out once the
-            # link thread has the command in the ledger, durably, never before (a power
+            # part that serves it has the command in its ledger, durably, never before (a power
             # cut in between would lose it for good). The result follows on its own.
             recorded = threading.Event()
-            post(inbox.CommandReceived(data, protocol.COMMAND, recorded.set))
+            post(inbox.Request(protocol.REQUEST_COMMAND, data, protocol.COMMAND, recorded.set))
             if recorded.wait(RECEIPT_WAIT_S):
                 return {"ok": True}
             # not recorded yet (a card slow to sync): the server may send it again, and

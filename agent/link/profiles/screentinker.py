@@ -17,10 +17,11 @@ from ... import __version__
 from ...base.hardware import machine_id
 from ...base.identifiers import new_code
 from ...base.identifiers import usable_device_id, usable_token
-from ...base.vocabulary import SCREEN_MEANS
 from ...base.upload_kinds import PROOF_OF_PLAY, SCREENSHOT
 from .. import inbox
-from . import screentinker_incidents
+from ..protocol import REQUEST_COMMAND
+from . import screentinker_commands, screentinker_incidents
+from .screentinker_commands import CAPABILITIES, NEEDS_MEANS, PLAYER_EVENTS
 from .contract import Post, ProfileContext
 
 
@@ -56,70 +57,12 @@ class ScreenTinkerProfile:
     # word (server/ws/deviceSocket.js, PLAY_LOG_MIN_GAP_MS): queued plays go out at
     # least this far apart, a margin over 2 s for the link's own jitter
     PLAY_START_GAP_S = 2.5
-    # device:command types that mean one of the agent's commands
-    COMMANDS = {"reboot": ("reboot", {}), "screen_on": ("display", {"state": "on"}),
-                "screen_off": ("display", {"state": "off"}), "shutdown": ("poweroff", {}),
-                "launch": ("restart-player", {}), "refresh": ("restart-player", {})}
-    # the dashboard's sliders: {"level": percent / 100} (frontend/js/views/
-    # device-detail.js, bindLevel); the level is checked by the command core (level_args)
-    LEVELS = {"set_brightness": "brightness", "set_volume": "volume"}
-    # 1.9's debug switch (never gated by a capability): debug logging for an hour, as a
-    # revision of settings from the fleet (no revision numbers: the next one); off: the
-    # screen's own file again
-    DEBUG_FOR_S = 3600
-
-    # the dashboard's operator tools (1.9's payloads: frontend/js/views/device-detail.js
-    # sends shell {cmd}; its players read set_time {millis}, set_timezone {timezone});
-    # the command core checks what they carry
-    OPERATOR = {"shell": ("shell", "cmd", "cmd"), "set_timezone": ("set-timezone", "timezone", "zone")}
     # what 1.9 relays of a shell result to the dashboard (deviceSocket.js slices it so)
     SHELL_CMD_SHOWN = 500
     NOT_RUN = -1       # the exit of a line that never ran, as 1.9's players tell it
     SHELL_LINES = 64   # the lines of shell commands still awaiting their result, at most
 
-    @classmethod
-    def _command(cls, kind, payload) -> tuple[str, dict]:
-        fields = payload if isinstance(payload, dict) else {}
-        if kind in cls.OPERATOR:
-            name, theirs, ours = cls.OPERATOR[kind]
-            return name, {ours: fields.get(theirs)}
-        if kind == "set_time":
-            ms = fields.get("millis")
-            # whole milliseconds within reach of a float; anything else goes as it is,
-            # and the core refuses it by name
-            if isinstance(ms, int) and not isinstance(ms, bool) and abs(ms) < 10 ** 18:
-                ms = ms / 1000
-            return "set-time", {"time": ms}
-        if kind == "set_debug":
-            on = isinstance(payload, dict) and payload.get("enabled") is True
-            return "configure", {"settings": {"log.level": {
-                "value": "debug", "expires_in_s": cls.DEBUG_FOR_S}} if on else {}}
-        if kind in cls.LEVELS:
-            level = payload.get("level") if isinstance(payload, dict) else None
-            return cls.LEVELS[kind], {"level": level}
-        return cls.COMMANDS.get(kind, (str(kind)[:40] if kind else "(no type)", {}))
-    # The server (1.9 on) sends a dashboard command or screenshot request only to a device
-    # that declared the capability it needs, in its own vocabulary
-    # (server/lib/player-capabilities.js); names it does not know are dropped unread.
-    # shutdown needs system.reboot too (power-off "shares the reboot capability"): it is
-    # declared for reboot; a shutdown where poweroff is not allowed is refused, and says so
-    # set_time and set_timezone share system.time: it is declared where either is
-    # allowed, and the other is refused with words
-    CAPABILITIES = {"reboot": "system.reboot", "display": "display.power",
-                    "screenshot": "remote.screenshot", "restart-player": "system.restart_player",
-                    "brightness": "display.brightness", "volume": "audio.volume",
-                    "shell": "system.shell", "set-time": "system.time",
-                    "set-timezone": "system.time"}
-    # commands that need a means of the screen's, declared only where it has it
-    NEEDS_MEANS = frozenset(SCREEN_MEANS)
-    # What the player (not this agent) handles: content, playback, remote view, walls.
-    PLAYER_EVENTS = frozenset({
-        "device:playlist-update", "device:content-delete", "device:remote-start",
-        "device:remote-stop", "device:remote-touch", "device:remote-key", "wall:sync",
-        "wall:sync-request", "group:sync", "group:sync-request", "device:live-publish",
-        "device:mute-changed", "device:pip-show", "device:pip-clear", "device:talk-start",
-        "device:talk-stop", "device:settings-pin", "device:self-unpair-ok",
-        "device:play-offline-ack", "device:trigger-wire"})
+    _command = staticmethod(screentinker_commands.command)
 
     def __init__(self, ctx: ProfileContext):
         self.ctx = ctx
@@ -154,9 +97,9 @@ class ScreenTinkerProfile:
         command this screen refuses, or has no means for (no backlight, no sound
         server), would offer the operator a button that fails."""
         means = self.ctx.means() if self.ctx.means is not None else None
-        return sorted({cap for name, cap in self.CAPABILITIES.items()
+        return sorted({cap for name, cap in CAPABILITIES.items()
                        if name in self.ctx.allowed_commands
-                       and (means is None or name not in self.NEEDS_MEANS or name in means)})
+                       and (means is None or name not in NEEDS_MEANS or name in means)})
 
     def network_returned(self) -> None:
         """The device's own network (a link with carrier) came back after being down: the
@@ -239,17 +182,19 @@ class ScreenTinkerProfile:
             cid = "st-" + secrets.token_hex(6)
             if name == "shell":
                 self._remember_line(cid, args.get("cmd"))
-            post(inbox.CommandReceived({"id": cid, "name": name, "args": args}, "device:command"))
+            post(inbox.Request(REQUEST_COMMAND, {"id": cid, "name": name, "args": args},
+                               "device:command"))
 
         def screenshot_request(_t, data=None, *_):
-            post(inbox.CommandReceived({"id": "st-" + secrets.token_hex(6), "name": "screenshot",
-                                        "args": {}}, "device:screenshot-request"))
+            post(inbox.Request(REQUEST_COMMAND, {"id": "st-" + secrets.token_hex(6),
+                                                 "name": "screenshot", "args": {}},
+                               "device:screenshot-request"))
 
         handlers = {"device:registered": registered, "device:paired": paired,
                     "device:unpaired": unpaired, "device:auth-error": auth_error,
                     "device:heartbeat-ack": heartbeat_ack, "device:throttled": throttled,
                     "device:command": command, "device:screenshot-request": screenshot_request}
-        for event in self.PLAYER_EVENTS:
+        for event in PLAYER_EVENTS:
             handlers[event] = lambda *_: None
         return handlers
 
@@ -385,7 +330,7 @@ def screenshot_problem(data: bytes) -> str | None:
     return None
 
 
-PLAY_FIELDS = {"event": str, "content_id": str, "content_name": str, "zone_id": str,
+PLAY_FIELDS: dict[str, type | tuple[type, ...]] = {"event": str, "content_id": str, "content_name": str, "zone_id": str,
                "completed": bool, "duration_sec": (int, float)}
 
 

@@ -1,0 +1,190 @@
+"""The commands part on its own thread (issue #51): the command core and its ledger run
+on the commands thread only, so a card slow to sync delays commands, never the link.
+
+Before: the link thread wrote and fsynced the ledger for each command received, finished
+and confirmed; a write that took 2 s held every heartbeat due meanwhile (its send, and
+the ACK's reading) for those 2 s.
+"""
+import threading
+import time
+
+import pytest
+
+from devtools.harness import REPO, AgentProcess, agent_config, wait_for
+
+pytestmark = pytest.mark.netns
+
+# the agent, with every write of the command ledger taking 2 s (a card slow to sync)
+SLOW_LEDGER = (
+    "import sys, time\n"
+    "from agent.commands import ledger\n"
+    "write = ledger.Ledger.write\n"
+    "def slow(*args, **kwargs):\n"
+    "    time.sleep(2.0)\n"
+    "    return write(*args, **kwargs)\n"
+    "ledger.Ledger.write = slow\n"
+    "from agent.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_a_ledger_write_that_blocks_2s_delays_no_heartbeat(netns, fleet, agent_python, tmp_path):
+    server = fleet()
+    config = agent_config(server, tmp_path, link={"heartbeat_interval_s": 1.0,
+                                                  "ack_timeout_s": 0.8},
+                          commands={"allow": ["diagnostics"]})
+    agent = AgentProcess(agent_python, config, tmp_path, env={"PYTHONPATH": str(REPO)},
+                         command=[agent_python, "-c", SLOW_LEDGER]).start()
+    try:
+        agent.wait_live(20)
+        t0 = time.time()
+        ids = []
+        for _ in range(3):   # each one: 3 ledger writes (received, finished, confirmed)
+            ids.append(server.admin("/api/v1/commands", {"device_id": "screen-1",
+                                                        "name": "diagnostics", "args": {}})["id"])
+            time.sleep(1.0)
+        for cid in ids:
+            wait_for(lambda: server.admin("/api/v1/devices/screen-1/commands")[cid]["result"],
+                     30, interval=0.1, what=f"the result of {cid}")
+        time.sleep(2.0)
+        beats = [t0] + [t for t in server.device()["heartbeat_times"] if t >= t0] + [time.time()]
+        gaps = [b - a for a, b in zip(beats, beats[1:])]
+        print(f"\nheartbeat gaps while the ledger took 2 s a write: max {max(gaps):.2f}s")
+        assert max(gaps) < 1.8, f"a heartbeat waited for the ledger: gaps {gaps}"
+        log = agent.log_text()
+        assert "no heartbeat ack" not in log and "link lost" not in log, log[-3000:]
+        assert server.device()["connects"] == 1
+    finally:
+        agent.stop()
+
+
+def test_the_core_and_the_ledger_are_touched_from_the_commands_thread_only(tmp_path):
+    """Received, finished and confirmed, each from another thread: the core and the
+    ledger see one thread, the commands thread."""
+    from agent.commands.actions import Actions
+    from agent.commands.core import Outcome
+    from agent.commands.service import CommandService
+    from agent.link.port import Confirmation
+
+    seen: dict[str, set] = {"core": set(), "ledger": set()}
+    sent, confirmed = [], []
+
+    class Port:
+        """The link's port as the commands part uses it."""
+        def send_confirmed(self, messages, on_confirmed):
+            sent.append(messages)
+            threading.Thread(target=on_confirmed, args=(Confirmation(True, ({"ok": True},)),)
+                             ).start()
+
+    def spy(kind, method):
+        def call(*args, **kwargs):
+            seen[kind].add(threading.current_thread().name)
+            if method.__name__ == "result_acked":
+                confirmed.append(args)
+            return method(*args, **kwargs)
+        return call
+
+    actions = Actions.__new__(Actions)
+    actions.updater = None
+    actions.run = lambda name, args, cid=None: Outcome(True, "ran")
+    actions.stop = lambda: None
+    port = Port()
+    port.serve = lambda name, handler: None
+    port.subscribe = lambda **kwargs: None
+    service = CommandService(str(tmp_path / "commands.json"), frozenset({"diagnostics"}),
+                             actions, str(tmp_path), link=port,
+                             result_message=lambda result: ("device:command-result", result,
+                                                            True))
+    real_start = service._on_start
+
+    def spied_start():   # the core and the ledger are the commands thread's from its start
+        real_start()
+        for name in ("receive", "finished", "result_acked", "recover", "unacked",
+                     "take_changes"):
+            setattr(service.core, name, spy("core", getattr(service.core, name)))
+        service._ledger.write = spy("ledger", service._ledger.write)
+        seen["core"].add(threading.current_thread().name)
+    service._on_start = spied_start
+    service.start()
+    try:
+        recorded = threading.Event()
+        threading.Thread(target=service.serve, args=(
+            {"id": "c-1", "name": "diagnostics", "args": {}}, recorded.set)).start()
+        assert recorded.wait(5)
+        wait_for(lambda: service.recent() and service.recent()[-1]["ok"] and confirmed, 5,
+                 what="the result confirmed")
+        threading.Thread(target=service.link_up).start()
+        time.sleep(0.2)
+    finally:
+        service.stop()
+        service.loop.join(5)
+    assert seen["core"] == {"commands"} and seen["ledger"] == {"commands"}, seen
+    # sent once, confirmed: not again on link up
+    assert [m.payload["id"] for (m,) in sent] == ["c-1"] and confirmed == [("c-1",)]
+
+
+def test_a_display_command_crosses_between_the_link_and_the_commands_part_twice(tmp_path):
+    """The walk in docs/LAYERS.md, counted: the thread of each step of one command, from
+    the connection's events thread to the server's confirmation of its result."""
+    from agent.commands.actions import Actions
+    from agent.commands.core import Outcome
+    from agent.commands.service import CommandService
+    from agent.link.port import Confirmation
+
+    steps: list[tuple[str, str]] = []   # (part, thread)
+
+    def step(part):
+        steps.append((part, threading.current_thread().name))
+
+    class Port:
+        def serve(self, name, handler):
+            self.handler = handler
+
+        def subscribe(self, **kwargs):
+            pass
+
+        def send_confirmed(self, messages, on_confirmed):
+            step("commands")   # the emit, on the caller's thread
+            # the server's ACK, taken in on the library's read loop
+            reader = threading.Thread(target=lambda: (step("link"), on_confirmed(
+                Confirmation(True, ({"ok": True},)))), name="read-loop")
+            reader.start()
+
+    actions = Actions.__new__(Actions)
+    actions.updater = None
+    actions.run = lambda name, args, cid=None: (step("commands"), Outcome(True, "on"))[1]
+    actions.stop = lambda: None
+    port = Port()
+    service = CommandService(str(tmp_path / "commands.json"), frozenset({"display"}),
+                             actions, str(tmp_path), link=port,
+                             result_message=lambda result: ("device:command-result", result,
+                                                            True))
+    acked = service.core.result_acked
+
+    def result_acked(cid):
+        step("commands")
+        acked(cid)
+    service.core.result_acked = result_acked
+    service.start()
+    try:
+        recorded = threading.Event()
+
+        def events_thread():   # the profile's handler, on the connection's events thread
+            step("link")
+            port.handler({"id": "c-7", "name": "display", "args": {"state": "off"}},
+                         lambda: (step("commands"), recorded.set()))
+        threading.Thread(target=events_thread, name="link-events-1").start()
+        assert recorded.wait(5)
+        wait_for(lambda: len(steps) >= 6, 5, what="the result confirmed")
+    finally:
+        service.stop()
+        service.loop.join(5)
+    threads = [thread for _, thread in steps]
+    changes = sum(a != b for a, b in zip(threads, threads[1:]))
+    # a crossing hands the command from a thread of the link's to the commands part's:
+    # the commands part sends by a call of the port, on its own thread
+    crossings = sum(a[0] == "link" and b[0] == "commands" for a, b in zip(steps, steps[1:]))
+    print(f"\n{threads}: {changes + 1} changes of thread (the read loop's first), "
+          f"{crossings} crossings")
+    assert threads == ["link-events-1", "commands", "command-runs", "commands", "read-loop",
+                       "commands"], threads
+    assert crossings == 2
