@@ -400,3 +400,46 @@ def test_the_ledger_is_the_last_releases_line_for_line(tmp_path):
     assert "too old" in too_old["error"]
     [again] = results(receive(after, {"id": "x1", "name": "format-disk"}, 2002.0))
     assert again["error"] == "unknown command 'format-disk'"
+
+
+def test_a_flood_while_the_commands_thread_is_held_is_bounded_and_never_recorded_unread(
+        tmp_path):
+    """A hostile server's flood while the commands thread is held (a card slow to sync, a
+    send on a connection that stopped reading): at most RECEIVED_WAITING commands wait,
+    the rest are dropped unrecorded (before: 448,121 queued in 3 s, 190 MB, past the
+    unit's MemoryMax: an OOM kill a server could repeat)."""
+    from agent.commands.actions import Actions
+    from agent.commands.service import RECEIVED_WAITING, CommandService
+    service = CommandService(str(tmp_path / "commands.jsonl"), frozenset({"diagnostics"}),
+                             Actions.__new__(Actions), runtime_dir=str(tmp_path))
+    receipts = []
+    for n in range(10 * RECEIVED_WAITING):   # the commands thread never started: held
+        service.serve({"id": f"c{n}", "name": "diagnostics"},
+                      lambda n=n: receipts.append(n))
+    assert service._news.qsize() == RECEIVED_WAITING
+    assert receipts == [], "no receipt for a command the ledger does not hold"
+    # one taken in by the commands thread makes room for one more
+    service._news.get_nowait()
+    service._room.release()
+    service.serve({"id": "late", "name": "diagnostics"})
+    assert service._news.qsize() == RECEIVED_WAITING
+
+
+def test_a_command_the_ledger_never_took_gets_no_receipt(tmp_path, monkeypatch):
+    """A fault between the message and the ledger (a bug, not a full card): no receipt,
+    so the server sends it again, rather than a receipt for a command nobody holds."""
+    from agent.commands.actions import Actions
+    from agent.commands.service import CommandService
+    service = CommandService(str(tmp_path / "commands.jsonl"), frozenset({"diagnostics"}),
+                             Actions.__new__(Actions), runtime_dir=str(tmp_path))
+
+    def broken(raw):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(service, "_received", broken)
+    receipts = []
+    service.serve({"id": "c1", "name": "diagnostics"}, lambda: receipts.append(1))
+    item = service._news.get_nowait()
+    with pytest.raises(RuntimeError):
+        getattr(service, "_on_" + item[0])(*item[1:])
+    assert receipts == []

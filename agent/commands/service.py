@@ -37,6 +37,11 @@ log = logging.getLogger("edge_agent.commands")
 LONGEST_TIMEOUT_S = 3600.0
 # The commands thread's longest turn: a ledger write on a card slow to sync.
 CORE_SILENCE_S = 120.0
+# Commands from the server waiting for the commands thread, at most: while it is held
+# (a card slow to sync, a send on a connection that stopped reading) a server's flood
+# must not grow the process to the unit's MemoryMax. One past it is dropped unrecorded:
+# the server that waits for a receipt hears "not recorded yet" and sends it again.
+RECEIVED_WAITING = 256
 
 # the profile's words for a result: (event, payload, whether the server ACKs it)
 ResultMessage = Callable[[dict], "tuple[str, dict, bool]"]
@@ -84,6 +89,7 @@ class CommandService:
         self._mono = mono
         self._boot, self._pid = boot_token(runtime_dir), os.getpid()
         self._news: queue.Queue = queue.Queue()   # for the commands thread
+        self._room = threading.BoundedSemaphore(RECEIVED_WAITING)   # for served commands
         self._jobs: queue.Queue = queue.Queue()   # for the executor
         self._stopping = threading.Event()
         # results said since start, by the metrics' words: ok, error (it ran and
@@ -113,7 +119,13 @@ class CommandService:
 
     def serve(self, raw, recorded: Callable[[], None] = lambda: None) -> None:
         """A command from the server (the link's port, on the connection's events
-        thread): ``recorded()`` once the ledger holds it, or its refusal."""
+        thread): ``recorded()`` once the ledger holds it, or its refusal; never, when
+        RECEIVED_WAITING commands wait already."""
+        if not self._room.acquire(blocking=False):
+            # one line a minute (logs.RepeatFilter keys on the first argument)
+            log.warning("server command dropped unrecorded: %d commands wait for the "
+                        "ledger already", RECEIVED_WAITING)
+            return
         self._news.put(("received", raw, recorded))
 
     def finished(self, cid: str, outcome, started: float) -> None:
@@ -170,10 +182,9 @@ class CommandService:
                      r.result["name"], r.result.get("output") or r.result.get("error"))
 
     def _on_received(self, raw, recorded: Callable[[], None]) -> None:
-        try:
-            reports = self._received(raw)   # the ledger written, durably
-        finally:
-            recorded()      # now the receipt may go out
+        self._room.release()
+        reports = self._received(raw)   # the ledger written, durably
+        recorded()      # now the receipt may go out: never for one the ledger lacks
         for report in reports:
             self._send(report)
 
