@@ -14,6 +14,7 @@ from .app import status
 from .base import status_file
 from .base.fsutil import UnsafePath, drop_to_owner
 from .base.upload_kinds import KINDS
+from .base.text import clean
 # Each command imports what it runs: `status`, run by every operator and monitoring
 # script, reads a file and loads none of the link, the parts or their libraries, nor
 # the configuration's schema and records (it finds its file with config/files.py).
@@ -217,7 +218,7 @@ def cmd_status(args) -> int:
     try:
         doc = status_file.read(path)
     except status_file.StatusFileError as e:
-        sys.stderr.write(f"edge-agent: {e}\n")
+        sys.stderr.write(f"edge-agent: {clean(str(e))}\n")   # a path from the configuration
         return EXIT_NOT_RUNNING
     running, online = status.verdict(doc)
     if args.json:

@@ -378,3 +378,25 @@ def test_status_reads_the_configured_runtime_dir_past_a_bad_key_elsewhere(tmp_pa
                     f'[runtime]\ndir = "{tmp_path}"\n')
     assert cli.main(["status", "--config", str(conf)]) == cli.EXIT_OK
 
+
+
+@pytest.mark.parametrize("configured", ["/x\u001b]0;pwn\u0007\u001b[2J", "rel", "/a\x00b"])
+def test_a_runtime_dir_the_agent_refuses_is_neither_read_nor_printed(tmp_path, configured):
+    """`status` reads [runtime] dir without the schema: a value the agent would refuse
+    (terminal escapes, a relative path) is passed over for the default, as the agent
+    would not start with it, and nothing of it reaches the terminal."""
+    from agent.config import files
+    for where in ("file", "env"):
+        path = tmp_path / "agent.toml"
+        env = {"RUNTIME_DIRECTORY": str(tmp_path / "run")}
+        if where == "file":
+            path.write_text("[runtime]\ndir = " + json.dumps(configured) + "\n")
+        else:
+            path.write_text("")
+            env["EDGE_AGENT_RUNTIME_DIR"] = configured
+        assert files.status_path(str(path), env, vendor=None) == str(tmp_path / "run" / "status.json")
+    r = subprocess.run([sys.executable, "-m", "agent", "status", "--config", str(path)],
+                       capture_output=True, text=True, timeout=30, cwd=REPO,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                            "EDGE_AGENT_RUNTIME_DIR": "/nowhere\u001b[31m"})
+    assert "\x1b" not in r.stdout + r.stderr and r.returncode != 0, r

@@ -56,6 +56,14 @@ def runtime_dir(configured: str | None, env) -> str:
     return (configured or env.get("RUNTIME_DIRECTORY") or RUNTIME_DEFAULT).split(":")[0]
 
 
+def usable_dir(value) -> bool:
+    """What the schema's ABS_PATH takes (schema.py), without loading the schema: absolute,
+    no control character, at most 1024 characters. Anything else the agent refuses to
+    start with: status then reads where the agent's own default would be."""
+    return (isinstance(value, str) and value.startswith("/") and len(value) <= 1024
+            and not any(ord(c) < 0x20 or ord(c) == 0x7f for c in value))
+
+
 def status_path(path: str | None = None, env=None, vendor: str | None = VENDOR_PATH) -> str:
     """The running agent's status file: ``[runtime] dir`` taken from the layers load()
     takes it from, in its order (the environment, the operator's file, the package's),
@@ -65,6 +73,8 @@ def status_path(path: str | None = None, env=None, vendor: str | None = VENDOR_P
     (tests/test_status_cli.py holds this to load()'s ``status_path``.)"""
     env = os.environ if env is None else env
     configured = env.get(env_name("runtime", "dir"))
+    if configured is not None and not usable_dir(configured):
+        configured = ""   # the environment's value wins and is refused: the default
     for layer in (path or DEFAULT_PATH, vendor):
         if configured is not None:
             break
@@ -74,6 +84,6 @@ def status_path(path: str | None = None, env=None, vendor: str | None = VENDOR_P
             table = read_toml(layer).get("runtime")
         except ConfigError:
             continue
-        if isinstance(table, dict) and isinstance(table.get("dir"), str):
-            configured = table["dir"]
+        if isinstance(table, dict) and "dir" in table:
+            configured = table["dir"] if usable_dir(table["dir"]) else ""
     return os.path.join(runtime_dir(configured, env), status_file.NAME)
