@@ -76,6 +76,16 @@ def test_the_footprint_says_the_device_reads_cost_beside_the_same_agent_without(
     assert "without them: CPU 1.04x, wake-ups 1.00x; 0 bytes written" in text
 
 
+def test_the_footprint_says_the_network_healers_cost_on_a_live_link():
+    fps = [FP.Footprint("edge-agent", 300.0, rss_mb=47.7, cpu_s=0.05, wakeups_per_min=34.3),
+           FP.Footprint("edge-agent, healer on", 300.0, rss_mb=47.9, cpu_s=0.051,
+                        wakeups_per_min=34.3),
+           FP.Footprint("bare", 300.0, rss_mb=41.4, cpu_s=0.036, wakeups_per_min=32.7)]
+    text = "\n".join(FP.section(fps))
+    assert "| edge-agent, healer on | 47.9 | 0.051 |" in text
+    assert "against the shipped agent CPU 1.02x, wake-ups 1.00x; 0 bytes written" in text
+
+
 def test_the_design_cards_client_is_the_bare_one_with_the_cards_packages_and_nothing_else():
     compile(SU.CARD_CLIENT, "card", "exec")
     assert "import socketio, requests, sdnotify, psutil, pyudev\n" in SU.CARD_CLIENT

@@ -70,6 +70,7 @@ METRICS_DEVICE = "screen-metrics"
 # issue #51's bare client: the bare one with the design card's other packages imported
 CARD = "bare, the design card's packages"
 QUIET_DEVICE = "screen-no-device"   # [device] enabled = false: what its reads cost, beside
+HEALER_DEVICE = "screen-healer"     # [device] heal_network = true: its cost on a live link
 
 
 def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footprint]:
@@ -79,12 +80,14 @@ def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footpri
     work.mkdir(parents=True)
     runtime = Path("/dev/shm") / f"edge-agent-bench-{os.getpid()}"  # /run is tmpfs on a Pi
     clients = {"edge-agent": DEVICE, "edge-agent, metrics on": METRICS_DEVICE,
-               "edge-agent, device off": QUIET_DEVICE, "bare": "bare-1", CARD: "card-1"}
+               "edge-agent, device off": QUIET_DEVICE, "edge-agent, healer on": HEALER_DEVICE,
+               "bare": "bare-1", CARD: "card-1"}
     with NetNS():
         server = FleetServerProcess(work, "--accept-any").start()
         procs = {}
         try:
-            for name in ("agent", "agent-metrics", "agent-no-device", "bare", "card"):
+            for name in ("agent", "agent-metrics", "agent-no-device", "agent-healer", "bare",
+                         "card"):
                 (work / name).mkdir()
             procs["edge-agent"] = edge_agent(server, work / "agent",
                                              runtime={"dir": str(runtime)})
@@ -94,6 +97,9 @@ def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footpri
             procs["edge-agent, device off"] = edge_agent(
                 server, work / "agent-no-device", runtime={"dir": f"{runtime}-no-device"},
                 identity={"device_id": QUIET_DEVICE}, device={"enabled": False})
+            procs["edge-agent, healer on"] = edge_agent(
+                server, work / "agent-healer", runtime={"dir": f"{runtime}-healer"},
+                identity={"device_id": HEALER_DEVICE}, device={"heal_network": True})
             procs["bare"] = StockProcess(server.url, work / "bare", "--acked", device_id="bare-1")
             procs[CARD] = StockProcess(server.url, work / "card", "--acked", "--card",
                                        device_id="card-1")
@@ -124,6 +130,7 @@ def measure(window_s: float, work: Path, warmup_s: float = 20.0) -> list[Footpri
             shutil.rmtree(runtime, ignore_errors=True)
             shutil.rmtree(f"{runtime}-metrics", ignore_errors=True)
             shutil.rmtree(f"{runtime}-no-device", ignore_errors=True)
+            shutil.rmtree(f"{runtime}-healer", ignore_errors=True)
 
 
 def section(fps: list[Footprint]) -> list[str]:
@@ -140,8 +147,10 @@ def section(fps: list[Footprint]) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     metered = next((f for f in fps if f.client == "edge-agent, metrics on"), None)
     quiet = next((f for f in fps if f.client == "edge-agent, device off"), None)
+    healer = next((f for f in fps if f.client == "edge-agent, healer on"), None)
     card = next((f for f in fps if f.client == CARD), None)
-    for f in (ours, *([metered] if metered else []), *([quiet] if quiet else []), bare,
+    for f in (ours, *([metered] if metered else []), *([quiet] if quiet else []),
+              *([healer] if healer else []), bare,
               *([card] if card else [])):
         lines.append(f"| {f.client} | {f.rss_mb} | {f.cpu_s} | {f.wakeups_per_min} | {f.write_bytes} | "
                      f"{f.heartbeats} | {f.bytes_per_heartbeat:.0f} | {f.threads} |")
@@ -173,6 +182,12 @@ def section(fps: list[Footprint]) -> list[str]:
                       f"same agent without them: CPU {beside(ours.cpu_s, quiet.cpu_s)}, wake-ups "
                       f"{beside(ours.wakeups_per_min, quiet.wakeups_per_min)}; "
                       f"{ours.write_bytes} bytes written (target: within noise, 0 bytes)."]
+    if healer:
+        lines += ["", f"The network healer (`[device] heal_network`, off as shipped) on a live "
+                      f"link, where it only waits for the link to change: against the shipped "
+                      f"agent CPU {beside(healer.cpu_s, ours.cpu_s)}, wake-ups "
+                      f"{beside(healer.wakeups_per_min, ours.wakeups_per_min)}; "
+                      f"{healer.write_bytes} bytes written (target: within noise, 0 bytes)."]
     if metered:
         lines += ["", f"With its metrics' textfile on tmpfs (`[metrics] enabled`), against the "
                       f"same agent without: RSS {beside(metered.rss_mb, ours.rss_mb)}, CPU "
