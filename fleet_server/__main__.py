@@ -44,6 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--reuse-port", action="store_true",
                    help="SO_REUSEPORT: another fleet-server may listen on the same port "
                         "(a deploy on one host: the new one takes over while this one drains)")
+    p.add_argument("--record", metavar="FILE",
+                   help="on exit, write the devices table as /admin/devices shows it here "
+                        "(a node that stopped can still be read: the tests' deploys)")
     p.add_argument("--redis", metavar="URL",
                    help="run as one node of a cluster: Socket.IO emits go through this Redis "
                         "(redis://127.0.0.1:6379/0) to whichever node holds the device")
@@ -73,6 +76,12 @@ async def serve(args, tokens) -> None:
         lambda port: logging.getLogger("fleet_server").info(
             "fleet server listening on http://%s:%d", args.host, port),
         drain=server.sessions.drain, reuse_port=args.reuse_port)
+    if args.record:
+        now = time.monotonic()
+        tmp = args.record + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({d: dev.view(now) for d, dev in server.registry.devices.items()}, f)
+        os.replace(tmp, args.record)
 
 
 def pair(argv) -> int:
