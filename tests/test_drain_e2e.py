@@ -112,3 +112,30 @@ def test_a_draining_server_hands_its_screen_to_the_new_one_proven_first_nothing_
     both = set(_keys(a["events"])) & set(_keys(b["events"]))
     print(f"events: {len(a['events'])} on the old node, {len(b['events'])} on the new, "
           f"{len(both)} sent again across the switch (a fleet's store keeps each id once)")
+
+
+def test_a_drain_with_nowhere_to_go_keeps_the_old_link_until_the_drains_end(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """No other node: the new connection is refused (the draining node closed its
+    listener). The screen keeps its live link, proven, until the drain's end cuts it,
+    then reconnects as after any server loss."""
+    old = fleet("--drain-window", str(WINDOW))
+    agent = spawn_agent(agent_python, agent_config(
+        old, tmp_path, link={"heartbeat_interval_s": HB, "ack_timeout_s": ACK}))
+    agent.wait_live(15)
+    old.proc.send_signal(signal.SIGTERM)
+    t_term = time.monotonic()
+    samples = []
+    while old.proc.poll() is None and time.monotonic() < t_term + WINDOW + MARGIN_S + 5:
+        link = agent.link()
+        samples.append((time.monotonic() - t_term, link.get("state"), link.get("proven_live"),
+                        link.get("connection")))
+        time.sleep(0.02)
+    assert old.proc.poll() == 0
+    log = agent.log_text()
+    assert "drain: the new connection failed" in log, log[-2000:]
+    # the old link carried on, proven, through the whole window
+    early = [s for s in samples if s[0] < WINDOW]
+    assert early and all(s[1:] == ("online", True, 1) for s in early), early[:5]
+    old.start()   # the node back on its port: the usual reconnect
+    agent.wait_live(15, connection=2)
