@@ -24,6 +24,20 @@ HB, ACK, WINDOW = 1.5, 1.0, 3.0
 MARGIN_S = 2.0   # fleet_server/sessions.py DRAIN_MARGIN_S
 
 
+def _drain_and_watch(node, agent):
+    """SIGTERM to ``node``; until it is gone, the screen's link every 20 ms: (seconds
+    since, state, proven, connection), and how long the node took to stop."""
+    node.proc.send_signal(signal.SIGTERM)
+    t_term = time.monotonic()
+    samples = []
+    while node.proc.poll() is None and time.monotonic() < t_term + WINDOW + MARGIN_S + 5:
+        link = agent.link()
+        samples.append((round(time.monotonic() - t_term, 2), link.get("state"),
+                        link.get("proven_live"), link.get("connection")))
+        time.sleep(0.02)
+    return samples, time.monotonic() - t_term
+
+
 def _keys(events):
     return [(e.get("id"), e.get("ts")) for e in events]
 
@@ -59,15 +73,7 @@ def test_a_draining_server_hands_its_screen_to_the_new_one_proven_first_nothing_
     try:
         flipper.start()
         time.sleep(1.0)
-        old.proc.send_signal(signal.SIGTERM)
-        t_term = time.monotonic()
-        samples = []
-        while old.proc.poll() is None and time.monotonic() < t_term + WINDOW + MARGIN_S + 3:
-            link = agent.link()
-            samples.append((round(time.monotonic() - t_term, 2), link.get("state"),
-                            link.get("proven_live"), link.get("connection")))
-            time.sleep(0.02)
-        gone_after = time.monotonic() - t_term
+        samples, gone_after = _drain_and_watch(old, agent)
         assert old.proc.poll() == 0, "the old node did not stop after its drain"
         time.sleep(1.5)
         stop.set()
@@ -123,14 +129,7 @@ def test_a_drain_with_nowhere_to_go_keeps_the_old_link_until_the_drains_end(
     agent = spawn_agent(agent_python, agent_config(
         old, tmp_path, link={"heartbeat_interval_s": HB, "ack_timeout_s": ACK}))
     agent.wait_live(15)
-    old.proc.send_signal(signal.SIGTERM)
-    t_term = time.monotonic()
-    samples = []
-    while old.proc.poll() is None and time.monotonic() < t_term + WINDOW + MARGIN_S + 5:
-        link = agent.link()
-        samples.append((time.monotonic() - t_term, link.get("state"), link.get("proven_live"),
-                        link.get("connection")))
-        time.sleep(0.02)
+    samples, _ = _drain_and_watch(old, agent)
     assert old.proc.poll() == 0
     log = agent.log_text()
     assert "drain: the new connection failed" in log, log[-2000:]
