@@ -27,7 +27,9 @@ class Cluster:
 
     def __init__(self, work: Path, *server_args: str, nodes: int = 2,
                  check_inter_s: float | None = 1.0, fall: int = 2, rise: int = 2,
-                 redis: bool = True):
+                 redis: bool = True, redispatch: bool = False):
+        """``redispatch``: a connect a node refuses (a draining node closed its listener)
+        goes to the other node, as a balancer set up for rolling deploys does."""
         for tool in ("haproxy", "redis-server") if redis else ("haproxy",):
             assert shutil.which(tool), f"{tool} is needed (scripts/_env.sh installs it)"
         self.work = work
@@ -42,6 +44,7 @@ class Cluster:
             self.nodes.append(FleetServerProcess(node_dir, "--accept-any", *shared,
                                                  *server_args))
         self.check = (check_inter_s, fall, rise)
+        self.redispatch = redispatch
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
@@ -61,6 +64,7 @@ class Cluster:
         check = f" check inter {inter_ms} fall {fall} rise {rise}" if inter_s else ""
         servers = "\n".join(f"    server node{n} 127.0.0.1:{node.port}{check}"
                             for n, node in enumerate(self.nodes))
+        redispatch = "    option redispatch\n    retries 2\n" if self.redispatch else ""
         self.admin_socket = self.work / "haproxy.sock"
         cfg = self.work / "haproxy.cfg"
         cfg.write_text(f"""global
@@ -80,7 +84,7 @@ frontend fleet
 backend nodes
     balance roundrobin
     option httpchk GET /healthz
-{servers}
+{redispatch}{servers}
 """)
         self.log = open(self.work / "haproxy.log", "ab")
         self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=self.log,

@@ -14,6 +14,7 @@ import threading
 import time
 
 from agent.config import load as cfgmod
+from agent.link import protocol
 from agent.link.profiles import PROFILES, ProfileContext
 from agent.link.runner import LinkRunner, Settings
 
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--log-level", default="ERROR")
     p.add_argument("--no-race", action="store_true",
                    help="never race a connect with a second dial (the behaviour before it)")
+    p.add_argument("--no-drain", action="store_true",
+                   help="ignore the server's server:drain (the behaviour before it: cut at "
+                        "the drain's end, then the reconnect)")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(threadName)s %(message)s")
@@ -37,6 +41,8 @@ def main(argv=None) -> int:
         device = (f"{args.prefix}{i:04d}", "t")
         profile = PROFILES[config.server.profile](ProfileContext(
             device_id=lambda device=device: device[0], token=lambda device=device: device[1]))
+        if args.no_drain:
+            profile.handlers = _without_drain(profile.handlers)
         runners.append(LinkRunner(Settings(config.link, config.server, config.debug,
                                            race=not args.no_race), profile=profile,
                                   identity=lambda device=device: device))
@@ -48,6 +54,12 @@ def main(argv=None) -> int:
         time.sleep(args.ramp_s / max(1, len(runners)))
     stop.wait()
     return 0
+
+
+def _without_drain(handlers):
+    def without(post):
+        return {k: v for k, v in handlers(post).items() if k != protocol.DRAIN}
+    return without
 
 
 if __name__ == "__main__":

@@ -37,6 +37,16 @@ def parse_args(argv=None):
     p.add_argument("--reconnect-window", type=float, default=0.0, metavar="SECONDS",
                    help="tell devices to spread their reconnects over this long after "
                         "losing this server (server:reconnect-window)")
+    p.add_argument("--drain-window", type=float, default=0.0, metavar="SECONDS",
+                   help="on SIGTERM, tell every device server:drain with this window, stop "
+                        "taking connections, and serve on until each has moved (at most "
+                        "the window and 2 s); 0: stop at once")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="SO_REUSEPORT: another fleet-server may listen on the same port "
+                        "(a deploy on one host: the new one takes over while this one drains)")
+    p.add_argument("--record", metavar="FILE",
+                   help="on exit, write the devices table as /admin/devices shows it here "
+                        "(a node that stopped can still be read: the tests' deploys)")
     p.add_argument("--redis", metavar="URL",
                    help="run as one node of a cluster: Socket.IO emits go through this Redis "
                         "(redis://127.0.0.1:6379/0) to whichever node holds the device")
@@ -58,12 +68,20 @@ async def serve(args, tokens) -> None:
                          behaviour=Behaviour(ack_mode=args.ack_mode, ack_delay_s=args.ack_delay,
                                              connect_delay_s=args.connect_delay,
                                              heartbeat_timeout_s=args.heartbeat_timeout,
-                                             reconnect_window_s=args.reconnect_window),
+                                             reconnect_window_s=args.reconnect_window,
+                                             drain_window_s=args.drain_window),
                          redis_url=args.redis)
     await serve_until_stopped(
         server.app, args.host, args.port, args.port_file,
         lambda port: logging.getLogger("fleet_server").info(
-            "fleet server listening on http://%s:%d", args.host, port))
+            "fleet server listening on http://%s:%d", args.host, port),
+        drain=server.sessions.drain, reuse_port=args.reuse_port)
+    if args.record:
+        now = time.monotonic()
+        tmp = args.record + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({d: dev.view(now) for d, dev in server.registry.devices.items()}, f)
+        os.replace(tmp, args.record)
 
 
 def pair(argv) -> int:

@@ -21,4 +21,5 @@ class Behaviour:
     retry_after_s: float = 120.0 # with 429
     result_ack: str = "ok"       # ok | none: confirmations of command results lost
     reconnect_window_s: float = 0.0  # told to every device at connect when set
+    drain_window_s: float = 0.0  # on SIGTERM: server:drain with this window (0: none)
     release_cut_bytes: int = 0  # the next package download stops after this many bytes

@@ -35,6 +35,8 @@ class Device:
     heartbeat_times: list = field(default_factory=list)  # wall, the last 200 heartbeats
     seqs: set = field(default_factory=set)               # distinct heartbeat seqs received
     _sids_heard: set = field(default_factory=set)
+    event_repeats: int = 0                               # events received again, stored once
+    _event_keys: set = field(default_factory=set)
 
     def view(self, now: float) -> dict:
         return {
@@ -50,6 +52,7 @@ class Device:
             "heartbeat_times": self.heartbeat_times[-200:], "seqs_received": len(self.seqs),
             "uploads": len(self.uploads), "upload_repeats": self.upload_repeats,
             "upload_requests": self.upload_requests[-200:],
+            "event_repeats": self.event_repeats,
         }
 
 

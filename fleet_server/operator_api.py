@@ -41,6 +41,8 @@ class OperatorApi:
         return dev
 
     async def healthz(self, _request) -> web.Response:
+        if self.server.sessions.draining:   # a balancer takes the node out
+            return web.json_response({"ok": False, "draining": True}, status=503)
         return web.json_response({"ok": True})
 
     # -- the operator's ------------------------------------------------------------

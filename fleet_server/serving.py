@@ -6,17 +6,23 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
 
 async def serve_until_stopped(app: web.Application, host: str, port: int,
                               port_file: str | None = None,
-                              on_listening: Callable[[int], None] | None = None) -> None:
+                              on_listening: Callable[[int], None] | None = None,
+                              drain: Callable[[], Awaitable[None]] | None = None,
+                              reuse_port: bool = False) -> None:
+    """``drain``: on SIGTERM, the listener is closed first (a new connection goes to
+    another node: SO_REUSEPORT's sibling, the balancer's other node), and the open ones
+    are served until it returns. ``reuse_port``: SO_REUSEPORT, so a second process can
+    take over the port (a deploy on one host)."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]
     if on_listening is not None:
@@ -31,6 +37,11 @@ async def serve_until_stopped(app: web.Application, host: str, port: int,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if drain is not None:
+        server = site._server
+        if server is not None:
+            server.close()   # the listener only: the open connections stay
+        await drain()
     await runner.cleanup()
 
 

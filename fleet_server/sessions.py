@@ -11,13 +11,17 @@ import time
 
 import socketio
 
-from agent.link.protocol import RECONNECT_WINDOW, THROTTLE
+from agent.link.protocol import DRAIN, RECONNECT_WINDOW, THROTTLE
 
 from fleet_server.behaviour import Behaviour
 from fleet_server.commands import Commands
 from fleet_server.devices import Registry
 
 log = logging.getLogger("fleet_server")
+
+# a drain keeps serving this long past its window: a device that moved at the window's
+# last moment still proves its new connection before the old one is cut
+DRAIN_MARGIN_S = 2.0
 
 
 class FlapLimiter:
@@ -50,6 +54,7 @@ class Sessions:
         self.registry = registry
         self.commands = commands
         self.limiter = FlapLimiter(behaviour)
+        self.draining = False
 
     async def connect(self, sid, environ, auth=None):
         claimed = auth.get("device_id") if isinstance(auth, dict) else None
@@ -77,6 +82,24 @@ class Sessions:
             self.limiter.throttled[device_id] = self.limiter.throttled.get(device_id, 0) + 1
             asyncio.get_running_loop().create_task(self.sio.emit(
                 THROTTLE, {"retry_after_s": self.behaviour.throttle_s}, to=sid))
+
+    async def drain(self) -> None:
+        """SIGTERM, make before break (docs/PROTOCOL.md, "Drain"): no new connection
+        comes here any more (serving.py closed the listener), every device is told
+        server:drain, and this node serves on until each has moved or the window and
+        its margin are over; then it stops, and what is left is cut as before."""
+        window = self.behaviour.drain_window_s
+        if not window:
+            return
+        self.draining = True
+        sids = list(self.registry.by_sid)
+        log.info("draining: %d connections told to move within %gs", len(sids), window)
+        for sid in sids:
+            await self.sio.emit(DRAIN, {"window_s": window}, to=sid)
+        until = time.monotonic() + window + DRAIN_MARGIN_S
+        while self.registry.by_sid and time.monotonic() < until:
+            await asyncio.sleep(0.05)
+        log.info("drained: %d connections left", len(self.registry.by_sid))
 
     def _authenticate(self, auth) -> str:
         if not isinstance(auth, dict):
@@ -150,6 +173,14 @@ class Sessions:
         dev = self.registry.device_of(sid)
         if dev is None or not isinstance(data, dict) or not isinstance(data.get("type"), str):
             return {"ok": False, "error": "bad event"}
+        # a resend (its ACK lost with a connection, a drain's switch) is stored once:
+        # the id is increasing within one agent process, its ts tells processes apart
+        key = (data.get("id"), data.get("ts"))
+        if key in dev._event_keys:
+            dev.event_repeats += 1
+            return {"ok": True}
+        if len(dev._event_keys) < 100_000:
+            dev._event_keys.add(key)
         dev.events.append(data)
         return {"ok": True}
 

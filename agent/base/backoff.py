@@ -49,13 +49,18 @@ class Backoff:
         ceiling = self.ceiling()
         self.attempts += 1
         if spread_s > ceiling:
-            return self._rng.uniform(0, spread_s)
+            return self.moment(spread_s)
         mode = self.policy.jitter
         if mode == "none":
             return ceiling
         if mode == "equal":
             return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
         return self._rng.uniform(0, ceiling)
+
+    def moment(self, span_s: float) -> float:
+        """An even random moment within ``span_s`` (a server's window): a population
+        told the same thing at once spreads over it. Counts no failure."""
+        return self._rng.uniform(0, max(0.0, span_s))
 
     def reset(self) -> None:
         self.attempts = 0

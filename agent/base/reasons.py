@@ -14,6 +14,7 @@ THROTTLE = "throttle"
 MESSAGE_TOO_LARGE = "message-too-large"  # the server sent more than the agent takes
 MESSAGE_REFUSED = "message-refused"  # the server sent binary: the protocols are JSON text
 SHUTDOWN = "shutdown"
+DRAINED = "drained"       # the server drained: the link moved to a new connection, proven first
 IDLE_REAP = "idle-reap"   # lost after the same idle gap as before: a box reaps idle flows
 # -- an attempt that failed, in the order a connect meets them
 DNS_FAILED = "dns-failed"                    # the server's name does not resolve

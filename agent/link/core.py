@@ -6,8 +6,13 @@ stable, how a server throttle and a network-up wake-up bend the schedule. The I/
 shell (runner.py) feeds it events with monotonic timestamps and executes the actions
 it returns; nothing here sleeps, reads a clock or touches a socket.
 
-Exactly one connection exists at a time by construction: ``Connect`` is only ever
-returned from the WAITING state, and every way out of ONLINE goes through WAITING.
+Exactly one connection carries the link at a time by construction: ``Connect`` is only
+ever returned from the WAITING state, and every way out of ONLINE goes through WAITING.
+The one exception is a server's drain (``on_drain``): while ONLINE, a second connection
+is opened beside the live one at a jittered moment (``OpenSecond``), proven by an ACKed
+heartbeat (``ProveSecond``), and only then takes the link's place (``Switch``); until
+then the live one carries everything, and a second that fails is dropped
+(``DropSecond``) while the live one stays.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from .liveness import LivenessWatchdog
 THROTTLE_MIN_S = 1.0
 THROTTLE_MAX_S = 15 * 60.0
 RECONNECT_WINDOW_MAX_S = 15 * 60.0
+DRAIN_WINDOW_MAX_S = 15 * 60.0
 # Losses the site's side causes and nobody else sees: the server is fine, so the device
 # goes back at once whatever window the server set (a window is for a server's loss,
 # which every device on it sees at the same instant).
@@ -69,6 +75,45 @@ class SendReport:
 
 
 @dataclass(frozen=True)
+class OpenSecond:
+    """The server drains: open a new connection beside the live one; answer with
+    on_second_opened() or on_second_failed()."""
+
+
+@dataclass(frozen=True)
+class ProveSecond:
+    """Send heartbeat ``seq`` on the second connection; its ACK: on_second_proven()."""
+    seq: int
+
+
+@dataclass(frozen=True)
+class Switch:
+    """The second connection is proven: it carries the link from now on (tell the core
+    with on_switched()), and the old one is closed politely."""
+    seq: int
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class DropSecond:
+    """The second connection did not prove itself: abort it; the live one stays."""
+    reason: str
+
+
+class Handover:
+    """A drain in progress: when the second connection opens, and its proof."""
+    DUE, OPENING, PROVING = "due", "opening", "proving"
+
+    def __init__(self, at: float, window_s: float):
+        self.at = at
+        self.window_s = window_s
+        self.phase = Handover.DUE
+        self.seq = 0
+        self.sent_at = 0.0
+        self.deadline = math.inf
+
+
+@dataclass(frozen=True)
 class LinkPolicy:
     liveness: LivenessPolicy = LivenessPolicy()
     backoff: BackoffPolicy = BackoffPolicy()
@@ -104,6 +149,8 @@ class LinkCore:
         self.idle = IdleLimit(policy.liveness.heartbeat_interval_s, policy.idle,
                               ack_timeout_s=policy.liveness.ack_timeout_s)
         self._gaps: dict[int, float] = {}  # seq -> quiet seconds before it was sent
+        self.handover: Handover | None = None   # the server drains (on_drain)
+        self.drains = 0                         # switches made to a proven new connection
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, now: float, resume_at: float | None = None, attempts: int = 0) -> None:
@@ -114,6 +161,7 @@ class LinkCore:
 
     def stop(self, now: float) -> list:
         was_online = self.state == LinkState.ONLINE
+        self.handover = None
         if was_online:
             self.journal.closed(now, J.SHUTDOWN)
         self._enter(LinkState.STOPPED, now)
@@ -143,6 +191,9 @@ class LinkCore:
             t = min(self._next_heartbeat_at, self.watchdog.next_deadline(acks))
             if not self.stable and self.connected_at is not None:
                 t = min(t, self.connected_at + self.policy.stable_after_s)
+            h = self.handover
+            if h is not None:
+                t = min(t, h.at if h.phase == Handover.DUE else h.deadline)
             return t
         return math.inf
 
@@ -170,6 +221,7 @@ class LinkCore:
             return [Abort(reason)]
         self.idle.tick(now)
         actions: list = [VerifyDelivery(seq) for seq in self.watchdog.deliveries_due(now)]
+        actions += self._handover_due(now)
         if (not self.stable and self.connected_at is not None
                 and now - self.connected_at >= self.policy.stable_after_s):
             # Only a link that stayed alive this long resets the schedule: a connect
@@ -206,10 +258,84 @@ class LinkCore:
         self.stable = False
         self.watchdog.reset(now, server_ping_interval_s)
         self.journal.opened(now, wall, local_addr, connect_s, clock_skew_s)
+        self.handover = None
         self._spreading = False
         self._gaps.clear()
         self.idle.connected()
         self._next_heartbeat_at = now
+
+    # -- a server's drain: make before break ---------------------------------------------
+    def on_drain(self, window_s: float, now: float) -> float | None:
+        """The server is about to stop: within ``window_s`` (clamped) open a new
+        connection, at an even random moment (the screens of a node spread over the
+        window), early enough that its proof fits in. Returns the moment's delay, or None
+        when there is nothing to move (not online, or already moving)."""
+        if self.state != LinkState.ONLINE or self.handover is not None:
+            return None
+        window = min(DRAIN_WINDOW_MAX_S, max(0.0, window_s))
+        span = max(0.0, window - self.policy.liveness.ack_timeout_s)
+        delay = self.backoff.moment(span)
+        self.handover = Handover(now + delay, window)
+        return delay
+
+    def _handover_due(self, now: float) -> list:
+        h = self.handover
+        if h is None:
+            return []
+        if h.phase == Handover.DUE and now >= h.at:
+            h.phase = Handover.OPENING
+            return [OpenSecond()]
+        if h.phase == Handover.PROVING and now >= h.deadline:
+            self.handover = None
+            return [DropSecond(J.ACK_TIMEOUT)]
+        return []
+
+    def on_second_opened(self, now: float) -> list:
+        """The second connection is open: prove it with a heartbeat of its own."""
+        h = self.handover
+        if self.state != LinkState.ONLINE or h is None or h.phase != Handover.OPENING:
+            return [DropSecond(J.SHUTDOWN)]
+        self.seq += 1
+        h.phase, h.seq, h.sent_at = Handover.PROVING, self.seq, now
+        h.deadline = now + self.policy.liveness.ack_timeout_s
+        return [ProveSecond(self.seq)]
+
+    def on_second_failed(self, now: float, reason: str) -> list:
+        """The second connection failed (refused, the draining node again, closed): the
+        live one stays until the drain's end closes it, then the usual reconnect."""
+        h, self.handover = self.handover, None
+        return [DropSecond(reason)] if h is not None and h.phase == Handover.PROVING else []
+
+    def on_second_proven(self, seq: int, now: float) -> list:
+        """An ACK on the second connection: its proof, if it is the one asked for."""
+        h = self.handover
+        if (self.state != LinkState.ONLINE or h is None or h.phase != Handover.PROVING
+                or seq != h.seq):
+            return []
+        self.handover = None
+        return [Switch(seq, h.sent_at)]
+
+    def on_switched(self, now: float, wall: float, server_ping_interval_s: float | None = None,
+                    local_addr: str = "", connect_s: float | None = None,
+                    clock_skew_s: float | None = None, proof: tuple[int, float] | None = None
+                    ) -> None:
+        """The second connection carries the link: the old one is journaled as drained,
+        and the new one starts proven by its heartbeat (``proof``: seq, sent at)."""
+        if self.state != LinkState.ONLINE:
+            return
+        self.journal.closed(now, J.DRAINED)
+        self.journal.opened(now, wall, local_addr, connect_s, clock_skew_s)
+        self.drains += 1
+        self.connected_at = now
+        self.watchdog.reset(now, server_ping_interval_s)
+        if proof is not None:
+            self.watchdog.on_heartbeat_sent(proof[0], proof[1])
+            self.watchdog.on_ack(proof[0], now)
+            if self.journal.current is not None and self.watchdog.last_rtt_s is not None:
+                self.journal.current.add_rtt(self.watchdog.last_rtt_s)
+        self._gaps.clear()
+        self.idle.connected()
+        self._next_heartbeat_at = now + self.idle.interval_s
 
     def on_connect_failed(self, now: float, reason: str, detail: str = "") -> None:
         if self.state != LinkState.CONNECTING:
@@ -331,6 +457,7 @@ class LinkCore:
                 detail = (f"lost after {gap:.1f}s idle, again: the site reaps idle flows; "
                           f"heartbeat now every {self.idle.interval_s:g}s")
         self.journal.closed(now, reason)
+        self.handover = None
         self.connected_at = None
         self._next_heartbeat_at = math.inf
         self._spreading = reason not in SILENT_LOSSES

@@ -79,6 +79,11 @@ class ReconnectWindow(NamedTuple):
     seconds: float
 
 
+class Drain(NamedTuple):
+    """The server is about to stop: move to a new connection within this long."""
+    seconds: float
+
+
 class Registered(NamedTuple):
     """The server confirmed this device on this connection: what waits for it may go."""
 
@@ -120,5 +125,5 @@ class Closed(NamedTuple):
 
 # about the connection whose generation they are put with; stale once that one ends
 CONNECTION_NEWS = frozenset({HeartbeatAcked, BadAck, Malformed, UnknownEvent, Throttled,
-                             ReconnectWindow,
+                             ReconnectWindow, Drain,
                              Registered, Unpaired, Emit, ReportAcked, Closed})

@@ -46,6 +46,7 @@ class News:
             inbox.Closed: lambda news: runner.connector.closed(news.reason, news.detail),
             inbox.Throttled: self._throttled,
             inbox.ReconnectWindow: self._reconnect_window,
+            inbox.Drain: self._drain,
         }
 
     def _network_up(self, news: inbox.NetworkUp) -> None:
@@ -81,7 +82,7 @@ class News:
 
     def _registered(self, news: inbox.Registered) -> None:
         r = self.runner
-        if r.cargo.registered(r.generation):
+        if r.connection is not None and r.cargo.registered(r.connection.generation):
             r.pipe.tell(r.pipe.subscribers.registered)
 
     def _unknown_event(self, news: inbox.UnknownEvent) -> None:
@@ -109,6 +110,27 @@ class News:
         log.info("server's reconnect window: %.0fs (after losing the server, the first "
                  "try comes at a random moment within it)", window)
 
+    def _drain(self, news: inbox.Drain) -> None:
+        r = self.runner
+        delay = r.core.on_drain(news.seconds, r.clock.monotonic())
+        if delay is not None:
+            log.info("server drains within %.0fs: opening a new connection in %.1fs, the "
+                     "live one kept until the new one is proven", news.seconds, delay)
+
+    def second(self, news: Any) -> None:
+        """News about the second connection a drain opened (connector.open_second):
+        its proof, or its end; the rest waits for it to carry the link."""
+        r = self.runner
+        now = r.clock.monotonic()
+        if isinstance(news, inbox.HeartbeatAcked):
+            r.execute_all(r.core.on_second_proven(news.seq, news.at))
+        elif isinstance(news, inbox.Closed):
+            log.info("drain: the new connection ended before its proof (%s); the live one "
+                     "stays until the server closes it", news.reason)
+            r.execute_all(r.core.on_second_failed(now, news.reason))
+        elif isinstance(news, (inbox.ReconnectWindow, inbox.Throttled)):
+            self.table[type(news)](news)
+
     def _heartbeat_acked(self, news: inbox.HeartbeatAcked) -> None:
         r = self.runner
         rtt = r.core.on_ack(news.seq, news.at)
@@ -116,8 +138,8 @@ class News:
             log.debug("heartbeat %d acked, rtt %.1f ms", news.seq, rtt * 1000)
         if r.connection is not None:
             r.connection.acks_may_wait = r.core.watchdog.proven_live(r.clock.monotonic())
-        if r.cargo.waiting:
-            r.cargo.heartbeat_acked(r.generation, news.seq)
+        if r.cargo.waiting and r.connection is not None:
+            r.cargo.heartbeat_acked(r.connection.generation, news.seq)
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned and len(self._warned) < 256:

@@ -14,6 +14,7 @@ EVENT = "device:event"
 REPORT = "device:report"
 THROTTLE = "server:throttle"
 RECONNECT_WINDOW = "server:reconnect-window"
+DRAIN = "server:drain"
 COMMAND = "server:command"
 COMMAND_RESULT = "device:command-result"
 
@@ -72,6 +73,11 @@ def parse_reconnect_window(args: tuple) -> float | None:
         return None
     window = _number(args[0].get("window_s"))
     return window if window is not None and window >= 0 else None
+
+
+def parse_drain(args: tuple) -> float | None:
+    """window_s from a server:drain message, or None if malformed."""
+    return parse_reconnect_window(args)
 
 
 def parse_ok(args: tuple) -> bool:

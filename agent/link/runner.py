@@ -27,7 +27,8 @@ from .cargo import Cargo
 from .connection import Connection
 from .connector import Connector
 from .idle_memory import IdleMemory
-from .core import Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport, VerifyDelivery
+from .core import (Abort, Connect, DropSecond, LinkCore, LinkPolicy, LinkState, OpenSecond,
+                   ProveSecond, SendHeartbeat, SendReport, Switch, VerifyDelivery)
 from ..config.model import Debug, Link, Server
 from .news import News
 from .pipe import Pipe
@@ -104,6 +105,7 @@ class LinkRunner:
         # the ACK deadline's kernel timer runs on real time only
         self.wakeup = Wakeup(cancellable_deadlines=isinstance(self.clock, SystemClock))
         self.connection: Connection | None = None
+        self.second: Connection | None = None   # a drain's new connection, until proven
         self.generation = 0
         self.connector = Connector(self)
         self.factory = seams.transport_factory or self.connector.default_transport
@@ -144,6 +146,7 @@ class LinkRunner:
             return
         connection = self.connection
         if (isinstance(news, inbox.HeartbeatAcked) and connection is not None
+                and generation == connection.generation
                 and connection.acks_may_wait and not self.cargo.waiting):
             self.wakeup.put((generation, news), wake=False)
             self.wakeup.call_off((generation, news.seq))
@@ -304,6 +307,10 @@ class LinkRunner:
         # one at a time: news behind one whose handler raised waits for the restart
         while (item := self.wakeup.take()) is not None:
             generation, news = item
+            second = self.second
+            if second is not None and generation == second.generation:
+                self.news.second(news)
+                continue
             if type(news) in inbox.CONNECTION_NEWS and (
                     self.connection is None or generation != self.connection.generation):
                 log.debug("dropped %s: its connection is gone", type(news).__name__)
@@ -366,6 +373,16 @@ class LinkRunner:
             connection.report(self.core, action, self.clock.wall())
         elif isinstance(action, Abort):
             self.connector.abort(action.reason)
+        elif isinstance(action, OpenSecond):
+            self.connector.open_second()
+        elif isinstance(action, ProveSecond) and self.second is not None:
+            self.second.heartbeat(action.seq, self.clock.wall(),
+                                  self.clock.monotonic() - self._started, self.clock.monotonic,
+                                  ask_kernel=False)
+        elif isinstance(action, Switch):
+            self.connector.switch(action)
+        elif isinstance(action, DropSecond):
+            self.connector.drop_second(action.reason)
 
     def publish(self) -> None:
         """The reconnect schedule to its store and the state to on_status, when either

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from devtools.harness import REPO
 
-from devtools.bench import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, netback as NB, outage_restarts as OR, silent_drop as SD, startup as SU, storm as ST, timeline
+from devtools.bench import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, rolling_deploy as RD, netback as NB, outage_restarts as OR, silent_drop as SD, startup as SU, storm as ST, timeline
 from devtools.bench.common import ACK_DEFAULT, HB_DEFAULT
 from devtools.bench.uploads import upload_queue, uploads_section
 from devtools.bench import picture as PB
@@ -177,6 +177,7 @@ def main(argv=None) -> int:
             ("idle_reap", IR.compare, 150.0 if quick else 600.0, work)]
     if not quick:   # about 20 s a trial and 40 s for the frozen server: the full run's
         jobs.append(("hung", HN.compare, 3, work / "hung"))
+        jobs.append(("deploy", RD.compare, work / "deploy"))
     threads = [threading.Thread(target=job, args=j) for j in jobs]
     for t in threads:
         t.start()
@@ -217,7 +218,8 @@ def main(argv=None) -> int:
                 ("outage", OR.section),
                 ("picture", lambda r: PB.section(r, res.get("footprint")
                                                  if isinstance(res.get("footprint"), list)
-                                                 else None))] + ([] if quick else [("hung", HN.section)])
+                                                 else None))] + ([] if quick else [("hung", HN.section),
+                                                                     ("deploy", RD.section)])
     for key, fn in sections:
         if key == "storm":
             storms = [res.get(f"storm-{m}") for m in modes]

@@ -43,6 +43,10 @@ class EdgeAgentProfile:
             post(inbox.ReconnectWindow(seconds) if seconds is not None
                  else inbox.Malformed(protocol.RECONNECT_WINDOW))
 
+        def drain(_transport, *args):
+            seconds = protocol.parse_drain(args)
+            post(inbox.Drain(seconds) if seconds is not None else inbox.Malformed(protocol.DRAIN))
+
         def command(_transport, data=None, *_):
             # the receipt tells the server not to send it again: it goes out once the
             # part that serves it has the command in its ledger, durably, never before (a power
@@ -55,7 +59,7 @@ class EdgeAgentProfile:
             # the ledger runs an id at most once
             return {"ok": False, "error": "not recorded yet; send it again"}
         return {protocol.THROTTLE: throttle, protocol.COMMAND: command,
-                protocol.RECONNECT_WINDOW: reconnect_window}
+                protocol.RECONNECT_WINDOW: reconnect_window, protocol.DRAIN: drain}
 
     @staticmethod
     def command_result(result: dict) -> tuple[str, dict, bool]:
