@@ -29,7 +29,7 @@ from typing import Callable
 from ..base import children, sysfs
 from . import netlink
 from .netlink import NetlinkError
-from .network import Probe
+from .network import NEIGH_UNKNOWN, Probe
 
 log = logging.getLogger("edge_agent.device")
 
@@ -120,10 +120,12 @@ class NetProbe:
             return None
 
     def neighbour(self, interface: str, gateway: str) -> str | None:
+        """The gateway's neighbour state, None where the kernel has no entry, NEIGH_UNKNOWN
+        where its table could not be read (which proves nothing, not even "no entry")."""
         try:
             state = self.nl.neighbour(socket.if_nametoindex(interface), gateway)
         except (NetlinkError, OSError, ValueError):
-            return None
+            return NEIGH_UNKNOWN
         if self.nudge and state in (None, "STALE"):
             with contextlib.suppress(OSError, ValueError):
                 with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
