@@ -8,6 +8,9 @@ unit (``[screen] player_unit``), timedated for the clock and the time zone. polk
 GRANTS_DIR; the player's flag holds, on its first line, the one unit that may be
 restarted, and exists only where a player unit is set and either the ``restart-player``
 command is allowed or ``[screen] recovery`` is on (the ladder restarts it).
+The network healer's flag (``[device] heal_network``) names, on its first line, the one
+manager found managing the device's network (netprobe.py's rule) and, for ifupdown, its
+interfaces: polkit lets the agent act through that manager alone.
 The unit's root-side steps keep the flags in step with the configuration:
 ``ExecStartPre=-+/usr/bin/python3 -I -m agent.programs.grants`` before every start, ``--revoke``
 after every stop (systemd runs ExecStopPost after a skipped ExecCondition too), so the grant
