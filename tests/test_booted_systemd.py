@@ -1531,8 +1531,13 @@ def test_the_network_is_bounced_through_networkd_and_polkit_from_the_units_sandb
         assert s.run("stat", "-c", "%a %U:%G %F", NETWORK_GRANT).stdout.strip() == \
             "644 root:root regular file"
         assert polkit_allows(s, "org.freedesktop.network1.reconfigure")
+        # the flag names the manager found: another manager's restart, ifupdown's unit of
+        # the very interface, are refused (systemd asks polkit before it looks for the unit)
+        assert s.run("head", "-n1", NETWORK_GRANT).stdout.strip() == "systemd-networkd"
         for verb, unit in (("stop", "systemd-networkd.service"), ("restart", "ssh.service"),
-                           ("start", "systemd-networkd.service")):
+                           ("start", "systemd-networkd.service"),
+                           ("restart", "NetworkManager.service"),
+                           ("restart", "networking.service"), ("restart", "ifup@eh0.service")):
             r = as_agent_systemctl(s, verb, unit)
             assert r.returncode != 0 and REFUSED.search(r.stderr), (verb, unit, r)
         network = status(s)[1]["network"]

@@ -150,8 +150,13 @@ def test_the_polkit_rule_and_the_unit_name_the_flag_this_module_writes():
         assert f'edgeAgentGranted("{name}") ? polkit.Result.YES : polkit.Result.NO' in rule
     # and the player's restart, whose flag names the unit
     # and the network's healer's two: its bounce, its manager's restart
-    assert rule.count("polkit.Result.YES") == len(grants.GRANTABLE) + 1 + 2
-    assert rule.count(f'edgeAgentGranted("{grants.NETWORK}") ? polkit.Result.YES') == 2
+    # and the network's healer's three: its manager's bounce (networkd's or
+    # NetworkManager's), its manager's restart; the flag names the manager
+    assert rule.count("polkit.Result.YES") == len(grants.GRANTABLE) + 1 + 3
+    assert f'"{grants.GRANTS_DIR}/{grants.NETWORK}"' in rule
+    from agent.device.netprobe import MANAGER_UNITS   # the one list of the managers' units
+    for manager, unit in MANAGER_UNITS.items():
+        assert re.search(rf'"{manager}": "{re.escape(unit)}"', rule), manager
     assert f'"{grants.GRANTS_DIR}/{grants.PLAYER}"' in rule
     assert 'action.lookup("unit") == "edge-agent-update.service"' in rule
     unit = (REPO / "systemd" / "edge-agent.service").read_text()
@@ -544,11 +549,15 @@ def test_the_networks_healer_is_granted_its_acts_only_while_its_key_is_on(ground
     assert sorted(listing(grants_dir)) == ["reboot"]
     off = polkit_answers(grants_dir, network_cases())
     assert off == ["no"] * 3 + ["not_handled"] * 4
-    r = step(base, config_text=NETWORK_CONFIG.format(allow='["reboot"]', heal="true"))
-    assert r.returncode == 0 and "network's bounce" in r.stdout
+    r = step(base, *managed_by(base, networkd=True),
+             config_text=NETWORK_CONFIG.format(allow='["reboot"]', heal="true"))
+    assert r.returncode == 0 and "network's bounce through systemd-networkd" in r.stdout, r
     assert sorted(listing(grants_dir)) == ["network-heal", "reboot"]
     assert listing(grants_dir)["network-heal"] == (0o644, 0)
-    assert polkit_answers(grants_dir, network_cases()) == ["yes"] * 7
+    assert (grants_dir / "network-heal").read_text().splitlines()[0] == "systemd-networkd"
+    # networkd's own acts and its restart; NetworkManager's, ifupdown's refused
+    assert polkit_answers(grants_dir, network_cases()) == \
+        ["yes", "yes", "no", "yes", "not_handled", "not_handled", "not_handled"]
     hostile = [restart(u) for u in ("ifup@.service", "ifup@eth0 .service", "ifup@../x.service",
                                     "ifup@*.service", "ifup@" + "e" * 16 + ".service",
                                     "systemd-resolved.service", "ssh.service", None)]
@@ -557,5 +566,53 @@ def test_the_networks_healer_is_granted_its_acts_only_while_its_key_is_on(ground
         ["not_handled"] * (len(hostile) + 7)
     # the device part off takes the healer with it
     cfg = NETWORK_CONFIG.format(allow='["reboot"]', heal="true") + "enabled = false\n"
-    assert step(base, config_text=cfg).returncode == 0
+    assert step(base, *managed_by(base, networkd=True), config_text=cfg).returncode == 0
     assert sorted(listing(grants_dir)) == ["reboot"]
+    assert polkit_answers(grants_dir, network_cases()) == off
+
+
+def managed_by(base: Path, networkd=False, ifstate=None) -> tuple:
+    """The step's hidden paths to networkd's links and ifupdown's state, made here."""
+    links = base / "netif-links"
+    links.mkdir(exist_ok=True)
+    for old in links.iterdir():
+        old.unlink()
+    if networkd:
+        (links / "7").write_text("ADMIN_STATE=configured\nOPER_STATE=routable\n")
+    state = base / "ifstate"
+    state.unlink(missing_ok=True)
+    if ifstate is not None:
+        state.write_text(ifstate)
+    return "--networkd-dir", str(links), "--ifstate", str(state)
+
+
+def test_the_networks_healer_is_granted_its_own_managers_acts_and_no_other(ground):
+    """The flag names the manager root's start step finds (netprobe.py): polkit lets the
+    agent act through that one alone. ifupdown: its interfaces' units, each by name,
+    and networking.service; no other interface's, no other manager's act or restart.
+    NetworkManager: its network-control and its restart. No manager found: no flag,
+    said, and nothing allowed."""
+    base, _ = ground
+    grants_dir = base / "grants"
+    heal = NETWORK_CONFIG.format(allow='["reboot"]', heal="true")
+    r = step(base, *managed_by(base, ifstate="lo=lo\neth0=eth0\nwlan1=wlan1\n"),
+             config_text=heal)
+    assert r.returncode == 0 and "through ifupdown and its restart (eth0, wlan1)" in r.stdout, r
+    assert (grants_dir / "network-heal").read_text().splitlines()[0] == "ifupdown eth0 wlan1"
+    cases = network_cases() + [restart(u) for u in (
+        "ifup@wlan1.service", "ifup@wlan0.service", "ifup@lo.service", "ifup@eth.service",
+        "ifup@eth0 wlan1.service", "ifup@ifupdown.service")]
+    assert polkit_answers(grants_dir, cases) == \
+        ["no", "no", "no", "not_handled", "not_handled", "yes", "yes",
+         "yes", "not_handled", "not_handled", "not_handled", "not_handled", "not_handled"]
+
+    # NetworkManager (found by nmcli, which this machine has not): the flag as it is written
+    assert "+network-heal" in grants.sync(grants.flags(
+        frozenset({"reboot"}), network=("NetworkManager", ())), str(grants_dir))
+    assert polkit_answers(grants_dir, network_cases()) == \
+        ["no", "no", "yes", "not_handled", "yes", "not_handled", "not_handled"]
+
+    r = step(base, *managed_by(base), config_text=heal)
+    assert r.returncode == 0 and "no network manager" in r.stdout, r
+    assert sorted(listing(grants_dir)) == ["reboot"]
+    assert polkit_answers(grants_dir, cases) == ["no"] * 3 + ["not_handled"] * 10

@@ -91,7 +91,8 @@ WING, MAY = _wings()
 CORES = {_dotted(p) for p in ROWS.get("cores", [])}
 PURE = CORES | {_dotted(p) for p in ROWS.get("pure helpers", [])}
 SPOKEN = PURE | {_dotted(p) for p in ROWS.get("data", [])}
-ROOT_SIDE = {_dotted(p) for p in ROWS.get("root's side of a self-update", [])}
+ROOT_SIDE = {_dotted(p) for row, paths in ROWS.items() if row.startswith("root's side of ")
+             for p in paths}
 NO_IO = ROWS.get("never imported by either", [])
 SERVER_TAKES = {_dotted(p) for p in ROWS.get("`fleet_server/`", []) if p.endswith(".py")}
 ROOT_PROGRAMS = [name for name in AGENT if name.startswith("agent.programs.")

@@ -333,6 +333,42 @@ def test_a_probe_that_cannot_read_the_routes_tells_nothing_and_nothing_is_done(t
     assert w.acts == [] and w.reports == []
 
 
+def test_a_neighbour_table_that_cannot_be_read_is_unknown_and_climbs_no_rung(tmp_path):
+    """A failed neighbour dump (netlink refused, too slow, too large) says nothing of the
+    gateway: not "no entry", which with packets sent and none received would read as a
+    wedged interface and bounce it."""
+    from agent.device.netlink import NetlinkError
+    from agent.device.netprobe import NetProbe
+
+    class NoNeighbours:
+        def __init__(self):
+            self.tx = 9
+
+        def default_routes(self):
+            return [(1, "10.0.0.1", 0)]
+
+        def global_address(self, index):
+            return True
+
+        def neighbour(self, index, address):
+            raise NetlinkError("the dump timed out")
+    net = tmp_path / "class" / "net" / "lo"
+    (net / "statistics").mkdir(parents=True)
+    (net / "carrier").write_text("1\n")
+    probe = NetProbe(str(tmp_path), networkd_dir=str(tmp_path / "none"),
+                     ifstate=str(tmp_path / "none"), nudge=False, nl=NoNeighbours())
+    seen = []
+    for tx in (9, 30):
+        (net / "statistics" / "rx_packets").write_text("5\n")
+        (net / "statistics" / "tx_packets").write_text(f"{tx}\n")
+        seen.append(probe.probe())
+    assert seen[1].neighbour == "unknown"
+    assert N.cause(seen[1], seen[0]) == N.UPSTREAM
+    # the same probes with no entry told are a wedged interface
+    told = [N.Probe(**{**vars(x), "neighbour": None}) for x in seen]
+    assert N.cause(told[1], told[0]) == N.WEDGED
+
+
 def test_no_default_route_is_device_side_only_where_the_kernel_found_no_route():
     """A server on the screen's own subnet needs no default route: a connect that timed
     out had a route, so a missing default route is no cause; the kernel's own

@@ -29,7 +29,7 @@ from typing import Callable
 from ..base import children, sysfs
 from . import netlink
 from .netlink import NetlinkError
-from .network import Probe
+from .network import NEIGH_UNKNOWN, Probe
 
 log = logging.getLogger("edge_agent.device")
 
@@ -39,6 +39,7 @@ MAX_OUTPUT = 64 * 1024       # what a read keeps
 MAX_DRAIN = 1 << 20
 DISCARD_PORT = 9
 IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}")    # the kernel's IFNAMSIZ, no path, no space
+MAX_IFACES = 32              # ifupdown's interfaces that root's grant names, at most
 NETWORKD, NETWORKMANAGER, IFUPDOWN = "systemd-networkd", "NetworkManager", "ifupdown"
 MANAGER_UNITS = {NETWORKD: "systemd-networkd.service",
                  NETWORKMANAGER: "NetworkManager.service", IFUPDOWN: "networking.service"}
@@ -120,10 +121,12 @@ class NetProbe:
             return None
 
     def neighbour(self, interface: str, gateway: str) -> str | None:
+        """The gateway's neighbour state, None where the kernel has no entry, NEIGH_UNKNOWN
+        where its table could not be read (which proves nothing, not even "no entry")."""
         try:
             state = self.nl.neighbour(socket.if_nametoindex(interface), gateway)
         except (NetlinkError, OSError, ValueError):
-            return None
+            return NEIGH_UNKNOWN
         if self.nudge and state in (None, "STALE"):
             with contextlib.suppress(OSError, ValueError):
                 with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -169,8 +172,32 @@ class NetProbe:
         return False
 
     def _ifupdown(self, interface: str | None) -> bool:
-        names = [line.split("=")[0] for line in _lines(self.ifstate) if "=" in line]
+        names = self._ifupdown_names()
         return bool(names) if interface is None else interface in names
+
+    def _ifupdown_names(self) -> list[str]:
+        return [line.split("=")[0] for line in _lines(self.ifstate) if "=" in line]
+
+    def managing(self) -> tuple[str, tuple[str, ...]] | None:
+        """What manages this device's network, for root's grant of the healer's acts
+        (agent/programs/grants.py): the manager of the default route's interface, else
+        the one managing any; for ifupdown with the interfaces it has brought up (plain
+        names, never lo, at most MAX_IFACES). None: no manager known. Safe for root: it
+        reads the kernel's routes, sysfs and the managers' own state in /run (root's,
+        networkd's) and asks NetworkManager through nmcli, never a file the agent's
+        user can write."""
+        try:
+            routes = self.nl.default_routes()
+            interface = (socket.if_indextoname(min(routes, key=lambda r: r[2])[0])
+                         if routes else None)
+        except (NetlinkError, OSError):
+            interface = None
+        manager = (self.manager(interface) if interface else None) or self.manager(None)
+        if manager is None:
+            return None
+        names = () if manager != IFUPDOWN else tuple(dict.fromkeys(
+            x for x in self._ifupdown_names() if x != "lo" and IFNAME.fullmatch(x)))
+        return manager, names[:MAX_IFACES]
 
     # -- acts ------------------------------------------------------------------------
     def bounce(self, manager: str, interface: str) -> tuple[bool, str]:

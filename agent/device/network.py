@@ -49,6 +49,9 @@ CAUSES = (NO_ROUTE, NO_CARRIER, NO_ADDRESS, GATEWAY_SILENT, WEDGED)
 UPSTREAM = "upstream"
 # the kernel's neighbour states (ip-neighbour(8)): the gateway answers nothing
 NEIGH_SILENT = frozenset({"FAILED", "INCOMPLETE"})
+# the kernel's neighbours could not be read: nothing is known of the gateway, so nothing
+# is proven (not "no entry", which is None)
+NEIGH_UNKNOWN = "unknown"
 MAX_BACKOFF = 16
 MAX_SAID = 300
 
@@ -60,7 +63,8 @@ class Probe:
     route: bool = True           # a default route exists
     carrier: bool | None = None  # /sys/class/net/IF/carrier (None: not known)
     address: bool | None = None  # a global address on it
-    neighbour: str | None = None  # the gateway's neighbour state, upper case (None: no entry)
+    neighbour: str | None = None  # the gateway's neighbour state, upper case (None: no
+    #                               entry; NEIGH_UNKNOWN: the kernel's table not read)
     rx_packets: int | None = None
     tx_packets: int | None = None
     manager: str | None = None   # what manages the interface (netprobe.py), or None
@@ -132,7 +136,7 @@ def cause(probe: Probe, before: Probe | None, reason: str | None = None) -> str:
             and None not in (probe.rx_packets, probe.tx_packets, before.rx_packets,
                              before.tx_packets)
             and probe.tx_packets > before.tx_packets and probe.rx_packets == before.rx_packets
-            and probe.neighbour != "REACHABLE"):
+            and probe.neighbour not in ("REACHABLE", NEIGH_UNKNOWN)):
         return WEDGED
     return UPSTREAM
 

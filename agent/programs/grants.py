@@ -8,6 +8,9 @@ unit (``[screen] player_unit``), timedated for the clock and the time zone. polk
 GRANTS_DIR; the player's flag holds, on its first line, the one unit that may be
 restarted, and exists only where a player unit is set and either the ``restart-player``
 command is allowed or ``[screen] recovery`` is on (the ladder restarts it).
+The network healer's flag (``[device] heal_network``) names, on its first line, the one
+manager found managing the device's network (netprobe.py's rule) and, for ifupdown, its
+interfaces: polkit lets the agent act through that manager alone.
 The unit's root-side steps keep the flags in step with the configuration:
 ``ExecStartPre=-+/usr/bin/python3 -I -m agent.programs.grants`` before every start, ``--revoke``
 after every stop (systemd runs ExecStopPost after a skipped ExecCondition too), so the grant
@@ -42,10 +45,14 @@ FLAG_TEXT = ("polkit lets the edge-agent user {name} (50-edge-agent.rules): [com
              "in {source} lists it. Written by edge-agent.service's ExecStartPre, removed "
              "when it stops.\n")
 NETWORK = "network-heal"
-NETWORK_TEXT = ("polkit lets the edge-agent user bounce the network's interface through its "
-                "manager and restart the manager (50-edge-agent.rules): [device] heal_network "
-                "in {source} is on. Written by edge-agent.service's ExecStartPre, removed "
-                "when it stops.\n")
+# the first line: the manager found managing this device's network when the agent started
+# (agent/device/netprobe.py: systemd-networkd, NetworkManager or ifupdown), for ifupdown
+# followed by the interfaces it manages, each after one space; polkit allows that
+# manager's own acts and the restart of its unit (of ifup@IF.service for those), no other
+NETWORK_TEXT = ("{manager}\n# polkit lets the edge-agent user bounce the network's interface "
+                "through the manager on the line above and restart that manager, no other "
+                "(50-edge-agent.rules): [device] heal_network in {source} is on. Written by "
+                "edge-agent.service's ExecStartPre, removed when it stops.\n")
 PLAYER = "restart-player"
 # the first line is what polkit compares with the unit systemd is asked to restart: the
 # unit's name alone; the rest cannot be a unit's name (it has spaces)
@@ -83,17 +90,32 @@ def network_heal(device) -> bool:
     return bool(device.enabled and device.heal_network)
 
 
+def network_manager(networkd_dir: str | None = None,
+                    ifstate: str | None = None) -> tuple[str, tuple[str, ...]] | None:
+    """What manages this device's network, as the healer finds it (netprobe.py, the one
+    home of that rule), and for ifupdown the interfaces it manages; None: nothing
+    known. Loaded only here: the running agent's device part, for the one grant that
+    needs it (it reads the kernel, sysfs and /run, and asks nmcli)."""
+    from ..device.netprobe import NetProbe
+    where = {k: v for k, v in (("networkd_dir", networkd_dir), ("ifstate", ifstate)) if v}
+    return NetProbe(nudge=False, **where).managing()
+
+
 def flags(grants, player: str | None = None, source: str = "",
-          config: str = "", network: bool = False) -> dict[str, str]:
+          config: str = "", network: tuple[str, tuple[str, ...]] | None = None
+          ) -> dict[str, str]:
     """Each flag's name and text: the commands' ``grants`` (``source``: whose allow list
     it is), the player's unit (``config``: the operator's file, which alone names
-    it), and the network's healer (``network``: [device] heal_network is on)."""
+    it), and the network's healer (``network``: [device] heal_network is on, and the
+    manager found with its interfaces, as network_manager() gives them)."""
     texts = {name: FLAG_TEXT.format(name=name, source=source or "the file")
              for name in grants}
     if player:
         texts[PLAYER] = PLAYER_TEXT.format(unit=player, source=config or "the file")
     if network:
-        texts[NETWORK] = NETWORK_TEXT.format(source=config or "the file")
+        manager, interfaces = network
+        texts[NETWORK] = NETWORK_TEXT.format(manager=" ".join((manager, *interfaces)),
+                                             source=config or "the file")
     return texts
 
 
@@ -311,10 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-exporter-dir", default=NODE_EXPORTER_DIR, help=argparse.SUPPRESS)
     parser.add_argument("--user", default=AGENT_USER, help=argparse.SUPPRESS)
     parser.add_argument("--watchdog-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--networkd-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--ifstate", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     grants: frozenset = frozenset()
     player = metrics = None
-    network = False
+    network = None
     source = args.config
     watchdog: int | None | bool = False   # False: left as it is (a stop, a bad file)
     if not args.revoke:
@@ -327,7 +351,13 @@ def main(argv: list[str] | None = None) -> int:
             watchdog = config.device.watchdog_s
             grants = wanted(config.commands.allow)
             player = player_unit(config.screen, config.commands.allow)
-            network = network_heal(config.device)
+            if network_heal(config.device):
+                network = network_manager(args.networkd_dir, args.ifstate)
+                if network is None:
+                    early("edge-agent: grants: [device] heal_network is on, but no network "
+                          "manager (systemd-networkd, NetworkManager, ifupdown) manages this "
+                          "device's network: the healer may bounce nothing, restart nothing",
+                          4, sys.stdout)
             metrics = config.metrics_path if config.metrics.enabled else None
             if metrics is not None and metrics != metrics_home(config.runtime.dir):
                 # the operator's own path: never a tmpfs mounted over a directory of theirs
@@ -362,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     given = [c[1:] for c in changed if c.startswith("+")]
     if NETWORK in given:
-        given[given.index(NETWORK)] = "the network's bounce and its manager's restart"
+        given[given.index(NETWORK)] = (f"the network's bounce through {network[0]} and its "
+                                       "restart" + (f" ({', '.join(network[1])})"
+                                                    if network[1] else ""))
     if PLAYER in given:
         given[given.index(PLAYER)] = f"a restart of {player}"
         early(f"edge-agent: polkit grants this service {', '.join(given)}: as {args.config} "
