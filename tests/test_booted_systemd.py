@@ -2016,7 +2016,9 @@ def assert_purge_leaves_nothing(site) -> None:
     # the test's own files (the drop-in, the packages it copied in, the operator's
     # repository and its sources entry), and the system's records of an install
     ours = (f"/etc/systemd/system/{UNIT}.d", "/root/edge-agent_", APT_REPO, APT_KEYRING,
-            APT_SOURCE)
+            APT_SOURCE,
+            # the Wayland step's desktop user, as Raspberry Pi OS makes it (pi, uid 1000)
+            "/home/pi", "/var/mail/pi", "/var/spool/mail/pi")
     records = ("/var/lib/dpkg/", "/var/cache/apt/", "/var/cache/debconf/", "/var/log/",
                "/var/lib/apt/", "/etc/passwd", "/etc/group", "/etc/shadow",
                "/etc/gshadow", "/etc/subuid", "/etc/subgid", "/etc/.pwd.lock",
