@@ -108,6 +108,13 @@ def test_grim_that_cannot_reach_the_compositor_is_a_failure_in_its_own_words(
         "failed to create display" in snap["failure"], snap
 
 
+# python3 -c CONNECT PATH prints "connected" or the errno's name of connect() to PATH
+CONNECT = ("import errno, socket, sys\n"
+           "s = socket.socket(socket.AF_UNIX)\n"
+           "try:\n    s.connect(sys.argv[1]); print('connected')\n"
+           "except OSError as e:\n    print(errno.errorcode[e.errno])\n")
+
+
 def listening_socket(path, mode: int, owner: int):
     """A unix socket listening at path, as a desktop's daemon leaves one (PipeWire's
     pipewire-0 is 0666: its own mode admits every user who can reach it)."""
@@ -122,12 +129,8 @@ def listening_socket(path, mode: int, owner: int):
 
 def connect_as(uid: int, path) -> str:
     """connect() to the unix socket at path as uid: "connected" or the errno's name."""
-    probe = ("import errno, socket, sys\n"
-             "s = socket.socket(socket.AF_UNIX)\n"
-             "try:\n    s.connect(sys.argv[1]); print('connected')\n"
-             "except OSError as e:\n    print(errno.errorcode[e.errno])\n")
     return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                           "/usr/bin/python3", "-c", probe, str(path)], capture_output=True,
+                           "/usr/bin/python3", "-c", CONNECT, str(path)], capture_output=True,
                           text=True, check=True, timeout=10).stdout.strip()
 
 
