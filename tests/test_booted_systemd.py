@@ -1633,11 +1633,16 @@ def test_the_picture_is_captured_and_judged_under_the_sandbox_with_the_readmes_d
 
 # Raspberry Pi OS's own desktop: a wlroots compositor run by the desktop's user (pi, uid
 # 1000) in its runtime directory, /run/user/1000, its own and 0700. docs/operate.md's
-# recipe: the unit binds a directory of it, edge-agent (0700, the desktop user's: the
-# drop-in makes it as that user), read-only into its own runtime directory, and the
+# recipe: the unit binds a directory of it, edge-agent (0700, the desktop user's: a
+# drop-in of user-runtime-dir@1000 makes it, as that user, with the runtime directory;
+# every process of the unit needs the bind's source, its ExecCondition= first), read-only
+# into its own runtime directory, and the
 # desktop's autostart links the compositor's socket into it and grants edge-agent that
 # directory's x and the socket's rw (ACLs); the runtime directory itself gets none
 DESKTOP_DROP_IN = "/etc/systemd/system/edge-agent.service.d/desktop.conf"
+RUNTIME_DIR_DROP_IN = "/etc/systemd/system/user-runtime-dir@1000.service.d/edge-agent.conf"
+RUNTIME_DIR_HOOK = ("[Service]\nExecStartPost=/usr/bin/setpriv --reuid=1000 --regid=1000 "
+                    "--clear-groups /usr/bin/mkdir -p -m 0700 /run/user/1000/edge-agent\n")
 # trixie's labwc, as Raspberry Pi OS runs it (its autostart runs the grant); bookworm's
 # sway 1.7 (an exec line in its configuration does)
 COMPOSITOR = {"trixie": ["labwc"], "bookworm": ["sway", "-c", "/home/pi/.config/sway/config"]}
@@ -1654,9 +1659,7 @@ def blank_cursor() -> bytes:
 
 def desktop_drop_in(socket: str) -> str:
     return ("[Unit]\nWants=user-runtime-dir@1000.service\nAfter=user-runtime-dir@1000.service\n"
-            "[Service]\nExecStartPre=+/usr/bin/setpriv --reuid=1000 --regid=1000 --clear-groups "
-            "/usr/bin/mkdir -p -m 0700 /run/user/1000/edge-agent\n"
-            "BindReadOnlyPaths=/run/user/1000/edge-agent:/run/edge-agent/desktop\n"
+            "[Service]\nBindReadOnlyPaths=/run/user/1000/edge-agent:/run/edge-agent/desktop\n"
             f"Environment=XDG_RUNTIME_DIR=/run/edge-agent/desktop WAYLAND_DISPLAY={socket}\n")
 
 
@@ -1712,7 +1715,13 @@ def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_
         s.run(*as_desktop("--unit=desktop-bg", "-E", f"WAYLAND_DISPLAY={socket}", "swaybg",
                           *swaybg))
 
+    s.path(RUNTIME_DIR_DROP_IN).parent.mkdir(exist_ok=True)
+    s.path(RUNTIME_DIR_DROP_IN).write_text(RUNTIME_DIR_HOOK)
+    s.run("systemctl", "daemon-reload")
+    s.run("systemctl", "stop", "user-runtime-dir@1000.service")    # made again with the hook
     socket = start_desktop()
+    made = s.run("stat", "-c", "%a %U", "/run/user/1000/edge-agent").stdout.split()
+    assert made == ["700", "pi"], made
     show("-c", "#000000")
     conf = s.path(CONF)
     before = conf.read_text()
@@ -1767,12 +1776,11 @@ def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_
                           "import os, socket, time\n"
                           "s = socket.socket(socket.AF_UNIX); s.bind('/run/user/1000/pipewire-0')\n"
                           "os.chmod('/run/user/1000/pipewire-0', 0o666); s.listen(4); time.sleep(600)\n"))
-        wait_for(lambda: s.run("setpriv", "--reuid=pi", "--regid=pi", "--clear-groups", "python3",
-                               "-c", probe, "/run/user/1000/pipewire-0").stdout.strip()
+        wait_for(lambda: s.run(*as_user("pi", "pi", "python3", "-c", probe,
+                                        "/run/user/1000/pipewire-0")).stdout.strip()
                  == "connected", 10, what="the desktop's 0666 socket listening")
-        in_unit = ["nsenter", "-t", str(main_pid(s)), "-m", "--", "setpriv",
-                   "--reuid=edge-agent", "--regid=edge-agent", "--clear-groups", "python3", "-c",
-                   probe]
+        in_unit = ["nsenter", "-t", str(main_pid(s)), "-m", "--",
+                   *as_user("edge-agent", "edge-agent", "python3", "-c", probe)]
         assert s.run(*in_unit, f"/run/edge-agent/desktop/{socket}").stdout.strip() == "connected"
         assert s.run(*in_unit, "/run/edge-agent/desktop/pipewire-0").stdout.strip() == "ENOENT"
         assert s.run(*in_unit, "/run/user/1000/pipewire-0").stdout.strip() in ("ENOENT", "EACCES")
@@ -1790,7 +1798,7 @@ def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_
         assert "picture check" not in text(e for e in agent_lines(s)
                                            if int(e.get("PRIORITY", 6)) <= 3)
     finally:
-        s.run("rm", "-f", DESKTOP_DROP_IN)
+        s.run("rm", "-f", DESKTOP_DROP_IN, RUNTIME_DIR_DROP_IN)
         s.run("systemctl", "daemon-reload")
         s.run("systemctl", "stop", "desktop-bg", "desktop", "pipewire", check=False)
         conf.write_text(before)

@@ -156,8 +156,8 @@ def test_an_agent_of_another_user_reaches_the_desktop_only_with_the_acl_grant(
     pipewire = listening_socket(runtime / "pipewire-0", 0o666, DESKTOP_UID)
     try:
         assert connect_as(DESKTOP_UID, runtime / "pipewire-0") == "connected"
-        # the bind needs its source at the unit's start: the drop-in makes it, as the
-        # desktop's user (docs/operate.md: ExecStartPre=+setpriv ... mkdir)
+        # the bind needs its source at the unit's start: user-runtime-dir@1000's drop-in
+        # makes it with the runtime directory, as the desktop's user (docs/operate.md)
         subprocess.run([*desktop, "mkdir", "-p", "-m", "0700", str(shared)], check=True)
         in_unit = (f"unshare --mount sh -c 'mount --bind \"$1\" \"$2\" && "
                    f"mount -o remount,bind,ro \"$2\" && shift 2 && exec \"$@\"' unit "
