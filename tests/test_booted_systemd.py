@@ -1638,11 +1638,16 @@ def test_the_picture_is_captured_and_judged_under_the_sandbox_with_the_readmes_d
 
 # Raspberry Pi OS's own desktop: a wlroots compositor run by the desktop's user (pi, uid
 # 1000) in its runtime directory, /run/user/1000, its own and 0700. docs/operate.md's
-# recipe: the unit binds that directory read-only into its own runtime directory, and the
-# desktop's autostart grants edge-agent the directory's x and the socket's rw (ACLs)
+# recipe: the unit binds a directory of it, edge-agent (0700, the desktop user's: a
+# drop-in of user-runtime-dir@1000 makes it, as that user, with the runtime directory;
+# every process of the unit needs the bind's source, its ExecCondition= first), read-only
+# into its own runtime directory, and the
+# desktop's autostart links the compositor's socket into it and grants edge-agent that
+# directory's x and the socket's rw (ACLs); the runtime directory itself gets none
 DESKTOP_DROP_IN = "/etc/systemd/system/edge-agent.service.d/desktop.conf"
-DESKTOP_GRANT = ('setfacl -m u:edge-agent:x "$XDG_RUNTIME_DIR"\n'
-                 'setfacl -m u:edge-agent:rw "$XDG_RUNTIME_DIR/$WAYLAND_DISPLAY"\n')
+RUNTIME_DIR_DROP_IN = "/etc/systemd/system/user-runtime-dir@1000.service.d/edge-agent.conf"
+RUNTIME_DIR_HOOK = ("[Service]\nExecStartPost=/usr/bin/setpriv --reuid=1000 --regid=1000 "
+                    "--clear-groups /usr/bin/mkdir -p -m 0700 /run/user/1000/edge-agent\n")
 # trixie's labwc, as Raspberry Pi OS runs it (its autostart runs the grant); bookworm's
 # sway 1.7 (an exec line in its configuration does)
 COMPOSITOR = {"trixie": ["labwc"], "bookworm": ["sway", "-c", "/home/pi/.config/sway/config"]}
@@ -1659,7 +1664,7 @@ def blank_cursor() -> bytes:
 
 def desktop_drop_in(socket: str) -> str:
     return ("[Unit]\nWants=user-runtime-dir@1000.service\nAfter=user-runtime-dir@1000.service\n"
-            "[Service]\nBindReadOnlyPaths=/run/user/1000:/run/edge-agent/desktop\n"
+            "[Service]\nBindReadOnlyPaths=/run/user/1000/edge-agent:/run/edge-agent/desktop\n"
             f"Environment=XDG_RUNTIME_DIR=/run/edge-agent/desktop WAYLAND_DISPLAY={socket}\n")
 
 
@@ -1676,12 +1681,16 @@ def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_
     """The agent in its unit reaches the desktop user's compositor (labwc on trixie, sway
     1.7 on bookworm, headless), in a runtime directory another user owns, 0700: with
     the drop-in alone grim is refused; with the desktop's grant (its autostart, run again
-    as the compositor restarts) the picture is captured and judged (black, then a
-    starfield: ok). The display turned off and on by the fleet's display command is read
-    back by wlr-randr: on trixie confirmed off then on; on bookworm sway 1.7 refuses the
-    off (the command fails) and cannot say whether its headless output is on."""
+    at each start of the compositor) the picture is captured and judged (black, then a
+    starfield: ok), and again after the compositor restarts (a new socket, linked again).
+    The desktop's other sockets are not the agent's: a 0666 one beside the compositor's
+    (PipeWire's pipewire-0) is not in the agent's view, and the runtime directory has no
+    ACL. The display turned off and on by the fleet's display command is read back by
+    wlr-randr: on trixie confirmed off then on; on bookworm sway 1.7 refuses the off (the
+    command fails) and cannot say whether its headless output is on."""
     s, release = site.screen, site.release
     from tests.test_picture_content import starfield
+    from tests.test_wayland import CONNECT as probe, DESKTOP_GRANT
     if s.run("id", "pi", check=False).returncode != 0:
         s.run("useradd", "-m", "-u", "1000", "-U", "pi")
     home = s.path("/home/pi")
@@ -1711,7 +1720,13 @@ def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_
         s.run(*as_desktop("--unit=desktop-bg", "-E", f"WAYLAND_DISPLAY={socket}", "swaybg",
                           *swaybg))
 
+    s.path(RUNTIME_DIR_DROP_IN).parent.mkdir(exist_ok=True)
+    s.path(RUNTIME_DIR_DROP_IN).write_text(RUNTIME_DIR_HOOK)
+    s.run("systemctl", "daemon-reload")
+    s.run("systemctl", "stop", "user-runtime-dir@1000.service")    # made again with the hook
     socket = start_desktop()
+    made = s.run("stat", "-c", "%a %U", "/run/user/1000/edge-agent").stdout.split()
+    assert made == ["700", "pi"], made
     show("-c", "#000000")
     conf = s.path(CONF)
     before = conf.read_text()
@@ -1735,19 +1750,46 @@ def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_
         else:
             (home / ".config/sway/config").write_text(
                 "exec sh -c '" + DESKTOP_GRANT.replace("\n", "; ").replace("'", "") + "'\n")
-        s.run("systemctl", "stop", "desktop-bg", "desktop")
-        assert start_desktop() == socket
-        wait_for(lambda: "user:edge-agent:rw" in s.run(
-            "getfacl", "-p", f"/run/user/1000/{socket}").stdout, 15, what="the grant")
-        show("-c", "#000000")
+        linked = f"/run/user/1000/edge-agent/{socket}"
+
+        def restart_desktop():
+            s.run("systemctl", "stop", "desktop-bg", "desktop")
+            assert start_desktop() == socket
+            inode = s.run("stat", "-c", "%i", f"/run/user/1000/{socket}").stdout
+            wait_for(lambda: s.run("stat", "-c", "%i", linked, check=False).stdout == inode
+                     and "user:edge-agent:rw" in s.run("getfacl", "-p", linked).stdout,
+                     15, what="the new socket linked and granted")
 
         def told(kind):     # this test's: the X11 one's events are on the server too
             return [e for e in screen_events(site, kind) if e.get("captured_by") == "grim"]
-        wait_for(lambda: told("screen.black"), 30, what="screen.black by grim")
-        show("-i", "/home/pi/stars.png", "-m", "stretch")
-        wait_for(lambda: told("screen.ok"), 30, what="screen.ok by grim")
-        picture = status(s)[1]["screen"]["picture"]
-        assert picture["verdict"] == "ok" and picture["failure"] is None, picture
+
+        def judged():       # black, then a starfield: each told once more
+            black, ok = len(told("screen.black")), len(told("screen.ok"))
+            show("-c", "#000000")
+            wait_for(lambda: len(told("screen.black")) > black, 30, what="screen.black by grim")
+            show("-i", "/home/pi/stars.png", "-m", "stretch")
+            wait_for(lambda: len(told("screen.ok")) > ok, 30, what="screen.ok by grim")
+            picture = status(s)[1]["screen"]["picture"]
+            assert picture["verdict"] == "ok" and picture["failure"] is None, picture
+
+        restart_desktop()
+        judged()
+        restart_desktop()   # a new socket: the autostart links it again, the agent reaches it
+        judged()
+        # the desktop's other sockets: a 0666 one beside the compositor's, as PipeWire's
+        s.run(*as_desktop("--unit=pipewire", "python3", "-c",
+                          "import os, socket, time\n"
+                          "s = socket.socket(socket.AF_UNIX); s.bind('/run/user/1000/pipewire-0')\n"
+                          "os.chmod('/run/user/1000/pipewire-0', 0o666); s.listen(4); time.sleep(600)\n"))
+        wait_for(lambda: s.run(*as_user("pi", "pi", "python3", "-c", probe,
+                                        "/run/user/1000/pipewire-0")).stdout.strip()
+                 == "connected", 10, what="the desktop's 0666 socket listening")
+        in_unit = ["nsenter", "-t", str(main_pid(s)), "-m", "--",
+                   *as_user("edge-agent", "edge-agent", "python3", "-c", probe)]
+        assert s.run(*in_unit, f"/run/edge-agent/desktop/{socket}").stdout.strip() == "connected"
+        assert s.run(*in_unit, "/run/edge-agent/desktop/pipewire-0").stdout.strip() == "ENOENT"
+        assert s.run(*in_unit, "/run/user/1000/pipewire-0").stdout.strip() in ("ENOENT", "EACCES")
+        assert "edge-agent" not in s.run("getfacl", "-p", "/run/user/1000").stdout
         # the display turned off and on by the fleet, read back by wlr-randr
         off = command(site, "display", {"state": "off"})
         on = command(site, "display", {"state": "on"})
@@ -1761,9 +1803,9 @@ def test_the_desktops_wayland_is_reached_under_the_sandbox_with_the_drop_in_and_
         assert "picture check" not in text(e for e in agent_lines(s)
                                            if int(e.get("PRIORITY", 6)) <= 3)
     finally:
-        s.run("rm", "-f", DESKTOP_DROP_IN)
+        s.run("rm", "-f", DESKTOP_DROP_IN, RUNTIME_DIR_DROP_IN)
         s.run("systemctl", "daemon-reload")
-        s.run("systemctl", "stop", "desktop-bg", "desktop", check=False)
+        s.run("systemctl", "stop", "desktop-bg", "desktop", "pipewire", check=False)
         conf.write_text(before)
         s.run("systemctl", "restart", UNIT)
         wait_online(s)

@@ -17,6 +17,8 @@ booted tier (tests/test_booted_systemd.py).
 import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +28,18 @@ from agent.screen.core import OFF
 from agent.screen.picture import BLACK, OK
 from agent.screen.sources import Runner, Wayland
 from agent.screen.watch import from_config
+from tests.conftest import DESKTOP_UID
 from tests.test_picture_content import Clock, dim_text, starfield
 
 AGENT_UID = 64123        # the agent's user: neither root nor the desktop's
+# docs/operate.md's Wayland recipe, the desktop's side: its autostart, run at every start
+# of the compositor, links the compositor's socket (a new one at each start) into a 0700
+# directory of the runtime directory's that it grants the agent, and the socket's rw; the
+# runtime directory itself gets no ACL: its other sockets stay the desktop user's
+DESKTOP_GRANT = ('mkdir -p -m 0700 "$XDG_RUNTIME_DIR/edge-agent"\n'
+                 'ln -f "$XDG_RUNTIME_DIR/$WAYLAND_DISPLAY" "$XDG_RUNTIME_DIR/edge-agent/"\n'
+                 'setfacl -m u:edge-agent:x "$XDG_RUNTIME_DIR/edge-agent"\n'
+                 'setfacl -m u:edge-agent:rw "$XDG_RUNTIME_DIR/edge-agent/$WAYLAND_DISPLAY"\n')
 
 
 def watch_of(env, **section):
@@ -97,25 +108,83 @@ def test_grim_that_cannot_reach_the_compositor_is_a_failure_in_its_own_words(
         "failed to create display" in snap["failure"], snap
 
 
+# python3 -c CONNECT PATH prints "connected" or the errno's name of connect() to PATH
+CONNECT = ("import errno, socket, sys\n"
+           "s = socket.socket(socket.AF_UNIX)\n"
+           "try:\n    s.connect(sys.argv[1]); print('connected')\n"
+           "except OSError as e:\n    print(errno.errorcode[e.errno])\n")
+
+
+def listening_socket(path, mode: int, owner: int):
+    """A unix socket listening at path, as a desktop's daemon leaves one (PipeWire's
+    pipewire-0 is 0666: its own mode admits every user who can reach it)."""
+    import socket as sockets
+    sock = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(4)
+    os.chmod(path, mode)
+    os.chown(path, owner, owner)
+    return sock
+
+
+def connect_as(uid: int, path) -> str:
+    """connect() to the unix socket at path as uid: "connected" or the errno's name."""
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                           "/usr/bin/python3", "-c", CONNECT, str(path)], capture_output=True,
+                          text=True, check=True, timeout=10).stdout.strip()
+
+
 def test_an_agent_of_another_user_reaches_the_desktop_only_with_the_acl_grant(
-        wayland_desktop):
-    """The recipe's grant, without systemd: the capture run as the agent's user (a
-    capture_command that is grim under setpriv) fails on the 0700 runtime directory,
-    and works once the desktop's user grants the directory's x and the socket's rw."""
+        wayland_desktop, tmp_path_factory):
+    """The recipe, without systemd: the capture run as the agent's user (a
+    capture_command that is grim under setpriv) in a mount namespace where the desktop's
+    edge-agent directory is bound read-only where the unit's drop-in binds it. It fails
+    while that directory is the desktop user's 0700 alone, and works once the desktop's
+    autostart has linked the socket there and granted it. The desktop's other sockets
+    stay out of reach: a 0666 one beside the compositor's (PipeWire's pipewire-0, the
+    microphone) is refused to the agent's user, at its path and through the bind."""
     if shutil.which("setfacl") is None:
         pytest.fail("this test needs setfacl (.ci/run installs acl)")
-    env, runtime = wayland_desktop.env, wayland_desktop.runtime
-    socket = runtime / env["WAYLAND_DISPLAY"]
-    as_agent = (f"setpriv --reuid={AGENT_UID} --regid={AGENT_UID} --clear-groups "
-                f"{shutil.which('grim')} -t ppm -")
-    wayland_desktop.show(starfield())
-    w, _ = watch_of(env, capture_command=as_agent)
-    w.check()
-    assert w.snapshot()["failure"] is not None and w.snapshot()["verdict"] is None
-    assert "failed to create display" in w.snapshot()["failure"], w.snapshot()
-    for path, perms in ((runtime, "x"), (socket, "rw")):
-        subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        "setfacl", "-m", f"u:{AGENT_UID}:{perms}", str(path)], check=True)
-    w.clock.now += 60
-    w.check()
-    assert w.snapshot()["verdict"] == OK and w.snapshot()["failure"] is None, w.snapshot()
+    runtime = wayland_desktop.runtime
+    shared = runtime / "edge-agent"
+    # the unit's runtime directory (0755), where the drop-in binds the desktop's
+    bound = Path(tempfile.mkdtemp(prefix="edge-agent-unit-")) / "desktop"
+    bound.parent.chmod(0o755)
+    bound.mkdir()
+    env = {**wayland_desktop.env, "XDG_RUNTIME_DIR": str(bound)}
+    desktop = ["setpriv", f"--reuid={DESKTOP_UID}", f"--regid={DESKTOP_UID}", "--clear-groups"]
+    pipewire = listening_socket(runtime / "pipewire-0", 0o666, DESKTOP_UID)
+    try:
+        assert connect_as(DESKTOP_UID, runtime / "pipewire-0") == "connected"
+        # the bind needs its source at the unit's start: user-runtime-dir@1000's drop-in
+        # makes it with the runtime directory, as the desktop's user (docs/operate.md)
+        subprocess.run([*desktop, "mkdir", "-p", "-m", "0700", str(shared)], check=True)
+        in_unit = (f"unshare --mount sh -c 'mount --bind \"$1\" \"$2\" && "
+                   f"mount -o remount,bind,ro \"$2\" && shift 2 && exec \"$@\"' unit "
+                   f"{shared} {bound} setpriv --reuid={AGENT_UID} --regid={AGENT_UID} "
+                   f"--clear-groups ")
+        wayland_desktop.show(starfield())
+        w, _ = watch_of(env, capture_command=in_unit + f"{shutil.which('grim')} -t ppm -")
+        w.check()
+        assert w.snapshot()["failure"] is not None and w.snapshot()["verdict"] is None
+        assert "failed to create display" in w.snapshot()["failure"], w.snapshot()
+        grant = DESKTOP_GRANT.replace("u:edge-agent:", f"u:{AGENT_UID}:")
+        subprocess.run([*desktop, "sh", "-ec", grant], env=wayland_desktop.env, check=True)
+        w.clock.now += 60
+        w.check()
+        assert w.snapshot()["verdict"] == OK and w.snapshot()["failure"] is None, w.snapshot()
+        acl = subprocess.run(["getfacl", "-p", str(runtime)], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        assert [e for e in acl if e.startswith("user:") and not e.startswith("user::")] == [], \
+            acl                                  # the runtime directory itself: no ACL
+        assert connect_as(AGENT_UID, runtime / "pipewire-0") == "EACCES"
+        assert connect_as(AGENT_UID, runtime / env["WAYLAND_DISPLAY"]) == "EACCES"
+    finally:
+        pipewire.close()
+        shutil.rmtree(bound.parent, ignore_errors=True)
+
+
+def test_the_grant_tested_here_is_the_one_operate_md_gives():
+    recipe = (Path(__file__).parent.parent / "docs/operate.md").read_text()
+    for line in DESKTOP_GRANT.splitlines():
+        assert f"`{line}`" in recipe, line
