@@ -33,6 +33,8 @@ BENCH_DEBS=("${DEMO_DEBS[@]}" e2fsprogs mount)
 # Raspberry Pi OS's Wayland desktop: a real headless wlroots compositor (sway), its
 # background client (swaybg), the agent's capture and read-back (grim, wlr-randr), and
 # the recipe's grant (acl; tests/test_wayland.py).
+# A real DHCP server and client for the network healer's lost lease (busybox's udhcpd
+# and udhcpc; tests/test_network_heal_netns.py).
 TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin-pyproject
            python3-all python3-setuptools dpkg-dev systemd-container debootstrap
            build-essential python3 socat openssl tinyproxy gnupg gpgv xvfb x11-xserver-utils
@@ -40,7 +42,7 @@ TEST_DEBS=("${BENCH_DEBS[@]}" systemd lintian debhelper dh-python pybuild-plugin
            pipewire pipewire-bin wireplumber pipewire-pulse pulseaudio-utils alsa-utils
            libasound2-plugins dbus-daemon faketime tzdata
            prometheus prometheus-node-exporter strace python3-mypy python3-typeshed sway swaybg grim
-           wlr-randr acl)
+           wlr-randr acl busybox)
 # Node: the machine's own where it has one (NodeSource's nodejs carries npm; Debian's
 # npm would conflict with it), else Debian's.
 command -v node >/dev/null || TEST_DEBS+=(nodejs)

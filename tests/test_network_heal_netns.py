@@ -8,6 +8,9 @@ networkctl goes through polkit (tests/test_booted_systemd.py).
 - the peer's carrier drops: told device-side (no carrier) and the bounce is asked;
 - the gateway blackholes (an arp DROP on the peer): its neighbour entry goes FAILED, told
   device-side (gateway-silent), the bounce asked;
+- a DHCP server that stops answering (busybox's udhcpd and udhcpc, a lease of seconds):
+  once the lease runs out and the client takes the address away, told device-side (no
+  address), the bounce asked;
 - the server beyond a gateway that answers is dropped (a WAN outage): told upstream, and
   nothing is done in ten simulated minutes (the core holds it for a day: test_network_heal.py).
 """
@@ -240,3 +243,86 @@ def test_the_netlink_reads_say_what_ip_says(site):
     assert netlink.neighbour(index, "10.77.0.99") is None
     sh("ip", "route", "del", "default")
     assert netlink.default_routes() == []
+
+
+DHCP_SCRIPT = """#!/bin/sh
+# udhcpc's script (busybox's udhcpc(8) contract): the lease applied, and removed once lost
+case "$1" in
+  deconfig) ip -4 addr flush dev "$interface" ;;
+  bound|renew) ip addr replace "$ip/$mask" dev "$interface"
+               ip route replace default via "$router" dev "$interface" ;;
+esac
+echo "$1 ${ip:-} ${lease:-}" >> "$0.said"
+"""
+
+
+def said(script):
+    with contextlib.suppress(FileNotFoundError):
+        return script.with_name(script.name + ".said").read_text().split("\n")[:-1]
+    return []
+
+
+def test_a_dhcp_server_that_stops_answering_is_told_device_side_once_the_lease_expires(
+        site, tmp_path):
+    """Real DHCP on both sides (busybox's udhcpd in the gateway's namespace with a lease of
+    seconds, udhcpc on the device with a script that applies the lease and removes it once
+    lost): while the server answers, the probe sees nothing device-side; once it is
+    killed, renewals go unanswered, the lease runs out, the client takes the address (and
+    the default route with it) away: told no-address, and the bounce (a renew) asked."""
+    _, gw, links, sysfs = site
+    # the device's IPv4 address is the lease's now (its IPv6 link-local stays, as on a
+    # real device: not a lease, not a global address)
+    sh("ip", "-4", "addr", "flush", "dev", "eh0")
+    conf = tmp_path / "udhcpd.conf"
+    conf.write_text(f"start 10.77.0.10\nend 10.77.0.20\ninterface gw0\nmax_leases 10\n"
+                    f"lease_file {tmp_path}/udhcpd.leases\npidfile {tmp_path}/udhcpd.pid\n"
+                    f"min_lease 1\noption subnet 255.255.255.0\noption router {GW}\n"
+                    f"option lease 4\n")
+    script = tmp_path / "udhcpc.sh"
+    script.write_text(DHCP_SCRIPT)
+    script.chmod(0o755)
+    server = subprocess.Popen(["ip", "netns", "exec", gw, "busybox", "udhcpd", "-f",
+                               str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    client = subprocess.Popen(["busybox", "udhcpc", "-f", "-i", "eh0", "-s", str(script),
+                               "-t", "100", "-T", "1", "-A", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        rec = Recorder()
+        probe = NetProbe(sysfs, run_=rec, networkd_dir=str(links))
+        deadline = time.monotonic() + 15
+        while not any(x.startswith("bound ") for x in said(script)):
+            assert time.monotonic() < deadline, f"no lease: {said(script)}"
+            time.sleep(0.2)
+        lease = int(next(x for x in said(script) if x.startswith("bound ")).split()[2])
+        seen = probe.probe()
+        assert (seen.interface, seen.route, seen.carrier, seen.address) == (
+            "eh0", True, True, True), seen
+        assert N.cause(seen, None, R.CONNECT_TIMEOUT) == N.UPSTREAM
+        server.kill()
+        server.wait(10)
+        killed = time.monotonic()
+        # udhcpc floors a short lease (a 4 s grant is lost ~19 s after the kill, measured)
+        deadline = killed + 2 * max(lease, 16) + 5
+        while said(script)[-1].split()[0] != "deconfig":
+            assert time.monotonic() < deadline, f"the lease never ran out: {said(script)}"
+            time.sleep(0.2)
+        lost = time.monotonic() - killed
+        seen = probe.probe()
+        assert (seen.interface, seen.route, seen.carrier, seen.address) == (
+            "eh0", False, True, False), seen
+        assert N.cause(seen, None, R.NETWORK_UNREACHABLE) == N.NO_ADDRESS
+        # what the probe passed over: the link-local address the interface still has
+        assert subprocess.run(["ip", "-6", "addr", "show", "dev", "eh0", "scope", "link"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+        assert R.NETWORK_UNREACHABLE in R.SILENT_PATH
+        heal, events = drive(probe, R.NETWORK_UNREACHABLE, 40.0)
+        assert [e.details["cause"] for e in events] == [N.NO_ADDRESS]
+        assert events[0].details["rung"] == N.BOUNCE
+        assert rec.acts == [["networkctl", "reconfigure", "eh0"]]
+        print(f"a {lease} s lease granted: the address gone {lost:.1f}s after the server "
+              "was killed")
+    finally:
+        for child in (server, client):
+            if child.poll() is None:
+                child.kill()
+            child.wait(10)
