@@ -95,11 +95,10 @@ def test_the_board_makes_its_document_again_now_and_then_for_what_parts_read_the
     offered = ["0.3.0-1"]
     b = board_mod.StatusBoard(str(tmp_path / "status.json"), Notifier({}), device_id=lambda: "s",
                               server="http://x", storage=StorageHealth(str(tmp_path)),
-                              pairing=lambda: None, link_now=dict,
-                              sections={"update": lambda: {"repository": {"newest": offered[0]}},
-                                        **{k: dict for k in ("credentials", "uploads",
-                                                             "events")},
-                                        "journal": list, "commands": list})
+                              pairing=lambda: None, link_now=dict)
+    b.show({"update": lambda: {"repository": {"newest": offered[0]}},
+            **{k: dict for k in ("credentials", "uploads", "events")},
+            "journal": list, "commands": list})
     b.refresh()
     offered[0] = "0.3.1-1"
     start = time.monotonic()

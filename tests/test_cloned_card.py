@@ -352,3 +352,32 @@ def test_a_damaged_board_file_is_read_by_the_one_loader_and_said(tmp_path, caplo
     with caplog.at_level(logging.WARNING):
         assert board.read(str(tmp_path)) is None
     assert "the board is bound again" in caplog.text, caplog.text
+
+
+def test_a_part_built_after_the_identity_hears_its_changes_by_subscribing(tmp_path):
+    """#51: no two-step bind. The link and the uploads subscribe; a re-registration
+    forgets the profile's code before the link drops the credentials, and every
+    subscriber hears what it asked for (none: nothing fails)."""
+    sysfs, _ = a_board(tmp_path, serial=SERIAL_A)
+    ident = identity(tmp_path / "state", sysfs)
+    ident.ids.hooks.reregister("alone")   # nobody subscribed yet: nothing to tell
+    assert ident.pairing() is None        # no profile holds a code yet
+    heard = []
+
+    class Profile:
+        pairing_code, CODE_EXPIRY, CLAIM_WHERE = "123456", "10 min", "the dashboard"
+
+        def forget_pairing(self):
+            heard.append("forget")
+
+    ident.subscribe(reregister=lambda why: heard.append(f"drop {why}"),
+                    pause_link=lambda: heard.append("pause"), pairs=Profile(),
+                    resume_uploads=lambda: heard.append("uploads 1"))
+    ident.subscribe(resume_uploads=lambda: heard.append("uploads 2"))
+    hooks = ident.ids.hooks
+    hooks.reregister("refused")
+    hooks.pause_link()
+    hooks.resume_uploads()
+    hooks.resume_link()   # no subscriber: nothing
+    assert heard == ["forget", "drop refused", "pause", "uploads 1", "uploads 2"]
+    assert ident.pairing()["code"] == "123-456"   # the profile the link subscribed with

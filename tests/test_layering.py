@@ -281,3 +281,81 @@ def test_no_file_over_600_lines_no_class_over_400_and_a_thin_composition_root():
                     too_long.append(f"{_rel(path)}: class {node.name} is {lines} lines "
                                     f"(at most {limit})")
     assert not too_long, "\n".join(too_long)
+
+
+# A composition root that only composes (#51): the daemon builds the identity, the link,
+# then the parts on its port, each after what it needs; it asked 104 lines, 6 lambdas
+# standing for objects built later, a two-step bind, and 29 modules of 12 parts.
+DAEMON = ROOT / "agent" / "app" / "daemon.py"
+INIT_LINES = 60
+
+
+def _agent_init(path: Path) -> ast.FunctionDef:
+    tree = ast.parse(path.read_text(), str(path))
+    agent = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Agent")
+    return next(n for n in agent.body
+                if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+
+
+def _stand_ins(init: ast.FunctionDef) -> list[str]:
+    """Each ``lambda`` in ``__init__`` that reads ``self.X`` where X is first assigned by
+    a statement that ends at or after the lambda: a stand-in for an object built later;
+    and each call of a ``bind``."""
+    built: dict[str, int] = {}   # attribute -> the last line of its first assignment
+    for node in ast.walk(init):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                            and t.value.id == "self":
+                        built[t.attr] = min(built.get(t.attr, node.end_lineno),
+                                            node.end_lineno)
+    found = []
+    for node in ast.walk(init):
+        if isinstance(node, ast.Lambda):
+            for inner in ast.walk(node.body):
+                if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) \
+                        and inner.value.id == "self" and built.get(inner.attr, 0) >= node.lineno:
+                    found.append(f"line {node.lineno}: a lambda stands for self.{inner.attr}, "
+                                 f"built at line {built[inner.attr]}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "bind":
+            found.append(f"line {node.lineno}: a two-step bind()")
+    return sorted(found, key=lambda f: int(f.split(":")[0].split()[1]))
+
+
+def _modules_by_part(path: Path) -> dict[str, list[str]]:
+    """The modules of each part that the file imports (at the top or in a function)."""
+    by_part: dict[str, list[str]] = {}
+    for target in _imports("agent.app.daemon", path):
+        if target.startswith("agent.") and WING[_unit(target)] == "parts":
+            by_part.setdefault(_unit(target), []).append(target)
+    return by_part
+
+
+def test_the_composition_root_only_composes():
+    init = _agent_init(DAEMON)
+    lines = init.end_lineno - init.lineno + 1
+    assert lines <= INIT_LINES, f"Agent.__init__ is {lines} lines (at most {INIT_LINES})"
+    stand_ins = _stand_ins(init)
+    assert not stand_ins, "\n".join(stand_ins)
+    by_part = _modules_by_part(DAEMON)
+    assert len(by_part) >= 10, f"the scan found too few parts: {by_part}"   # not broken
+    many = {part: modules for part, modules in by_part.items() if len(modules) > 1}
+    assert not many, f"the daemon imports more than one module of a part (its part.py " \
+                     f"assembles it): {many}"
+
+
+def test_the_composition_checks_see_a_stand_in_a_bind_and_a_second_module(tmp_path):
+    """The checks above, on a root that breaks each rule: they can fail."""
+    bad = tmp_path / "daemon.py"
+    bad.write_text("from ..link import runner\nfrom ..link.part import Link\n\n\n"
+                   "class Agent:\n    def __init__(self):\n"
+                   "        self.a = make(lambda: self.b.go(), lambda: self.c)\n"
+                   "        self.c = 1\n"
+                   "        self.b, self.d = make(), make(lambda: self.c)\n"
+                   "        self.a.bind(self.b)\n")
+    found = _stand_ins(_agent_init(bad))
+    assert [f.split(":")[0] for f in found] == ["line 7", "line 7", "line 10"], found
+    assert "self.b" in found[0] + found[1] and "bind" in found[-1]
+    assert _modules_by_part(bad) == {"link/": ["agent.link.part", "agent.link.runner"]}

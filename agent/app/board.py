@@ -26,15 +26,15 @@ DOCUMENT_REFRESH_S = 300.0
 
 
 class StatusBoard:
-    """``pairing()`` and ``link_now()`` are asked at each refresh; ``sections`` are the
-    parts' snapshots by the status document's names; ``on_pairing`` sees each refresh's
-    pairing (the code board shows a code from it)."""
+    """``pairing()`` and ``link_now()`` are asked at each refresh; ``on_pairing`` sees
+    each refresh's pairing (the code board shows a code from it). Built right after the
+    link, before the parts it shows: each part's snapshot is shown once the parts are
+    built (show()), and a command's `status` reads the document from here."""
 
     def __init__(self, path: str, notifier: Notifier, *, device_id: Callable[[], str],
                  server: str, storage: StorageHealth, pairing: Callable[[], dict | None],
-                 link_now: Callable[[], dict], sections: dict[str, Callable[[], object]],
-                 on_pairing: Callable[[dict | None], None] = lambda pairing: None,
-                 metrics=None):
+                 link_now: Callable[[], dict],
+                 on_pairing: Callable[[dict | None], None] = lambda pairing: None):
         self._path = path
         self._notifier = notifier
         self._device_id = device_id
@@ -42,12 +42,17 @@ class StatusBoard:
         self._storage = storage
         self._pairing = pairing
         self._link_now = link_now
-        self._sections = sections
+        self._sections: dict[str, Callable[[], object]] = {}
         self._on_pairing = on_pairing
-        self._metrics = metrics   # metrics/service.py's Metrics, where [metrics] is on
+        self._metrics = None   # metrics/service.py's Metrics, where [metrics] is on
         self.link: dict = {}   # the link's state as it last published it
         self._said_at = self._refreshed_at = time.monotonic()
         self._lock = threading.Lock()
+
+    def show(self, sections: dict[str, Callable[[], object]], metrics=None) -> None:
+        """The parts' snapshots, by the status document's names, and the metrics that
+        hear each document (None: [metrics] is off)."""
+        self._sections, self._metrics = sections, metrics
 
     @property
     def link_published(self) -> bool:

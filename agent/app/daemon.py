@@ -11,36 +11,20 @@ import time
 
 from .. import __version__
 from ..base.boot import first_start_of_boot
-from ..base.hardware import hardware_facts
-from ..base.server_clock import ServerClock
-from ..commands.actions import Actions, NotQueued
-from ..commands.core import Outcome
-from ..commands.service import CommandService
-from ..config import load as config_load
+from ..commands import part as commands_part
 from ..config.model import Config
-from ..device import heal as network_heal, part as device_part
-from ..events.model import Event
-from ..events.outbox import Outbox
-from ..events.sender import EventSender
-from ..events.telemetry import TelemetrySource
-from ..events.watcher import EventWatcher, SysfsState
-from ..identity.kind_probe import ServerKind
-from ..identity.part import DeviceIdentity
+from ..device import part as device_part
+from ..events import part as events_part
+from ..identity import part as identity_part
 from ..inventory.service import Inventory
-from ..link.idle_memory import IdleMemory
-from ..link.liveness import heal_window_s
-from ..link.profiles import PROFILES, ProfileContext, uncarried
-from ..link.runner import Hooks, Keeps, LinkRunner, Settings
-from ..link.schedule_store import ScheduleStore
+from ..link import part as link_part
 from ..runtime.mainwait import MainThreadWait
-from ..screen import part as screen_part
 from ..runtime.systemd import Notifier, WatchdogPetter, watchdog_period_s
 from ..runtime.watchdog_gate import OutagePatience, WatchdogGate
-from ..settings.service import FleetSettings
-from ..settings.trial import SettingsTrial
+from ..screen import part as screen_part
+from ..settings import part as settings_part
 from ..update.service import Updater
 from ..uploads import part as uploads_part
-from ..uploads.store import QueueRefused, QueueUnavailable
 from . import adjustments
 from .board import StatusBoard
 from .storage import StorageAlarms, StorageHealth
@@ -49,132 +33,81 @@ log = logging.getLogger("edge_agent")
 
 
 class Agent:
-    def __init__(self, config: Config, environ=None, settings: FleetSettings | None = None):
-        self.config = config
-        self.environ = os.environ if environ is None else environ
+    """Builds the parts in the order each needs the one before: the identity, the link
+    (its port), then the parts on the port; a part that needs one built after it hears
+    of it by subscribing (link/part.py, identity/part.py), never through a stand-in."""
+
+    def __init__(self, config: Config, environ=None, settings=None):
+        self.config, self._stopping = config, threading.Event()
+        self.environ = environ = os.environ if environ is None else environ
         state_dir, runtime_dir, sysfs = config.state_dir, config.runtime.dir, config.debug.sysfs
-        self.notifier = Notifier(self.environ)
-        # the reconnect schedule and the outage's restarts, both across restarts
-        self.schedule = ScheduleStore(config.schedule_path)
-        self.period = watchdog_period_s(self.environ)
-        patience = (OutagePatience(self.period, self.schedule.outage_restarts(), time.monotonic())
-                    if self.period is not None else None)
-        self.gate = WatchdogGate(require_link=config.watchdog.require_link, patience=patience)
+        self.notifier = Notifier(environ)
+        self.schedule, self.period, self.gate = watchdog_gate(config, environ)
+        gate = self.gate
         # a part that cannot use the card says so here, and the rest runs: the link
         # needs no disk
         self.storage = StorageHealth(state_dir)
         self.alarms = StorageAlarms(self.storage, config.queue_path)
-        self.kind = ServerKind(config.server, state_dir, self.gate, self._refresh, self._stop)
-        profile_class = PROFILES[self.kind.profile]
+        self.kind = identity_part.ServerKind(config.server, state_dir, gate, self._refresh,
+                                             self._stop)
         self.cold_start = cold_start = first_start_of_boot(state_dir, runtime_dir)
-        self.identity = DeviceIdentity(
-            config.identity, config.server, runtime_dir, profile=profile_class,
-            storage=self.alarms, on_change=self._refresh, gate=self.gate, sysfs=sysfs)
-        ids = self.identity.ids
-        self.event_sender: EventSender | None = None   # the outbox's, once the link is built
-        self.outbox = Outbox(on_put=self._outbox_put, on_ack=self._refresh)
-        self.inventory = Inventory(self.outbox.put, sysfs)
-        telemetry = TelemetrySource(state_dir, sysfs)
-        self.profile = profile_class(ProfileContext(
-            device_id=ids.device_id, token=ids.token, on_token=ids.registered,
-            on_unpaired=ids.unpaired_by_server, facts=lambda: hardware_facts(sysfs),
-            pairing_code=ids.pairing_code, claimed=ids.claimed, on_claimed=ids.claimed_as,
-            telemetry=lambda: {**telemetry.get(), **self.inventory.summary()},
-            allowed_commands=config.commands.allow, means=lambda: self.screen.means(),
-            cold_start=cold_start))
-        self.server_clock = ServerClock()   # as the link measures it: expiry, set-time
-        self.runner = LinkRunner(Settings(
-            config.link, config.server, config.debug,
-            paused=self.identity.token() is None and not self.profile.pairs_in_link),
-            profile=self.profile, identity=self.identity.current, gate=self.gate,
-            hooks=Hooks(self._link_changed, self._link_turn, ids.refused, lambda kind, skew: (
-                self.outbox.put(Event(kind, time.time(), {"skew_s": round(skew, 1)})))),
-            keeps=Keeps(self.schedule, IdleMemory(state_dir), self.server_clock))
-        self.link = self.runner.pipe   # the link's port, all the other parts see of it
-        self.event_sender = EventSender(self.outbox, self.link, None if (
-            self.profile.supports_events) else self.profile.incident)
-        self.updater = Updater(config.server.url, config.server.egress, state_dir,
-                               config.server.connect_timeout_s, settled=self._update_settled)
-        self.screen = screen_part.assemble(
-            config, sysfs=sysfs, environ=self.environ, runtime_dir=runtime_dir,
-            publish=self.outbox.put, enqueue=self._enqueue, gate=self.gate,
-            means_changed=self.link.declare,
-            cold_start=cold_start, on_change=lambda: self._refresh())
-        self.settings = SettingsTrial(
-            settings or FleetSettings(state_dir, config.fleet.proof_timeout_s),
-            check=lambda values: config_load.load(config.source, self.environ, fleet=values),
-            publish=self.outbox.put, stop=self._stop, fleet_problem=config.fleet_problem,
-            origins=config.origins, gate=self.gate,
-            adjusted=[config_load.adjustment_text(*a) for a in config.adjusted])
-        self.actions = Actions(
-            config.commands, config.server.url, snapshot=lambda: self.board.document(),
-            link_socket=self.runner.raw_socket, request_restart=self._restart_requested,
-            enqueue=self._enqueue, updater=self.updater, configure=self.settings.configure,
-            undeliverable=lambda kind: uncarried(self.profile, kind),
-            power=self.screen.power, controls=self.screen.controls,
-            server_far=lambda t: self.server_clock.far(t, time.monotonic()),
-            shoot=self.screen.screenshot)
-        self.commands = CommandService(
-            config.commands_path, config.commands.allow, self.actions, runtime_dir,
-            link=self.link, result_message=self.profile.command_result,
-            ids_ours=profile_class.pairs_in_link, on_storage_error=self.alarms.ledger,
-            on_change=self._refresh, gate=self.gate, server_now=self.server_clock.now)
+        self.identity = identity = identity_part.DeviceIdentity(
+            config.identity, config.server, runtime_dir, storage=self.alarms, gate=gate,
+            profile=link_part.PROFILES[self.kind.profile], on_change=self._refresh, sysfs=sysfs)
+        self.link_part = link = link_part.Link(   # the link first: the parts are on its port
+            config, self.kind.profile, identity, store=self.schedule, gate=gate,
+            cold_start=cold_start, on_status=self._link_changed, on_turn=self._link_turn)
+        self.runner, self.link, self.profile = link.runner, link.port, link.profile
+        self.board = StatusBoard(
+            config.status_path, self.notifier, device_id=identity.device_id, storage=self.storage,
+            server=config.server.display, pairing=identity.pairing, link_now=self.runner.snapshot,
+            on_pairing=identity.show_code)
+        self.events_part = events = events_part.EventsPart(config, link, self._refresh)
+        self.outbox, publish = events.outbox, events.publish
+        self.inventory = Inventory(publish, sysfs)
+        link.subscribe(telemetry=self.inventory.summary)
         self.uploads = uploads_part.assemble(
             config.uploads, config.queue_path, profile=self.profile, link=self.link,
-            server=config.server, identity=self.identity.current, gate=self.gate,
-            on_change=self._refresh, on_storage_failed=self.alarms.queue)
-        self.identity.bind(self.runner, self.profile, self.uploads.link_up, self._refresh)
-        self.hours = None
-        if config.hours.week:   # the part is loaded only where a screen keeps hours
-            from ..hours import service as hours_service
-            self.hours = hours_service.from_config(   # the display's power is the screen's
-                config.hours, self.screen.power, publish=self.outbox.put, gate=self.gate)
-        self.events = None
-        if config.events.enabled:
-            e = config.events
-            self.events = EventWatcher(
-                self.outbox, on_network_up=self._network_up, gate=self.gate,
-                sysfs=SysfsState(sysfs), settle_s=e.settle_s,
-                fallback_interval_s=e.fallback_interval_s, udev_source=e.udev_source,
-                telemetry_every_s=e.telemetry_every_s, sample=telemetry.get,
-                scheduled_off=self.hours.expected_off if self.hours else lambda: False,
-                on_display=self.screen.hotplug)
-        self.device = device_part.assemble(config, cold_start, self.outbox.put, self._refresh,
-                                           lambda: self.screen.mender, lambda: self.commands)
-        self.network = network_heal.assemble(config, self.outbox.put, self._refresh, self.gate,
-                                             lambda: self.screen.reboot_book(config),
-                                             self.screen.reboot)
-        self.metrics = None
-        if config.metrics.enabled:   # loaded only where asked for: the start pays nothing
-            from ..metrics import service as metrics
-            self.metrics = metrics.from_config(
-                config.metrics, config.metrics_path, journal=lambda: self.runner.core.journal,
-                counts=lambda: (self.commands.results, self.notifier.pets))
-        self.board = StatusBoard(
-            config.status_path, self.notifier, device_id=self.identity.device_id,
-            server=config.server.display, storage=self.storage,
-            pairing=self.identity.pairing, link_now=self.runner.snapshot,
-            on_pairing=self.identity.show_code, metrics=self.metrics, sections={
-                "profile": self.kind.snapshot,
-                "credentials": ids.storage, "board": lambda: self.identity.board,
-                "uploads": self.uploads.snapshot,
-                "events": lambda: {"mode": self.events.mode if self.events else "disabled",
-                                   **self.outbox.snapshot()},
-                "journal": self.runner.journal_snapshot, "commands": self.commands.recent,
-                "update": self.updater.snapshot, "device": self.device.snapshot,
-                "network": self.network.snapshot,
-                "hours": lambda: self.hours.snapshot() if self.hours else None,
-                "settings": self.settings.snapshot, "screen": self.screen.snapshot})
-        self._stopping = threading.Event()
+            server=config.server, identity=identity, gate=gate, on_change=self._refresh,
+            on_storage_failed=self.alarms.queue)
+        self.updater = Updater(config.server.url, config.server.egress, state_dir,
+                               config.server.connect_timeout_s)
+        self.screen = screen = screen_part.assemble(
+            config, sysfs=sysfs, environ=environ, runtime_dir=runtime_dir, publish=publish,
+            enqueue=self._enqueue, gate=gate, means_changed=self.link.declare,
+            cold_start=cold_start, on_change=self._refresh)
+        link.subscribe(means=screen.means)
+        self.settings = settings_part.assemble(config, environ, settings, publish=publish,
+                                               stop=self._stop, gate=gate)
+        self.commands = commands_part.assemble(
+            config, link, screen=screen, updater=self.updater, configure=self.settings.configure,
+            snapshot=self.board.document, enqueue=self._enqueue, gate=gate,
+            request_restart=self._restart_requested, storage_error=self.alarms.ledger,
+            on_change=self._refresh)
+        self.hours = working_hours(config, screen.power, publish, gate)
+        self.events = events.watch(
+            config, on_network_up=self._network_up, gate=gate, on_display=screen.hotplug,
+            scheduled_off=self.hours.expected_off if self.hours else None)
+        self.device, self.network = device_part.assemble_on(
+            config, cold_start, publish, self._refresh, gate, screen=screen,
+            commands=self.commands)
+        self.metrics = exported_metrics(config, self.runner, self.commands, self.notifier)
+        self.board.show(self._sections(), self.metrics)
+
+    def _sections(self) -> dict:
+        """What the status document shows of each part, by its names (app/status.py)."""
+        return {
+            "profile": self.kind.snapshot, "credentials": self.identity.ids.storage,
+            "board": lambda: self.identity.board, "uploads": self.uploads.snapshot,
+            "events": self.events_part.snapshot, "journal": self.runner.journal_snapshot,
+            "commands": self.commands.recent, "update": self.updater.snapshot,
+            "device": self.device.snapshot, "network": self.network.snapshot,
+            "hours": lambda: self.hours.snapshot() if self.hours else None,
+            "settings": self.settings.snapshot, "screen": self.screen.snapshot}
 
     # -- between parts -----------------------------------------------------------------
     def _refresh(self) -> None:
         self.board.refresh()
-
-    def _outbox_put(self) -> None:
-        if self.event_sender is not None:
-            self.event_sender.flush()
-        self._refresh()
 
     def _link_changed(self, link: dict) -> None:
         self.board.link_changed(link)   # first: what the trial's outcome says goes with it
@@ -201,17 +134,13 @@ class Agent:
 
     def _enqueue(self, kind: str, payload: bytes) -> str:
         """From the command or picture thread: what is queued (a log bundle, a screenshot)."""
-        refusal = uncarried(self.profile, kind)
+        refusal = self.link_part.enqueue_problem(kind)
         if refusal:
-            raise NotQueued(refusal)
+            raise commands_part.NotQueued(refusal)
         try:
             return self.uploads.add(kind, payload)
-        except (QueueRefused, QueueUnavailable) as e:
-            raise NotQueued(str(e)) from None
-
-    def _update_settled(self, command_id: str, ok: bool, text: str) -> None:
-        outcome = Outcome(True, text) if ok else Outcome(False, error=text)
-        self.commands.finished(command_id, outcome, time.time())   # which refreshes
+        except (uploads_part.QueueRefused, uploads_part.QueueUnavailable) as e:
+            raise commands_part.NotQueued(str(e)) from None
 
     def _restart_requested(self) -> None:
         """restart-agent: stop as on SIGTERM; systemd (Restart=always) starts a fresh
@@ -295,6 +224,36 @@ class Agent:
         return 1 if failed else 0
 
 
+def watchdog_gate(config: Config, environ) -> tuple:
+    """The link's reconnect schedule (which keeps the outage's restarts across
+    restarts), systemd's watchdog period, and the gate on the pets that both make."""
+    schedule = link_part.schedule(config)
+    period = watchdog_period_s(environ)
+    patience = (OutagePatience(period, schedule.outage_restarts(), time.monotonic())
+                if period is not None else None)
+    return schedule, period, WatchdogGate(require_link=config.watchdog.require_link,
+                                          patience=patience)
+
+
+def working_hours(config: Config, power, publish, gate: WatchdogGate):
+    """The working hours, where a screen keeps them (the part is loaded only then); the
+    display's power they turn is the screen's."""
+    if not config.hours.week:
+        return None
+    from ..hours import service as hours_service
+    return hours_service.from_config(config.hours, power, publish=publish, gate=gate)
+
+
+def exported_metrics(config: Config, runner, commands, notifier: Notifier):
+    """The metrics, where asked for (loaded only then: the start pays nothing)."""
+    if not config.metrics.enabled:
+        return None
+    from ..metrics import service
+    return service.from_config(config.metrics, config.metrics_path,
+                               journal=lambda: runner.core.journal,
+                               counts=lambda: (commands.results, notifier.pets))
+
+
 def watchdog_petter(config: Config, notifier: Notifier, period: float | None,
                     gate: WatchdogGate, *, live, outage, keep_restarts) -> WatchdogPetter | None:
     """systemd's watchdog pets, where systemd asked for them, with what gates them."""
@@ -305,7 +264,7 @@ def watchdog_petter(config: Config, notifier: Notifier, period: float | None,
     log.info("systemd watchdog armed: %.0fs, pets every %.1fs while %s", period,
              petter.interval_s, "the link is proven live" if gate.require_link
              else "the agent's loops make progress")
-    heal_s = heal_window_s(config.link.liveness)
+    heal_s = link_part.heal_window_s(config.link.liveness)
     if gate.require_link and period < heal_s:
         log.warning("WatchdogSec=%gs is shorter than the link goes unproven while it "
                     "heals one silent drop by itself (%gs: two heartbeats plus the ACK "

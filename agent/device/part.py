@@ -26,7 +26,7 @@ from ..base.boot import boot_id
 from ..base.fsutil import atomic_write, read_bounded, read_json
 from ..base.journal_fields import MessageId, journal
 from ..events.model import Event
-from . import last_boot, power, storage
+from . import heal, last_boot, power, storage
 from .reader import DeviceReader
 
 log = logging.getLogger("edge_agent.device")
@@ -214,3 +214,15 @@ def assemble(config, cold_start: bool, publish: Callable[[Event], None],
                       runtime_dir=config.runtime.dir, cold_start=cold_start, ladder=ladder,
                       asked_by=asked_by, on_change=on_change,
                       watchdog_s=section.watchdog_s)
+
+
+def assemble_on(config, cold_start: bool, publish: Callable[[Event], None],
+                on_change: Callable[[], None], gate, *, screen, commands):
+    """The device part and the network's healer (heal.py), built after the parts they
+    read: the screen (its recovery ladder, whose book keeps the day's reboots, and its
+    reboot) and the commands (a reboot or poweroff the fleet asked for)."""
+    device = assemble(config, cold_start, publish, on_change, lambda: screen.mender,
+                      lambda: commands)
+    network = heal.assemble(config, publish, on_change, gate,
+                            lambda: screen.reboot_book(config), screen.reboot)
+    return device, network

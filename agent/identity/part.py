@@ -1,11 +1,14 @@
 """Who this device is and how it pairs, assembled: the credentials on the card, the
 identity service over its core, and the way this server pairs a screen: the enroller
 (a profile that pairs outside its link, docs/PROTOCOL.md) or the code board (one that
-pairs inside it, ScreenTinker). The daemon builds one, binds it to the link and starts
-and stops it; the rest of the agent asks it for the identity and the pairing."""
+pairs inside it, ScreenTinker). The daemon builds one before the link, which
+subscribes to it, and starts and stops it; the rest of the agent asks it for the
+identity and the pairing. The probe of the server's kind (kind_probe.py) is given out
+here, for the daemon builds it first."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Callable, Protocol
 
 from ..base.hardware import board_fingerprint
@@ -14,20 +17,11 @@ from ..config.model import Identity, Server
 from ..runtime.watchdog_gate import WatchdogGate
 from . import board, device, pairing_code
 from .credentials import Credentials
+from .kind_probe import ServerKind
 from .enroller import Enroller
 from .service import Hooks, IdentityService
 
-
-class LinkControl(Protocol):
-    """What pairing needs of the link (link/runner.py, bound by the daemon)."""
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-    def credentials_dropped(self, why: str) -> None: ...
-
-    def seconds_to_next_attempt(self) -> float: ...
+__all__ = ["DeviceIdentity", "ServerKind"]
 
 
 class Pairs(Protocol):
@@ -83,6 +77,18 @@ class DeviceIdentity:
                                               profile.CODE_EXPIRY)
                            if pairs_in_link and not self.preprovisioned else None)
         self._profile: Pairs | None = None
+        self._heard: dict[str, list[Callable]] = {
+            "pause_link": [], "resume_link": [], "reregister": [], "resume_uploads": []}
+        self._next_attempt: Callable[[], float] = lambda: 0.0
+        enroller = self.enroller
+        self.ids.hooks = Hooks(
+            restart_enrollment=self._restart_enrollment,
+            pause_link=partial(self._tell, "pause_link"),
+            resume_link=partial(self._tell, "resume_link"), reregister=self._reregister,
+            resume_uploads=partial(self._tell, "resume_uploads"), status_changed=on_change,
+            credentials_write_failed=storage.credentials,
+            credentials_stored=(enroller.credentials_stored if enroller is not None
+                                else lambda: None))
 
     def _local_device_id(self) -> str:
         try:
@@ -94,26 +100,38 @@ class DeviceIdentity:
                                       e, "derived for this run only")
             return device.derive(self._board_key)
 
-    def bind(self, link: LinkControl, profile: Pairs, resume_uploads: Callable[[], None],
-             status_changed: Callable[[], None]) -> None:
-        """Once the link and the profile are built: what a change of credentials does."""
-        self._profile = profile
+    def subscribe(self, *, pause_link: Callable[[], None] | None = None,
+                  resume_link: Callable[[], None] | None = None,
+                  reregister: Callable[[str], None] | None = None,
+                  next_attempt: Callable[[], float] | None = None,
+                  resume_uploads: Callable[[], None] | None = None,
+                  pairs: Pairs | None = None) -> None:
+        """What a part built after this one hears of a change of credentials: the link
+        (pause, resume, re-register; when it would try again, which an enrollment
+        restarted waits for; its profile, which holds a code made inside the link) and
+        the uploads (resume)."""
+        for name, heard in (("pause_link", pause_link), ("resume_link", resume_link),
+                            ("reregister", reregister), ("resume_uploads", resume_uploads)):
+            if heard is not None:
+                self._heard[name].append(heard)
+        if next_attempt is not None:
+            self._next_attempt = next_attempt
+        if pairs is not None:
+            self._profile = pairs
 
-        def reregister(why: str) -> None:
-            profile.forget_pairing()
-            link.credentials_dropped(why)
+    def _tell(self, name: str, *args) -> None:
+        for heard in self._heard[name]:
+            heard(*args)
 
-        def restart_enrollment(generation: int) -> None:
-            # not before the link would have tried again: a server that keeps refusing
-            # is never hammered
-            self.enroller.restart(link.seconds_to_next_attempt(), generation)
+    def _reregister(self, why: str) -> None:
+        if self._profile is not None:
+            self._profile.forget_pairing()
+        self._tell("reregister", why)
 
-        self.ids.hooks = Hooks(
-            restart_enrollment=restart_enrollment, pause_link=link.pause,
-            resume_link=link.resume, reregister=reregister, resume_uploads=resume_uploads,
-            status_changed=status_changed, credentials_write_failed=self._storage.credentials,
-            credentials_stored=(self.enroller.credentials_stored
-                                if self.enroller is not None else lambda: None))
+    def _restart_enrollment(self, generation: int) -> None:
+        # not before the link would have tried again: a server that keeps refusing is
+        # never hammered
+        self.enroller.restart(self._next_attempt(), generation)
 
     # -- what the rest of the agent asks ----------------------------------------------
     def device_id(self) -> str:

@@ -72,15 +72,16 @@ _MOMENTS = {rules.COMMITTED: MessageId.UPDATE_COMMITTED,
 
 class Updater:
     def __init__(self, server_url: str, egress, state_dir: str, connect_timeout_s: float,
-                 settled: Settled, root_dir: str = rules.ROOT_DIR, keys_dir: str = KEYS_DIR,
+                 settled: Settled | None = None, root_dir: str = rules.ROOT_DIR, keys_dir: str = KEYS_DIR,
                  rng: random.Random | None = None, systemctl: str = "systemctl",
                  repository: apt.RepositoryWatch | None = None):
-        """``settled(command_id, ok, text)`` is called once per order, from its thread;
+        """``settled(command_id, ok, text)`` is called once per order, from its thread
+        (or given by subscribe(), for the commands part is built after this one);
         ``repository``: what apt's lists offer (apt.py)."""
         self.server_url, self.egress = server_url, egress
         self.staging = os.path.join(state_dir, rules.STAGING)
         self.connect_timeout_s = connect_timeout_s
-        self.settled = settled
+        self.settled: Settled = settled or (lambda command_id, ok, text: None)
         self.root_dir, self.keys_dir = root_dir, keys_dir
         self.rng = rng or random.SystemRandom()
         self.systemctl = systemctl
@@ -89,6 +90,10 @@ class Updater:
         self._pending: dict[str, str] = {}   # command id -> what it is doing now
         self.installed = ""                  # the package's version, read at start
         self.repository = repository or apt.RepositoryWatch()
+
+    def subscribe(self, settled: Settled) -> None:
+        """The part that ran the orders (the commands) hears each one settled."""
+        self.settled = settled
 
     # -- what the root side wrote ------------------------------------------------------
     def history(self) -> list:

@@ -11,24 +11,29 @@ from ..link.port import LinkPort
 from ..runtime.watchdog_gate import WatchdogGate
 from .link_sender import LinkUploadSender
 from .sender import UploadSender
-from .store import QueueStore, QueueUnavailable
+from .store import QueueRefused, QueueStore, QueueUnavailable
 from .worker import UploadWorker
+
+__all__ = ["QueueRefused", "QueueUnavailable", "assemble"]
 
 
 def assemble(policy: UploadPolicy, queue_path: str, *, profile, link: LinkPort, server: Server,
-             identity: Callable[[], tuple[str, str] | None], gate: WatchdogGate | None,
+             identity, gate: WatchdogGate | None,
              on_change: Callable[[], None],
              on_storage_failed: Callable[[Exception], None]) -> UploadWorker:
     """The worker over the queue at ``queue_path``; its ``store`` is None where the card
-    refused it (``on_storage_failed`` has heard why)."""
+    refused it (``on_storage_failed`` has heard why). ``identity``: the device's
+    (identity/part.py): what an HTTP upload carries, and credentials newly stored
+    resume the uploads."""
     try:
         store: QueueStore | None = QueueStore(queue_path, policy)
     except (QueueUnavailable, OSError) as e:   # the card, a link planted in the spool
         store = None
         on_storage_failed(e)
     sender = (LinkUploadSender(link, profile) if profile.link_upload_kinds
-              else UploadSender(server.url, identity, server.egress))
+              else UploadSender(server.url, identity.current, server.egress))
     worker = UploadWorker(store, sender, policy, gate=gate, on_change=on_change,
                           on_storage_failed=on_storage_failed)
     link.subscribe(up=worker.link_up)   # an outage's hold ends when the link is back
+    identity.subscribe(resume_uploads=worker.link_up)   # and so does a fresh pairing's
     return worker

@@ -29,8 +29,9 @@ class ProfileContext:
     allowed_commands: frozenset = frozenset()
     cold_start: bool = False
     # the screen's commands (brightness, volume, restart-player, poweroff) this screen
-    # has the means for (agent/screen/controls.py); None: not asked, every allowed one
-    means: Callable[[], frozenset] | None = None
+    # has the means for (agent/screen/controls.py); None (or None from it: no screen
+    # has said yet): not asked, every allowed one
+    means: Callable[[], frozenset | None] | None = None
 
 
 def uncarried(profile, kind: str) -> str | None:
