@@ -79,7 +79,9 @@ SYSTEM = ("/etc/machine-id", "/etc/ssl/certs", "/etc/systemd/system", "/run/syst
           "/etc/os-release", "/usr/share/polkit-1", "/var/log", "/etc/apt", "/usr/share/keyrings",
           "/var/cache/", "/usr/sbin/update-ca-certificates", "/etc/default/", "/lib/systemd/system",
           "/etc/hostname", "/run/user", "/var/lib/apt", "/usr/local/share/ca-certificates",
-          "/var/lib/systemd/pstore")   # systemd-pstore's archive (systemd's tmpfiles make it)
+          "/var/lib/systemd/pstore",   # systemd-pstore's archive (systemd's tmpfiles make it)
+          "/usr/bin/mkdir", "/usr/bin/setpriv",   # coreutils', util-linux's (the Wayland recipe)
+          "/run/network")   # ifupdown's state (the network healer reads its ifstate)
 
 
 def _system(path: str) -> bool:
