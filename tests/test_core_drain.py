@@ -4,8 +4,8 @@ an ACKed heartbeat proved it, and a new connection that fails leaves the live on
 import pytest
 
 from agent.base import reasons as J
-from agent.link.core import (DropSecond, LinkState, OpenSecond, ProveSecond, SendHeartbeat,
-                             Switch)
+from agent.link.core import LinkState, SendHeartbeat
+from agent.link.handover import DropSecond, OpenSecond, ProveSecond, Switch
 from tests.test_core import ACK, HB, Server, connect, make
 
 WINDOW = 6.0

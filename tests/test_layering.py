@@ -359,3 +359,28 @@ def test_the_composition_checks_see_a_stand_in_a_bind_and_a_second_module(tmp_pa
     assert [f.split(":")[0] for f in found] == ["line 7", "line 7", "line 10"], found
     assert "self.b" in found[0] + found[1] and "bind" in found[-1]
     assert _modules_by_part(bad) == {"link/": ["agent.link.part", "agent.link.runner"]}
+
+
+def test_the_link_is_classes_that_read_alone():
+    """#51: no mixins in link/ (a class built on another of link's classes, its state
+    the other's), its largest class at most 300 lines, the runner's constructor at most
+    8 parameters."""
+    import ast
+    link = ROOT / "agent" / "link"
+    ours, sizes, bases = set(), {}, {}
+    for path in link.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                ours.add(node.name)
+                sizes[f"{path.relative_to(ROOT)}:{node.name}"] = node.end_lineno - node.lineno + 1
+                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                if node.name == "LinkRunner":
+                    init = next(f for f in node.body
+                                if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+                    params = len(init.args.args) - 1 + len(init.args.kwonlyargs)
+                    assert params <= 8, f"LinkRunner takes {params} parameters"
+    mixins = {name: [b for b in bs if b in ours] for name, bs in bases.items()
+              if len([b for b in bs if b in ours]) > 0 and len(bs) > 1}
+    assert not mixins, f"link/'s classes made of others: {mixins}"
+    largest = max(sizes.items(), key=lambda kv: kv[1])
+    assert largest[1] <= 300, f"{largest[0]} is {largest[1]} lines"

@@ -33,7 +33,6 @@ class Connector:
         self.bound = ConnectBound(runner.server.connect_timeout_s)
         self.opening: SocketIOTransport | None = None   # during a connect
         self._network: str | None = None   # where the idle limit in use was learnt
-        self._second_took = 0.0   # a drain's new connection: its handshake
 
     def connect(self, attempt: int) -> None:
         """One attempt: the runner's new connection, or the core hears why not."""
@@ -147,70 +146,12 @@ class Connector:
         return self.bound.race_after(held=r.core.held(r.clock.monotonic()),
                                      shared_loss=r.core.after_shared_loss)
 
-    # -- a server's drain: make before break ----------------------------------------
-    def open_second(self) -> None:
-        """A new connection beside the live one (core.OpenSecond); the core hears
-        whether it opened. Its news goes to News.second until it carries the link."""
-        r = self.runner
-        r.generation += 1
-        transport = r.factory(r.generation, r.sink)
-        started = time.monotonic()
-        try:
-            transport.open()
-        except TransportError as e:
-            log.info("drain: the new connection failed (%s: %s); the live one stays until "
-                     "the server closes it", e.reason, e.detail)
-            r.execute_all(r.core.on_second_failed(r.clock.monotonic(), e.reason))
-            return
-        self._second_took = time.monotonic() - started
-        r.second = Connection(transport, r.generation, r.profile, r.sink,
-                              self._second_failed, r.on_link_thread)
-        r.execute_all(r.core.on_second_opened(r.clock.monotonic()))
-
-    def _second_failed(self, reason: str, detail: str) -> None:
-        r = self.runner
-        r.execute_all(r.core.on_second_failed(r.clock.monotonic(), reason))
-
-    def drop_second(self, reason: str) -> None:
-        r = self.runner
-        second, r.second = r.second, None
-        if second is None:
-            return
-        log.info("drain: the new connection was not proven (%s); the live one stays", reason)
-        second.ended()
-        second.transport.abort()
-
-    def switch(self, proof) -> None:
-        """The proven second connection carries the link; the old one's unconfirmed
-        sends are lost with it (its parts send them again on the new one's up: the
-        server keeps each id once), and it is closed politely."""
-        r = self.runner
-        second, r.second = r.second, None
-        if second is None:
-            return
-        old = r.connection
-        self.connection_ended()
-        r.connection = second
-        second.acks_may_wait = True
-        transport = second.transport
-        clock = r.clock
-        skew = transport.clock_skew_s()
-        r.server_clock.measured_skew(skew, clock.wall(), clock.monotonic())
-        r.core.on_switched(clock.monotonic(), clock.wall(), transport.server_ping_interval_s,
-                           transport.local_addr(), self._second_took, skew,
-                           (proof.seq, proof.sent_at))
-        log.info("link moved: the server drained; connection %d from %s proven, the old one "
-                 "closed", r.core.journal.total_connections, transport.local_addr(),
-                 extra=journal(MessageId.LINK_UP, CONNECTION=r.core.journal.total_connections))
-        if old is not None:
-            old.transport.close()
-
     # -- a connection's end ------------------------------------------------------------
     def connection_ended(self) -> None:
         """Whatever rode on the connection is lost with it; its subscribers hear it."""
         r = self.runner
         if r.core.state != LinkState.ONLINE:
-            self.drop_second(J.SHUTDOWN)   # a drain's new connection goes with the link
+            r.handoff.drop(J.SHUTDOWN)   # a drain's new connection goes with the link
         r.cargo.connection_ended()
         connection, r.connection = r.connection, None
         if connection is not None:

@@ -26,12 +26,12 @@ from ..config.policies import IdlePolicy, LivenessPolicy
 from ..base.backoff import Backoff, BackoffPolicy
 from .idle_limit import IdleLimit
 from .journal import ConnectionJournal
+from .handover import DropSecond, Handover, Switch
 from .liveness import LivenessWatchdog
 
 THROTTLE_MIN_S = 1.0
 THROTTLE_MAX_S = 15 * 60.0
 RECONNECT_WINDOW_MAX_S = 15 * 60.0
-DRAIN_WINDOW_MAX_S = 15 * 60.0
 # Losses the site's side causes and nobody else sees: the server is fine, so the device
 # goes back at once whatever window the server set (a window is for a server's loss,
 # which every device on it sees at the same instant).
@@ -72,45 +72,6 @@ class Abort:
 class SendReport:
     upto_n: int
     connections: list = field(hash=False)
-
-
-@dataclass(frozen=True)
-class OpenSecond:
-    """The server drains: open a new connection beside the live one; answer with
-    on_second_opened() or on_second_failed()."""
-
-
-@dataclass(frozen=True)
-class ProveSecond:
-    """Send heartbeat ``seq`` on the second connection; its ACK: on_second_proven()."""
-    seq: int
-
-
-@dataclass(frozen=True)
-class Switch:
-    """The second connection is proven: it carries the link from now on (tell the core
-    with on_switched()), and the old one is closed politely."""
-    seq: int
-    sent_at: float
-
-
-@dataclass(frozen=True)
-class DropSecond:
-    """The second connection did not prove itself: abort it; the live one stays."""
-    reason: str
-
-
-class Handover:
-    """A drain in progress: when the second connection opens, and its proof."""
-    DUE, OPENING, PROVING = "due", "opening", "proving"
-
-    def __init__(self, at: float, window_s: float):
-        self.at = at
-        self.window_s = window_s
-        self.phase = Handover.DUE
-        self.seq = 0
-        self.sent_at = 0.0
-        self.deadline = math.inf
 
 
 @dataclass(frozen=True)
@@ -177,9 +138,8 @@ class LinkCore:
 
     @property
     def after_shared_loss(self) -> bool:
-        """The retries follow a loss every device on the server saw at once (the server
-        went away), not one of this site's own: the server's reconnect window, if it
-        set one, is in force."""
+        """The retries follow a loss every device on the server saw at once (it went away),
+        not one of this site's own: the server's reconnect window, if any, is in force."""
         return self._spreading
 
     def next_wakeup(self, acks: bool = True) -> float:
@@ -191,9 +151,8 @@ class LinkCore:
             t = min(self._next_heartbeat_at, self.watchdog.next_deadline(acks))
             if not self.stable and self.connected_at is not None:
                 t = min(t, self.connected_at + self.policy.stable_after_s)
-            h = self.handover
-            if h is not None:
-                t = min(t, h.at if h.phase == Handover.DUE else h.deadline)
+            if self.handover is not None:
+                t = min(t, self.handover.next_deadline())
             return t
         return math.inf
 
@@ -221,7 +180,10 @@ class LinkCore:
             return [Abort(reason)]
         self.idle.tick(now)
         actions: list = [VerifyDelivery(seq) for seq in self.watchdog.deliveries_due(now)]
-        actions += self._handover_due(now)
+        if self.handover is not None:   # a server's drain (handover.py)
+            due, going = self.handover.due(now)
+            actions += due
+            self.handover = self.handover if going else None
         if (not self.stable and self.connected_at is not None
                 and now - self.connected_at >= self.policy.stable_after_s):
             # Only a link that stayed alive this long resets the schedule: a connect
@@ -254,41 +216,29 @@ class LinkCore:
         if self.state != LinkState.CONNECTING:
             return
         self._enter(LinkState.ONLINE, now)
-        self.connected_at = now
         self.stable = False
-        self.watchdog.reset(now, server_ping_interval_s)
-        self.journal.opened(now, wall, local_addr, connect_s, clock_skew_s)
-        self.handover = None
         self._spreading = False
+        self._opened(now, (wall, local_addr, connect_s, clock_skew_s), server_ping_interval_s)
+        self._next_heartbeat_at = now
+
+    def _opened(self, now: float, journaled: tuple, server_ping_interval_s: float | None):
+        """A connection carries the link (journaled: wall, address, connect s, skew)."""
+        self.connected_at = now
+        self.handover = None
+        self.watchdog.reset(now, server_ping_interval_s)
+        self.journal.opened(now, *journaled)
         self._gaps.clear()
         self.idle.connected()
-        self._next_heartbeat_at = now
 
     # -- a server's drain: make before break ---------------------------------------------
     def on_drain(self, window_s: float, now: float) -> float | None:
-        """The server is about to stop: within ``window_s`` (clamped) open a new
-        connection, at an even random moment (the screens of a node spread over the
-        window), early enough that its proof fits in. Returns the moment's delay, or None
-        when there is nothing to move (not online, or already moving)."""
+        """The server is about to stop: a new connection within ``window_s`` (handover.py);
+        the moment's delay, or None with nothing to move (not online, or moving)."""
         if self.state != LinkState.ONLINE or self.handover is not None:
             return None
-        window = min(DRAIN_WINDOW_MAX_S, max(0.0, window_s))
-        span = max(0.0, window - self.policy.liveness.ack_timeout_s)
-        delay = self.backoff.moment(span)
-        self.handover = Handover(now + delay, window)
-        return delay
-
-    def _handover_due(self, now: float) -> list:
-        h = self.handover
-        if h is None:
-            return []
-        if h.phase == Handover.DUE and now >= h.at:
-            h.phase = Handover.OPENING
-            return [OpenSecond()]
-        if h.phase == Handover.PROVING and now >= h.deadline:
-            self.handover = None
-            return [DropSecond(J.ACK_TIMEOUT)]
-        return []
+        self.handover = Handover.within(window_s, now, self.policy.liveness.ack_timeout_s,
+                                        self.backoff.moment)
+        return self.handover.at - now
 
     def on_second_opened(self, now: float) -> list:
         """The second connection is open: prove it with a heartbeat of its own."""
@@ -296,21 +246,17 @@ class LinkCore:
         if self.state != LinkState.ONLINE or h is None or h.phase != Handover.OPENING:
             return [DropSecond(J.SHUTDOWN)]
         self.seq += 1
-        h.phase, h.seq, h.sent_at = Handover.PROVING, self.seq, now
-        h.deadline = now + self.policy.liveness.ack_timeout_s
-        return [ProveSecond(self.seq)]
+        return h.prove(self.seq, now, self.policy.liveness.ack_timeout_s)
 
     def on_second_failed(self, now: float, reason: str) -> list:
-        """The second connection failed (refused, the draining node again, closed): the
-        live one stays until the drain's end closes it, then the usual reconnect."""
+        """The second connection failed: the live one stays until the drain's end."""
         h, self.handover = self.handover, None
-        return [DropSecond(reason)] if h is not None and h.phase == Handover.PROVING else []
+        return h.failed(reason) if h is not None else []
 
     def on_second_proven(self, seq: int, now: float) -> list:
         """An ACK on the second connection: its proof, if it is the one asked for."""
         h = self.handover
-        if (self.state != LinkState.ONLINE or h is None or h.phase != Handover.PROVING
-                or seq != h.seq):
+        if self.state != LinkState.ONLINE or h is None or not h.proven_by(seq):
             return []
         self.handover = None
         return [Switch(seq, h.sent_at)]
@@ -324,17 +270,13 @@ class LinkCore:
         if self.state != LinkState.ONLINE:
             return
         self.journal.closed(now, J.DRAINED)
-        self.journal.opened(now, wall, local_addr, connect_s, clock_skew_s)
         self.drains += 1
-        self.connected_at = now
-        self.watchdog.reset(now, server_ping_interval_s)
+        self._opened(now, (wall, local_addr, connect_s, clock_skew_s), server_ping_interval_s)
         if proof is not None:
             self.watchdog.on_heartbeat_sent(proof[0], proof[1])
             self.watchdog.on_ack(proof[0], now)
             if self.journal.current is not None and self.watchdog.last_rtt_s is not None:
                 self.journal.current.add_rtt(self.watchdog.last_rtt_s)
-        self._gaps.clear()
-        self.idle.connected()
         self._next_heartbeat_at = now + self.idle.interval_s
 
     def on_connect_failed(self, now: float, reason: str, detail: str = "") -> None:
@@ -397,11 +339,8 @@ class LinkCore:
         return self.reconnect_window_s
 
     def on_network_up(self, now: float) -> bool:
-        """The network came back: try now instead of waiting out the backoff.
-
-        Rate-limited so a flapping cable cannot become a connect storm, and never
-        ahead of a server throttle.
-        """
+        """The network came back: try now instead of waiting out the backoff; rate-limited
+        so a flapping cable cannot become a connect storm, never ahead of a throttle."""
         if self.state != LinkState.WAITING or self.next_attempt_at <= now:
             return False
         if now - self._last_wake < self.policy.wake_min_interval_s:
@@ -412,35 +351,7 @@ class LinkCore:
 
     # -- status -----------------------------------------------------------------
     def snapshot(self, now: float) -> dict:
-        wd = self.watchdog
-        online = self.state == LinkState.ONLINE
-        cur = self.journal.current
-        return {
-            "state": "unpaired" if self.paused and self.state == LinkState.WAITING else self.state.value,
-            "since_s": round(now - self.since, 1),
-            "reason": self.last_reason,
-            "detail": self.last_detail or None,
-            "attempts": self.backoff.attempts,
-            "next_attempt_in_s": (round(max(0.0, self.attempt_at() - now), 1)
-                                  if self.state == LinkState.WAITING else None),
-            "rtt_ms": round(wd.last_rtt_s * 1000, 1) if online and wd.last_rtt_s is not None else None,
-            "last_ack_age_s": (round(now - wd.last_ack_at, 1)
-                               if online and wd.last_ack_at is not None else None),
-            "proven_live": online and wd.proven_live(now),
-            "proof": wd.proof if online else None,
-            # while the file says online and proven, the last proof is at most this old
-            "proof_within_s": (round(wd.proof_within_s(self.idle.interval_s), 1)
-                               if online and wd.proof else None),
-            "connection": cur.n if cur else None,
-            "local_addr": cur.local_addr if cur else None,
-            "connect_ms": cur.connect_ms if cur else None,
-            "clock_skew_s": cur.clock_skew_s if cur else None,
-            "connections_total": self.journal.total_connections,
-            "losses_last_hour": self.journal.losses_since(now - 3600),
-            # below the configured interval while the site reaps idle flows
-            "heartbeat_interval_s": self.idle.interval_s,
-            "reconnect_window_s": self.reconnect_window_s or None,
-        }
+        return link_status(self, now)
 
     # -- internals --------------------------------------------------------------
     def _enter(self, state: LinkState, now: float) -> None:
@@ -470,3 +381,36 @@ class LinkCore:
         spread = self.reconnect_window_s if self._spreading else 0.0
         self.next_attempt_at = now + self.backoff.next_delay(spread)
         self._enter(LinkState.WAITING, now)
+
+
+def link_status(core: LinkCore, now: float) -> dict:
+    """What `edge-agent status` says of the link."""
+    wd = core.watchdog
+    online = core.state == LinkState.ONLINE
+    cur = core.journal.current
+    return {
+        "state": "unpaired" if core.paused and core.state == LinkState.WAITING else core.state.value,
+        "since_s": round(now - core.since, 1),
+        "reason": core.last_reason,
+        "detail": core.last_detail or None,
+        "attempts": core.backoff.attempts,
+        "next_attempt_in_s": (round(max(0.0, core.attempt_at() - now), 1)
+                              if core.state == LinkState.WAITING else None),
+        "rtt_ms": round(wd.last_rtt_s * 1000, 1) if online and wd.last_rtt_s is not None else None,
+        "last_ack_age_s": (round(now - wd.last_ack_at, 1)
+                           if online and wd.last_ack_at is not None else None),
+        "proven_live": online and wd.proven_live(now),
+        "proof": wd.proof if online else None,
+        # while the file says online and proven, the last proof is at most this old
+        "proof_within_s": (round(wd.proof_within_s(core.idle.interval_s), 1)
+                           if online and wd.proof else None),
+        "connection": cur.n if cur else None,
+        "local_addr": cur.local_addr if cur else None,
+        "connect_ms": cur.connect_ms if cur else None,
+        "clock_skew_s": cur.clock_skew_s if cur else None,
+        "connections_total": core.journal.total_connections,
+        "losses_last_hour": core.journal.losses_since(now - 3600),
+        # below the configured interval while the site reaps idle flows
+        "heartbeat_interval_s": core.idle.interval_s,
+        "reconnect_window_s": core.reconnect_window_s or None,
+    }

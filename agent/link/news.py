@@ -117,20 +117,6 @@ class News:
             log.info("server drains within %.0fs: opening a new connection in %.1fs, the "
                      "live one kept until the new one is proven", news.seconds, delay)
 
-    def second(self, news: Any) -> None:
-        """News about the second connection a drain opened (connector.open_second):
-        its proof, or its end; the rest waits for it to carry the link."""
-        r = self.runner
-        now = r.clock.monotonic()
-        if isinstance(news, inbox.HeartbeatAcked):
-            r.execute_all(r.core.on_second_proven(news.seq, news.at))
-        elif isinstance(news, inbox.Closed):
-            log.info("drain: the new connection ended before its proof (%s); the live one "
-                     "stays until the server closes it", news.reason)
-            r.execute_all(r.core.on_second_failed(now, news.reason))
-        elif isinstance(news, (inbox.ReconnectWindow, inbox.Throttled)):
-            self.table[type(news)](news)
-
     def _heartbeat_acked(self, news: inbox.HeartbeatAcked) -> None:
         r = self.runner
         rtt = r.core.on_ack(news.seq, news.at)

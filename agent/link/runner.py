@@ -27,8 +27,9 @@ from .cargo import Cargo
 from .connection import Connection
 from .connector import Connector
 from .idle_memory import IdleMemory
-from .core import (Abort, Connect, DropSecond, LinkCore, LinkPolicy, LinkState, OpenSecond,
-                   ProveSecond, SendHeartbeat, SendReport, Switch, VerifyDelivery)
+from .core import (Abort, Connect, LinkCore, LinkPolicy, LinkState, SendHeartbeat, SendReport,
+                   VerifyDelivery)
+from .handoff import ACTIONS as HANDOFF_ACTIONS, Handoff
 from ..config.model import Debug, Link, Server
 from .news import News
 from .pipe import Pipe
@@ -105,9 +106,9 @@ class LinkRunner:
         # the ACK deadline's kernel timer runs on real time only
         self.wakeup = Wakeup(cancellable_deadlines=isinstance(self.clock, SystemClock))
         self.connection: Connection | None = None
-        self.second: Connection | None = None   # a drain's new connection, until proven
         self.generation = 0
         self.connector = Connector(self)
+        self.handoff = Handoff(self)   # a server's drain: the new connection
         self.factory = seams.transport_factory or self.connector.default_transport
         self._max_wait_s = self.debug.link_max_wait_s or MAX_WAIT_S
         self.identity = identity
@@ -115,7 +116,7 @@ class LinkRunner:
         self.cargo = Cargo()
         self.server_clock = keeps.server_clock or ServerClock()
         self.pipe = Pipe(self)    # the port the other parts are given
-        self._started = self.clock.monotonic()
+        self.started = self.clock.monotonic()
         self._published: tuple | None = None
         self._loop_thread: int | None = None
         self._begun = False
@@ -133,14 +134,11 @@ class LinkRunner:
 
     # -- called from any thread -------------------------------------------------
     def sink(self, generation: int | None, news) -> None:
-        """From any thread: news (inbox.py) for the link thread, about the connection
-        ``generation`` names; a request of the server's goes to the part serving it.
-
-        A heartbeat's ACK on a connection already proven waits for the loop's next turn
-        and calls off its deadline's timer (wakeup.py): each wake-up cost two context
-        switches per heartbeat. The first ACK of a connection wakes it at once (it proves
-        the link: systemd's watchdog is petted only then), as does any ACK while a parcel
-        waits for its proof of delivery."""
+        """From any thread: news (inbox.py) about the connection ``generation`` names; a
+        server's request goes to the part serving it. An ACK on a proven connection waits
+        for the next turn and calls off its deadline's timer (wakeup.py: each wake-up cost
+        two context switches a heartbeat); a connection's first ACK (it proves the link,
+        the watchdog's pet) and any while a parcel waits for its proof wake the thread."""
         if isinstance(news, inbox.Request):
             self.pipe.serve_request(news)
             return
@@ -249,16 +247,14 @@ class LinkRunner:
         return threading.get_ident() == self._loop_thread
 
     def _wait_before_restart(self, seconds: float) -> bool:
-        """The loop died: wait out its backoff (news meanwhile waits in the inbox) and
-        say whether to give up instead, asked to stop."""
+        """The loop died: wait out its backoff (news waits); True: asked to stop."""
         until = time.monotonic() + seconds   # the thread really waits: real time
         while not self._stop_asked and (left := until - time.monotonic()) > 0:
             self.wakeup.wait(left)
         return self._stop_asked
 
     def _shut_down(self) -> None:
-        """However the loop ended: a stop asked while it waited to restart still closes
-        the link politely and is journaled."""
+        """However the loop ended, a stop asked closes the link politely, journaled."""
         if self._stop_asked and self.core.state != LinkState.STOPPED:
             self.execute_all(self.core.stop(self.clock.monotonic()))
             self.publish()
@@ -268,7 +264,7 @@ class LinkRunner:
         if not self._prepared:
             self.begin()
             if self.debug.stall_link_after_s is not None:
-                self._stall_at = self._started + self.debug.stall_link_after_s
+                self._stall_at = self.started + self.debug.stall_link_after_s
             self._prepared = True
         else:
             self.connector.recover()
@@ -296,9 +292,8 @@ class LinkRunner:
 
     def _others_may_turn(self) -> bool:
         """Others' periodic work (telemetry, the inventory, systemd's line) waits while the
-        process makes and proves its first connection: a start, or a restart in the
-        middle of a heal, is on the link's time. Once it has been proven, or while it
-        waits to try again, every turn does it."""
+        process makes and proves its first connection (a start, or a restart mid-heal, is
+        on the link's time); once proven, or while it waits to try again, every turn."""
         if not self._proven_once:
             self._proven_once = self.link_live()
         return self._proven_once or self.core.state == LinkState.WAITING
@@ -307,9 +302,7 @@ class LinkRunner:
         # one at a time: news behind one whose handler raised waits for the restart
         while (item := self.wakeup.take()) is not None:
             generation, news = item
-            second = self.second
-            if second is not None and generation == second.generation:
-                self.news.second(news)
+            if self.handoff.takes(generation, news):
                 continue
             if type(news) in inbox.CONNECTION_NEWS and (
                     self.connection is None or generation != self.connection.generation):
@@ -363,7 +356,7 @@ class LinkRunner:
             self.connector.connect(action.attempt)
         elif isinstance(action, SendHeartbeat) and connection is not None:
             connection.heartbeat(action.seq, self.clock.wall(),
-                                 self.clock.monotonic() - self._started, self.clock.monotonic,
+                                 self.clock.monotonic() - self.started, self.clock.monotonic,
                                  ask_kernel=not self.core.watchdog.armed)
         elif isinstance(action, VerifyDelivery) and connection is not None:
             delivered, rtt = connection.delivered(action.seq)
@@ -373,16 +366,8 @@ class LinkRunner:
             connection.report(self.core, action, self.clock.wall())
         elif isinstance(action, Abort):
             self.connector.abort(action.reason)
-        elif isinstance(action, OpenSecond):
-            self.connector.open_second()
-        elif isinstance(action, ProveSecond) and self.second is not None:
-            self.second.heartbeat(action.seq, self.clock.wall(),
-                                  self.clock.monotonic() - self._started, self.clock.monotonic,
-                                  ask_kernel=False)
-        elif isinstance(action, Switch):
-            self.connector.switch(action)
-        elif isinstance(action, DropSecond):
-            self.connector.drop_second(action.reason)
+        elif isinstance(action, HANDOFF_ACTIONS):
+            self.handoff.execute(action)
 
     def publish(self) -> None:
         """The reconnect schedule to its store and the state to on_status, when either
