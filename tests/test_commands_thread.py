@@ -61,7 +61,7 @@ def test_the_core_and_the_ledger_are_touched_from_the_commands_thread_only(tmp_p
     """Received, finished and confirmed, each from another thread: the core and the
     ledger see one thread, the commands thread."""
     from agent.commands.actions import Actions
-    from agent.commands.core import Outcome
+    from agent.commands.core import Outcome, ResultAcked
     from agent.commands.service import CommandService
     from agent.link.port import Confirmation
 
@@ -78,8 +78,8 @@ def test_the_core_and_the_ledger_are_touched_from_the_commands_thread_only(tmp_p
     def spy(kind, method):
         def call(*args, **kwargs):
             seen[kind].add(threading.current_thread().name)
-            if method.__name__ == "result_acked":
-                confirmed.append(args)
+            if args and isinstance(args[0], ResultAcked):
+                confirmed.append((args[0].id,))
             return method(*args, **kwargs)
         return call
 
@@ -98,9 +98,7 @@ def test_the_core_and_the_ledger_are_touched_from_the_commands_thread_only(tmp_p
 
     def spied_start():   # the core and the ledger are the commands thread's from its start
         real_start()
-        for name in ("receive", "finished", "result_acked", "recover", "unacked",
-                     "take_changes"):
-            setattr(service.core, name, spy("core", getattr(service.core, name)))
+        service.core.handle = spy("core", service.core.handle)   # its one way in
         service._ledger.write = spy("ledger", service._ledger.write)
         seen["core"].add(threading.current_thread().name)
     service._on_start = spied_start
@@ -126,7 +124,7 @@ def test_a_display_command_crosses_between_the_link_and_the_commands_part_twice(
     """The walk in docs/LAYERS.md, counted: the thread of each step of one command, from
     the connection's events thread to the server's confirmation of its result."""
     from agent.commands.actions import Actions
-    from agent.commands.core import Outcome
+    from agent.commands.core import Outcome, ResultAcked
     from agent.commands.service import CommandService
     from agent.link.port import Confirmation
 
@@ -158,12 +156,13 @@ def test_a_display_command_crosses_between_the_link_and_the_commands_part_twice(
                              actions, str(tmp_path), link=port,
                              result_message=lambda result: ("device:command-result", result,
                                                             True))
-    acked = service.core.result_acked
+    handle = service.core.handle
 
-    def result_acked(cid):
-        step("commands")
-        acked(cid)
-    service.core.result_acked = result_acked
+    def handled(event):
+        if isinstance(event, ResultAcked):
+            step("commands")
+        return handle(event)
+    service.core.handle = handled
     service.start()
     try:
         recorded = threading.Event()
