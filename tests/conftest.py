@@ -83,11 +83,19 @@ def built_debs() -> tuple[Path, Path]:
 
 # -- a real X server (working hours, the display's read-back) -----------------------
 @contextlib.contextmanager
-def _x_server(size: str, *extra: str):
-    """Xvfb on a display number it picks free itself (-displayfd): (display, process)."""
+def _x_server(size: str, *extra: str, high: bool = False):
+    """Xvfb on a display number it picks free itself (-displayfd): (display, process).
+    ``high``: a number far above the ones -displayfd picks (from :0 up), for a test that
+    kills its server and must find the display gone: a number -displayfd freed would be
+    taken by the next test stream's Xvfb and answer for it."""
     read_end, write_end = os.pipe()
-    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-screen", "0", size,
-                             "-nolisten", "tcp", *extra], pass_fds=(write_end,),
+    chosen = []
+    if high:
+        import random
+        chosen = [f":{n}" for n in random.sample(range(600, 6000), 20)
+                  if not os.path.exists(f"/tmp/.X{n}-lock")][:1]
+    proc = subprocess.Popen(["Xvfb", *chosen, "-displayfd", str(write_end), "-screen", "0",
+                             size, "-nolisten", "tcp", *extra], pass_fds=(write_end,),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(write_end)
     try:
@@ -105,12 +113,14 @@ def _x_server(size: str, *extra: str):
 
 
 @pytest.fixture
-def xvfb():
-    """A real X server and its process (working hours, the display's read-back)."""
+def xvfb(request):
+    """A real X server and its process (working hours, the display's read-back); a test
+    marked ``x_killed`` gets one on a high display number (_x_server)."""
     if shutil.which("Xvfb") is None or shutil.which("xset") is None:
         pytest.fail("a real X server's tests need Xvfb and xset (.ci/run installs xvfb and "
                     "x11-xserver-utils)")
-    with _x_server("320x240x24") as server:
+    with _x_server("320x240x24", high=request.node.get_closest_marker("x_killed") is not None
+                   ) as server:
         yield server
 
 

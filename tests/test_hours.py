@@ -1,6 +1,5 @@
 """Working hours: the schedule on a fake clock, the thread with real commands, and the
 real agent with a real X server (Xvfb) and xset."""
-import os
 import threading
 import time
 from datetime import datetime
@@ -202,8 +201,9 @@ def _events(server, kind):
 
 
 @pytest.mark.netns
+@pytest.mark.x_killed   # its X server on a number no other stream's Xvfb takes (conftest)
 def test_the_agent_turns_a_real_x_display_off_and_on_and_reports_one_that_is_gone(
-        netns, fleet, spawn_agent, agent_python, xvfb, tmp_path, request):
+        netns, fleet, spawn_agent, agent_python, xvfb, tmp_path):
     """X11's recipe (xset) on a real X server: off by today's exception, on without
     it; then the X server gone while the hours want the display on: the fault the
     server hears."""
@@ -242,12 +242,6 @@ def test_the_agent_turns_a_real_x_display_off_and_on_and_reports_one_that_is_gon
     stop(agent)
     x_server.kill()
     x_server.wait()
-    # its number kept from the next Xvfb -displayfd of another test stream (it skips a
-    # number whose lock names a live process): the display stays gone
-    lock = f"/tmp/.X{display.lstrip(':')}-lock"
-    with open(lock, "w") as f:
-        f.write(f"{os.getpid():>10}\n")
-    request.addfinalizer(lambda: os.path.exists(lock) and os.unlink(lock))
     agent = run([])
     fault = wait_for(lambda: _events(server, "display.fault"), 30, what="display.fault")
     assert fault[0]["wanted"] == "on" and "unable to open display" in fault[0]["error"]
