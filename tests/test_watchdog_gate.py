@@ -155,3 +155,31 @@ def test_the_outages_count_is_kept_across_restarts_of_one_boot_only(tmp_path, mo
     assert ScheduleStore(path).outage_restarts() == 2
     monkeypatch.setattr(schedule_store, "boot_id", lambda: "another boot")
     assert ScheduleStore(path).outage_restarts() == 0
+
+
+def test_pets_withheld_before_the_first_proof_are_the_starts_and_after_it_a_warning(caplog):
+    """A start, a restart or the first connection after pairing has not proven its link
+    yet: pets withheld then are said at INFO (a warning on every start had the booted
+    sandbox test read a healthy start as a fault); once proven, or for a stall, a warning."""
+    import logging
+    import threading
+
+    from agent.runtime.systemd import WatchdogPetter
+    from agent.runtime.watchdog_gate import WatchdogGate
+
+    class Notifier:
+        def pet(self):
+            pass
+
+    for starting, level in ((True, logging.INFO), (False, logging.WARNING)):
+        caplog.clear()
+        petter = WatchdogPetter(Notifier(), 0.02, WatchdogGate(require_link=True),
+                                live=lambda: False, outage=lambda: False,
+                                starting=lambda starting=starting: starting)
+        with caplog.at_level(logging.INFO, logger="edge_agent"):
+            petter.start()
+            threading.Event().wait(0.1)
+            petter.stop()
+            threading.Event().wait(0.05)
+        said = [r for r in caplog.records if "withholding pets" in r.getMessage()]
+        assert said and said[0].levelno == level, (starting, said)

@@ -196,7 +196,8 @@ class Agent:
             self.config, self.notifier, self.period, self.gate, outage=self.runner.outage,
             # a screen waiting for its operator to type the code is healthy, not wedged
             live=lambda: self.runner.link_live() or self.identity.waiting,
-            keep_restarts=self.schedule.keep_outage_restarts)
+            keep_restarts=self.schedule.keep_outage_restarts,
+            starting=lambda: not self.runner.proven_once)
         if petter is not None:
             petter.start()
         while not link_ended.is_set():
@@ -255,12 +256,13 @@ def exported_metrics(config: Config, runner, commands, notifier: Notifier):
 
 
 def watchdog_petter(config: Config, notifier: Notifier, period: float | None,
-                    gate: WatchdogGate, *, live, outage, keep_restarts) -> WatchdogPetter | None:
+                    gate: WatchdogGate, *, live, outage, keep_restarts,
+                    starting) -> WatchdogPetter | None:
     """systemd's watchdog pets, where systemd asked for them, with what gates them."""
     if period is None or not notifier.enabled:
         return None
     petter = WatchdogPetter(notifier, period, gate, live=live, outage=outage,
-                            keep_restarts=keep_restarts)
+                            keep_restarts=keep_restarts, starting=starting)
     log.info("systemd watchdog armed: %.0fs, pets every %.1fs while %s", period,
              petter.interval_s, "the link is proven live" if gate.require_link
              else "the agent's loops make progress")

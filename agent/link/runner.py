@@ -122,7 +122,7 @@ class LinkRunner:
         self._begun = False
         self.news = News(self)
         self._stop_asked = False
-        self._proven_once = False   # this process's link has been proven live
+        self.proven_once = False   # this process's link has been proven live
         self._prepared = False   # the first state published
         self._stall_at: float | None = None
         self.loop = Loop("link", self._turns, max_silence_s=self.max_silence_s, gate=gate,
@@ -294,9 +294,9 @@ class LinkRunner:
         """Others' periodic work (telemetry, the inventory, systemd's line) waits while the
         process makes and proves its first connection (a start, or a restart mid-heal, is
         on the link's time); once proven, or while it waits to try again, every turn."""
-        if not self._proven_once:
-            self._proven_once = self.link_live()
-        return self._proven_once or self.core.state == LinkState.WAITING
+        if not self.proven_once:
+            self.proven_once = self.link_live()
+        return self.proven_once or self.core.state == LinkState.WAITING
 
     def take_in_events(self) -> None:
         # one at a time: news behind one whose handler raised waits for the restart

@@ -70,16 +70,21 @@ class WatchdogPetter(threading.Thread):
     """Every half watchdog period, asks the gate and pets only if it says yes. ``live()``:
     the link is proven live (or an operator is being waited for); ``outage()``: the link
     is down because the network or the server is out. ``keep_restarts(n)``: the
-    outage's restarts so far, kept across restarts where the gate says to."""
+    outage's restarts so far, kept across restarts where the gate says to. ``starting()``:
+    this process has not proven its link yet (a start, a restart, the first connection
+    after pairing): pets withheld for the link then are said at INFO, as the start's;
+    withheld once it had been proven, or for a stall, a warning."""
 
     def __init__(self, notifier: Notifier, period_s: float, gate: WatchdogGate,
                  live: Callable[[], bool], outage: Callable[[], bool],
-                 keep_restarts: Callable[[int], None] = lambda n: None):
+                 keep_restarts: Callable[[int], None] = lambda n: None,
+                 starting: Callable[[], bool] = lambda: False):
         super().__init__(name="watchdog", daemon=True)
         self.notifier = notifier
         self.interval_s = period_s / 2
         self.gate = gate
         self._live, self._outage, self._keep_restarts = live, outage, keep_restarts
+        self._starting = starting
         self._stop = threading.Event()
         self._withheld: str | None = None
 
@@ -99,8 +104,10 @@ class WatchdogPetter(threading.Thread):
                     self._withheld = None
                 self.notifier.pet()
             elif why != self._withheld:
-                log.warning("watchdog: withholding pets (%s); systemd restarts the agent "
-                            "if this lasts past WatchdogSec", why)
+                level = (logging.INFO if self._starting() and not why.startswith("stalled")
+                         else logging.WARNING)
+                log.log(level, "watchdog: withholding pets (%s); systemd restarts the agent "
+                        "if this lasts past WatchdogSec", why)
                 self._withheld = why
 
     def stop(self) -> None:
