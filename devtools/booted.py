@@ -283,7 +283,9 @@ class BootedDebian:
         while True:  # init is there before its bus is: retry until systemctl can ask
             r = self.run("systemctl", "is-system-running", "--wait", check=False,
                          timeout=max(5.0, deadline - time.monotonic()))
-            if r.stdout.strip() or time.monotonic() > deadline:
+            # "offline": systemctl could not reach the manager yet (early in a boot
+            # under load): asked again, as an empty answer is
+            if r.stdout.strip() not in ("", "offline") or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         if r.stdout.strip() not in ("running", "degraded"):
