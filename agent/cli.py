@@ -325,13 +325,21 @@ def cmd_enqueue(args) -> int:
         sys.stderr.write(f"edge-agent: {config.queue_path}: {e.strerror}; nothing was queued\n")
         return EXIT_UNAVAILABLE
     print(item_id)
-    try:  # wake the running agent's worker; if none runs, it sends at its next start
+    # wake the running agent's worker; if none runs, it sends at its next start
+    _signal_agent(config, signal.SIGUSR1)
+    return EXIT_OK
+
+
+def _signal_agent(config: Config, signum: int) -> bool:
+    """``signum`` to the running agent (the pid in its status file); False: none runs."""
+    try:
         pid = status_file.read(config.status_path).get("pid")
         if status.pid_alive(pid):
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, signum)
+            return True
     except (status_file.StatusFileError, OSError):
         pass
-    return EXIT_OK
+    return False
 
 
 def cmd_unpair(args) -> int:
@@ -356,15 +364,10 @@ def cmd_unpair(args) -> int:
     except OSError as e:
         sys.stderr.write(f"edge-agent: {config.identity.state_dir}: {e.strerror}\n")
         return EXIT_USAGE
-    try:
-        pid = status_file.read(config.status_path).get("pid")
-        if status.pid_alive(pid):
-            os.kill(pid, signal.SIGUSR2)
-            print("credentials and the fleet's settings removed; the agent is requesting a "
-                  "new pairing code (the fleet's settings leave it at its next start)")
-            return EXIT_OK
-    except (status_file.StatusFileError, OSError):
-        pass
+    if _signal_agent(config, signal.SIGUSR2):
+        print("credentials and the fleet's settings removed; the agent is requesting a "
+              "new pairing code (the fleet's settings leave it at its next start)")
+        return EXIT_OK
     print("credentials and the fleet's settings removed; the agent will enroll when it starts")
     return EXIT_OK
 

@@ -90,7 +90,7 @@ def test_the_board_makes_its_document_again_now_and_then_for_what_parts_read_the
     """apt's lists change without the agent hearing of it: the board's turn makes the
     document again every DOCUMENT_REFRESH_S, so the file and the metrics follow."""
     from agent.app import board as board_mod
-    from agent.app.storage import StorageHealth
+    from agent.app.state_health import StorageHealth
     from agent.runtime.systemd import Notifier
     offered = ["0.3.0-1"]
     b = board_mod.StatusBoard(str(tmp_path / "status.json"), Notifier({}), device_id=lambda: "s",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.base import netlink
 from agent.inventory import collect as inventory
 from devtools.harness import agent_config, wait_for
 
@@ -164,8 +165,8 @@ PI_DUMPS = {
 
 def _fake_netlink(monkeypatch, dumps: dict[int, list[bytes]]) -> None:
     """Replaces the socket only: the datagrams still go through the module's parser."""
-    monkeypatch.setattr(inventory, "_rtnetlink_dump",
-                        lambda request, header: list(inventory._messages(b"".join(dumps[request]))))
+    monkeypatch.setattr(inventory.netlink, "dump",
+                        lambda request, header: list(netlink.messages(b"".join(dumps[request]))))
 
 
 class FakeRunner:
@@ -249,7 +250,7 @@ def test_a_missing_tree_gives_an_empty_but_valid_inventory(tmp_path, monkeypatch
     def no_netlink(request, header):
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(inventory, "_rtnetlink_dump", no_netlink)
+    monkeypatch.setattr(inventory.netlink, "dump", no_netlink)
     run = FakeRunner("\tSSID: never asked\n")
     missing = str(tmp_path / "nothing")
     inv = inventory.collect(missing, missing, missing, run=run)

@@ -15,7 +15,7 @@ import pytest
 
 from agent.config import load as cfgmod
 from agent.app.status import line as status_line
-from agent.app.storage import StorageHealth
+from agent.app.state_health import StorageHealth
 from agent.base.card import READ_ONLY, card_failure
 from agent.uploads.store import QueueStorageFailed, QueueStore
 from devtools.card import SdCard

@@ -260,3 +260,38 @@ def test_working_hours_restart_after_a_bug_and_are_on_the_gate(tmp_path, quick_r
     hours.stop()
     hours.join(3)
     assert not hours.loop.gave_up
+
+
+# -- Loop.every: the shell of a part's periodic thread --------------------------------------
+def test_every_runs_a_step_when_it_says_at_a_wake_at_once_and_ends_on_stop():
+    """The one shell of the periodic threads (the display's watch, the picture check, the
+    mender, the network's healer, the working hours): a step says when the next is due
+    (seconds, or None: not before a wake), a wake runs one at once, a long wait is cut in
+    slices that tick the gate, an untimed one is idle on it, and stop ends the thread."""
+    from agent.runtime.loop import Loop
+    stop, wake, gate = threading.Event(), threading.Event(), WatchdogGate(require_link=False)
+    steps, delays = [], [0.01, 0.01, None, 0.3, 30.0]
+
+    def step():
+        steps.append(time.monotonic())
+        return delays[len(steps) - 1] if len(steps) <= len(delays) else 30.0
+
+    loop = Loop("periodic", lambda: loop.every(step, stop=stop, wake=wake, slice_s=0.05),
+                max_silence_s=1.0, gate=gate, pause=stop.wait, stopping=stop.is_set)
+    loop.start()
+    assert wait_until(lambda: len(steps) == 3)
+    time.sleep(0.1)
+    assert len(steps) == 3 and gate._loops["periodic"].idle, "None: idle until woken"
+    wake.set()
+    assert wait_until(lambda: len(steps) == 4)
+    assert not gate._loops["periodic"].idle
+    ticked = gate._loops["periodic"].last_tick
+    assert wait_until(lambda: gate._loops["periodic"].last_tick > ticked, 0.2), "a slice ticks"
+    assert wait_until(lambda: len(steps) == 5)
+    assert 0.25 < steps[4] - steps[3] < 1.0, "the delay the step said, in slices"
+    wake.set()   # a wake during a sliced wait runs the next step at once
+    assert wait_until(lambda: len(steps) == 6, 0.5)
+    stop.set()
+    wake.set()
+    loop.join(1.0)
+    assert not loop._thread.is_alive()

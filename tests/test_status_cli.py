@@ -366,6 +366,21 @@ def test_status_finds_the_status_file_where_the_agent_writes_it(tmp_path, layers
     assert files.status_path(given, env=env, vendor=str(vendor)) == agent_reads
 
 
+def test_status_takes_the_runtime_dir_the_schema_takes_and_no_other():
+    """One rule for an absolute path: the schema's ABS_PATH is built on the one status
+    reads it with (config/files.py), so the two cannot drift (an empty component, `//`,
+    was taken by status and refused by the schema)."""
+    from agent.config import files, schema
+    for value in ["/", "/run/edge-agent", "/run/edge-agent/", "/run//a", "//", "", "rel",
+                  "/a\x7fb", "/a\nb", "/" + "a" * 1023, "/" + "a" * 1024, 5, None]:
+        try:
+            schema.ABS_PATH.check("runtime.dir", value)
+            taken = True
+        except (schema.ConfigError, TypeError):
+            taken = False
+        assert files.usable_dir(value) is taken, repr(value)
+
+
 def test_status_reads_the_configured_runtime_dir_past_a_bad_key_elsewhere(tmp_path, monkeypatch):
     """An operator's typo in another key does not stop the running agent (it read the file
     before); status still finds its status file, where the whole load used to fail over
@@ -380,7 +395,7 @@ def test_status_reads_the_configured_runtime_dir_past_a_bad_key_elsewhere(tmp_pa
 
 
 
-@pytest.mark.parametrize("configured", ["/x\u001b]0;pwn\u0007\u001b[2J", "rel", "/a\x00b"])
+@pytest.mark.parametrize("configured", ["/x\u001b]0;pwn\u0007\u001b[2J", "rel", "/a\x00b", "/run//a"])
 def test_a_runtime_dir_the_agent_refuses_is_neither_read_nor_printed(tmp_path, configured):
     """`status` reads [runtime] dir without the schema: a value the agent would refuse
     (terminal escapes, a relative path) is passed over for the default, as the agent

@@ -183,3 +183,21 @@ def test_pets_withheld_before_the_first_proof_are_the_starts_and_after_it_a_warn
             threading.Event().wait(0.05)
         said = [r for r in caplog.records if "withholding pets" in r.getMessage()]
         assert said and said[0].levelno == level, (starting, said)
+
+
+def test_the_petter_stops_and_joins_like_any_thread():
+    """The petter is a Thread: its stop event must not shadow Thread's own ``_stop`` (the
+    method join() calls once the thread has ended), or join() raises TypeError."""
+    from agent.runtime.systemd import WatchdogPetter
+    from agent.runtime.watchdog_gate import WatchdogGate
+
+    class Notifier:
+        def pet(self):
+            pass
+
+    petter = WatchdogPetter(Notifier(), 0.02, WatchdogGate(require_link=False),
+                            live=lambda: True, outage=lambda: False)
+    petter.start()
+    petter.stop()
+    petter.join(timeout=2)
+    assert not petter.is_alive()

@@ -13,7 +13,7 @@ from typing import Callable
 from ..runtime.systemd import Notifier
 from ..base import status_file
 from . import status
-from .storage import StorageHealth
+from .state_health import StorageHealth
 
 log = logging.getLogger("edge_agent")
 

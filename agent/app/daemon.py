@@ -27,7 +27,7 @@ from ..update.service import Updater
 from ..uploads import part as uploads_part
 from . import adjustments
 from .board import StatusBoard
-from .storage import StorageAlarms, StorageHealth
+from .state_health import StorageAlarms, StorageHealth
 
 log = logging.getLogger("edge_agent")
 

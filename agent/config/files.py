@@ -6,6 +6,7 @@ records or their validation (load.py), which it does not need to read a file."""
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 
 from ..base import status_file
@@ -56,12 +57,19 @@ def runtime_dir(configured: str | None, env) -> str:
     return (configured or env.get("RUNTIME_DIRECTORY") or RUNTIME_DEFAULT).split(":")[0]
 
 
+# An absolute path: no control characters, no empty components (one reading of a
+# segment each, so a long bad value cannot make the match backtrack). The schema's
+# ABS_PATH is this rule; it lives here so that `status` has it without the schema.
+ABS_PATH = re.compile(r"(?:/[^\x00-\x1f\x7f/]+)+/?|/")
+ABS_PATH_MAX = 1024
+
+
 def usable_dir(value) -> bool:
-    """What the schema's ABS_PATH takes (schema.py), without loading the schema: absolute,
-    no control character, at most 1024 characters. Anything else the agent refuses to
-    start with: status then reads where the agent's own default would be."""
-    return (isinstance(value, str) and value.startswith("/") and len(value) <= 1024
-            and not any(ord(c) < 0x20 or ord(c) == 0x7f for c in value))
+    """What the schema's ABS_PATH takes (the rule above), without loading the schema.
+    Anything else the agent refuses to start with: status then reads where the agent's
+    own default would be."""
+    return (isinstance(value, str) and len(value) <= ABS_PATH_MAX
+            and ABS_PATH.fullmatch(value) is not None)
 
 
 def status_path(path: str | None = None, env=None, vendor: str | None = VENDOR_PATH) -> str:

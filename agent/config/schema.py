@@ -12,6 +12,7 @@ from typing import Any
 from ..base import system_watchdog
 from ..base.backoff import JITTER_MODES, BackoffPolicy
 from ..base.vocabulary import PROFILE_AUTO, PROFILE_NAMES
+from . import files
 # the errors' home is files.py (light: `status` finds its file with it), named here too
 from .files import ConfigError, ConfigMissing  # noqa: F401
 from .policies import IdlePolicy, KeepalivePolicy, LivenessPolicy, UploadPolicy
@@ -63,9 +64,8 @@ class Text:
             raise ConfigError(f"{name}: must be {self.what}, got {_shown(v)}")
 
 
-# An absolute path: no control characters, no empty components (one reading of a
-# segment each, so a long bad value cannot make the match backtrack).
-ABS_PATH = Text("an absolute path (/...)", re.compile(r"(?:/[^\x00-\x1f\x7f/]+)+/?|/"), 1024)
+# An absolute path: the rule's home is files.py (light: `status` reads [runtime] dir with it)
+ABS_PATH = Text("an absolute path (/...)", files.ABS_PATH, files.ABS_PATH_MAX)
 # node_exporter's textfile collector reads only files named *.prom
 PROM_PATH = Text("an absolute path ending in .prom",
                  re.compile(r"(?:/[^\x00-\x1f\x7f/]+)*/[^\x00-\x1f\x7f/]+\.prom"), 1024)

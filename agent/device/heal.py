@@ -101,15 +101,10 @@ class NetworkHeal:
 
     # -- the thread --------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.loop.turn()
-            self._poke.clear()
-            wake = self.step()
-            if wake is None:
-                self.loop.idle()    # nothing to do until the link changes
-                self._poke.wait()
-            else:
-                self._poke.wait(max(0.0, wake - self.clock()))
+        def turn() -> float | None:
+            wake = self.step()   # None: nothing to do until the link changes (idle)
+            return None if wake is None else wake - self.clock()
+        self.loop.every(turn, stop=self._stop, wake=self._poke)
 
     def step(self) -> float | None:
         """One turn: the link's news, a probe when due, the rungs asked for; when to

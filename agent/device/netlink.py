@@ -5,89 +5,37 @@ Why not iproute2's ``ip -j``: under the unit's sandbox (``SystemCallFilter=~@pri
 ``ip`` exits 255 before it reads anything (it drops capabilities it does not have, and
 capset is refused), and a minimal image has no iproute2 at all. A netlink socket is what
 ``ip`` would have opened (``RestrictAddressFamilies=`` allows AF_NETLINK): one dump per
-read, bounded in time (the socket's timeout) and in bytes, parsed here.
+read, bounded in time and in bytes by the agent's one reader of rtnetlink
+(base/netlink.py); what the healer asks of each table is said here.
 """
 from __future__ import annotations
 
 import socket
 import struct
-import time
 
-NETLINK_ROUTE = 0
+from ..base.netlink import TIMEOUT_S, NetlinkError, attributes, dump
+
+__all__ = ["NetlinkError", "default_routes", "global_address", "neighbour"]
+
 RTM_GETADDR, RTM_GETROUTE, RTM_GETNEIGH = 22, 26, 30
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
 NDA_DST = 1
 RT_TABLE_MAIN, RTN_UNICAST, RT_SCOPE_UNIVERSE = 254, 1, 0
 # the kernel's neighbour states (include/uapi/linux/neighbour.h), as ip-neighbour(8) says them
 NUD = {0x01: "INCOMPLETE", 0x02: "REACHABLE", 0x04: "STALE", 0x08: "DELAY", 0x10: "PROBE",
        0x20: "FAILED", 0x40: "NOARP", 0x80: "PERMANENT"}
-HEADER = struct.Struct("=IHHII")
-TIMEOUT_S = 5.0
-MAX_BYTES = 4 << 20        # a dump, at most (a router's neighbour table is larger)
-
-
-class NetlinkError(Exception):
-    """The kernel did not answer the dump (refused, too large, too slow)."""
-
-
-def _attrs(data: bytes, offset: int) -> dict[int, bytes]:
-    out = {}
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, offset)
-        if length < 4 or offset + length > len(data):
-            break
-        out.setdefault(kind & 0x3FFF, data[offset + 4:offset + length])
-        offset += (length + 3) & ~3
-    return out
-
-
-def dump(kind: int, body: bytes, timeout_s: float = TIMEOUT_S,
-         max_bytes: int = MAX_BYTES) -> list[bytes]:
-    """The messages of one dump request (each without its header); NetlinkError."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                           NETLINK_ROUTE) as s:
-            s.bind((0, 0))
-            s.sendall(HEADER.pack(HEADER.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP,
-                                  1, 0) + body)
-            messages, seen = [], 0
-            while True:
-                s.settimeout(max(0.01, deadline - time.monotonic()))
-                data = s.recv(1 << 16)
-                seen += len(data)
-                if seen > max_bytes or time.monotonic() > deadline:
-                    raise NetlinkError(f"a dump past {max_bytes} bytes or {timeout_s:g} s")
-                offset = 0
-                while offset + HEADER.size <= len(data):
-                    length, mtype, _, _, _ = HEADER.unpack_from(data, offset)
-                    if length < HEADER.size or offset + length > len(data):
-                        raise NetlinkError("a message cut short")
-                    if mtype == NLMSG_DONE:
-                        return messages
-                    if mtype == NLMSG_ERROR:
-                        error = struct.unpack_from("=i", data, offset + HEADER.size)[0]
-                        if error:
-                            raise NetlinkError(f"refused: errno {-error}")
-                        return messages
-                    messages.append(data[offset + HEADER.size:offset + length])
-                    offset += (length + 3) & ~3
-    except OSError as e:   # no netlink (a sandbox without it), the timeout
-        raise NetlinkError(e.strerror or type(e).__name__) from None
 
 
 def default_routes(timeout_s: float = TIMEOUT_S) -> list[tuple[int, str | None, int]]:
     """(interface index, gateway or None, metric) of each IPv4 default route of the main
     table."""
     out = []
-    for m in dump(RTM_GETROUTE, struct.pack("=BBBBBBBBI", socket.AF_INET, 0, 0, 0, 0, 0, 0,
-                                            0, 0), timeout_s):
+    for _, m in dump(RTM_GETROUTE, struct.pack("=BBBBBBBBI", socket.AF_INET, 0, 0, 0, 0, 0,
+                                               0, 0, 0), timeout_s):
         if len(m) < 12:
             continue
         family, dst_len, _, _, table, _, _, rtype, _ = struct.unpack_from("=BBBBBBBBI", m)
-        attrs = _attrs(m, 12)
+        attrs = attributes(m, 12)
         table = int.from_bytes(attrs[RTA_TABLE][:4], "little") if \
             len(attrs.get(RTA_TABLE, b"")) >= 4 else table
         oif = attrs.get(RTA_OIF, b"")
@@ -104,8 +52,8 @@ def default_routes(timeout_s: float = TIMEOUT_S) -> list[tuple[int, str | None, 
 
 def global_address(index: int, timeout_s: float = TIMEOUT_S) -> bool:
     """The interface has an address of global scope (IPv4 or IPv6): a lease, a static."""
-    for m in dump(RTM_GETADDR, struct.pack("=BBBBI", socket.AF_UNSPEC, 0, 0, 0, 0),
-                  timeout_s):
+    for _, m in dump(RTM_GETADDR, struct.pack("=BBBBI", socket.AF_UNSPEC, 0, 0, 0, 0),
+                     timeout_s):
         if len(m) >= 8:
             _, _, _, scope, ifindex = struct.unpack_from("=BBBBI", m)
             if ifindex == index and scope == RT_SCOPE_UNIVERSE:
@@ -117,11 +65,11 @@ def neighbour(index: int, address: str, timeout_s: float = TIMEOUT_S) -> str | N
     """The kernel's state of ``address``'s IPv4 neighbour entry on the interface, as
     ip-neighbour(8) names it, or None: no entry."""
     want = socket.inet_aton(address)
-    for m in dump(RTM_GETNEIGH, struct.pack("=BBHiHBB", socket.AF_INET, 0, 0, 0, 0, 0, 0),
-                  timeout_s):
+    for _, m in dump(RTM_GETNEIGH, struct.pack("=BBHiHBB", socket.AF_INET, 0, 0, 0, 0, 0,
+                                               0), timeout_s):
         if len(m) < 12:
             continue
         _, _, _, ifindex, state, _, _ = struct.unpack_from("=BBHiHBB", m)
-        if ifindex == index and _attrs(m, 12).get(NDA_DST) == want:
+        if ifindex == index and attributes(m, 12).get(NDA_DST) == want:
             return next((name for bit, name in NUD.items() if state & bit), None)
     return None

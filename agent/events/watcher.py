@@ -18,6 +18,7 @@ import struct
 import time
 from typing import Callable
 
+from ..base import netlink
 from ..base.hardware import undervoltage_alarm
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
@@ -30,7 +31,6 @@ log = logging.getLogger("edge_agent.events")
 
 SUBSYSTEMS = ("drm", "power_supply", "hwmon", "net")
 RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
-NETLINK_ROUTE = 0
 MAX_WAIT_S = 60.0  # the longest timed wait: the watchdog gate hears from it this often
 # what the gate allows between ticks: that wait, plus a sysfs read and its events
 MAX_SILENCE_S = MAX_WAIT_S + 10.0
@@ -77,47 +77,28 @@ class SysfsState:
 
 
 IFF_UP, IFF_LOWER_UP = 0x1, 0x10000
-RTM_NEWLINK, RTM_GETLINK, NLMSG_DONE, NLMSG_ERROR = 16, 18, 3, 2
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-IFLA_IFNAME = 3
+RTM_NEWLINK, RTM_GETLINK, IFLA_IFNAME = 16, 18, 3
+IFINFOMSG = struct.Struct("=BxHiII")
 
 
 def rtnetlink_links() -> dict[str, tuple[str, str]]:
-    """Every link of this network namespace: (up|down, carrier 1|0), from an RTM_GETLINK dump.
+    """Every link of this network namespace: (up|down, carrier 1|0), from an RTM_GETLINK dump
+    (base/netlink.py: bounded; a NetlinkError is an OSError, and sysfs is read instead).
 
     Not psutil.net_if_stats(): its ``isup`` is IFF_UP and IFF_RUNNING merged (since psutil
     5.7.3) and it has no carrier bit (IFF_LOWER_UP), so "cable out" and "interface down",
     which the network events report apart, would look the same."""
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
-        sock.settimeout(2.0)
-        sock.bind((0, 0))
-        ifinfo = struct.pack("BxHiII", socket.AF_UNSPEC, 0, 0, 0, 0)
-        sock.send(struct.pack("IHHII", 16 + len(ifinfo), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP,
-                              1, 0) + ifinfo)
-        links: dict[str, tuple[str, str]] = {}
-        while True:
-            data = sock.recv(65536)
-            offset = 0
-            while offset + 16 <= len(data):
-                length, kind = struct.unpack_from("IH", data, offset)
-                if length < 16:
-                    return links
-                if kind in (NLMSG_DONE, NLMSG_ERROR):
-                    return links
-                if kind == RTM_NEWLINK:
-                    flags = struct.unpack_from("BxHiII", data, offset + 16)[3]
-                    name, attr = None, offset + 32
-                    while attr + 4 <= offset + length:
-                        alen, atype = struct.unpack_from("HH", data, attr)
-                        if alen < 4:
-                            break
-                        if atype == IFLA_IFNAME:
-                            name = data[attr + 4:attr + alen].split(b"\0", 1)[0].decode(errors="replace")
-                        attr += (alen + 3) & ~3
-                    if name:
-                        links[name] = ("up" if flags & IFF_UP else "down",
-                                       "1" if flags & IFF_LOWER_UP else "0")
-                offset += (length + 3) & ~3
+    links: dict[str, tuple[str, str]] = {}
+    for kind, payload in netlink.dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        if kind != RTM_NEWLINK or len(payload) < IFINFOMSG.size:
+            continue
+        flags = IFINFOMSG.unpack_from(payload)[3]
+        name = netlink.attributes(payload, IFINFOMSG.size).get(IFLA_IFNAME, b"")
+        name = name.split(b"\0", 1)[0].decode(errors="replace")
+        if name:
+            links[name] = ("up" if flags & IFF_UP else "down",
+                           "1" if flags & IFF_LOWER_UP else "0")
+    return links
 
 
 class EventWatcher:
@@ -183,7 +164,7 @@ class EventWatcher:
 
     def _open_rtnetlink(self):
         try:
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, netlink.NETLINK_ROUTE)
             sock.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
             sock.setblocking(False)
             return sock

@@ -142,9 +142,7 @@ class WorkingHours:
         """The loop's body. A bug in step() raises out of it: supervise.py logs it,
         restarts the body after a backoff, and leaves it stopped (the pets stop with it)
         if it keeps dying, where a catch-all here hid it in a retry every minute."""
-        while not self._stop.is_set():
-            self.loop.turn()
-            self._stop.wait(self.step())
+        self.loop.every(self.step, stop=self._stop)
 
     def _apply(self, on: bool) -> None:
         state = ON if on else OFF

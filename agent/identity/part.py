@@ -35,7 +35,7 @@ class Pairs(Protocol):
 
 
 class StorageReports(Protocol):
-    """Where a part that cannot use the card says so (app/storage.py)."""
+    """Where a part that cannot use the card says so (app/state_health.py)."""
 
     def unavailable(self, part: str, path: str, e: Exception, holds: str) -> None: ...
 

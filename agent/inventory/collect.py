@@ -20,7 +20,7 @@ import subprocess
 import time
 from typing import Callable
 
-from ..base import sysfs
+from ..base import netlink, sysfs
 
 Runner = Callable[[list[str]], str | None]
 
@@ -39,12 +39,11 @@ PRE_EOL = sysfs.PRE_EOL
 # moves on its own every few seconds: left out of the digest, so it never makes a change
 VOLATILE = frozenset({"signal_dbm"})
 
-NETLINK_ROUTE, NLMSG_ERROR, NLMSG_DONE, NLM_F_REQUEST, NLM_F_DUMP = 0, 2, 3, 0x1, 0x300
 RTM_NEWLINK, RTM_GETLINK, RTM_NEWADDR, RTM_GETADDR, RTM_NEWROUTE, RTM_GETROUTE = range(16, 28, 2)
 IFF_UP, IFF_LOWER_UP, IFLA_ADDRESS, IFLA_IFNAME = 0x1, 0x10000, 1, 3
 IFA_ADDRESS, IFA_LOCAL, IFA_F_TEMPORARY = 1, 2, 0x01
 RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE, RT_TABLE_MAIN, RTN_UNICAST = 4, 5, 6, 15, 254, 1
-NLMSGHDR, IFINFOMSG = struct.Struct("=IHHII"), struct.Struct("=BxHiII")
+IFINFOMSG = struct.Struct("=BxHiII")
 IFADDRMSG, RTMSG = struct.Struct("=BBBBI"), struct.Struct("=BBBBBBBBI")
 ADDRESS_BYTES = {socket.AF_INET: 4, socket.AF_INET6: 16}
 
@@ -82,58 +81,14 @@ def _glob(root: str, pattern: str) -> list[str]:
 
 
 # -- network: rtnetlink, not sysfs, which shows the namespace that mounted it -------------
-def _messages(data: bytes):
-    """(type, payload) of each netlink message in one datagram."""
-    offset = 0
-    while offset + NLMSGHDR.size <= len(data):
-        length, kind = struct.unpack_from("=IH", data, offset)
-        if length < NLMSGHDR.size or offset + length > len(data):
-            return
-        yield kind, data[offset + NLMSGHDR.size:offset + length]
-        offset += (length + 3) & ~3
-
-
-def _attributes(payload: bytes, offset: int) -> dict[int, bytes]:
-    attrs = {}
-    while offset + 4 <= len(payload):
-        length, kind = struct.unpack_from("=HH", payload, offset)
-        if length < 4 or offset + length > len(payload):
-            break
-        attrs[kind & 0x3FFF] = payload[offset + 4:offset + length]  # without the NLA_F_ bits
-        offset += (length + 3) & ~3
-    return attrs
-
-
-def _u32(raw: bytes | None, default: int) -> int:
-    return struct.unpack("=I", raw)[0] if raw is not None and len(raw) == 4 else default
-
-
-def _rtnetlink_dump(request: int, header: bytes) -> list[tuple[int, bytes]]:
-    """Every message of one rtnetlink dump of this process's network namespace."""
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
-        sock.settimeout(2.0)
-        sock.bind((0, 0))
-        sock.send(NLMSGHDR.pack(NLMSGHDR.size + len(header), request,
-                                NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + header)
-        found = []
-        while True:
-            for kind, payload in _messages(sock.recv(65536)):
-                if kind == NLMSG_DONE:
-                    return found
-                if kind == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", payload)[0]
-                    raise OSError(code, os.strerror(code))
-                found.append((kind, payload))
-
-
 def _netlink_interfaces() -> dict[int, dict]:
     """Every link by index, ``lo`` included: name, MAC, up/down, carrier, addresses."""
     links = {}
-    for kind, payload in _rtnetlink_dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+    for kind, payload in netlink.dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
         if kind != RTM_NEWLINK or len(payload) < IFINFOMSG.size:
             continue
         _, _, index, flags, _ = IFINFOMSG.unpack_from(payload)
-        attrs = _attributes(payload, IFINFOMSG.size)
+        attrs = netlink.attributes(payload, IFINFOMSG.size)
         name = attrs.get(IFLA_IFNAME, b"").split(b"\0", 1)[0].decode("utf-8", "replace")
         if not name:
             continue
@@ -141,11 +96,11 @@ def _netlink_interfaces() -> dict[int, dict]:
                                "carrier": bool(flags & IFF_LOWER_UP), "addresses": []}
         if attrs.get(IFLA_ADDRESS):
             link["mac"] = attrs[IFLA_ADDRESS].hex(":")
-    for kind, payload in _rtnetlink_dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+    for kind, payload in netlink.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
         if kind != RTM_NEWADDR or len(payload) < IFADDRMSG.size:
             continue
         family, prefix, flags, _, index = IFADDRMSG.unpack_from(payload)
-        attrs = _attributes(payload, IFADDRMSG.size)
+        attrs = netlink.attributes(payload, IFADDRMSG.size)
         # IFA_LOCAL is the address itself; IFA_ADDRESS is the peer's on a point-to-point link
         raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS, b"")
         # IPv6 privacy addresses are replaced every day: news to nobody, yet a new digest
@@ -159,21 +114,21 @@ def _default_gateways(names: dict[int, str]) -> dict:
     does in the kernel. Other tables are policy routing, for some traffic only."""
     best: dict[str, tuple[int, dict]] = {}
     header = RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)
-    for kind, payload in _rtnetlink_dump(RTM_GETROUTE, header):
+    for kind, payload in netlink.dump(RTM_GETROUTE, header):
         if kind != RTM_NEWROUTE or len(payload) < RTMSG.size:
             continue
         family, dst_len, _, _, table, _, _, route_type, _ = RTMSG.unpack_from(payload)
-        attrs = _attributes(payload, RTMSG.size)
+        attrs = netlink.attributes(payload, RTMSG.size)
         gateway = attrs.get(RTA_GATEWAY, b"")
         # a table id past 255 is only in RTA_TABLE
-        if (_u32(attrs.get(RTA_TABLE), table) != RT_TABLE_MAIN or dst_len
+        if (netlink.u32(attrs.get(RTA_TABLE), table) != RT_TABLE_MAIN or dst_len
                 or route_type != RTN_UNICAST or len(gateway) != ADDRESS_BYTES.get(family)):
             continue
-        metric = _u32(attrs.get(RTA_PRIORITY), 0)
+        metric = netlink.u32(attrs.get(RTA_PRIORITY), 0)
         key = "ipv4" if family == socket.AF_INET else "ipv6"
         if key not in best or metric < best[key][0]:
             best[key] = (metric, {"address": socket.inet_ntop(family, gateway),
-                                  "interface": names.get(_u32(attrs.get(RTA_OIF), 0), "")})
+                                  "interface": names.get(netlink.u32(attrs.get(RTA_OIF), 0), "")})
     return {key: route for key, (_, route) in best.items()}
 
 
@@ -207,7 +162,7 @@ def _network(sysfs_root: str, proc_root: str, run: Runner) -> dict:
     try:
         links = _netlink_interfaces()
         gateway = _default_gateways({index: link["name"] for index, link in links.items()})
-    except (OSError, struct.error):   # no netlink here (a sandbox), or it refused the dump
+    except (OSError, struct.error):   # no netlink here (a sandbox), refused, too large
         return {"interfaces": [], "gateway": {}}
     levels = _wireless_levels(proc_root)
     interfaces = []

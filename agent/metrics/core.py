@@ -32,7 +32,7 @@ UPDATE_OUTCOMES = (update_rules.COMMITTED, update_rules.ROLLED_BACK, update_rule
                    update_rules.FAILED)
 SETTINGS_STATES = ("none", "staged", "trial", "kept")
 SETTINGS_RESULTS = (settings_rules.KEPT, settings_rules.ROLLED_BACK, settings_rules.EXPIRED)
-# base/card.py's words for a card the agent cannot use (app/storage.py says them)
+# base/card.py's words for a card the agent cannot use (app/state_health.py says them)
 STORAGE_STATES = ("ok", "read-only", "failed", "unavailable")
 # the picture check's verdicts (screen/watch.py), the ladder's states (the held state's
 # words shortened) and rungs (screen/ladder.py)

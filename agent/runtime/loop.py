@@ -3,7 +3,8 @@ watchdog gate while it has work, and stopped.
 
 A part (the link, the uploads, the events, the enrollment) gives its Loop the body
 that runs its turns, how to wait between restarts of it, and how to tell that it
-was asked to stop. The loop is on the gate from its start; its body calls ``turn()``
+was asked to stop (a periodic part's body is ``every(step, ...)``: a step, then a wait
+for its time, a wake or the stop). The loop is on the gate from its start; its body calls ``turn()``
 at each turn: progress, which keeps the gate's pets coming. Before a wait with no
 deadline (nothing to do until the kernel, the server or another thread says so) it
 calls ``idle()``: its silence no longer counts, as a thread blocked on input has nothing
@@ -57,6 +58,30 @@ class Loop:
     def idle(self) -> None:
         if self._gate is not None:
             self._gate.idle(self.name)
+
+    def every(self, step: Callable[[], float | None], *, stop: threading.Event,
+              wake: threading.Event | None = None, slice_s: float | None = None) -> None:
+        """A body that is one ``step()`` at a time, for a part's periodic thread: ``step()``
+        says in how many seconds the next is due, or None: not before ``wake`` is set.
+        Between two it waits for that time, ``wake`` or ``stop`` (whoever sets ``stop``
+        sets ``wake`` too); a wait past ``slice_s`` is cut in slices, each a turn of the
+        gate, and an untimed one is idle on it. ``wake`` is cleared before each step: one
+        set during it runs the next at once."""
+        woken = wake if wake is not None else stop
+        while not stop.is_set():
+            self.turn()
+            if wake is not None:
+                wake.clear()
+            delay = step()
+            if delay is None:
+                self.idle()
+                woken.wait()
+                continue
+            until = time.monotonic() + delay
+            while not stop.is_set() and (left := until - time.monotonic()) > 0:
+                if woken.wait(left if slice_s is None else min(left, slice_s)):
+                    break
+                self.turn()
 
     def run(self) -> None:
         """The body, supervised, on the calling thread (start() runs it on the loop's)."""

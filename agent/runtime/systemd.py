@@ -85,7 +85,7 @@ class WatchdogPetter(threading.Thread):
         self.gate = gate
         self._live, self._outage, self._keep_restarts = live, outage, keep_restarts
         self._starting = starting
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._withheld: str | None = None
 
     def may_pet(self) -> tuple[bool, str]:
@@ -96,7 +96,7 @@ class WatchdogPetter(threading.Thread):
         return verdict
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._halt.wait(self.interval_s):
             ok, why = self.may_pet()
             if ok:
                 if self._withheld is not None:
@@ -111,4 +111,4 @@ class WatchdogPetter(threading.Thread):
                 self._withheld = why
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()

@@ -102,14 +102,13 @@ class DisplayWatch:
                     "read": core.state_read or core.read, "every_s": self.every_s}
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.loop.turn()
-            with self._lock:
-                due = self.core.due
-            if self.clock() >= due:
-                self.check()
-            with self._lock:
-                left = self.core.due - self.clock()
-            if left > 0:
-                self._wake.wait(min(left, SLICE_S))
-                self._wake.clear()
+        self.loop.every(self.step, stop=self._stop, wake=self._wake, slice_s=SLICE_S)
+
+    def step(self) -> float:
+        """A read when one is due (the interval's, a hotplug's); the seconds to the next."""
+        with self._lock:
+            due = self.core.due
+        if self.clock() >= due:
+            self.check()
+        with self._lock:
+            return self.core.due - self.clock()

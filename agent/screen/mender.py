@@ -136,11 +136,11 @@ class Mender:
 
     # -- the mender's thread ---------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.loop.turn()
-            self._poke.clear()    # before the step: a verdict given during it is not lost
+        def turn() -> float:
             self.step()
-            self._poke.wait(self.poll_s)
+            return self.poll_s
+        # the poke cleared before each step: a verdict given during it is not lost
+        self.loop.every(turn, stop=self._stop, wake=self._poke)
 
     def step(self) -> None:
         """One turn: the pictures given since, the player read, the rungs asked for."""

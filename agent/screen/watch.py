@@ -126,15 +126,7 @@ class PictureWatch:
     def _run(self) -> None:
         """The loop's body; a bug in a check raises out of it, and supervise.py restarts
         it after a backoff, seen in the journal."""
-        while not self._stop.is_set():
-            self.loop.turn()
-            wait_until = self.clock() + self.check()
-            while not self._stop.is_set():
-                left = wait_until - self.clock()
-                if left <= 0:
-                    break
-                self.loop.turn()
-                self._stop.wait(min(left, SLICE_S))
+        self.loop.every(self.check, stop=self._stop, slice_s=SLICE_S)
 
     def _apply(self, effects: list, picture, *, seen: bool) -> None:
         """``seen``: the screen was looked at (or is meant dark): the verdict, told or

@@ -128,7 +128,7 @@ class UploadWorker:
             except (OSError, QueueUnavailable) as e:
                 if isinstance(e, QueueStorageFailed) or card_failure(e):
                     # the card failed (read-only, I/O errors): hold, idle, until a restart
-                    # after the repair; app/storage.py tells the journal and the server once
+                    # after the repair; app/state_health.py tells the journal and the server once
                     self.storage_failed = True
                     self._on_storage_failed(e)
                     nap = IDLE
