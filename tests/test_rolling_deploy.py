@@ -31,3 +31,5 @@ def test_a_rolling_deploy_at_40_screens_loses_no_link_and_misses_no_heartbeat(tm
     # spread over the window, not in one burst: a quarter of the window apart at least
     assert max(moved) <= WINDOW and max(moved) - min(moved) >= WINDOW / 4, moved
     assert all(s <= WINDOW + 2.0 + 1.0 for s in d.stopped_s), d.stopped_s
+    # and the fleet ends spread over both nodes, within 60/40
+    assert sum(d.split) == 40 and max(d.split) <= 24, d.split
