@@ -56,7 +56,9 @@ def parse_count(raw) -> int | None:
 
 class ClusterNode:
     def __init__(self, sio: socketio.AsyncServer, registry: Registry, redis_url: str,
-                 settings: RebalanceSettings, rng: random.Random | None = None):
+                 settings: RebalanceSettings, rng: random.Random | None = None,
+                 client=None, clock=time.monotonic):
+        """``client``, ``clock``: a stand-in Redis and clock (the tests')."""
         self.sio = sio
         self.registry = registry
         self.settings = settings
@@ -65,8 +67,9 @@ class ClusterNode:
         self.rule = Rebalance(settings.window_s, settings.settle_s, settings.tolerance)
         self.rng = rng or random.Random()
         self.moving: dict[str, float] = {}     # device -> until (monotonic)
-        self.redis = aioredis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S,
-                                       socket_connect_timeout=REDIS_TIMEOUT_S)
+        self.clock = clock
+        self.redis = client or aioredis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S,
+                                                 socket_connect_timeout=REDIS_TIMEOUT_S)
         self._task: asyncio.Task | None = None
         self._failing = False
         self._bad_keys: set[str] = set()
@@ -117,7 +120,7 @@ class ClusterNode:
         live = [d for d, dev in self.registry.devices.items() if dev.sids]
         await self.redis.set(self.key, len(live), ex=KEY_TTL_S)
         nodes = await self._others()
-        now = time.monotonic()
+        now = self.clock()
         moves = self.rule.judge(now, len(live), nodes)
         if moves:
             await self._ask(moves, live, nodes, now)
