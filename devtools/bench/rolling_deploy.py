@@ -46,11 +46,11 @@ def _live(node) -> int:
 def trial(work: Path, agents: int = 40, hb: float = 2.0, ack: float = 1.0,
           window_s: float = 4.0, check_inter_s: float = 0.5, fall: int = 2,
           rise: int = 2, drain: bool = True, rebalance_s: float = 0.0,
-          settle_s: float = 4.0) -> Deploy:
+          settle_s: float = 4.0, balance: str | None = None) -> Deploy:
     """``drain=False``: screens that ignore server:drain (the behaviour before it).
     ``rebalance_s``: the nodes rebalance within this window, trusting a node back after
     ``settle_s`` (longer than a deploy's step here: no move before node 1 drains), and
-    haproxy balances leastconn; 0: round robin, no rebalance."""
+    haproxy balances leastconn (``balance`` another); 0: round robin, no rebalance."""
     work.mkdir(parents=True, exist_ok=True)
     d = Deploy()
     with NetNS():
@@ -58,7 +58,7 @@ def trial(work: Path, agents: int = 40, hb: float = 2.0, ack: float = 1.0,
                      str(settle_s)) if rebalance_s else ()
         cluster = Cluster(work / "cluster", "--drain-window", str(window_s), *rebalance,
                           check_inter_s=check_inter_s, fall=fall, rise=rise, redispatch=True,
-                          balance="leastconn" if rebalance_s else "roundrobin")
+                          balance=balance or ("leastconn" if rebalance_s else "roundrobin"))
         records = []
         for n, node in enumerate(cluster.nodes):
             node.args += ["--record", str(work / f"node-{n}-run-0.json")]
@@ -148,20 +148,21 @@ LABELS = {"drain": "edge-agent: make before break on server:drain",
 
 
 def compare(work: Path, agents: int = 40) -> dict:
-    return {mode: trial(work / mode, agents=agents, drain=drain)
+    return {mode: trial(work / mode, agents=agents, drain=drain, rebalance_s=4.0)
             for mode, drain in MODES.items()}
 
 
 def section(result: dict) -> list[str]:
     lines = ["## Rolling deploy of the cluster", "",
-             "Two reference fleet servers (Redis adapter) behind haproxy (round robin, health",
-             "check every 0.5 s, a refused connect redispatched), 40 screens, heartbeat 2 s,",
-             "ACK 1 s. Node A is SIGTERMed with a 4 s drain window and restarted once it has",
-             "stopped, then node B. Moved: from a node's SIGTERM to each of its screens' first",
-             "connection on the other node.", "",
+             "Two reference fleet servers (Redis adapter, `--rebalance 4`, settle 4 s) behind",
+             "haproxy (least connections, health check every 0.5 s, a refused connect",
+             "redispatched), 40 screens, heartbeat 2 s, ACK 1 s. Node A is SIGTERMed with a",
+             "4 s drain window and restarted once it has stopped, then node B. Moved: from a",
+             "node's SIGTERM to each of its screens' first connection on the other node; within",
+             "60/40: from node B's restart.", "",
              "| screens | links lost | widest heartbeat gap s | moved median s | moved span s "
-             "| two sessions | nodes stopped after s | at the end A/B |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| two sessions | nodes stopped after s | at the end A/B | within 60/40 after s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     errors = []
     for mode, d in result.items():
         moved = sorted(s for per in d.moved_s.values() for s in per.values() if s is not None)
@@ -170,7 +171,7 @@ def section(result: dict) -> list[str]:
             f"| {LABELS[mode]} | {d.losses} | {max(gaps) if gaps else None} | "
             f"{moved[len(moved) // 2] if moved else None} | "
             f"{f'{moved[0]}-{moved[-1]}' if moved else None} | {len(d.two_sessions)} | "
-            f"{d.stopped_s} | {'/'.join(map(str, d.split))} |")
+            f"{d.stopped_s} | {'/'.join(map(str, d.split))} | {d.balanced_s} |")
         if d.error:
             errors.append(f"- {mode}: {d.error}")
     return lines + (["", "Errors:", *errors] if errors else [])
