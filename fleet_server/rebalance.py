@@ -55,7 +55,3 @@ class Rebalance:
         if moves:
             self.quiet_until = now + self.window_s + self.settle_s
         return moves
-
-    def next_judgment_in(self, now: float) -> float:
-        """0 if it may judge now, else how long until it may."""
-        return max(0.0, self.quiet_until - now)

@@ -5,15 +5,20 @@ The real cluster: tests/test_rolling_deploy.py."""
 import asyncio
 import math
 import random
+import time
 
 import pytest
+import socketio
 
 from agent.link.protocol import DRAIN
 from fleet_server.__main__ import parse_args
+from fleet_server.behaviour import Behaviour
 from fleet_server.cluster_node import (KEY_PREFIX, KEY_TTL_S, ClusterNode, RebalanceSettings,
                                        parse_count)
+from fleet_server.commands import Commands
 from fleet_server.devices import Registry
 from fleet_server.rebalance import Rebalance, excess
+from fleet_server.sessions import Sessions
 
 
 @pytest.mark.parametrize("mine, others, moves", [
@@ -187,3 +192,19 @@ def test_a_bad_rebalance_option_is_one_line_naming_it(argv, says, capsys):
 def test_rebalancing_is_off_unless_asked():
     args, _ = parse_args(["--redis", "redis://x"])
     assert args.rebalance == 0
+
+
+def test_a_device_asked_to_move_that_dials_back_is_refused_and_its_live_session_kept():
+    """Accepted, its new connection would close the live one (one session per device):
+    round robin sent 15 of 20 moves back in a trial without this, 15 links lost."""
+    now = [0.0]
+    node = _node(lambda: now[0], FakeRedis(lambda: now[0]), 2, "a")
+    registry, sio = node.registry, node.sio
+    sessions = Sessions(sio, Behaviour(), registry, Commands(sio, Behaviour(), registry))
+    sessions.cluster_node = node
+    node.moving["a-0"] = time.monotonic() + 10
+    with pytest.raises(socketio.exceptions.ConnectionRefusedError):
+        asyncio.run(sessions.connect("a-sid-new", {}, {"device_id": "a-0", "token": "t"}))
+    assert registry.devices["a-0"].sids == {"a-sid-0"}
+    asyncio.run(sessions.connect("a-sid-new", {}, {"device_id": "a-1", "token": "t"}))
+    assert registry.devices["a-1"].sids == {"a-sid-new"}   # not asked: as ever
