@@ -1,7 +1,8 @@
 """A two-node fleet behind a load balancer, from real parts: two reference fleet
 servers sharing their Socket.IO emits through Redis (python-socketio's Redis adapter,
 Debian's redis-server) and haproxy (Debian's) in front of them, balancing round robin
-with an HTTP health check on /healthz, as a fleet is commonly run. Loopback only; the
+with an HTTP health check on /healthz, as a fleet is commonly run (or leastconn: a new
+connection to the node holding the fewest, what rebalancing needs). Loopback only; the
 caller owns the network namespace.
 
 A node is frozen with SIGSTOP (a VM paused, a process stuck): its kernel still
@@ -27,9 +28,14 @@ class Cluster:
 
     def __init__(self, work: Path, *server_args: str, nodes: int = 2,
                  check_inter_s: float | None = 1.0, fall: int = 2, rise: int = 2,
-                 redis: bool = True, redispatch: bool = False):
+                 redis: bool = True, redispatch: bool = False,
+                 balance: str = "roundrobin"):
         """``redispatch``: a connect a node refuses (a draining node closed its listener)
-        goes to the other node, as a balancer set up for rolling deploys does."""
+        goes to the other node, as a balancer set up for rolling deploys does.
+        ``balance``: haproxy's algorithm; ``leastconn`` sends a new connection to the
+        node with the fewest open, so a screen a node asks to move lands on the lighter
+        node (fleet-server --rebalance)."""
+        assert balance in ("roundrobin", "leastconn"), balance
         for tool in ("haproxy", "redis-server") if redis else ("haproxy",):
             assert shutil.which(tool), f"{tool} is needed (scripts/_env.sh installs it)"
         self.work = work
@@ -45,6 +51,7 @@ class Cluster:
                                                  *server_args))
         self.check = (check_inter_s, fall, rise)
         self.redispatch = redispatch
+        self.balance = balance
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
@@ -82,7 +89,7 @@ frontend fleet
     bind 127.0.0.1:{self.port}
     default_backend nodes
 backend nodes
-    balance roundrobin
+    balance {self.balance}
     option httpchk GET /healthz
 {redispatch}{servers}
 """)

@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 
 from fleet_server.behaviour import Behaviour
+from fleet_server.cluster_node import WINDOW_MAX_S, RebalanceSettings
+from fleet_server.rebalance import TOLERANCE
 from fleet_server.server import FleetServer
 from fleet_server.serving import serve_until_stopped
 
@@ -50,6 +52,17 @@ def parse_args(argv=None):
     p.add_argument("--redis", metavar="URL",
                    help="run as one node of a cluster: Socket.IO emits go through this Redis "
                         "(redis://127.0.0.1:6379/0) to whichever node holds the device")
+    p.add_argument("--rebalance", type=float, default=0.0, metavar="SECONDS",
+                   help="with --redis: share this node's live device count with the other "
+                        "nodes, and when it holds more than its fair share (beyond "
+                        "--rebalance-tolerance) ask only the excess to move, make before "
+                        "break, within this window (server:drain); 0: never")
+    p.add_argument("--rebalance-settle", type=float, default=5.0, metavar="SECONDS",
+                   help="a node newly seen is trusted after this long (the balancer's health "
+                        "check must have taken it in), and after asking moves a node judges "
+                        "again after the window and this")
+    p.add_argument("--rebalance-tolerance", type=float, default=TOLERANCE, metavar="FRACTION",
+                   help="how far above its fair share a node may be before it asks moves")
     p.add_argument("--ack-mode", default="ok", choices=["ok", "none", "wrong-seq", "garbage"],
                    help="how heartbeats are answered; none is an old server")
     args = p.parse_args(argv)
@@ -59,6 +72,17 @@ def parse_args(argv=None):
         if not sep or not device_id or not token:
             p.error(f"--device: expected ID:TOKEN, got {item!r}")
         tokens[device_id] = token
+    if args.rebalance:
+        if not args.redis:
+            p.error("--rebalance: needs --redis (the nodes share their counts there)")
+        if args.profile != "edge-agent":
+            p.error("--rebalance: the edge-agent profile only (ScreenTinker has no drain)")
+        if not 0 < args.rebalance <= WINDOW_MAX_S:
+            p.error(f"--rebalance: a window of 0 to {WINDOW_MAX_S:g} s, got {args.rebalance:g}")
+        if not 0 <= args.rebalance_settle <= 3600:
+            p.error(f"--rebalance-settle: 0 to 3600 s, got {args.rebalance_settle:g}")
+        if not 0 <= args.rebalance_tolerance <= 1:
+            p.error(f"--rebalance-tolerance: 0 to 1, got {args.rebalance_tolerance:g}")
     return args, tokens
 
 
@@ -70,12 +94,15 @@ async def serve(args, tokens) -> None:
                                              heartbeat_timeout_s=args.heartbeat_timeout,
                                              reconnect_window_s=args.reconnect_window,
                                              drain_window_s=args.drain_window),
-                         redis_url=args.redis)
+                         redis_url=args.redis,
+                         rebalance=RebalanceSettings(args.rebalance, args.rebalance_settle,
+                                                     args.rebalance_tolerance)
+                         if args.rebalance else None)
     await serve_until_stopped(
         server.app, args.host, args.port, args.port_file,
         lambda port: logging.getLogger("fleet_server").info(
             "fleet server listening on http://%s:%d", args.host, port),
-        drain=server.sessions.drain, reuse_port=args.reuse_port)
+        drain=server.drain, reuse_port=args.reuse_port)
     if args.record:
         now = time.monotonic()
         tmp = args.record + ".tmp"

@@ -17,6 +17,7 @@ from agent.link.protocol import COMMAND_RESULT, EVENT, HEARTBEAT, REPORT
 
 from fleet_server import screentinker
 from fleet_server.behaviour import Behaviour
+from fleet_server.cluster_node import ClusterNode, RebalanceSettings
 from fleet_server.commands import Commands
 from fleet_server.devices import Registry
 from fleet_server.enrollment import Enrollment
@@ -32,9 +33,11 @@ class FleetServer:
     def __init__(self, tokens: dict[str, str] | None = None, accept_any: bool = False,
                  ping_interval: float = 25, ping_timeout: float = 20,
                  behaviour: Behaviour | None = None, profile: str = "edge-agent",
-                 redis_url: str | None = None):
+                 redis_url: str | None = None, rebalance: RebalanceSettings | None = None):
         """``redis_url``: one node of a cluster, its Socket.IO emits shared with the
-        other nodes through Redis (the Redis adapter, as a fleet of several nodes runs)."""
+        other nodes through Redis (the Redis adapter, as a fleet of several nodes runs).
+        ``rebalance`` (with ``redis_url``): the nodes share their live counts there, and
+        a node above its fair share asks its excess to move (cluster_node.py)."""
         self.behaviour = behaviour or Behaviour()
         self.profile = profile
         self.registry = Registry(tokens, accept_any)
@@ -59,8 +62,21 @@ class FleetServer:
         self._routes()
         self._events()
         self.app.on_startup.append(self.sessions.start_reaper)
+        self.cluster_node: ClusterNode | None = None
+        if rebalance is not None and redis_url:
+            self.cluster_node = ClusterNode(self.sio, self.registry, redis_url, rebalance)
+            self.sessions.cluster_node = self.cluster_node
+            self.app.on_startup.append(self.cluster_node.start)
+            self.app.on_cleanup.append(self.cluster_node.close)
         if profile == "screentinker":
             screentinker.attach(self)
+
+    async def drain(self) -> None:
+        """SIGTERM: out of the cluster's counts first (no node moves devices here any
+        more, this one judges no more), then the sessions' drain."""
+        if self.cluster_node is not None:
+            await self.cluster_node.leave()
+        await self.sessions.drain()
 
     def _events(self) -> None:
         """The default namespace (the ScreenTinker emulation answers on its own)."""

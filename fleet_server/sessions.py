@@ -14,6 +14,7 @@ import socketio
 from agent.link.protocol import DRAIN, RECONNECT_WINDOW, THROTTLE
 
 from fleet_server.behaviour import Behaviour
+from fleet_server.cluster_node import ClusterNode
 from fleet_server.commands import Commands
 from fleet_server.devices import Registry
 
@@ -55,6 +56,7 @@ class Sessions:
         self.commands = commands
         self.limiter = FlapLimiter(behaviour)
         self.draining = False
+        self.cluster_node: ClusterNode | None = None   # with --rebalance (server.py)
 
     async def connect(self, sid, environ, auth=None):
         claimed = auth.get("device_id") if isinstance(auth, dict) else None
@@ -70,6 +72,10 @@ class Sessions:
                 self.limiter.quarantined[identity] = now + self.behaviour.quarantine_s
                 log.info("quarantining identity %s: flapping with bad credentials", identity)
             raise
+        if self.cluster_node is not None and self.cluster_node.dials_back(device_id, now):
+            log.info("device %s asked to move dialed this node again; refused, its session "
+                     "here stays", device_id)
+            raise socketio.exceptions.ConnectionRefusedError("rebalancing: another node")
         if self.behaviour.connect_delay_s:
             await asyncio.sleep(self.behaviour.connect_delay_s)
         self._keep_alive(sid, environ)

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from agent.link import protocol as P
+from agent.link import inbox, protocol as P
+from agent.link.profiles.edge_agent import EdgeAgentProfile
 
 
 @pytest.mark.parametrize("args", [
@@ -34,3 +35,19 @@ def test_heartbeat_payload_shape():
     hb = P.heartbeat(5, 1_700_000_000.123456, 42.04)
     assert hb == {"seq": 5, "ts": 1_700_000_000.123, "uptime_s": 42.0}
     assert set(P.connect_auth("d", "t", "0.1")) == {"device_id", "token", "agent_version", "protocol"}
+
+
+@pytest.mark.parametrize("payload, expected", [
+    ({"window_s": 4}, 4.0),
+    # a rebalance's drain (fleet_server/cluster_node.py) names its reason: a field the
+    # agent does not know is ignored, the move is the same
+    ({"window_s": 4, "reason": "rebalance"}, 4.0),
+    ({"window_s": 4, "reason": {"nested": [1, 2]}, "later": True}, 4.0),
+    ({"reason": "rebalance"}, None), ({"window_s": -1}, None), ({"window_s": "4"}, None),
+])
+def test_drain_parsing_takes_the_window_and_ignores_fields_it_does_not_know(payload, expected):
+    assert P.parse_drain((payload,)) == expected
+    posted = []
+    EdgeAgentProfile(None).handlers(posted.append)[P.DRAIN](None, payload)
+    assert posted == [inbox.Drain(expected) if expected is not None
+                      else inbox.Malformed(P.DRAIN)]

@@ -30,6 +30,8 @@ class Deploy:
     losses: int = 0            # links lost ("link lost" in the screens' log)
     failed_moves: int = 0      # new connections that did not prove themselves
     split: tuple = ()          # screens on each node at the end
+    balanced_s: float | None = None   # from node 1's restart to within 60/40 (rebalance)
+    rebalanced_s: list = field(default_factory=list)  # each move's arrival, from that restart
     error: str = ""
 
 
@@ -37,15 +39,26 @@ def _devices(node) -> dict:
     return node.admin("/admin/devices")
 
 
+def _live(node) -> int:
+    return sum(1 for v in _devices(node).values() if v["online"] and v["sockets"])
+
+
 def trial(work: Path, agents: int = 40, hb: float = 2.0, ack: float = 1.0,
           window_s: float = 4.0, check_inter_s: float = 0.5, fall: int = 2,
-          rise: int = 2, drain: bool = True) -> Deploy:
-    """``drain=False``: screens that ignore server:drain (the behaviour before it)."""
+          rise: int = 2, drain: bool = True, rebalance_s: float = 0.0,
+          settle_s: float = 4.0, balance: str | None = None) -> Deploy:
+    """``drain=False``: screens that ignore server:drain (the behaviour before it).
+    ``rebalance_s``: the nodes rebalance within this window, trusting a node back after
+    ``settle_s`` (longer than a deploy's step here: no move before node 1 drains), and
+    haproxy balances leastconn (``balance`` another); 0: round robin, no rebalance."""
     work.mkdir(parents=True, exist_ok=True)
     d = Deploy()
     with NetNS():
-        cluster = Cluster(work / "cluster", "--drain-window", str(window_s),
-                          check_inter_s=check_inter_s, fall=fall, rise=rise, redispatch=True)
+        rebalance = ("--rebalance", str(rebalance_s), "--rebalance-settle",
+                     str(settle_s)) if rebalance_s else ()
+        cluster = Cluster(work / "cluster", "--drain-window", str(window_s), *rebalance,
+                          check_inter_s=check_inter_s, fall=fall, rise=rise, redispatch=True,
+                          balance=balance or ("leastconn" if rebalance_s else "roundrobin"))
         records = []
         for n, node in enumerate(cluster.nodes):
             node.args += ["--record", str(work / f"node-{n}-run-0.json")]
@@ -86,11 +99,25 @@ def trial(work: Path, agents: int = 40, hb: float = 2.0, ack: float = 1.0,
                     for k in sorted(held)}
                 node.args[-1] = str(work / f"node-{n}-run-1.json")
                 node.start()
+                back, back_wall = time.monotonic(), time.time()
                 time.sleep((rise + 1) * check_inter_s + 0.5)   # the balancer takes it back
+            if rebalance_s:
+                def within_60_40() -> bool:
+                    counts = [_live(node) for node in cluster.nodes]
+                    return sum(counts) == agents and max(counts) <= 0.6 * agents
+                try:
+                    wait_for(within_60_40, settle_s + rebalance_s + 2 * hb + 4, interval=0.2,
+                             what="the screens within 60/40")
+                    d.balanced_s = round(time.monotonic() - back, 2)
+                except AssertionError:
+                    pass   # the split says where they are
             time.sleep(hb + ack)
             final = [_devices(node) for node in cluster.nodes]
             d.split = tuple(sum(1 for v in f.values() if v["online"] and v["sockets"])
                             for f in final)
+            # node 1 came back empty: every screen on it at the end is a move
+            d.rebalanced_s = sorted(round(min(v["connect_times"]) - back_wall, 2)
+                                    for v in final[1].values() if v["sockets"])
             for table in records + final:
                 for k, v in table.items():
                     if v["max_concurrent"] > 1:
@@ -121,20 +148,21 @@ LABELS = {"drain": "edge-agent: make before break on server:drain",
 
 
 def compare(work: Path, agents: int = 40) -> dict:
-    return {mode: trial(work / mode, agents=agents, drain=drain)
+    return {mode: trial(work / mode, agents=agents, drain=drain, rebalance_s=4.0)
             for mode, drain in MODES.items()}
 
 
 def section(result: dict) -> list[str]:
     lines = ["## Rolling deploy of the cluster", "",
-             "Two reference fleet servers (Redis adapter) behind haproxy (round robin, health",
-             "check every 0.5 s, a refused connect redispatched), 40 screens, heartbeat 2 s,",
-             "ACK 1 s. Node A is SIGTERMed with a 4 s drain window and restarted once it has",
-             "stopped, then node B. Moved: from a node's SIGTERM to each of its screens' first",
-             "connection on the other node.", "",
+             "Two reference fleet servers (Redis adapter, `--rebalance 4`, settle 4 s) behind",
+             "haproxy (least connections, health check every 0.5 s, a refused connect",
+             "redispatched), 40 screens, heartbeat 2 s, ACK 1 s. Node A is SIGTERMed with a",
+             "4 s drain window and restarted once it has stopped, then node B. Moved: from a",
+             "node's SIGTERM to each of its screens' first connection on the other node; within",
+             "60/40: from node B's restart.", "",
              "| screens | links lost | widest heartbeat gap s | moved median s | moved span s "
-             "| two sessions | nodes stopped after s | at the end A/B |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| two sessions | nodes stopped after s | at the end A/B | within 60/40 after s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     errors = []
     for mode, d in result.items():
         moved = sorted(s for per in d.moved_s.values() for s in per.values() if s is not None)
@@ -143,7 +171,7 @@ def section(result: dict) -> list[str]:
             f"| {LABELS[mode]} | {d.losses} | {max(gaps) if gaps else None} | "
             f"{moved[len(moved) // 2] if moved else None} | "
             f"{f'{moved[0]}-{moved[-1]}' if moved else None} | {len(d.two_sessions)} | "
-            f"{d.stopped_s} | {'/'.join(map(str, d.split))} |")
+            f"{d.stopped_s} | {'/'.join(map(str, d.split))} | {d.balanced_s} |")
         if d.error:
             errors.append(f"- {mode}: {d.error}")
     return lines + (["", "Errors:", *errors] if errors else [])

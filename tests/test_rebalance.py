@@ -1,0 +1,210 @@
+"""The reference fleet server's rebalancing: its rule (fleet_server/rebalance.py), sans
+I/O: how many devices a node asks to move from the live counts, and when it may judge,
+with a fake clock; and its shell (fleet_server/cluster_node.py) on a stand-in Redis.
+The real cluster: tests/test_rolling_deploy.py."""
+import asyncio
+import math
+import random
+import time
+
+import pytest
+import socketio
+
+from agent.link.protocol import DRAIN
+from fleet_server.__main__ import parse_args
+from fleet_server.behaviour import Behaviour
+from fleet_server.cluster_node import (KEY_PREFIX, KEY_TTL_S, ClusterNode, RebalanceSettings,
+                                       parse_count)
+from fleet_server.commands import Commands
+from fleet_server.devices import Registry
+from fleet_server.rebalance import Rebalance, excess
+from fleet_server.sessions import Sessions
+
+
+@pytest.mark.parametrize("mine, others, moves", [
+    (40, [0], 20),          # the rolling deploy's end: half of them
+    (41, [0], 20),          # odd total: 21/20, never 20/21
+    (0, [40], 0),           # the light node asks nothing
+    (20, [20], 0),          # equal
+    (21, [20], 0),          # odd total, already even
+    (22, [18], 0),          # within the tolerance (10 % of the fair share)
+    (23, [17], 3),          # past it: down to the share, not to the tolerance's edge
+    (24, [16], 4),          # 60/40 is past it too
+    (40, [], 0),            # one node: nowhere to go
+    (3, [0], 1), (2, [0], 1), (1, [0], 0),   # a handful of screens
+    (30, [0, 0], 20),       # three nodes: down to the share, the rest for the others
+    (12, [12, 6], 2),       # two heavy nodes judging at once: 2 + 2, what the light lacks
+    (12, [12, 9], 0),       # 12 of 33: within the tolerance of 11
+    (10, [-5, 0], 6),       # a nonsense count is taken as none
+])
+def test_the_excess_is_what_brings_the_node_down_to_its_share(mine, others, moves):
+    assert excess(mine, others) == moves
+
+
+def test_nodes_judging_at_once_never_move_more_than_the_light_ones_lack():
+    for a in range(60):
+        for b in range(60):
+            for c in range(20):
+                counts = [a, b, c]
+                share = math.ceil(sum(counts) / 3)
+                moves = [excess(x, counts[:i] + counts[i + 1:]) for i, x in enumerate(counts)]
+                assert sum(moves) <= sum(max(0, share - x) for x in counts), counts
+                assert all(x - m >= min(x, share) for x, m in zip(counts, moves)), counts
+
+
+def test_a_new_node_is_trusted_after_the_settle_and_a_move_quiets_the_window_and_settle():
+    r = Rebalance(window_s=4.0, settle_s=3.0)
+    assert r.judge(0.0, 40, {"b": 0}) == 0            # b just appeared: not in rotation yet
+    assert r.judge(2.9, 40, {"b": 0}) == 0
+    assert r.judge(3.0, 40, {"b": 0}) == 20           # trusted: the excess, once
+    for t in (3.5, 5.0, 9.9):                         # the moves land: no second ask
+        assert r.judge(t, 40, {"b": 0}) == 0
+    assert r.judge(10.0, 30, {"b": 10}) == 10         # window + settle later: judged again
+    assert r.judge(10.5, 20, {"b": 20}) == 0
+
+
+def test_a_node_that_goes_and_comes_back_waits_its_settle_again():
+    r = Rebalance(window_s=4.0, settle_s=3.0)
+    assert r.judge(0.0, 40, {}) == 0                  # alone
+    assert r.judge(1.0, 40, {"b1": 0}) == 0
+    assert r.judge(2.0, 40, {}) == 0                  # its key expired: forgotten
+    assert r.judge(3.0, 40, {"b2": 0}) == 0           # restarted: a new id, a new settle
+    assert r.judge(5.9, 40, {"b2": 0}) == 0
+    assert r.judge(6.0, 40, {"b2": 0}) == 20
+
+
+def test_an_untrusted_node_counts_for_nothing_yet():
+    r = Rebalance(window_s=4.0, settle_s=3.0)
+    r.judge(0.0, 30, {"b": 0})
+    assert r.judge(3.0, 30, {"b": 0, "c": 0}) == 15   # c just appeared: the share of two
+
+
+# -- the shell (fleet_server/cluster_node.py), on a stand-in Redis and a fake clock -------
+
+class FakeRedis:
+    """The four calls the node makes; a key's TTL runs on the test's clock."""
+
+    def __init__(self, clock):
+        self.clock, self.keys = clock, {}
+
+    async def set(self, key, value, ex):
+        self.keys[key.encode()] = (str(value).encode(), self.clock() + ex)
+
+    async def scan_iter(self, match, count):
+        for key, (_, until) in list(self.keys.items()):
+            if until > self.clock() and key.startswith(match.rstrip("*").encode()):
+                yield key
+
+    async def mget(self, keys):
+        return [self.keys[k][0] if k in self.keys else None for k in keys]
+
+    async def delete(self, key):
+        self.keys.pop(key.encode(), None)
+
+
+class FakeSio:
+    def __init__(self):
+        self.emits = []
+
+    async def emit(self, event, data, to):
+        self.emits.append((event, data, to))
+
+
+def _node(clock, redis, devices: int, prefix: str):
+    registry = Registry(None, accept_any=True)
+    for i in range(devices):
+        registry.attach(f"{prefix}-sid-{i}", f"{prefix}-{i}")
+    node = ClusterNode(FakeSio(), registry, "redis://unused", RebalanceSettings(4.0, 3.0),
+                       rng=random.Random(7), client=redis, clock=clock)
+    return node
+
+
+def test_the_heavy_node_asks_its_excess_once_the_light_one_is_trusted_and_refuses_a_dial_back():
+    now = [100.0]
+    redis = FakeRedis(lambda: now[0])
+    a, b = _node(lambda: now[0], redis, 40, "a"), _node(lambda: now[0], redis, 0, "b")
+
+    def second():
+        for node in (a, b):
+            asyncio.run(node._round())
+        now[0] += 1.0
+    for _ in range(4):
+        second()
+    assert a.sio.emits == []                 # b seen at 100, trusted from 103
+    second()
+    assert len(a.sio.emits) == 20 and b.sio.emits == []
+    assert {e for e, _, _ in a.sio.emits} == {DRAIN}
+    assert all(d == {"window_s": 4.0, "reason": "rebalance"} for _, d, _ in a.sio.emits)
+    assert len({to for _, _, to in a.sio.emits}) == 20   # twenty devices, each once
+    asked = a.registry.by_sid[a.sio.emits[0][2]]
+    kept = next(d for d in a.registry.devices if d not in a.moving)
+    assert a.dials_back(asked, now[0]) and not a.dials_back(kept, now[0])
+    assert not a.dials_back(asked, now[0] + 4.0 + 2.0)   # the window and its margin over
+    for _ in range(6):
+        second()
+    assert len(a.sio.emits) == 20            # quiet for the window and the settle
+
+
+def test_a_draining_node_leaves_at_once_and_a_dead_one_with_its_ttl():
+    now = [0.0]
+    redis = FakeRedis(lambda: now[0])
+    a, b = _node(lambda: now[0], redis, 30, "a"), _node(lambda: now[0], redis, 10, "b")
+    asyncio.run(a._round())
+    asyncio.run(b._round())
+    assert asyncio.run(a._others()) == {b.node_id: 10}
+    asyncio.run(b.leave())
+    assert asyncio.run(a._others()) == {}
+    asyncio.run(b._round())                  # back, then dead without a word
+    now[0] += KEY_TTL_S
+    assert asyncio.run(a._others()) == {}
+
+
+def test_a_count_that_is_not_one_leaves_that_node_out(caplog):
+    redis = FakeRedis(lambda: 0.0)
+    a = _node(lambda: 0.0, redis, 3, "a")
+    for name, value in (("x", "lots"), ("y", "-4"), ("z", "\x1b[31m99")):
+        redis.keys[(KEY_PREFIX + name).encode()] = (value.encode(), 10.0)
+    asyncio.run(redis.set(KEY_PREFIX + "w", 5, 10))
+    assert asyncio.run(a._others()) == {"w": 5}
+    assert asyncio.run(a._others()) == {"w": 5}
+    said = [r.getMessage() for r in caplog.records if "not a device count" in r.getMessage()]
+    assert len(said) == 3 and not any("\x1b" in line for line in said)   # once each
+    assert parse_count(b"12") == 12 and parse_count(b"123456789") is None
+    assert parse_count(None) is None and parse_count(b"") is None
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--rebalance", "4"], "--rebalance: needs --redis"),
+    (["--redis", "redis://x", "--rebalance", "2000"], "--rebalance: a window of 0 to 900"),
+    (["--redis", "redis://x", "--rebalance", "nan"], "--rebalance: a window"),
+    (["--redis", "redis://x", "--rebalance", "4", "--profile", "screentinker"],
+     "the edge-agent profile only"),
+    (["--redis", "redis://x", "--rebalance", "4", "--rebalance-tolerance", "3"],
+     "--rebalance-tolerance: 0 to 1"),
+])
+def test_a_bad_rebalance_option_is_one_line_naming_it(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert says in err, err
+
+
+def test_rebalancing_is_off_unless_asked():
+    args, _ = parse_args(["--redis", "redis://x"])
+    assert args.rebalance == 0
+
+
+def test_a_device_asked_to_move_that_dials_back_is_refused_and_its_live_session_kept():
+    """Accepted, its new connection would close the live one (one session per device):
+    round robin sent 15 of 20 moves back in a trial without this, 15 links lost."""
+    now = [0.0]
+    node = _node(lambda: now[0], FakeRedis(lambda: now[0]), 2, "a")
+    registry, sio = node.registry, node.sio
+    sessions = Sessions(sio, Behaviour(), registry, Commands(sio, Behaviour(), registry))
+    sessions.cluster_node = node
+    node.moving["a-0"] = time.monotonic() + 10
+    with pytest.raises(socketio.exceptions.ConnectionRefusedError):
+        asyncio.run(sessions.connect("a-sid-new", {}, {"device_id": "a-0", "token": "t"}))
+    assert registry.devices["a-0"].sids == {"a-sid-0"}
+    asyncio.run(sessions.connect("a-sid-new", {}, {"device_id": "a-1", "token": "t"}))
+    assert registry.devices["a-1"].sids == {"a-sid-new"}   # not asked: as ever
