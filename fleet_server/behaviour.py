@@ -22,4 +22,5 @@ class Behaviour:
     result_ack: str = "ok"       # ok | none: confirmations of command results lost
     reconnect_window_s: float = 0.0  # told to every device at connect when set
     drain_window_s: float = 0.0  # on SIGTERM: server:drain with this window (0: none)
+    refuse_for_now_s: float = 0.0  # refuse every connect, for now: retry_after_s this
     release_cut_bytes: int = 0  # the next package download stops after this many bytes

@@ -22,7 +22,7 @@ log = logging.getLogger("fleet_server")
 BEHAVIOUR_KEYS = ("ack_mode", "ack_delay_s", "connect_delay_s", "heartbeat_timeout_s",
                   "upload_mode", "retry_after_s", "code_ttl_s", "flap_limit", "flap_window_s",
                   "throttle_s", "quarantine_s", "pair_limit", "result_ack",
-                  "release_cut_bytes")
+                  "release_cut_bytes", "refuse_for_now_s")
 
 
 class OperatorApi:

@@ -75,7 +75,13 @@ class Sessions:
         if self.cluster_node is not None and self.cluster_node.dials_back(device_id, now):
             log.info("device %s asked to move dialed this node again; refused, its session "
                      "here stays", device_id)
-            raise socketio.exceptions.ConnectionRefusedError("rebalancing: another node")
+            # for now, not the credentials: the device keeps its token and waits
+            raise socketio.exceptions.ConnectionRefusedError(
+                "rebalancing: another node",
+                {"retry_after_s": max(1.0, round(self.cluster_node.moving[device_id] - now, 1))})
+        if self.behaviour.refuse_for_now_s:
+            raise socketio.exceptions.ConnectionRefusedError(
+                "busy", {"retry_after_s": self.behaviour.refuse_for_now_s})
         if self.behaviour.connect_delay_s:
             await asyncio.sleep(self.behaviour.connect_delay_s)
         self._keep_alive(sid, environ)

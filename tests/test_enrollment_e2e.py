@@ -154,3 +154,37 @@ def test_a_server_outage_is_not_a_refusal_the_paired_device_keeps_its_token(
     server.start()
     agent.wait_live(15)
     assert creds.read_text() == before
+
+
+def test_a_connect_refused_for_now_is_no_refusal_of_the_token_the_device_waits_and_keeps_it(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """A server that refuses a connect for now (a node rebalancing its fleet, one that
+    sheds load: ``ConnectionRefusedError(message, {"retry_after_s": N})``) has not refused
+    the credentials: the paired device keeps its token, waits what it was told, and is
+    back on the same token once the server takes it (it used to drop the token and pair
+    again: a fleet server's rebalance would have unpaired the screens it moved)."""
+    server = fleet(devices={})
+    cfg = agent_config(server, tmp_path, identity=NO_IDENTITY)
+    agent = spawn_agent(agent_python, cfg)
+    code = wait_for(lambda: pairing_code(agent), 15, what="a pairing code")
+    assert pair(server, code).returncode == 0
+    agent.wait_live(15, connection=1)
+    creds = tmp_path / "state" / "credentials.json"
+    before = creds.read_text()
+    agent.stop()
+    server.admin("/admin/behaviour", {"refuse_for_now_s": 2.0})
+    again = spawn_agent(agent_python, cfg)
+    def refused(n):
+        link = again.link()
+        return link.get("reason") == "throttle" and (link.get("attempts") or 0) >= n
+    wait_for(lambda: refused(1), 15, what="a connect refused for now")
+    first = time.monotonic()
+    wait_for(lambda: refused(3), 15, what="three connects refused for now")
+    # the server's 2 s between tries, not the backoff's fraction of a second
+    assert time.monotonic() - first >= 3.5
+    assert "(throttle: busy), retrying in 2.0s" in again.log_text()
+    assert creds.read_text() == before and pairing_code(again) is None
+    server.admin("/admin/behaviour", {"refuse_for_now_s": 0.0})
+    again.wait_live(15)
+    assert creds.read_text() == before
+    assert server.device(again.status()["device_id"])["refused"] == 0

@@ -51,3 +51,21 @@ def test_drain_parsing_takes_the_window_and_ignores_fields_it_does_not_know(payl
     EdgeAgentProfile(None).handlers(posted.append)[P.DRAIN](None, payload)
     assert posted == [inbox.Drain(expected) if expected is not None
                       else inbox.Malformed(P.DRAIN)]
+
+
+@pytest.mark.parametrize("refusal, later", [
+    ({"message": "busy", "data": {"retry_after_s": 2}}, 2.0),
+    ({"message": "rebalancing", "data": {"retry_after_s": 0.5}}, 0.5),
+    ({"message": "unauthorized"}, None),
+    ("unauthorized", None),
+    (None, None),
+    ({"message": "x", "data": {"retry_after_s": True}}, None),
+    ({"message": "x", "data": {"retry_after_s": float("nan")}}, None),
+    ({"message": "x", "data": {"retry_after_s": -1}}, None),
+    ({"message": "x", "data": {"retry_after_s": "2"}}, None),
+    ({"message": "x", "data": [2]}, None),
+    ({"message": "x", "retry_after_s": 2}, None),   # not python-socketio's shape
+])
+def test_a_connect_refused_for_now_says_how_long_anything_else_refuses_the_credentials(
+        refusal, later):
+    assert P.refused_for_now(refusal) == later

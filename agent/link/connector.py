@@ -112,6 +112,8 @@ class Connector:
         if e.busy:
             self.bound.busy()
         now = r.clock.monotonic()
+        if e.retry_after_s is not None:   # refused for now: the credentials stand
+            r.core.on_throttle(e.retry_after_s, now)
         r.core.on_connect_failed(now, e.reason, e.detail)
         delay = r.core.attempt_at() - now
         log.warning("connect to %s failed (%s: %s), retrying in %.1fs (attempt %d)",

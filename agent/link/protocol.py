@@ -67,6 +67,17 @@ def parse_throttle(args: tuple) -> float | None:
     return _number(args[0].get("retry_after_s"))
 
 
+def refused_for_now(refusal) -> float | None:
+    """retry_after_s of a connect refusal that is for now, not for the credentials
+    (python-socketio's ``ConnectionRefusedError(message, {"retry_after_s": N})`` sends
+    ``{"message", "data": {"retry_after_s"}}``), or None: a refusal of the credentials."""
+    if not isinstance(refusal, dict):
+        return None
+    data = refusal.get("data")
+    later = _number(data.get("retry_after_s")) if isinstance(data, dict) else None
+    return later if later is not None and later >= 0 else None
+
+
 def parse_reconnect_window(args: tuple) -> float | None:
     """window_s from a server:reconnect-window message, or None if malformed."""
     if len(args) != 1 or not isinstance(args[0], dict):

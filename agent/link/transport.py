@@ -33,7 +33,7 @@ import websocket
 from ..base.egress import Egress
 from ..base import reasons as J
 from ..runtime.threads import start_worker
-from . import inbox, sockopts
+from . import inbox, protocol, sockopts
 from .dialer import DialError, Dialed
 from .event_handlers import EventHandlers
 from .frames import MessageRefused
@@ -45,12 +45,14 @@ log = logging.getLogger("edge_agent.link")
 
 class TransportError(Exception):
     def __init__(self, reason: str, detail: str = "", timed_out: bool = False,
-                 busy: bool = False):
+                 busy: bool = False, retry_after_s: float | None = None):
         super().__init__(detail or reason)
         self.reason = reason
         self.detail = detail
         self.timed_out = timed_out   # the connect bound ended it
         self.busy = busy             # the server said it is overloaded (429, 503)
+        # the server refused this connect for now, not the credentials: try again after
+        self.retry_after_s = retry_after_s
 
 
 
@@ -104,6 +106,10 @@ class SocketIOTransport:
             if refused is not None:
                 raise TransportError(refused.reason, str(refused)) from None
             if self._refusal is not None:
+                later = protocol.refused_for_now(self._refusal)
+                if later is not None:
+                    raise TransportError(J.THROTTLE, _describe(self._refusal), busy=True,
+                                         retry_after_s=later) from None
                 raise TransportError(J.REFUSED, _describe(self._refusal)) from None
             raise self._why_not_connected(e) from None
         finally:
