@@ -77,6 +77,17 @@ class Player:
         self.sio.wait()
 
 
+def raise_on(raise_file: str | None) -> set | None:
+    """The device ids a SIGUSR1 raises an event on: the lines of ``raise_file``, or
+    None (every one) where there is no such file."""
+    if raise_file:
+        try:
+            return set(Path(raise_file).read_text().split())
+        except OSError:
+            pass
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
@@ -100,12 +111,7 @@ def main(argv=None) -> int:
     players = [Player(args, d) for d in ids]
 
     def raise_events(*_):
-        chosen = None
-        if args.raise_file:
-            try:
-                chosen = set(Path(args.raise_file).read_text().split())
-            except OSError:
-                pass
+        chosen = raise_on(args.raise_file)
         for player in players:
             if chosen is None or player.device_id in chosen:
                 player.raise_event()

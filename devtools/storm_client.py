@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 from agent.config import load as cfgmod
 from agent.events.model import Event
@@ -23,6 +22,7 @@ from agent.events.sender import EventSender
 from agent.link import protocol
 from agent.link.profiles import PROFILES, ProfileContext
 from agent.link.runner import LinkRunner, Settings
+from devtools.stock_client import raise_on
 
 
 def main(argv=None) -> int:
@@ -60,12 +60,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     def raise_events(*_):
-        chosen = None
-        if args.raise_file:
-            try:
-                chosen = set(Path(args.raise_file).read_text().split())
-            except OSError:
-                pass
+        chosen = raise_on(args.raise_file)
         now = time.time()
         for device_id, outbox in outboxes.items():
             if chosen is None or device_id in chosen:

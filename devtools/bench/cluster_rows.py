@@ -120,6 +120,24 @@ def _cluster(work: Path, *server_args: str) -> Cluster:
                    rise=RISE, redispatch=True, sticky=True)
 
 
+def _on_cluster(cluster: Cluster, result, work: Path, screens: int, body) -> None:
+    """``body(fleet)`` once the cluster and both fleets are up (in the caller's network
+    namespace); all stopped whatever happened. A failure goes into ``result.error``:
+    the other rows go on."""
+    fleet = None
+    try:
+        cluster.start()
+        fleet = Fleet(cluster, work, screens).start()
+        time.sleep(2 * HB)   # heartbeats learnt, each connect's handshake
+        body(fleet)
+    except Exception as e:
+        result.error = f"{type(e).__name__}: {e}"[-300:]
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        cluster.stop()
+
+
 def _events_since(table: dict, device: str, since: float) -> set:
     return {(e.get("id"), e.get("ts")) for e in table.get(device, {}).get("events", [])
             if isinstance(e.get("ts"), (int, float)) and e["ts"] >= since}
@@ -145,11 +163,8 @@ def outage(fault: str, work: Path, screens: int = 40, settle_s: float = 75.0) ->
     o = Outage(fault)
     with NetNS():
         cluster = _cluster(work)
-        fleet = None
-        try:
-            cluster.start()
-            fleet = Fleet(cluster, work, screens).start()
-            time.sleep(2 * HB)   # heartbeats learnt, each connect's handshake
+
+        def body(fleet):
             served = _online(cluster.nodes[0])
             at = time.time()
             if fault == "kill":
@@ -182,12 +197,7 @@ def outage(fault: str, work: Path, screens: int = 40, settle_s: float = 75.0) ->
                 o.back_s[kind] = {k: found[k] for k in mine}
                 o.raised[kind] = len(mine)
                 o.stored[kind] = sum(min(1, stored[k]) for k in mine)
-        except Exception as e:
-            o.error = f"{type(e).__name__}: {e}"[-300:]
-        finally:
-            if fleet is not None:
-                fleet.stop()
-            cluster.stop()
+        _on_cluster(cluster, o, work, screens, body)
     return o
 
 
@@ -225,11 +235,9 @@ def deploy(work: Path, screens: int = 40, window_s: float = WINDOW_S) -> Deploy:
         cluster = _cluster(work, "--drain-window", str(window_s))
         for n, node in enumerate(cluster.nodes):
             node.args += ["--record", str(work / f"node-{n}-run-0.json")]
-        fleet, records, raised = None, [], Counter()
-        try:
-            cluster.start()
-            fleet = Fleet(cluster, work, screens).start()
-            time.sleep(2 * HB)
+        records, raised = [], Counter()
+
+        def body(fleet):
             first_term = time.time()
             for n in (0, 1):
                 node = cluster.nodes[n]
@@ -262,12 +270,7 @@ def deploy(work: Path, screens: int = 40, window_s: float = WINDOW_S) -> Deploy:
                 d.split[kind] = tuple(sum(1 for k, v in f.items() if kind_of(k) == kind
                                           and v["online"] and v["sockets"]) for f in final)
             d.losses = fleet.losses(first_term)
-        except Exception as e:
-            d.error = f"{type(e).__name__}: {e}"[-300:]
-        finally:
-            if fleet is not None:
-                fleet.stop()
-            cluster.stop()
+        _on_cluster(cluster, d, work, screens, body)
     return d
 
 
