@@ -29,12 +29,14 @@ class Cluster:
     def __init__(self, work: Path, *server_args: str, nodes: int = 2,
                  check_inter_s: float | None = 1.0, fall: int = 2, rise: int = 2,
                  redis: bool = True, redispatch: bool = False,
-                 balance: str = "roundrobin"):
+                 balance: str = "roundrobin", sticky: bool = False):
         """``redispatch``: a connect a node refuses (a draining node closed its listener)
         goes to the other node, as a balancer set up for rolling deploys does.
         ``balance``: haproxy's algorithm; ``leastconn`` sends a new connection to the
         node with the fewest open, so a screen a node asks to move lands on the lighter
-        node (fleet-server --rebalance)."""
+        node (fleet-server --rebalance). ``sticky``: a cookie keeps a session's requests
+        on its node, as Socket.IO's HTTP long-polling needs behind a balancer (a
+        websocket-only client sends none)."""
         assert balance in ("roundrobin", "leastconn"), balance
         for tool in ("haproxy", "redis-server") if redis else ("haproxy",):
             assert shutil.which(tool), f"{tool} is needed (scripts/_env.sh installs it)"
@@ -52,6 +54,7 @@ class Cluster:
         self.check = (check_inter_s, fall, rise)
         self.redispatch = redispatch
         self.balance = balance
+        self.sticky = sticky
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
@@ -69,9 +72,11 @@ class Cluster:
         inter_s, fall, rise = self.check
         inter_ms = int((inter_s or 1.0) * 1000)
         check = f" check inter {inter_ms} fall {fall} rise {rise}" if inter_s else ""
-        servers = "\n".join(f"    server node{n} 127.0.0.1:{node.port}{check}"
+        cookie = (lambda n: f" cookie node{n}") if self.sticky else (lambda n: "")
+        servers = "\n".join(f"    server node{n} 127.0.0.1:{node.port}{check}{cookie(n)}"
                             for n, node in enumerate(self.nodes))
         redispatch = "    option redispatch\n    retries 2\n" if self.redispatch else ""
+        persist = "    cookie SERVERID insert indirect nocache\n" if self.sticky else ""
         self.admin_socket = self.work / "haproxy.sock"
         cfg = self.work / "haproxy.cfg"
         cfg.write_text(f"""global
@@ -91,7 +96,7 @@ frontend fleet
 backend nodes
     balance {self.balance}
     option httpchk GET /healthz
-{redispatch}{servers}
+{redispatch}{persist}{servers}
 """)
         self.log = open(self.work / "haproxy.log", "ab")
         self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=self.log,

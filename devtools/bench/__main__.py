@@ -14,7 +14,7 @@ from pathlib import Path
 
 from devtools.harness import REPO
 
-from devtools.bench import faults as F, footprint as FP, hung_node as HN, idle_reap as IR, rolling_deploy as RD, netback as NB, outage_restarts as OR, silent_drop as SD, startup as SU, storm as ST, timeline
+from devtools.bench import cluster_rows as CR, faults as F, footprint as FP, hung_node as HN, idle_reap as IR, rolling_deploy as RD, netback as NB, outage_restarts as OR, silent_drop as SD, startup as SU, storm as ST, timeline
 from devtools.bench.common import ACK_DEFAULT, HB_DEFAULT
 from devtools.bench.uploads import upload_queue, uploads_section
 from devtools.bench import picture as PB
@@ -143,13 +143,39 @@ def storm_section(storms) -> list[str]:
     return lines
 
 
+# every job --only can name; the full run's own (FULL_ONLY) are not in --quick
+JOBS = ("silent", "faults", "netback", "storm", "footprint", "uploads", "idle_reap", "startup",
+        "status", "outage", "picture", "hung", "deploy", "cluster")
+FULL_ONLY = ("hung", "deploy", "cluster")
+
+
+def chosen_jobs(only: str | None, quick: bool) -> tuple[str, ...]:
+    """The jobs a run makes: ``only`` (a comma list of JOBS, any of them even with
+    --quick) or every job of the run. ValueError names an unknown one."""
+    if only is None:
+        return tuple(j for j in JOBS if not (quick and j in FULL_ONLY))
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in JOBS]
+    if unknown or not names:
+        raise ValueError(f"--only: unknown job {unknown[0]!r} (jobs: {', '.join(JOBS)})"
+                         if unknown else f"--only: no job named (jobs: {', '.join(JOBS)})")
+    return tuple(j for j in JOBS if j in names)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="reduced matrix for CI (under 3 min)")
+    p.add_argument("--only", metavar="NAMES",
+                   help=f"a comma list of jobs to run alone ({', '.join(JOBS)})")
     p.add_argument("--trials", type=int, default=None, help="silent-drop trials per client")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--seed", type=int, default=int(time.time()))
     args = p.parse_args(argv)
+    try:
+        chosen = chosen_jobs(args.only, args.quick)
+    except ValueError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("bench: needs root (private network namespaces and nftables)", file=sys.stderr)
         return 1
@@ -164,6 +190,8 @@ def main(argv=None) -> int:
     res: dict = {}
 
     def job(name, fn, *a):
+        if name.split("-", 1)[0] not in chosen:
+            return
         try:
             res[name] = fn(*a)
         except Exception as e:  # one broken measurement must not hide the others
@@ -174,11 +202,13 @@ def main(argv=None) -> int:
             ("faults", F.matrix, fault_trials, work, args.seed),
             ("netback", NB.compare, nb_trials, outage_s, work),
             ("footprint", FP.measure, fp_window, work / "footprint", fp_warmup),
-            ("idle_reap", IR.compare, 150.0 if quick else 600.0, work)]
-    if not quick:   # about 20 s a trial and 40 s for the frozen server: the full run's
-        jobs.append(("hung", HN.compare, 3, work / "hung"))
-        jobs.append(("deploy", RD.compare, work / "deploy"))
-    threads = [threading.Thread(target=job, args=j) for j in jobs]
+            ("idle_reap", IR.compare, 150.0 if quick else 600.0, work),
+            # the full run's: about 20 s a trial and 40 s for the frozen server; 80 clients
+            # on a cluster, kill, freeze and deploy one after the other (about 3 min)
+            ("hung", HN.compare, 3, work / "hung"),
+            ("deploy", RD.compare, work / "deploy"),
+            ("cluster", CR.compare, work / "cluster")]
+    threads = [threading.Thread(target=job, args=j) for j in jobs if j[0] in chosen]
     for t in threads:
         t.start()
     for t in threads:
@@ -205,12 +235,14 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{time.strftime('%Y%m%d-%H%M%S')}{'-quick' if quick else ''}"
+    name = (f"{time.strftime('%Y%m%d-%H%M%S')}{'-quick' if quick else ''}"
+            f"{'-' + '-'.join(chosen) if args.only else ''}")
     lines = [f"# edge-agent benchmark{' (quick)' if quick else ''}", "",
              f"Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')} in {elapsed:.0f} s on "
              f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
              f"python-socketio {_version('python-socketio')}, python-engineio "
-             f"{_version('python-engineio')}; `scripts/bench{' --quick' if quick else ''}`.", ""]
+             f"{_version('python-engineio')}; `scripts/bench{' --quick' if quick else ''}"
+             f"{' --only ' + ','.join(chosen) if args.only else ''}`.", ""]
     sections = [("silent", silent_section), ("faults", fault_section),
                 ("netback", lambda r: netback_section(r, outage_s)),
                 ("storm", None), ("footprint", FP.section), ("uploads", uploads_section),
@@ -218,9 +250,11 @@ def main(argv=None) -> int:
                 ("outage", OR.section),
                 ("picture", lambda r: PB.section(r, res.get("footprint")
                                                  if isinstance(res.get("footprint"), list)
-                                                 else None))] + ([] if quick else [("hung", HN.section),
-                                                                     ("deploy", RD.section)])
+                                                 else None)),
+                ("hung", HN.section), ("deploy", RD.section), ("cluster", CR.section)]
     for key, fn in sections:
+        if key not in chosen:
+            continue
         if key == "storm":
             storms = [res.get(f"storm-{m}") for m in modes]
             bad = [s for s in storms if isinstance(s, Exception) or s is None]
@@ -233,7 +267,8 @@ def main(argv=None) -> int:
             continue
         lines += fn(value) + [""]
     png = None
-    if not isinstance(res.get("silent"), Exception) and not isinstance(res.get("faults"), Exception):
+    if ("silent" in chosen and "faults" in chosen and not isinstance(res.get("silent"), Exception)
+            and not isinstance(res.get("faults"), Exception)):
         png = timeline.draw(res.get("silent") or [], res.get("faults") or [], out / f"{name}.png")
     if png:
         lines += ["## Timeline", "", f"![fault timeline]({png.name})", ""]
@@ -252,6 +287,8 @@ def main(argv=None) -> int:
                                                  indent=1, default=str))
     print(text)
     print(f"report: {out / name}.md")
+    if "silent" not in chosen:
+        return 0
     silent = res.get("silent")
     if isinstance(silent, Exception) or not silent:
         print(f"bench: FAIL: the silent-drop measurement broke: {silent!r}", file=sys.stderr)
