@@ -36,6 +36,7 @@ MAX_NODES = 64              # keys read per round
 MAX_COUNT = 10_000_000
 WINDOW_MAX_S = 15 * 60.0    # the agent's own bound on a drain's window
 MOVE_MARGIN_S = 2.0         # a device asked to move is refused here this long past the window
+DIAL_BACK_RETRY_S = 5.0     # the retry_after_s such a refusal says, at most (dial_back_retry)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,13 @@ class ClusterNode:
         live: to accept it would close that session (one session per device)."""
         dev = self.registry.devices.get(device_id)
         return self.moving.get(device_id, 0.0) > now and dev is not None and bool(dev.sids)
+
+    def dial_back_retry(self, device_id: str, now: float) -> float:
+        """The retry_after_s of a dial-back's refusal: a move's own dial-back is dropped
+        whatever it says, so only a device whose link is down from its side heeds it,
+        while this node still holds its session (a half-open one, until it is reaped):
+        seconds, not the rest of the move, or it stays off long after that."""
+        return max(1.0, round(min(DIAL_BACK_RETRY_S, self.moving[device_id] - now), 1))
 
     async def _run(self) -> None:
         while True:

@@ -13,7 +13,8 @@ import socketio
 from agent.link.protocol import DRAIN
 from fleet_server.__main__ import parse_args
 from fleet_server.behaviour import Behaviour
-from fleet_server.cluster_node import (KEY_PREFIX, KEY_TTL_S, ClusterNode, RebalanceSettings,
+from fleet_server.cluster_node import (DIAL_BACK_RETRY_S, KEY_PREFIX, KEY_TTL_S, MOVE_MARGIN_S,
+                                       ClusterNode, RebalanceSettings,
                                        parse_count)
 from fleet_server.commands import Commands
 from fleet_server.devices import Registry
@@ -208,3 +209,21 @@ def test_a_device_asked_to_move_that_dials_back_is_refused_and_its_live_session_
     assert registry.devices["a-0"].sids == {"a-sid-0"}
     asyncio.run(sessions.connect("a-sid-new", {}, {"device_id": "a-1", "token": "t"}))
     assert registry.devices["a-1"].sids == {"a-sid-new"}   # not asked: as ever
+
+
+def test_a_dial_back_is_told_to_wait_seconds_not_the_rest_of_the_move():
+    """The only device that heeds the refusal's retry_after_s is one whose link is down
+    from its side (a move's own dial-back is dropped, whatever it says) while this node
+    still holds its session: a half-open one, reaped within the heartbeat timeout. Told
+    the rest of the move (up to the 900 s window and its margin), it stayed off that
+    long after the stale session was gone; a few seconds is enough to be asked again."""
+    now = [0.0]
+    node = _node(lambda: now[0], FakeRedis(lambda: now[0]), 1, "a")
+    registry, sio = node.registry, node.sio
+    sessions = Sessions(sio, Behaviour(), registry, Commands(sio, Behaviour(), registry))
+    sessions.cluster_node = node
+    node.moving["a-0"] = time.monotonic() + 900 + MOVE_MARGIN_S
+    with pytest.raises(socketio.exceptions.ConnectionRefusedError) as refused:
+        asyncio.run(sessions.connect("a-sid-new", {}, {"device_id": "a-0", "token": "t"}))
+    later = refused.value.error_args["data"]["retry_after_s"]
+    assert 1.0 <= later <= DIAL_BACK_RETRY_S <= 10.0, later
