@@ -1,7 +1,7 @@
 """This node among the cluster's, rebalancing (``fleet-server --redis URL --rebalance N``):
 every second it publishes its live device count in the Redis the nodes already share (a
 key per node with a short TTL, so a node that dies drops out; a draining node deletes
-its own at once), reads the other nodes', and asks rebalance.py how many of its devices
+its own at once; the ids in one set, so a round never scans the Redis), reads the other nodes', and asks rebalance.py how many of its devices
 to move. Those, picked at random, are told ``server:drain {"window_s": N, "reason":
 "rebalance"}`` (docs/PROTOCOL.md): each moves make before break at a jittered moment of
 the window, its new connection opened while the old one still counts here, so a
@@ -29,10 +29,13 @@ from fleet_server.rebalance import TOLERANCE, Rebalance
 log = logging.getLogger("fleet_server")
 
 KEY_PREFIX = "fleet-server:live-devices:"
+# the ids of the nodes (a set): a round reads those keys, never a SCAN of the Redis, which
+# may hold anything else (a million other keys: 1.6 s a round, past the key's TTL)
+NODES_KEY = "fleet-server:nodes"
 PUBLISH_EVERY_S = 1.0
 KEY_TTL_S = 3               # three publications missed: the node is gone
 REDIS_TIMEOUT_S = 2.0       # each exchange with Redis
-MAX_NODES = 64              # keys read per round
+MAX_NODES = 64              # nodes read per round
 MAX_COUNT = 10_000_000
 WINDOW_MAX_S = 15 * 60.0    # the agent's own bound on a drain's window
 MOVE_MARGIN_S = 2.0         # a device asked to move is refused here this long past the window
@@ -88,6 +91,7 @@ class ClusterNode:
             self._task = None
         try:
             await asyncio.wait_for(self.redis.delete(self.key), REDIS_TIMEOUT_S)
+            await asyncio.wait_for(self.redis.srem(NODES_KEY, self.node_id), REDIS_TIMEOUT_S)
         except (RedisError, OSError, asyncio.TimeoutError) as e:
             log.warning("rebalance: could not take node %s's count out (%s); it expires "
                         "within %ds", self.node_id, _one_line(e), KEY_TTL_S)
@@ -127,6 +131,7 @@ class ClusterNode:
     async def _round(self) -> None:
         live = [d for d, dev in self.registry.devices.items() if dev.sids]
         await self.redis.set(self.key, len(live), ex=KEY_TTL_S)
+        await self.redis.sadd(NODES_KEY, self.node_id)
         nodes = await self._others()
         now = self.clock()
         moves = self.rule.judge(now, len(live), nodes)
@@ -134,24 +139,28 @@ class ClusterNode:
             await self._ask(moves, live, nodes, now)
 
     async def _others(self) -> dict[str, int]:
+        members = await self.redis.srandmember(NODES_KEY, MAX_NODES + 1)
         keys = []
-        async for key in self.redis.scan_iter(match=KEY_PREFIX + "*", count=100):
-            name = key.decode("ascii", "replace")[len(KEY_PREFIX):][:64]
+        for member in members or ():
+            name = member.decode("ascii", "replace") if isinstance(member, bytes) else str(member)
             if name != self.node_id:
-                keys.append((key, name))
-            if len(keys) >= MAX_NODES:
-                break
+                keys.append((KEY_PREFIX + name, name))
+        keys = keys[:MAX_NODES]
         values = await self.redis.mget([k for k, _ in keys]) if keys else []
-        nodes = {}
+        nodes, gone = {}, []
         for (_, name), raw in zip(keys, values):
             count = parse_count(raw)
             if count is not None:
                 nodes[name] = count
+            elif raw is None:
+                gone.append(name)   # its key expired: the node is dead, its id leaves
             elif raw is not None and name not in self._bad_keys and len(self._bad_keys) < MAX_NODES:
                 self._bad_keys.add(name)
                 log.warning("rebalance: %s%s is not a device count (%r); that node is left "
                             "out", KEY_PREFIX, name.encode("ascii", "replace").decode(),
                             raw[:40] if isinstance(raw, bytes) else raw)
+        if gone:
+            await self.redis.srem(NODES_KEY, *gone)
         return nodes
 
     async def _ask(self, moves: int, live: list[str], nodes: dict[str, int],
