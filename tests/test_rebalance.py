@@ -272,3 +272,29 @@ def test_a_round_is_a_few_exchanges_with_redis_however_many_keys_it_holds():
     now[0] += KEY_TTL_S                      # b dead without a word: its key expired
     asyncio.run(a._round())
     assert asyncio.run(a._others()) == {}
+
+
+def test_a_node_that_keeps_dying_after_taking_moves_is_sent_fewer_and_fewer():
+    """A node in a crash loop (up 8 s, past the settle; down 2 s; a new id each start)
+    took a third of the screens each time it was trusted, and lost them when it died:
+    7200 moves and as many links lost in an hour for 60 screens. A node that vanishes
+    while moves to it land is a failed move: the quiet after it doubles (to 15 min)."""
+    ra, rb = Rebalance(4.0, 5.0), Rebalance(4.0, 5.0)
+    a, b, c, cid, moved, alive = 30, 30, 0, 0, 0, True
+    for second in range(3600):
+        t = float(second)
+        if alive and t % 10 >= 8:                  # it dies; its screens come back to a, b
+            alive, a, b, c = False, a + c // 2, b + c - c // 2, 0
+        elif not alive and t % 10 < 8:
+            alive, cid = True, cid + 1
+        with_c = {f"c{cid}": c} if alive else {}
+        ma, mb = ra.judge(t, a, {"b": b, **with_c}), rb.judge(t, b, {"a": a, **with_c})
+        if alive:                                  # leastconn: the moves land on c
+            a, b, c, moved = a - ma, b - mb, c + ma + mb, moved + ma + mb
+    assert moved <= 400, moved
+    # a node that leaves after the moves have landed is no failed move
+    r = Rebalance(4.0, 5.0)
+    r.judge(0.0, 40, {"b": 0})
+    assert r.judge(5.0, 40, {"b": 0}) == 20
+    r.judge(30.0, 20, {})
+    assert r.judge(40.0, 20, {"b2": 20}) == 0 and r.judge(45.0, 30, {"b2": 10}) == 10
