@@ -188,3 +188,29 @@ def test_a_connect_refused_for_now_is_no_refusal_of_the_token_the_device_waits_a
     again.wait_live(15)
     assert creds.read_text() == before
     assert server.device(again.status()["device_id"])["refused"] == 0
+
+
+def test_a_connect_refused_for_now_with_a_bad_retry_after_keeps_the_token_too(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """A buggy server's retry_after_s (NaN here, on the real wire) still says "for now":
+    the paired device keeps its token and holds the least (1 s, then its backoff); it
+    used to read it as a refusal of the credentials and drop the token, so every screen
+    of that server waited for a person to pair it again."""
+    server = fleet(devices={})
+    cfg = agent_config(server, tmp_path, identity=NO_IDENTITY)
+    agent = spawn_agent(agent_python, cfg)
+    code = wait_for(lambda: pairing_code(agent), 15, what="a pairing code")
+    assert pair(server, code).returncode == 0
+    agent.wait_live(15, connection=1)
+    creds = tmp_path / "state" / "credentials.json"
+    before = creds.read_text()
+    agent.stop()
+    server.admin("/admin/behaviour", {"refuse_for_now_s": "NaN"})
+    again = spawn_agent(agent_python, cfg)
+    wait_for(lambda: (again.link().get("reason") == "throttle"
+                      and (again.link().get("attempts") or 0) >= 2), 15,
+             what="two connects refused for now")
+    assert creds.exists() and creds.read_text() == before and pairing_code(again) is None
+    server.admin("/admin/behaviour", {"refuse_for_now_s": 0.0})
+    again.wait_live(15)
+    assert creds.read_text() == before
