@@ -36,6 +36,7 @@ PUBLISH_EVERY_S = 1.0
 KEY_TTL_S = 3               # three publications missed: the node is gone
 REDIS_TIMEOUT_S = 2.0       # each exchange with Redis
 MAX_NODES = 64              # nodes read per round
+PRUNE_AFTER_S = 30.0        # a dead node's id leaves the set once gone this long
 # moves asked per round, at most: each is an emit through the Redis adapter (20000 took
 # 5.3 s, past the round's bound); the rest of the excess is judged again a window later
 MAX_ASKS_PER_ROUND = 1000
@@ -80,6 +81,8 @@ class ClusterNode:
         self._task: asyncio.Task | None = None
         self._failing = False
         self._bad_keys: set[str] = set()
+        self._gone_since: dict[str, float] = {}   # dead nodes' ids, until pruned
+        self.died: set[str] = set()               # of the last _others(): keys expired
 
     async def start(self, _app) -> None:
         log.info("rebalance: node %s shares its live count; window %gs, settle %gs, "
@@ -137,7 +140,7 @@ class ClusterNode:
         await self.redis.sadd(NODES_KEY, self.node_id)
         nodes = await self._others()
         now = self.clock()
-        moves = self.rule.judge(now, len(live), nodes)
+        moves = self.rule.judge(now, len(live), nodes, self.died)
         if moves:
             await self._ask(moves, live, nodes, now)
 
@@ -150,13 +153,16 @@ class ClusterNode:
                 keys.append((KEY_PREFIX + name, name))
         keys = keys[:MAX_NODES]
         values = await self.redis.mget([k for k, _ in keys]) if keys else []
-        nodes, gone = {}, []
+        nodes, now = {}, self.clock()
+        # a key expired while its id is still in the set: that node died (one that
+        # drains takes both out); the id stays a while, so every node sees it died
+        self.died = {name for (_, name), raw in zip(keys, values) if raw is None}
+        self._gone_since = {n: self._gone_since.get(n, now) for n in self.died}
+        gone = [n for n, since in self._gone_since.items() if now - since >= PRUNE_AFTER_S]
         for (_, name), raw in zip(keys, values):
             count = parse_count(raw)
             if count is not None:
                 nodes[name] = count
-            elif raw is None:
-                gone.append(name)   # its key expired: the node is dead, its id leaves
             elif raw is not None and name not in self._bad_keys and len(self._bad_keys) < MAX_NODES:
                 self._bad_keys.add(name)
                 log.warning("rebalance: %s%s is not a device count (%r); that node is left "

@@ -6,7 +6,7 @@ caller passes in; the Redis and the emits are cluster_node.py's."""
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Collection, Iterable
 
 from agent.base.backoff import ceiling
 
@@ -39,7 +39,7 @@ class Rebalance:
     yet in the balancer's rotation: a move asked now would dial this node again); after
     a move is asked, nothing more for ``window_s + settle_s`` (the moves land, the counts
     are published again), so the counts never swing and no storm is asked; a node that
-    vanishes meanwhile doubles that quiet (``_moves_failed``)."""
+    dies meanwhile doubles that quiet (``_moves_failed``)."""
 
     def __init__(self, window_s: float, settle_s: float, tolerance: float = TOLERANCE):
         self.window_s = window_s
@@ -50,10 +50,12 @@ class Rebalance:
         self.failed = 0                  # moves failed in a row: a node died under them
         self._failed_at = -math.inf
 
-    def judge(self, now: float, mine: int, nodes: dict[str, int]) -> int:
+    def judge(self, now: float, mine: int, nodes: dict[str, int],
+              died: Collection[str] = ()) -> int:
+        """``died``: nodes whose key expired (a drained node deletes its own: it left)."""
         for node in [n for n in self.first_seen if n not in nodes]:
-            del self.first_seen[node]   # its key expired: gone (a restart is a new id)
-            if now < self.quiet_until + self.settle_s:
+            del self.first_seen[node]   # gone (a restart is a new id)
+            if node in died and now < self.quiet_until + self.settle_s:
                 self._moves_failed(now)
         for node in nodes:
             self.first_seen.setdefault(node, now)
@@ -66,7 +68,7 @@ class Rebalance:
         return moves
 
     def _moves_failed(self, now: float) -> None:
-        """A node vanished while this node's moves were landing (a node in a crash loop
+        """A node died while this node's moves were landing (a node in a crash loop
         takes them and dies with them): the next ask waits twice as long as the last."""
         if now - self._failed_at > FAILED_FORGET_S:
             self.failed = 0

@@ -14,7 +14,7 @@ from agent.link.protocol import DRAIN
 from fleet_server.__main__ import parse_args
 from fleet_server.behaviour import Behaviour
 from fleet_server.cluster_node import (DIAL_BACK_RETRY_S, KEY_PREFIX, KEY_TTL_S, MOVE_MARGIN_S,
-                                       MAX_ASKS_PER_ROUND, NODES_KEY,
+                                       MAX_ASKS_PER_ROUND, NODES_KEY, PRUNE_AFTER_S,
                                        ClusterNode, RebalanceSettings,
                                        parse_count)
 from fleet_server.commands import Commands
@@ -277,8 +277,9 @@ def test_a_round_is_a_few_exchanges_with_redis_however_many_keys_it_holds():
 def test_a_node_that_keeps_dying_after_taking_moves_is_sent_fewer_and_fewer():
     """A node in a crash loop (up 8 s, past the settle; down 2 s; a new id each start)
     took a third of the screens each time it was trusted, and lost them when it died:
-    7200 moves and as many links lost in an hour for 60 screens. A node that vanishes
-    while moves to it land is a failed move: the quiet after it doubles (to 15 min)."""
+    7200 moves and as many links lost in an hour for 60 screens. A node that dies (its
+    key expired) while moves land is a failed move: the quiet after it doubles (to
+    15 min)."""
     ra, rb = Rebalance(4.0, 5.0), Rebalance(4.0, 5.0)
     a, b, c, cid, moved, alive = 30, 30, 0, 0, 0, True
     for second in range(3600):
@@ -288,16 +289,20 @@ def test_a_node_that_keeps_dying_after_taking_moves_is_sent_fewer_and_fewer():
         elif not alive and t % 10 < 8:
             alive, cid = True, cid + 1
         with_c = {f"c{cid}": c} if alive else {}
-        ma, mb = ra.judge(t, a, {"b": b, **with_c}), rb.judge(t, b, {"a": a, **with_c})
+        died = {f"c{n}" for n in range(cid + 1)} - set(with_c)   # their keys expired
+        ma = ra.judge(t, a, {"b": b, **with_c}, died)
+        mb = rb.judge(t, b, {"a": a, **with_c}, died)
         if alive:                                  # leastconn: the moves land on c
             a, b, c, moved = a - ma, b - mb, c + ma + mb, moved + ma + mb
     assert moved <= 400, moved
-    # a node that leaves after the moves have landed is no failed move
+    # a node that drains (its key deleted, not expired) is no failed move, even while
+    # the moves land: a rolling deploy restarts the next node right after
     r = Rebalance(4.0, 5.0)
-    r.judge(0.0, 40, {"b": 0})
-    assert r.judge(5.0, 40, {"b": 0}) == 20
-    r.judge(30.0, 20, {})
-    assert r.judge(40.0, 20, {"b2": 20}) == 0 and r.judge(45.0, 30, {"b2": 10}) == 10
+    r.judge(0.0, 40, {"b": 0, "c": 0})
+    assert r.judge(5.0, 40, {"b": 0, "c": 0}) == 26
+    r.judge(6.0, 14, {"b": 13})              # c drains
+    assert r.judge(14.0, 14, {"b": 26}) == 0 and r.judge(19.0, 14, {"b": 26, "c2": 0}) == 0
+    assert r.failed == 0
 
 
 def test_a_round_asks_a_bounded_number_of_moves_the_rest_at_the_next_judgment():
@@ -319,3 +324,28 @@ def test_a_round_asks_a_bounded_number_of_moves_the_rest_at_the_next_judgment():
             asyncio.run(node._round())
         now[0] += 1.0
     assert len(a.sio.emits) == 2 * MAX_ASKS_PER_ROUND
+
+
+def test_the_shell_tells_a_node_that_died_from_one_that_drained_and_prunes_the_dead():
+    now = [100.0]
+    redis = FakeRedis(lambda: now[0])
+    a = _node(lambda: now[0], redis, 40, "a")
+    b, c = _node(lambda: now[0], redis, 0, "b"), _node(lambda: now[0], redis, 0, "c")
+
+    def second(*nodes):
+        for node in nodes:
+            asyncio.run(node._round())
+        now[0] += 1.0
+    for _ in range(5):
+        second(a, b, c)
+    assert a.rule.quiet_until > now[0]           # a asked its moves
+    asyncio.run(c.leave())                       # c drains: it left
+    second(a, b)
+    b_dies = now[0]                              # b dies: its key expires
+    for _ in range(KEY_TTL_S + 1):
+        second(a)
+    assert a.rule.failed == 1
+    assert b.node_id.encode() in redis.sets[NODES_KEY]   # the others see it died too
+    while now[0] < b_dies + KEY_TTL_S + PRUNE_AFTER_S + 2:
+        second(a)
+    assert redis.sets[NODES_KEY] == {a.node_id.encode()}
