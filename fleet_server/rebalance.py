@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 from typing import Collection, Iterable
 
-from agent.base.backoff import ceiling
-
 TOLERANCE = 0.1   # above the fair share by more than this fraction of it: move the excess
 FAILED_QUIET_MAX_S = 15 * 60.0   # the quiet after failed moves doubles up to this
 FAILED_FORGET_S = 3600.0         # failed moves this long ago are forgotten
@@ -74,5 +72,5 @@ class Rebalance:
             self.failed = 0
         self.failed += 1
         self._failed_at = now
-        self.quiet_until = max(self.quiet_until, now + ceiling(
-            self.window_s + self.settle_s, FAILED_QUIET_MAX_S, self.failed))
+        doubled = (self.window_s + self.settle_s) * 2 ** min(self.failed, 32)
+        self.quiet_until = max(self.quiet_until, now + min(FAILED_QUIET_MAX_S, doubled))
