@@ -6,9 +6,11 @@ caller passes in; the Redis and the emits are cluster_node.py's."""
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Collection, Iterable
 
 TOLERANCE = 0.1   # above the fair share by more than this fraction of it: move the excess
+FAILED_QUIET_MAX_S = 15 * 60.0   # the quiet after failed moves doubles up to this
+FAILED_FORGET_S = 3600.0         # failed moves this long ago are forgotten
 
 
 def excess(mine: int, others: Iterable[int], tolerance: float = TOLERANCE) -> int:
@@ -34,7 +36,8 @@ class Rebalance:
     A node is trusted ``settle_s`` after it was first seen (a node just started is not
     yet in the balancer's rotation: a move asked now would dial this node again); after
     a move is asked, nothing more for ``window_s + settle_s`` (the moves land, the counts
-    are published again), so the counts never swing and no storm is asked."""
+    are published again), so the counts never swing and no storm is asked; a node that
+    dies meanwhile doubles that quiet (``_moves_failed``)."""
 
     def __init__(self, window_s: float, settle_s: float, tolerance: float = TOLERANCE):
         self.window_s = window_s
@@ -42,10 +45,16 @@ class Rebalance:
         self.tolerance = tolerance
         self.first_seen: dict[str, float] = {}
         self.quiet_until = -math.inf
+        self.failed = 0                  # moves failed in a row: a node died under them
+        self._failed_at = -math.inf
 
-    def judge(self, now: float, mine: int, nodes: dict[str, int]) -> int:
+    def judge(self, now: float, mine: int, nodes: dict[str, int],
+              died: Collection[str] = ()) -> int:
+        """``died``: nodes whose key expired (a drained node deletes its own: it left)."""
         for node in [n for n in self.first_seen if n not in nodes]:
-            del self.first_seen[node]   # its key expired: gone (a restart is a new id)
+            del self.first_seen[node]   # gone (a restart is a new id)
+            if node in died and now < self.quiet_until + self.settle_s:
+                self._moves_failed(now)
         for node in nodes:
             self.first_seen.setdefault(node, now)
         if now < self.quiet_until:
@@ -55,3 +64,13 @@ class Rebalance:
         if moves:
             self.quiet_until = now + self.window_s + self.settle_s
         return moves
+
+    def _moves_failed(self, now: float) -> None:
+        """A node died while this node's moves were landing (a node in a crash loop
+        takes them and dies with them): the next ask waits twice as long as the last."""
+        if now - self._failed_at > FAILED_FORGET_S:
+            self.failed = 0
+        self.failed += 1
+        self._failed_at = now
+        doubled = (self.window_s + self.settle_s) * 2 ** min(self.failed, 32)
+        self.quiet_until = max(self.quiet_until, now + min(FAILED_QUIET_MAX_S, doubled))

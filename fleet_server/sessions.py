@@ -78,7 +78,7 @@ class Sessions:
             # for now, not the credentials: the device keeps its token and waits
             raise socketio.exceptions.ConnectionRefusedError(
                 "rebalancing: another node",
-                {"retry_after_s": max(1.0, round(self.cluster_node.moving[device_id] - now, 1))})
+                {"retry_after_s": self.cluster_node.dial_back_retry(device_id, now)})
         if self.behaviour.refuse_for_now_s:
             raise socketio.exceptions.ConnectionRefusedError(
                 "busy", {"retry_after_s": self.behaviour.refuse_for_now_s})

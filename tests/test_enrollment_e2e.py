@@ -136,13 +136,7 @@ def test_a_server_outage_is_not_a_refusal_the_paired_device_keeps_its_token(
     """Regression: python-socketio reports a failed TCP connect through connect_error
     too; that must never make an enrolled device drop its credentials."""
     server = fleet(devices={})
-    cfg = agent_config(server, tmp_path, identity=NO_IDENTITY)
-    agent = spawn_agent(agent_python, cfg)
-    code = wait_for(lambda: pairing_code(agent), 15, what="a pairing code")
-    assert pair(server, code).returncode == 0
-    agent.wait_live(15, connection=1)
-    creds = tmp_path / "state" / "credentials.json"
-    before = creds.read_text()
+    agent, _, creds, before = _paired(server, spawn_agent, agent_python, tmp_path)
     port = server.port
     server.kill()
     wait_for(lambda: (agent.link().get("attempts") or 0) >= 3, 20, what="failed attempts")
@@ -164,16 +158,8 @@ def test_a_connect_refused_for_now_is_no_refusal_of_the_token_the_device_waits_a
     back on the same token once the server takes it (it used to drop the token and pair
     again: a fleet server's rebalance would have unpaired the screens it moved)."""
     server = fleet(devices={})
-    cfg = agent_config(server, tmp_path, identity=NO_IDENTITY)
-    agent = spawn_agent(agent_python, cfg)
-    code = wait_for(lambda: pairing_code(agent), 15, what="a pairing code")
-    assert pair(server, code).returncode == 0
-    agent.wait_live(15, connection=1)
-    creds = tmp_path / "state" / "credentials.json"
-    before = creds.read_text()
-    agent.stop()
-    server.admin("/admin/behaviour", {"refuse_for_now_s": 2.0})
-    again = spawn_agent(agent_python, cfg)
+    again, creds, before = _paired_then_refused_for_now(
+        server, spawn_agent, agent_python, tmp_path, 2.0)
     def refused(n):
         link = again.link()
         return link.get("reason") == "throttle" and (link.get("attempts") or 0) >= n
@@ -188,3 +174,42 @@ def test_a_connect_refused_for_now_is_no_refusal_of_the_token_the_device_waits_a
     again.wait_live(15)
     assert creds.read_text() == before
     assert server.device(again.status()["device_id"])["refused"] == 0
+
+
+def test_a_connect_refused_for_now_with_a_bad_retry_after_keeps_the_token_too(
+        netns, fleet, spawn_agent, agent_python, tmp_path):
+    """A buggy server's retry_after_s (NaN here, on the real wire) still says "for now":
+    the paired device keeps its token and holds the least (1 s, then its backoff); it
+    used to read it as a refusal of the credentials and drop the token, so every screen
+    of that server waited for a person to pair it again."""
+    server = fleet(devices={})
+    again, creds, before = _paired_then_refused_for_now(
+        server, spawn_agent, agent_python, tmp_path, "NaN")
+    wait_for(lambda: (again.link().get("reason") == "throttle"
+                      and (again.link().get("attempts") or 0) >= 2), 15,
+             what="two connects refused for now")
+    assert creds.exists() and creds.read_text() == before and pairing_code(again) is None
+    server.admin("/admin/behaviour", {"refuse_for_now_s": 0.0})
+    again.wait_live(15)
+    assert creds.read_text() == before
+
+
+def _paired(server, spawn_agent, agent_python, tmp_path):
+    """An agent with no identity, paired with ``server`` and live: (the agent, its
+    config, its credentials file, their text)."""
+    cfg = agent_config(server, tmp_path, identity=NO_IDENTITY)
+    agent = spawn_agent(agent_python, cfg)
+    code = wait_for(lambda: pairing_code(agent), 15, what="a pairing code")
+    assert pair(server, code).returncode == 0
+    agent.wait_live(15, connection=1)
+    creds = tmp_path / "state" / "credentials.json"
+    return agent, cfg, creds, creds.read_text()
+
+
+def _paired_then_refused_for_now(server, spawn_agent, agent_python, tmp_path, retry_after):
+    """An agent paired, stopped, and started again once the server refuses every connect
+    for now with ``retry_after``: (the agent, its credentials file, their text)."""
+    agent, cfg, creds, before = _paired(server, spawn_agent, agent_python, tmp_path)
+    agent.stop()
+    server.admin("/admin/behaviour", {"refuse_for_now_s": retry_after})
+    return spawn_agent(agent_python, cfg), creds, before

@@ -59,10 +59,16 @@ def test_drain_parsing_takes_the_window_and_ignores_fields_it_does_not_know(payl
     ({"message": "unauthorized"}, None),
     ("unauthorized", None),
     (None, None),
-    ({"message": "x", "data": {"retry_after_s": True}}, None),
-    ({"message": "x", "data": {"retry_after_s": float("nan")}}, None),
-    ({"message": "x", "data": {"retry_after_s": -1}}, None),
-    ({"message": "x", "data": {"retry_after_s": "2"}}, None),
+    # a refusal that names retry_after_s is for now whatever its value (a buggy server's
+    # string must not unpair its fleet: each screen would wait for a person to pair it);
+    # a value that is no number >= 0 holds the least (the throttle's 1 s, the backoff's)
+    ({"message": "x", "data": {"retry_after_s": True}}, 0.0),
+    ({"message": "x", "data": {"retry_after_s": float("nan")}}, 0.0),
+    ({"message": "x", "data": {"retry_after_s": float("inf")}}, 0.0),
+    ({"message": "x", "data": {"retry_after_s": -1}}, 0.0),
+    ({"message": "x", "data": {"retry_after_s": "2"}}, 0.0),
+    ({"message": "x", "data": {"retry_after_s": None}}, 0.0),
+    ({"message": "x", "data": {"reason": "busy"}}, None),
     ({"message": "x", "data": [2]}, None),
     ({"message": "x", "retry_after_s": 2}, None),   # not python-socketio's shape
 ])

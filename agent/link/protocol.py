@@ -70,12 +70,16 @@ def parse_throttle(args: tuple) -> float | None:
 def refused_for_now(refusal) -> float | None:
     """retry_after_s of a connect refusal that is for now, not for the credentials
     (python-socketio's ``ConnectionRefusedError(message, {"retry_after_s": N})`` sends
-    ``{"message", "data": {"retry_after_s"}}``), or None: a refusal of the credentials."""
+    ``{"message", "data": {"retry_after_s"}}``), or None: a refusal of the credentials.
+    A refusal that names retry_after_s is for now whatever its value: one that is no
+    number >= 0 (a buggy server's "30") is 0, the least hold, not an unpairing."""
     if not isinstance(refusal, dict):
         return None
     data = refusal.get("data")
-    later = _number(data.get("retry_after_s")) if isinstance(data, dict) else None
-    return later if later is not None and later >= 0 else None
+    if not isinstance(data, dict) or "retry_after_s" not in data:
+        return None
+    later = _number(data["retry_after_s"])
+    return later if later is not None and later >= 0 else 0.0
 
 
 def parse_reconnect_window(args: tuple) -> float | None:
