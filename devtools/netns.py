@@ -62,7 +62,14 @@ class NetNS:
                        capture_output=True)
 
     def drop_flow(self, local_port: int, server_port: int) -> None:
-        """Silently drop one TCP connection in both directions; new ones still pass."""
+        """Silently drop one TCP connection in both directions; new ones still pass: its
+        local port is kept from every later connect here (a test's own request to the
+        server, given the dropped flow's port, was dropped too: CI once)."""
+        reserved = "/proc/sys/net/ipv4/ip_local_reserved_ports"   # this namespace's
+        with open(reserved) as f:
+            ports = f.read().strip()
+        with open(reserved, "w") as f:
+            f.write(f"{ports},{local_port}" if ports else str(local_port))
         self.nft(f"add rule inet {self.TABLE} input tcp sport {local_port} tcp dport {server_port} drop\n"
                  f"add rule inet {self.TABLE} input tcp sport {server_port} tcp dport {local_port} drop\n")
 
