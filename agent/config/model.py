@@ -152,6 +152,11 @@ class Device:
         """The system watchdog's period asked for, or None (off)."""
         return self.hardware_watchdog_s if self.hardware_watchdog else None
 
+    @property
+    def heals_network(self) -> bool:
+        """The network's healer runs (device/heal.py): the part on, with heal_network."""
+        return bool(self.enabled and self.heal_network)
+
 
 @dataclass(frozen=True)
 class Debug:
