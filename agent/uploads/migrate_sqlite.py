@@ -22,6 +22,7 @@ _SUFFIXES = ("", "-wal", "-shm")
 
 @dataclass(frozen=True)
 class OldItem:
+    """One upload an earlier version queued in sqlite."""
     kind: str
     payload: bytes
     created_at: float
@@ -32,6 +33,7 @@ class OldItem:
 
 @dataclass(frozen=True)
 class OldQueue:
+    """An earlier version's sqlite queue: its items and dead letters."""
     path: str
     items: list[OldItem]
     dead_letters: str      # lines for the spool's dead-letter file

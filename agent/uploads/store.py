@@ -142,6 +142,7 @@ def free_bytes(path: str) -> int:
 
 @dataclass
 class Item:
+    """One queued upload, as the store hands it to the sender."""
     id: str
     kind: str
     payload: bytes
