@@ -44,10 +44,10 @@ class OldQueue:
                 os.unlink(self.path + suffix)
 
 
-def old_queue(spool: str) -> OldQueue | None:
-    """What an earlier version queued beside the spool directory ``spool``, or None if
-    there is no such queue (or it could not be read, and was moved aside)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(spool)), "queue.db")
+def old_queue(path: str) -> OldQueue | None:
+    """What an earlier version queued in ``path`` (the store's OLD_QUEUE beside the
+    spool), or None if there is no such queue (or it could not be read, and was moved
+    aside)."""
     if not os.path.isfile(path):
         return None
     import sqlite3   # here: a start without an earlier version's queue loads no sqlite
