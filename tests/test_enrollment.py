@@ -25,6 +25,43 @@ def code(now, ttl=600.0):
     return PairingCode("483112", "483-112", now + ttl, "s" * 32)
 
 
+def test_a_screen_with_nothing_to_enroll_loads_no_enrollment_at_its_start(tmp_path):
+    """A token in the configuration: `edge-agent run`'s imports and the identity part
+    load neither the enroller nor its core (#51: the start's imports); without one, the
+    identity part builds the enroller as before."""
+    script = """if True:
+        import sys
+        import agent.cli, agent.app.daemon, agent.uploads.store
+        from agent.config.load import load
+        from agent.identity.part import DeviceIdentity
+        from agent.link.profiles import EdgeAgentProfile
+        from types import SimpleNamespace
+        config = load(sys.argv[1], {})
+        storage = SimpleNamespace(unavailable=print, credentials=print)
+        part = DeviceIdentity(config.identity, config.server, config.runtime.dir,
+                              profile=EdgeAgentProfile, storage=storage,
+                              on_change=lambda: None, sysfs=sys.argv[2])
+        print(type(part.enroller).__name__, sorted(m for m in sys.modules
+                                                   if m.startswith("agent.identity.enroll")))
+    """
+    for name, token in (("preprovisioned", 'token = "' + "t" * 32 + '"\n'), ("enrolls", "")):
+        cfg = tmp_path / f"{name}.toml"
+        cfg.write_text(f'[server]\nurl = "http://192.0.2.1"\nprofile = "edge-agent"\n'
+                       f'[identity]\nstate_dir = "{tmp_path / name}"\n'
+                       f'device_id = "screen-1"\n{token}'
+                       f'[runtime]\ndir = "{tmp_path / name / "run"}"\n')
+        (tmp_path / "sys").mkdir(exist_ok=True)
+        out = subprocess.run([sys.executable, "-c", script, str(cfg), str(tmp_path / "sys")],
+                             capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        said = out.stdout.strip()
+        if name == "preprovisioned":
+            assert said == "NoneType []", out.stdout + out.stderr
+        else:
+            assert said.startswith("Enroller ") and "agent.identity.enrollment" in said, \
+                out.stdout + out.stderr
+
+
 def test_the_same_code_is_shown_until_it_expires_then_a_new_one_is_requested():
     clock = FakeClock()
     core = EnrollmentCore()

@@ -303,6 +303,33 @@ def test_the_key_off_is_no_part_and_the_schema_bounds_it(tmp_path):
         config_load.load(str(path), {})
 
 
+def test_the_healer_off_loads_neither_its_core_nor_the_screens_ladder(tmp_path):
+    """Off as shipped: `edge-agent run` loads none of the healer's modules before its
+    link (#51: the start's imports), and the device part gives the daemon its Off; on,
+    the healer itself."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = tmp_path / "agent.toml"
+    path.write_text('[server]\nurl = "https://fleet.example"\n')
+    script = ("import sys; import agent.cli, agent.app.daemon, agent.uploads.store\n"
+              "from types import SimpleNamespace as NS\n"
+              "from agent.config import load; from agent.device import part\n"
+              "screen = NS(mender=None, reboot=lambda: (True, ''), reboot_book=lambda c: None)\n"
+              "device, network = part.assemble_on(load.load(sys.argv[1], {}), False, print,\n"
+              "    lambda: None, None, screen=screen, commands=None)\n"
+              "print(type(network).__name__, ' '.join(sorted(m for m in sys.modules if m in (\n"
+              "    'agent.device.heal', 'agent.device.network', 'agent.device.netprobe',\n"
+              "    'agent.screen.ladder'))))")
+    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.split() == ["Off"], out.stdout + out.stderr
+    path.write_text('[server]\nurl = "https://fleet.example"\n[device]\nheal_network = true\n')
+    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.split()[0] == "NetworkHeal", out.stdout + out.stderr
+
+
 def test_the_status_says_where_the_ladder_is():
     assert words.network_lines(None) == []
     assert words.network_lines({"enabled": False}) == []

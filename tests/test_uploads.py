@@ -272,6 +272,21 @@ def test_an_upgrade_moves_the_sqlite_queue_of_earlier_versions_into_the_spool(tm
     s.close()
 
 
+def test_a_store_with_no_earlier_versions_queue_loads_no_sqlite_reader(tmp_path):
+    """Every start after the upgrade: the old queue's reader (its records, sqlite) is not
+    loaded before the link (#51: the start's imports); with one, test above."""
+    import subprocess
+    import sys
+    script = ("import sys; from agent.uploads.store import QueueStore\n"
+              "from agent.config.policies import UploadPolicy\n"
+              "QueueStore(sys.argv[1], UploadPolicy()).close()\n"
+              "print([m for m in sys.modules if m.endswith('migrate_sqlite') or m == 'sqlite3'])")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "queue")],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__))))
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 class FakeSender:
     def __init__(self, answers=None):
         self.calls = []

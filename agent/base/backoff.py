@@ -16,6 +16,7 @@ JITTER_MODES = ("full", "equal", "none")
 
 @dataclass(frozen=True)
 class BackoffPolicy:
+    """How a retry's delay grows: from base_s, doubling up to cap_s, with the jitter named."""
     base_s: float = 1.0
     cap_s: float = 60.0
     jitter: str = "full"

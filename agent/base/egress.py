@@ -196,6 +196,7 @@ def no_proxy_from_env(env) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Egress:
+    """The way out to the server: a proxy or none, what bypasses it, the CA, a client cert."""
     proxy: Proxy | None = None
     no_proxy: tuple[str, ...] = ()
     ca_file: str | None = None

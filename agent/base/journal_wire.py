@@ -39,6 +39,7 @@ class GateError(Exception):
 
 @dataclass(frozen=True)
 class Request:
+    """Which journal lines a log bundle asks for: since when, how urgent, how many."""
     since: int      # epoch seconds
     priority: int   # 0 (emerg) .. 7 (debug): this and everything more urgent
     lines: int      # the newest this many of the window

@@ -22,6 +22,7 @@ COMMANDS_FILE, QUEUE_DIR = "commands.json", "queue"
 
 @dataclass(frozen=True)
 class Server:
+    """[server]: the fleet server, its profile, and how a connect to it is bounded."""
     url: str
     profile: str
     connect_timeout_s: float
@@ -36,6 +37,7 @@ class Server:
 
 @dataclass(frozen=True)
 class Identity:
+    """[identity]: the device id and token, and where the state is kept."""
     device_id: str | None
     token: str | None = field(repr=False)
     state_dir: str
@@ -44,11 +46,13 @@ class Identity:
 
 @dataclass(frozen=True)
 class Runtime:
+    """[runtime]: the directory on tmpfs (the status file, the pairing code)."""
     dir: str
 
 
 @dataclass(frozen=True)
 class Link:
+    """[link]: the heartbeat's liveness, the reconnect backoff, TCP's keepalive, the idle limit."""
     liveness: LivenessPolicy
     backoff: BackoffPolicy
     keepalive: KeepalivePolicy
@@ -59,6 +63,7 @@ class Link:
 
 @dataclass(frozen=True)
 class Events:
+    """[events]: the device's events (udev, netlink), their settling and telemetry's pace."""
     enabled: bool
     settle_s: float
     fallback_interval_s: float
@@ -68,11 +73,13 @@ class Events:
 
 @dataclass(frozen=True)
 class Watchdog:
+    """[watchdog]: what systemd's watchdog pets stand for."""
     require_link: bool
 
 
 @dataclass(frozen=True)
 class Commands:
+    """[commands]: the commands allowed, the ones configured to run them, their bound."""
     allow: frozenset
     screenshot_command: str | None
     display_on_command: str | None
@@ -82,6 +89,7 @@ class Commands:
 
 @dataclass(frozen=True)
 class Hours:
+    """[hours]: the working hours, their exceptions, timezone and clock."""
     week: tuple = ()
     exceptions: tuple = ()
     timezone: str | None = None
@@ -90,6 +98,7 @@ class Hours:
 
 @dataclass(frozen=True)
 class Screen:
+    """[screen]: the display's checks, the player and its recovery ladder."""
     settle_s: float = 10.0
     x_display: str | None = None
     cec_device: str = "/dev/cec0"
@@ -113,12 +122,14 @@ class Screen:
 
 @dataclass(frozen=True)
 class Update:
+    """[update]: how a self-update is proven and whether it may go back."""
     proof_timeout_s: float
     allow_downgrade: bool
 
 
 @dataclass(frozen=True)
 class Fleet:
+    """[fleet]: which settings the fleet's overlay may change, and its proof's bound."""
     proof_timeout_s: float = 120.0
     manage_commands_allow: bool = False
     manage_server_url: bool = False
@@ -126,11 +137,13 @@ class Fleet:
 
 @dataclass(frozen=True)
 class Log:
+    """[log]: the journal's level."""
     level: str
 
 
 @dataclass(frozen=True)
 class Metrics:
+    """[metrics]: the textfile for node_exporter, where asked for."""
     enabled: bool
     textfile: str | None
     every_s: float
@@ -138,6 +151,7 @@ class Metrics:
 
 @dataclass(frozen=True)
 class Device:
+    """[device]: the card's and firmware's reads, the system's watchdog, the network's healer."""
     enabled: bool
     every_s: float
     hardware_watchdog: bool
@@ -152,9 +166,15 @@ class Device:
         """The system watchdog's period asked for, or None (off)."""
         return self.hardware_watchdog_s if self.hardware_watchdog else None
 
+    @property
+    def heals_network(self) -> bool:
+        """The network's healer runs (device/heal.py): the part on, with heal_network."""
+        return bool(self.enabled and self.heal_network)
+
 
 @dataclass(frozen=True)
 class Debug:
+    """[debug]: what tests put in place (a stalled link, a sysfs of their own)."""
     stall_link_after_s: float | None
     link_max_wait_s: float | None
     sysfs_root: str | None

@@ -22,6 +22,7 @@ MAX_BYTES = 256 * 1024
 
 @dataclass
 class Revision:
+    """One revision of the fleet's settings: its values and when each expires."""
     revision: int
     values: dict
     until: dict[str, Expiry] = field(default_factory=dict)
@@ -82,6 +83,7 @@ def _outcome(doc):
 
 @dataclass
 class Overlay:
+    """The fleet's overlay on the card: the revision on trial, the good one, the last end."""
     current: Revision | None = None
     good: Revision | None = None        # what a failed trial goes back to; None: the file alone
     trial_starts: int | None = None     # starts on ``current`` without proof; None: not on trial

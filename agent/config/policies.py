@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LivenessPolicy:
+    """When the link is live: the heartbeat's interval, its ACK's timeout, misses allowed."""
     heartbeat_interval_s: float = 15.0
     ack_timeout_s: float = 5.0
     missed_acks: int = 1
@@ -16,6 +17,7 @@ class LivenessPolicy:
 
 @dataclass(frozen=True)
 class IdlePolicy:
+    """The site's idle limit: whether it is probed, after how long, and the fastest heartbeat."""
     enabled: bool = True
     probe_after_s: float = 1800.0
     min_interval_s: float = 2.0     # never heartbeat faster than this
@@ -23,6 +25,7 @@ class IdlePolicy:
 
 @dataclass(frozen=True)
 class KeepalivePolicy:
+    """TCP's keepalive and user timeout on the link's socket."""
     idle_s: int = 15
     interval_s: int = 5
     count: int = 3
@@ -31,6 +34,7 @@ class KeepalivePolicy:
 
 @dataclass(frozen=True)
 class UploadPolicy:
+    """How a failed upload is tried again: its backoff and jitter."""
     base_s: float = 30.0
     cap_s: float = 1800.0
     jitter: float = 0.2          # +-20 %: items that failed together spread out

@@ -94,6 +94,7 @@ def _plain(key: str, value):
 
 @dataclass(frozen=True)
 class Expiry:
+    """A setting's end: a monotonic deadline within one boot."""
     boot: str       # the kernel's boot_id when it was set
     at: float       # CLOCK_MONOTONIC deadline within that boot
 

@@ -89,6 +89,7 @@ def _shown(v: str) -> str:
 
 @dataclass(frozen=True)
 class Key:
+    """One key of the schema: its type, literal default, the field it goes into and its rule."""
     type: type
     default: Any
     into: str

@@ -62,6 +62,7 @@ def _days(text: str, where: str) -> list[int]:
 
 @dataclass(frozen=True)
 class Schedule:
+    """The working hours: each weekday's spans and the dates that differ."""
     week: tuple[Spans, ...]            # Monday first
     exceptions: dict[date, Spans]
 

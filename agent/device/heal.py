@@ -206,7 +206,7 @@ def assemble(config, publish: Callable[[Event], None], on_change: Callable[[], N
     a day for the agent's reboots); reboots only where ``[commands] allow`` lists reboot
     and ``[screen] reboots_per_day`` allows one."""
     section = config.device
-    if not (section.enabled and section.heal_network):
+    if not section.heals_network:
         return Off()
     may_reboot = "reboot" in config.commands.allow and config.screen.reboots_per_day > 0
     policy = core.Policy(enabled=True, probe_s=section.heal_probe_s,

@@ -40,6 +40,7 @@ MAX_TEXT = 120
 
 @dataclass(frozen=True)
 class StopMark:
+    """What an orderly stop leaves on the card for the next boot's first start."""
     wall: float            # when the agent stopped (wall time: said, never timed)
     boot: str              # the kernel's boot id then
     by: str = ""           # who asked for the reboot, where the agent knows: fleet
@@ -90,6 +91,7 @@ def crash_kind(name: str, head: str) -> str | None:
 
 @dataclass(frozen=True)
 class BootEnd:
+    """How the last boot ended, as judged at this boot's first start."""
     cause: str
     by: str | None = None           # clean: ladder, fleet or operator
     why: str = ""                   # the ladder's reason, the crash record's name

@@ -26,7 +26,7 @@ from ..base.boot import boot_id
 from ..base.fsutil import atomic_write, read_bounded, read_json
 from ..base.journal_fields import MessageId, journal
 from ..events.model import Event
-from . import heal, last_boot, power, storage
+from . import last_boot, power, storage
 from .reader import DeviceReader
 
 log = logging.getLogger("edge_agent.device")
@@ -179,12 +179,14 @@ class DevicePart:
 
 
 class Off:
-    """[device] enabled = false: nothing read, nothing said, no mark."""
+    """[device] enabled = false: nothing read, nothing said, no mark (and, as the
+    network's healer, heal_network = false: nothing probed, nothing done)."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def join(self, timeout: float | None = None) -> None: ...
     def turn(self, now: float) -> None: ...
+    def link_changed(self, link: dict) -> None: ...
 
     def snapshot(self) -> None:
         return None
@@ -223,6 +225,9 @@ def assemble_on(config, cold_start: bool, publish: Callable[[Event], None],
     reboot) and the commands (a reboot or poweroff the fleet asked for)."""
     device = assemble(config, cold_start, publish, on_change, lambda: screen.mender,
                       lambda: commands)
+    if not config.device.heals_network:   # off as shipped: its core and probe not loaded
+        return device, Off()
+    from . import heal
     network = heal.assemble(config, publish, on_change, gate,
                             lambda: screen.reboot_book(config), screen.reboot)
     return device, network

@@ -9,6 +9,7 @@ _ids = itertools.count(1)
 
 @dataclass
 class Event:
+    """A device event for the server: its type, when it happened, its details."""
     type: str               # display.connected, power.undervoltage, network.up, ...
     ts: float               # wall time when it happened (the original, kept through outages)
     details: dict = field(default_factory=dict)

@@ -45,6 +45,7 @@ HELD_BACK = "held back: the server changes them faster than the card is written"
 
 @dataclass(frozen=True)
 class Identity:
+    """The credentials in use: the device id, the token, whether an operator claimed it."""
     device_id: str             # what the server knows this device by
     token: str | None
     claimed: bool              # an operator added it (always, for the native profile's token)
@@ -127,6 +128,7 @@ class Forget:
 
 @dataclass(frozen=True)
 class Note:
+    """A line for the journal (effect)."""
     level: int
     message: str
     message_id: str | None = None   # a moment the journal's catalog explains
@@ -134,16 +136,19 @@ class Note:
 
 @dataclass(frozen=True)
 class RestartEnrollment:
+    """Pair again, for this generation of the credentials (effect)."""
     generation: int
 
 
 @dataclass(frozen=True)
 class PauseLink:
+    """No credentials to connect with: the link waits (effect)."""
     pass
 
 
 @dataclass(frozen=True)
 class ResumeLink:
+    """Credentials again: the link connects (effect)."""
     pass
 
 
@@ -160,6 +165,7 @@ class ResumeUploads:
 
 @dataclass(frozen=True)
 class StatusChanged:
+    """What the status shows of the identity changed (effect)."""
     pass
 
 

@@ -20,35 +20,29 @@ import urllib3
 
 from ..base.clock import SystemClock
 from ..base.egress import Egress
-from ..base.http import HostileAnswer, read_capped
+from ..base.http import HostileAnswer
 from ..base.fsutil import atomic_write, read_json
 from ..base.hardware import hardware_facts
 from ..base.journal_fields import MessageId, journal
-from ..runtime.deadline import deadline
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from .enrollment import (PAIRED, CodeUnknown, EnrollmentCore, Failed, GotCode, GotToken,
                          NoEnrollment, PairingCode, PollPairing, RequestCode, Retry, Started,
                          StillPending, Tick, TokenRefused)
 from ..base.identifiers import shown
+from .exchange import MAX_ANSWER_BYTES, MAX_SILENCE_S, MAX_WAIT_S, exchange
 from .pairing_code import remove_file, write_file
 from ..base.identifiers import token_problem
 
 log = logging.getLogger("edge_agent.identity")
 
-MAX_ANSWER_BYTES = 16 * 1024
 # the answers that say "no such thing here": to a poll, the code is gone; to the code
 # request, the server does not enroll this way
 NOT_FOUND = (404, 405, 410)
-TIMEOUT = (5.0, 15.0)
 CODE_RE = re.compile(r"[0-9]{6}")   # whole strings only: fullmatch
-# The longest this loop sleeps while it has work; with two request timeouts this is
-# what the watchdog gate allows it between ticks.
-MAX_WAIT_S = 30.0
 # A restarted agent whose token never reached the card polls its paired code this long
 # before it asks for a new one (the server answers a poll at once).
 PAIRED_RECHECK_S = 120.0
-MAX_SILENCE_S = MAX_WAIT_S + 2 * sum(TIMEOUT) + 10.0
 
 
 def _delay(effects: list) -> float:
@@ -58,19 +52,6 @@ def _delay(effects: list) -> float:
 
 class BadAnswer(Exception):
     pass
-
-
-def exchange(session, method: str, url: str, **kw) -> tuple[int, bytes]:
-    """One request to the server, bounded from its first byte to its last (a trickled
-    answer ends with it) and in bytes (MAX_ANSWER_BYTES + 1 at most are read); no
-    redirect is followed. (status, the body as sent)."""
-    with deadline(sum(TIMEOUT)):
-        r = session.request(method, url, timeout=TIMEOUT, allow_redirects=False,
-                            stream=True, **kw)
-        try:
-            return r.status_code, read_capped(r, MAX_ANSWER_BYTES)
-        finally:
-            r.close()
 
 
 class Enroller:

@@ -27,11 +27,13 @@ NEED_CODE, WAITING, PAIRED = "need-code", "waiting-for-pairing", "paired"
 
 @dataclass(frozen=True)
 class RequestCode:
+    """Ask the server for a pairing code (effect)."""
     pass
 
 
 @dataclass(frozen=True)
 class PollPairing:
+    """Ask the server whether the code was paired (effect)."""
     pass
 
 
@@ -43,6 +45,7 @@ class Retry:
 
 @dataclass(frozen=True)
 class EnrollmentPolicy:
+    """How often a pairing is polled, and the backoff of failed requests."""
     poll_interval_s: float = 5.0
     poll_jitter: float = 0.2
     errors: BackoffPolicy = BackoffPolicy(base_s=2.0, cap_s=120.0, jitter="full")
@@ -50,6 +53,7 @@ class EnrollmentPolicy:
 
 @dataclass
 class PairingCode:
+    """The code shown to the operator, and when it expires."""
     code: str
     display: str
     expires_at: float     # monotonic

@@ -26,7 +26,7 @@ from ..config.model import Server
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
 from . import kind_record
-from .enroller import MAX_SILENCE_S, MAX_WAIT_S, exchange
+from .exchange import MAX_SILENCE_S, MAX_WAIT_S, exchange
 from .server_kind import (ENROLL_PATH, RETRY, VERSION_PATH, Answer, Choice, KindCore, Verdict,
                           choose, judge, needs_enroll_question, record_of)
 

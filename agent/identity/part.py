@@ -18,7 +18,6 @@ from ..runtime.watchdog_gate import WatchdogGate
 from . import board, device, pairing_code
 from .credentials import Credentials
 from .kind_probe import ServerKind
-from .enroller import Enroller
 from .service import Hooks, IdentityService
 
 __all__ = ["DeviceIdentity", "ServerKind"]
@@ -66,6 +65,9 @@ class DeviceIdentity:
         self.preprovisioned = self.ids.preprovisioned
         self.enroller = None
         if not self.preprovisioned and not pairs_in_link:
+            # loaded only here: a token in the configuration, or a server that pairs in
+            # the link, needs no enrollment (its core, its requests) at the start
+            from .enroller import Enroller
             self.enroller = Enroller(
                 server.url, self.ids.device_id(), runtime_dir, server.egress,
                 on_paired=self.ids.enrolled, on_change=on_change,

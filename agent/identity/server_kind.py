@@ -51,6 +51,7 @@ class Answer:
 
 @dataclass(frozen=True)
 class Verdict:
+    """What the server's answers say it is, and why."""
     profile: str | None     # None: not told
     why: str                # one line: what the server answered
     answered: bool = True   # False: no answer at all (versus answers not recognised)
@@ -115,6 +116,7 @@ def printable(text: str) -> str:
 # -- the choice ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Choice:
+    """The profile to build now, how it was chosen and why."""
     profile: str   # the profile to build now
     how: str       # "configured", "recorded" (found at an earlier start) or "detecting"
     why: str

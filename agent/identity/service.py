@@ -29,6 +29,7 @@ log = logging.getLogger("edge_agent.identity")
 
 @dataclass
 class Hooks:
+    """What the identity tells the other parts: pair again, pause or resume the link, and so on."""
     restart_enrollment: Callable[[int], None] = lambda generation: None
     pause_link: Callable[[], None] = lambda: None
     resume_link: Callable[[], None] = lambda: None

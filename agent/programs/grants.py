@@ -87,7 +87,7 @@ def player_unit(screen, allow) -> str | None:
 
 def network_heal(device) -> bool:
     """The network's healer asks polkit for its acts: ``[device]`` on with heal_network."""
-    return bool(device.enabled and device.heal_network)
+    return device.heals_network
 
 
 def network_manager(networkd_dir: str | None = None,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 @dataclass
 class _Loop:
+    """One loop on the gate: its longest silence, its last tick, whether it idles."""
     max_silence_s: float
     last_tick: float
     idle: bool = False

@@ -49,6 +49,7 @@ HOTPLUG_SETTLE_S = 1.0   # after a hotplug the display is read this much later: 
 
 @dataclass(frozen=True)
 class Reading:
+    """What one source read of the display's state, in its own words."""
     source: str              # "DRM", "X11 DPMS", "Wayland", "CEC"
     state: str | None        # ON, OFF, or None: what it read does not tell
     said: str                # what it read ("Off"), or why it could not
@@ -57,40 +58,47 @@ class Reading:
 
 @dataclass(frozen=True)
 class Asked:
+    """The display was asked for a state (event)."""
     state: str
     now: float
 
 
 @dataclass(frozen=True)
 class Read:
+    """The sources were read (event)."""
     readings: tuple
     now: float
 
 
 @dataclass(frozen=True)
 class Mended:
+    """The mending rungs ran (event)."""
     rungs: tuple             # what each rung did, in words ("X11 DPMS force on")
     now: float
 
 
 @dataclass(frozen=True)
 class Stopped:
+    """The turn ended early (event)."""
     why: str
 
 
 @dataclass(frozen=True)
 class ReadAt:
+    """Read these sources at this time (effect)."""
     at: float
     sources: tuple
 
 
 @dataclass(frozen=True)
 class Mend:
+    """Mend these sources (effect)."""
     sources: tuple
 
 
 @dataclass(frozen=True)
 class Verdict:
+    """Whether the state asked for is confirmed, by which readings, or why not."""
     state: str                   # what was asked
     confirmed: bool
     by: tuple = ()               # the readings that confirm it
@@ -280,6 +288,7 @@ def display_state(readings) -> str:
 
 @dataclass(frozen=True)
 class DisplayChanged:
+    """The display's state changed, from what, as its sources read it."""
     state: str               # on, off, disconnected
     was: str
     read: str                # what each source read, in its words

@@ -34,7 +34,6 @@ from ..runtime.threads import start_worker
 from ..runtime.watchdog_gate import WatchdogGate
 from typing import TYPE_CHECKING
 
-from .ladder import REBOOT
 from .power import DisplayPower
 from .sources import Runner
 
@@ -69,6 +68,7 @@ class ScreenPart:
 
     def reboot(self) -> tuple[bool, str]:
         """The recovery ladder's last rung, as the reboot command asks: (asked, words)."""
+        from .ladder import REBOOT   # the ladder's core loads where it mends, or here
         why = ask_logind(REBOOT, lambda argv: self._rebooter(argv)[1])
         return (False, why) if why else (True, "logind asked to reboot")
 

@@ -52,6 +52,7 @@ class NotStaged(Exception):
 
 @dataclass(frozen=True)
 class Order:
+    """An update order as the server sent it, checked."""
     version: str
     url: str
     size: int

@@ -22,6 +22,7 @@ _SUFFIXES = ("", "-wal", "-shm")
 
 @dataclass(frozen=True)
 class OldItem:
+    """One upload an earlier version queued in sqlite."""
     kind: str
     payload: bytes
     created_at: float
@@ -32,6 +33,7 @@ class OldItem:
 
 @dataclass(frozen=True)
 class OldQueue:
+    """An earlier version's sqlite queue: its items and dead letters."""
     path: str
     items: list[OldItem]
     dead_letters: str      # lines for the spool's dead-letter file
@@ -42,10 +44,10 @@ class OldQueue:
                 os.unlink(self.path + suffix)
 
 
-def old_queue(spool: str) -> OldQueue | None:
-    """What an earlier version queued beside the spool directory ``spool``, or None if
-    there is no such queue (or it could not be read, and was moved aside)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(spool)), "queue.db")
+def old_queue(path: str) -> OldQueue | None:
+    """What an earlier version queued in ``path`` (the store's OLD_QUEUE beside the
+    spool), or None if there is no such queue (or it could not be read, and was moved
+    aside)."""
     if not os.path.isfile(path):
         return None
     import sqlite3   # here: a start without an earlier version's queue loads no sqlite

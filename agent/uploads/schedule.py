@@ -28,6 +28,7 @@ MAX_RETRY_AFTER_S = 6 * 3600.0
 
 @dataclass(frozen=True)
 class Outcome:
+    """How one upload's send ended, and when it may be tried again."""
     kind: str
     detail: str = ""
     retry_after_s: float | None = None

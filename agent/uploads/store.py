@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from ..base.clock import wall_synced
 from ..base.card import READ_ONLY, card_failure
 from ..base.upload_kinds import KINDS, LOG, PROOF_OF_PLAY, SCREENSHOT
-from . import deadletter, migrate_sqlite, segments
+from . import deadletter, segments
 from ..config.policies import UploadPolicy
 from .schedule import expired
 from .segments import DEAD, DROPPED, FAILED, SENT
@@ -54,6 +54,7 @@ KEY_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 KEY_RULE = "1 to 64 of A-Z a-z 0-9 . _ : -"
 # the field of a proof-of-play JSON record that names the play: its idempotency key
 PLAY_KEY_FIELD = "play_id"
+OLD_QUEUE = "queue.db"   # an earlier version's queue, beside the spool (migrate_sqlite.py)
 
 # Old items and old dedupe records are swept at most this often, not on every enqueue.
 EXPIRE_EVERY_S = 3600.0
@@ -142,6 +143,7 @@ def free_bytes(path: str) -> int:
 
 @dataclass
 class Item:
+    """One queued upload, as the store hands it to the sender."""
     id: str
     kind: str
     payload: bytes
@@ -407,7 +409,11 @@ class QueueStore:
     def _migrate_sqlite(self) -> None:
         """Moves what an earlier version queued in sqlite into the spool, then deletes
         the database: an upgrade loses nothing."""
-        old = migrate_sqlite.old_queue(self.path)
+        old_path = os.path.join(os.path.dirname(os.path.abspath(self.path)), OLD_QUEUE)
+        if not os.path.isfile(old_path):
+            return   # as on every start after the upgrade: its reader is not even loaded
+        from . import migrate_sqlite
+        old = migrate_sqlite.old_queue(old_path)
         if old is None:
             return
         for item in old.items:
