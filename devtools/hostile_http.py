@@ -200,7 +200,7 @@ def main(argv) -> int:
 
     target, url, headroom_mb, bound_s = argv[0], argv[1], int(argv[2]), float(argv[3])
     from agent.base.egress import Egress
-    from agent.identity import enroller as enroller_mod
+    from agent.identity import enroller as enroller_mod, exchange as exchange_mod
     from agent.update import rules
     from agent.update import service as service_mod
     from agent.uploads import sender as sender_mod
@@ -208,7 +208,7 @@ def main(argv) -> int:
     # the bounds this run is about, short
     service_mod.DOWNLOAD_LIMIT_S = bound_s
     sender_mod.TIMEOUT = (bound_s / 3, bound_s * 2 / 3)
-    enroller_mod.TIMEOUT = (bound_s / 3, bound_s * 2 / 3)
+    exchange_mod.TIMEOUT = (bound_s / 3, bound_s * 2 / 3)   # the enroller's requests
     tmp = tempfile.mkdtemp()
     if target == "update":
         u = service_mod.Updater(url, Egress(), tmp, bound_s, settled=lambda *a: None,
