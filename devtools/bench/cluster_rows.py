@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools.bench.rolling_deploy import widest_gaps
 from devtools.cluster import Cluster
 from devtools.harness import REPO, agent_config, terminate, wait_for
 from devtools.netns import NetNS
@@ -215,18 +216,6 @@ class Deploy:
     split: dict = field(default_factory=dict)         # kind -> screens on A and B at the end
     stopped_s: list = field(default_factory=list)     # each node's stop after its SIGTERM
     error: str = ""
-
-
-def widest_gaps(tables: list[dict], since: float) -> dict:
-    """device -> the widest gap between the heartbeats any of ``tables`` received from
-    ``since`` on (None: fewer than two)."""
-    found = {}
-    for k in {k for table in tables for k in table}:
-        beats = sorted(t for table in tables for t in table.get(k, {}).get("heartbeat_times", [])
-                       if t >= since)
-        gaps = [b - a for a, b in zip(beats, beats[1:])]
-        found[k] = round(max(gaps), 2) if gaps else None
-    return found
 
 
 def deploy(work: Path, screens: int = 40, window_s: float = WINDOW_S) -> Deploy:

@@ -43,6 +43,18 @@ def _live(node) -> int:
     return sum(1 for v in _devices(node).values() if v["online"] and v["sockets"])
 
 
+def widest_gaps(tables: list[dict], since: float) -> dict:
+    """device -> the widest gap between the heartbeats any of ``tables`` received from
+    ``since`` on (None: fewer than two)."""
+    found = {}
+    for k in {k for table in tables for k in table}:
+        beats = sorted(t for table in tables for t in table.get(k, {}).get("heartbeat_times", [])
+                       if t >= since)
+        gaps = [b - a for a, b in zip(beats, beats[1:])]
+        found[k] = round(max(gaps), 2) if gaps else None
+    return found
+
+
 def trial(work: Path, agents: int = 40, hb: float = 2.0, ack: float = 1.0,
           window_s: float = 4.0, check_inter_s: float = 0.5, fall: int = 2,
           rise: int = 2, drain: bool = True, rebalance_s: float = 0.0,
@@ -122,12 +134,7 @@ def trial(work: Path, agents: int = 40, hb: float = 2.0, ack: float = 1.0,
                 for k, v in table.items():
                     if v["max_concurrent"] > 1:
                         d.two_sessions.append(k)
-            for k in {k for table in records + final for k in table}:
-                beats = sorted(t for table in records + final
-                               for t in table.get(k, {}).get("heartbeat_times", [])
-                               if t >= first_term - hb)
-                gaps = [b - a for a, b in zip(beats, beats[1:])]
-                d.widest_gap_s[k] = round(max(gaps), 2) if gaps else None
+            d.widest_gap_s = widest_gaps(records + final, first_term - hb)
             terminate(proc, 5)
             proc = None
             text = log_path.read_text(errors="replace")
