@@ -278,14 +278,14 @@ class LinkRunner:
             now = self.clock.monotonic()
             if self._stall_at is not None and now >= self._stall_at:
                 _stall_forever()
-            self.execute_all(self.core.poll(now))
+            if self.hooks.on_turn is not None and self._others_may_turn():
+                self.hooks.on_turn()   # before the sends: no writer waits on their reads' GIL
+                self.take_in_events()   # what their work asked of the link, this turn
+            self.execute_all(self.core.poll(self.clock.monotonic()))
             if self.connector.judge_clock():
                 self._published = None      # the status file says it now
             self._say_up()
             self.publish()
-            if self.hooks.on_turn is not None and self._others_may_turn():
-                self.hooks.on_turn()
-                self.take_in_events()   # what their work asked of the link, this turn
             self.wakeup.wait(min(max(self.next_wakeup() - self.clock.monotonic(), 0.0),
                                  self._max_wait_s))
         self.publish()
