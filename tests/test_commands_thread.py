@@ -120,13 +120,18 @@ def test_the_core_and_the_ledger_are_touched_from_the_commands_thread_only(tmp_p
     assert [m.payload["id"] for (m,) in sent] == ["c-1"] and confirmed == [("c-1",)]
 
 
-def test_a_display_command_crosses_between_the_link_and_the_commands_part_twice(tmp_path):
+def test_a_display_command_changes_thread_four_times_and_crosses_twice(tmp_path):
     """The walk in docs/LAYERS.md, counted: the thread of each step of one command, from
-    the connection's events thread to the server's confirmation of its result."""
+    the connection's events thread to the server's confirmation of its result. The
+    display's turn (a real program, through the screen's own runner, then a settle) is
+    driven by the commands thread a look at a time: no executor, no hand-back."""
+    from agent.base.steps import Run, Until
     from agent.commands.actions import Actions
-    from agent.commands.core import Outcome, ResultAcked
+    from agent.commands.core import ResultAcked
     from agent.commands.service import CommandService
     from agent.link.port import Confirmation
+    from agent.screen.core import Turned
+    from agent.screen.sources import Runner
 
     steps: list[tuple[str, str]] = []   # (part, thread)
 
@@ -147,10 +152,25 @@ def test_a_display_command_crosses_between_the_link_and_the_commands_part_twice(
                 Confirmation(True, ({"ok": True},)))), name="read-loop")
             reader.start()
 
+    class Power:
+        """The screen's owner as the commands part sees it: its turn as a job."""
+        bound_s = 5.0
+        runner = Runner(2.0)
+
+        def turning(self, state, *, scheduled=False):
+            step("screen")
+            out, why = yield Run(self.runner, ["sh", "-c", "sleep 0.2; echo off"])
+            assert (out, why) == (b"off\n", "")
+            settled = time.monotonic() + 0.2
+            yield Until(settled, time.monotonic)
+            step("screen")
+            return Turned(state)
+
     actions = Actions.__new__(Actions)
     actions.updater = None
-    actions.run = lambda name, args, cid=None: (step("commands"), Outcome(True, "on"))[1]
+    actions.power = Power()
     actions.stop = lambda: None
+    actions.run = lambda name, args, cid=None: pytest.fail("the display ran on the executor")
     port = Port()
     service = CommandService(str(tmp_path / "commands.json"), frozenset({"display"}),
                              actions, str(tmp_path), link=port,
@@ -173,7 +193,9 @@ def test_a_display_command_crosses_between_the_link_and_the_commands_part_twice(
                          lambda: (step("commands"), recorded.set()))
         threading.Thread(target=events_thread, name="link-events-1").start()
         assert recorded.wait(5)
-        wait_for(lambda: len(steps) >= 6, 5, what="the result confirmed")
+        wait_for(lambda: any(part == "commands" and thread == "commands"
+                             for part, thread in steps[-1:]) and len(steps) >= 7, 5,
+                 what="the result confirmed")
     finally:
         service.stop()
         service.loop.join(5)
@@ -182,8 +204,73 @@ def test_a_display_command_crosses_between_the_link_and_the_commands_part_twice(
     # a crossing hands the command from a thread of the link's to the commands part's:
     # the commands part sends by a call of the port, on its own thread
     crossings = sum(a[0] == "link" and b[0] == "commands" for a, b in zip(steps, steps[1:]))
-    print(f"\n{threads}: {changes + 1} changes of thread (the read loop's first), "
+    print(f"\n{steps}: {changes + 1} changes of thread (the read loop's first), "
           f"{crossings} crossings")
-    assert threads == ["link-events-1", "commands", "command-runs", "commands", "read-loop",
-                       "commands"], threads
-    assert crossings == 2
+    assert threads == ["link-events-1", "commands", "commands", "commands", "commands",
+                       "read-loop", "commands"], steps
+    assert [part for part, _ in steps] == ["link", "commands", "screen", "screen", "commands",
+                                           "link", "commands"], steps
+    assert changes + 1 == 4 and crossings == 2
+    result = service.core.entries["c-7"].result
+    assert result["ok"] and result["output"] == Turned("off").said(), result
+
+
+def test_a_flood_is_refused_while_a_display_turns_on_the_commands_thread(tmp_path):
+    """The display's turn waits on its program and its settle between the news: the
+    commands received meanwhile are recorded (their receipts go) within a tenth of a
+    second, not after the turn."""
+    from agent.base.steps import Until
+    from agent.commands.actions import Actions
+    from agent.commands.service import CommandService
+    from agent.screen.core import Turned
+
+    class Power:
+        bound_s = 10.0
+
+        def turning(self, state, *, scheduled=False):
+            yield Until(time.monotonic() + 3.0, time.monotonic)
+            return Turned(state)
+
+    actions = Actions.__new__(Actions)
+    actions.updater = None
+    actions.power = Power()
+    actions.stop = lambda: None
+    actions.run = lambda name, args, cid=None: pytest.fail("nothing runs on the executor")
+
+    class Port:
+        def serve(self, name, handler):
+            self.handler = handler
+
+        def subscribe(self, **kwargs):
+            pass
+
+        def send_confirmed(self, messages, on_confirmed):
+            pass
+
+        def send(self, message):
+            pass
+
+    port = Port()
+    service = CommandService(str(tmp_path / "commands.json"), frozenset({"display"}),
+                             actions, str(tmp_path), link=port,
+                             result_message=lambda result: ("device:command-result", result,
+                                                            True))
+    service.start()
+    try:
+        first = threading.Event()
+        port.handler({"id": "d-0", "name": "display", "args": {"state": "off"}}, first.set)
+        assert first.wait(5)
+        took = []
+        for n in range(1, 6):
+            done = threading.Event()
+            t0 = time.monotonic()
+            port.handler({"id": f"d-{n}", "name": "display", "args": {"state": "on"}},
+                         done.set)
+            assert done.wait(5)
+            took.append(time.monotonic() - t0)
+        print(f"\nreceipts while a display turned: {[round(t, 3) for t in took]} s")
+        assert max(took) < 0.1, took
+        assert not service.core.entries["d-0"].result, "the first turn is still going"
+    finally:
+        service.stop()
+        service.loop.join(5)

@@ -3,12 +3,16 @@ display command, the working hours and the recovery ladder's wake each turn it t
 one turn at a time, each read back; what the display is meant to be (off by the hours,
 off by a command) is known there too. Real commands writing a file; the ladder on a
 fake clock."""
+import os
 import stat
 import threading
 import time
 from datetime import datetime
 from types import SimpleNamespace
 
+import pytest
+
+from agent.base.steps import Stepper, Until
 from agent.commands.actions import Actions
 from agent.commands.core import LATER
 from agent.config import load as cfgmod
@@ -27,10 +31,11 @@ class FakeReadBack:
     def __init__(self, log):
         self.log = log
 
-    def read_back(self, state):
+    def reading_back(self, state):
+        """As screen/service.py's: a job whose settle is a wait the driver does."""
         with open(self.log, "a") as f:
             f.write(f"read-{state}\n")
-        time.sleep(0.1)
+        yield Until(time.monotonic() + 0.1, time.monotonic)
         return Verdict(state, True, (Reading("DRM", state, state.title()),))
 
     def snapshot(self):
@@ -45,10 +50,21 @@ def slow(log, state):
     return f"sh -c 'echo start-{state} >> {log}; sleep 0.4; echo end-{state} >> {log}'"
 
 
-def test_a_scheduled_off_and_a_command_on_at_once_are_turned_one_after_the_other(tmp_path):
+def stepped(actions, state):
+    """The display command as the commands thread runs it: its job a look at a time."""
+    stepper = Stepper(actions.steps("display", {"state": state}))
+    while not stepper.advance():
+        time.sleep(stepper.wait_s())
+    return stepper.result
+
+
+@pytest.mark.parametrize("driven", ["stepped", "blocking"])
+def test_a_scheduled_off_and_a_command_on_at_once_are_turned_one_after_the_other(tmp_path,
+                                                                                   driven):
     """The working hours turn the display off as a display command turns it on: each
     command runs and is read back before the other's starts (two owners interleaved
-    them: start-off, start-on, end-off, ...; the read-back judged the other's)."""
+    them: start-off, start-on, end-off, ...; the read-back judged the other's). The
+    command's turn driven a look at a time (the commands thread) or whole."""
     log = tmp_path / "display"
     events, changes, faults = [], [], []
     power = DisplayPower(slow(log, ON), slow(log, OFF), 5.0, FakeReadBack(log), events.append,
@@ -65,7 +81,8 @@ def test_a_scheduled_off_and_a_command_on_at_once_are_turned_one_after_the_other
 
     def command():
         together.wait()
-        answered["on"] = actions.run("display", {"state": ON})
+        answered["on"] = (stepped(actions, ON) if driven == "stepped"
+                          else actions.run("display", {"state": ON}))
 
     def scheduled():
         together.wait()
@@ -177,3 +194,46 @@ def test_the_ladder_reboots_as_the_reboot_command_does(tmp_path, monkeypatch):
     refused = "reboot refused: systemctl exited 1: Access denied"
     assert part.mender.reboot_fn() == (False, refused)
     assert actions.run("reboot", {}).error == refused
+
+
+def test_a_stop_while_the_commands_thread_turns_the_display_kills_its_command(tmp_path):
+    """The display's command runs under the commands thread's looks, not on a thread of
+    its own: the agent's stop ends the turn at once, its command's whole group killed,
+    and the ledger keeps the command as running (told as interrupted at the next
+    start, never run again)."""
+    from agent.commands.service import CommandService
+
+    marker = tmp_path / "turning"
+    pids = tmp_path / "pids"
+    off = f"sh -c 'echo $$ > {pids}; sleep 60 & echo $! >> {pids}; touch {marker}; wait'"
+    power = DisplayPower("true", off, 120.0, None, lambda event: None,
+                         sysfs_root=str(tmp_path / "nosys"))
+    actions = Actions(SimpleNamespace(timeout_s=120.0), "http://fleet.invalid", snapshot=dict,
+                      link_socket=lambda: None, request_restart=lambda: None,
+                      enqueue=lambda *a: "x", power=power)
+    actions.run = lambda *a, **k: pytest.fail("the display ran on the executor")
+    service = CommandService(str(tmp_path / "commands.json"), frozenset({"display"}),
+                             actions, str(tmp_path))
+    service.start()
+    try:
+        recorded = threading.Event()
+        service.serve({"id": "c-1", "name": "display", "args": {"state": OFF}}, recorded.set)
+        assert recorded.wait(5)
+        deadline = time.monotonic() + 10
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the display's command never started"
+            time.sleep(0.05)
+        running = [int(p) for p in pids.read_text().split()]
+        t0 = time.monotonic()
+        service.stop()
+        service.loop.join(5)
+        took = time.monotonic() - t0
+    finally:
+        service.stop()
+    assert not service.loop._thread.is_alive() and took < 2.0, took
+    time.sleep(0.2)
+    alive = [pid for pid in running if os.path.exists(f"/proc/{pid}")
+             and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]]
+    assert alive == [], f"still running after the stop: {alive}"
+    assert service.core.entries["c-1"].state == "running"
+    assert power._turning.acquire(blocking=False), "the turn's lock was left held"

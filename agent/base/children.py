@@ -121,6 +121,59 @@ def finish(child: subprocess.Popen, timeout_s: float) -> tuple[bytes, bytes]:
         raise
 
 
+class Started:
+    """A program run a look at a time, for a thread that serves other things meanwhile
+    (base/steps.py's Stepper): ``look()`` reads what its pipes hold (at most
+    ``max_bytes`` of each kept) and answers ``(stdout, why)`` as a blocking run does
+    once it has exited or its bound has passed, None before. At its end, whatever is
+    left of its process group is killed and it is reaped; ``ended(self)`` is told."""
+
+    def __init__(self, child: subprocess.Popen, argv: list[str], timeout_s: float,
+                 ended: Callable[["Started"], None] = lambda started: None,
+                 mono: Callable[[], float] = time.monotonic, max_bytes: int = READ_CHUNK):
+        self.child, self.argv, self.timeout_s = child, argv, timeout_s
+        self.deadline = mono() + timeout_s
+        self._ended, self._mono, self._max = ended, mono, max_bytes
+        self._kept = {pipe.fileno(): bytearray() for pipe in (child.stdout, child.stderr)
+                      if pipe is not None}
+        for fd in self._kept:
+            os.set_blocking(fd, False)
+
+    def look(self) -> tuple[bytes | None, str] | None:
+        self._drain()
+        if _exited(self.child.pid):
+            self._drain()   # what it wrote before it exited
+            out, err = self._output()
+            self.kill()
+            code = self.child.returncode
+            return (out, "") if code == 0 else (out, failure(self.argv, exited=code, stderr=err))
+        if self._mono() >= self.deadline:
+            self.kill()
+            return None, failure(self.argv, timeout_s=self.timeout_s)
+        return None
+
+    def kill(self) -> None:
+        kill_group(self.child)
+        _reap(self.child)
+        self._ended(self)
+
+    def _output(self) -> tuple[bytes, bytes]:
+        pipes = [self.child.stdout, self.child.stderr]
+        return tuple(bytes(self._kept.get(p.fileno(), b"")) if p is not None and not p.closed
+                     else b"" for p in pipes)   # type: ignore[return-value]
+
+    def _drain(self) -> None:
+        for fd, kept in self._kept.items():
+            while True:
+                try:
+                    chunk = os.read(fd, READ_CHUNK)
+                except (BlockingIOError, OSError):
+                    break
+                if not chunk:
+                    break
+                kept += chunk[:max(0, self._max - len(kept))]
+
+
 def split(command: str) -> tuple[list[str], str]:
     """A configured command line's words, or ([], why they cannot be run)."""
     try:

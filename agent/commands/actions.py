@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from ..base import children
 from ..base import journal_wire
 from ..base.boot import ask_logind
+from ..base.steps import Job, drive
 from ..config.model import Commands
 from ..runtime.threads import start_worker
 from ..base.logs import RECENT, under_journal
@@ -137,6 +138,12 @@ class Actions:
         # an update's result comes long after this returns: it needs its command's id
         return action(args, command_id) if name == "update" else action(args)
 
+    def steps(self, name: str, args: dict) -> Job | None:
+        """The command as a job (base/steps.py) that the commands thread drives a look
+        at a time, where it is one (``display``: its waits are a program's and the
+        display's settle, not work); None: it runs whole on the executor."""
+        return self.display_steps(args) if name == "display" else None
+
     # -- the commands -------------------------------------------------------------
     def diagnostics(self, args: dict) -> Outcome:
         doc = self.snapshot()
@@ -214,9 +221,12 @@ class Actions:
                        extra={"upload_id": upload_id})
 
     def display(self, args: dict) -> Outcome:
+        return drive(self.display_steps(args))
+
+    def display_steps(self, args: dict) -> Job:
         if self.power is None:
             return Outcome(False, error=not_configured(args["state"]))
-        turned = self.power.turn(args["state"])
+        turned = yield from self.power.turning(args["state"])
         if turned.error:
             return Outcome(False, error=turned.error)
         # ok: the command ran; whether the display is seen in that state is "confirmed"

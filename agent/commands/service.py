@@ -9,6 +9,11 @@ ACK back), the link up (unconfirmed results go again). The ledger is written dur
 by the core's effects in their order, a ``Persist`` (synced when it says so) before the
 ``Run`` it records, which is what makes "at most once" hold across a power cut; only
 then does ``recorded()`` let the server's receipt go. A card slow to sync delays commands, never the link.
+
+A command that waits rather than works (a display's turn: a program, then the display's
+settle) is a job the commands thread drives itself, a look at a time between its news
+(base/steps.py): it starts after its receipt, its end is finished where it is, and a
+flood is refused at once meanwhile. The rest run whole on the executor.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import Callable
 
 from ..base.boot import boot_token
 from ..base.journal_fields import journal
+from ..base.steps import Job, Stepper
 from ..link.port import Confirmation, LinkPort, Message
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
@@ -91,6 +97,10 @@ class CommandService:
         self._news: queue.Queue = queue.Queue()   # for the commands thread
         self._room = threading.BoundedSemaphore(RECEIVED_WAITING)   # for served commands
         self._jobs: queue.Queue = queue.Queue()   # for the executor
+        # the commands this thread drives itself: (the Run, when it started, its Stepper
+        # once begun); the jobs not begun yet, by command id
+        self._stepped: list[tuple[Run, float, Stepper | None]] = []
+        self._waiting_jobs: dict[str, Job] = {}
         self._stopping = threading.Event()
         # results said since start, by the metrics' words: ok, error (it ran and
         # failed), refused (it never ran); a resend's stored result is not a new one
@@ -156,18 +166,65 @@ class CommandService:
     # -- on the commands thread ----------------------------------------------------------
     def _serve_news(self) -> None:
         """The commands thread's body: one piece of news at a time, then, once the queue
-        is empty, what the other threads read."""
-        while True:
+        is empty, what the other threads read; between them, a look at each command it
+        drives itself (a display's turn)."""
+        try:
+            while True:
+                self._look_at_stepped()
+                try:
+                    item = self._news.get_nowait()
+                except queue.Empty:
+                    self._publish()   # once the queue is empty: a flood refreshes it once
+                    if not self._stepped:
+                        self.loop.idle()   # nothing to do until the link or the executor says
+                        item = self._news.get()
+                    else:
+                        try:
+                            item = self._news.get(timeout=min(
+                                stepper.wait_s() if stepper is not None else 0.0
+                                for _, _, stepper in self._stepped))
+                        except queue.Empty:
+                            self.loop.turn()
+                            continue
+                if item is None or self._stopping.is_set():
+                    return   # what is queued is dropped: a receipt not given is sent again
+                self.loop.turn()
+                getattr(self, "_on_" + item[0])(*item[1:])
+        finally:
+            if self._stopping.is_set():
+                # a command driven here is not finished (the ledger keeps it running:
+                # reported as interrupted, never run again), its program killed; a
+                # restart of this thread after a bug goes on with them
+                for _, _, stepper in self._stepped:
+                    if stepper is not None:
+                        stepper.close()
+                self._stepped.clear()
+                self._waiting_jobs.clear()
+
+    def _look_at_stepped(self) -> None:
+        """Each command this thread drives, as far as it goes without waiting; those
+        that ended are finished here, on this thread: no executor, no hand-back. One
+        just recorded starts here, after its receipt has gone."""
+        for entry in list(self._stepped):
+            run, started, stepper = entry
             try:
-                item = self._news.get_nowait()
-            except queue.Empty:
-                self._publish()   # once the queue is empty: a flood refreshes it once
-                self.loop.idle()   # nothing to do until the link or the executor says
-                item = self._news.get()
-            if item is None or self._stopping.is_set():
-                return   # what is queued is dropped: a receipt not given is sent again
-            self.loop.turn()
-            getattr(self, "_on_" + item[0])(*item[1:])
+                if stepper is None:
+                    stepper = Stepper(self._waiting_jobs.pop(run.id))
+                    entry = self._stepped[self._stepped.index((run, started, None))] = (
+                        run, started, stepper)
+                done = stepper.advance()
+            except Exception as e:   # a bug in one command must not end the others
+                log.error("command %s failed: %s: %s", run.name, type(e).__name__, e,
+                          exc_info=True)
+                if stepper is not None:
+                    stepper.close()
+                self._stepped.remove(entry)
+                self._on_finished(run.id, Outcome(False, error=f"internal error: "
+                                                               f"{type(e).__name__}"), started)
+                continue
+            if done:
+                self._stepped.remove(entry)
+                self._on_finished(run.id, stepper.result, started)
 
     def _on_start(self) -> None:
         if self._started:
@@ -267,10 +324,21 @@ class CommandService:
                     continue
                 log.info("server command %s: running %r %s", effect.id, effect.name,
                          effect.args or "", extra=journal(COMMAND_ID=effect.id))
-                self._jobs.put(effect)
+                self._start(effect)
             else:
                 reports.append(effect)
         return reports
+
+    def _start(self, run: Run) -> None:
+        """A command that waits rather than works (``Actions.steps``) is driven here,
+        between the news; any other goes to the executor."""
+        steps = getattr(self.actions, "steps", None)
+        job = steps(run.name, run.args) if steps is not None else None
+        if job is None:
+            self._jobs.put(run)
+            return
+        self._waiting_jobs[run.id] = job
+        self._stepped.append((run, self._clock(), None))
 
     def _persist(self, effect: Persist) -> str | None:
         """A Persist to the ledger; what went wrong, if anything."""

@@ -34,7 +34,7 @@ state it had: a source that fails now and then makes no news.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generator, Protocol
 
 ON, OFF = "on", "off"
 STATES = (ON, OFF)
@@ -176,6 +176,10 @@ class Power(Protocol):
     bound_s: float
 
     def turn(self, state: str, *, scheduled: bool = False) -> Turned: ...
+
+    def turning(self, state: str, *, scheduled: bool = False) -> Generator[Any, Any, Turned]:
+        """The same turn as a job (base/steps.py): for a thread that drives it a look
+        at a time and serves other work between its looks (the commands thread)."""
 
     def schedule(self, wanted: str | None) -> None: ...
 

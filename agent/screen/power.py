@@ -1,9 +1,10 @@
 """The display's power, one owner: every turn on or off (the ``display`` command, the
 working hours, the recovery ladder's wake) runs here, one at a time, and is read back.
 
-``turn(state)`` runs ``[commands] display_on_command`` or ``display_off_command``
-(bounded by ``[commands] timeout_s``, in a session of its own, killed when the agent
-stops, a failure said without its command line), then reads the display back
+``turn(state)`` (or ``turning(state)``, the same turn as a job that the commands thread
+drives a look at a time: base/steps.py) runs ``[commands] display_on_command`` or
+``display_off_command`` (bounded by ``[commands] timeout_s``, in a session of its
+own, killed when the agent stops, a failure said without its command line), then reads the display back
 (service.py) and answers a ``Turned`` (core.py): failed, done (nothing here reads the
 display back), confirmed or unconfirmed, in words. Two callers that ask at once are
 served one after the other: the second's command never runs between the first's
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..base import children
 from ..base.hardware import connectors
+from ..base.steps import Acquire, Job, Run, Until, drive
 from ..events.model import Event
 from .core import OFF, ON, STATES, Turned, not_configured
 from .sources import Runner
@@ -66,20 +68,29 @@ class DisplayPower:
         return 2 * one
 
     def turn(self, state: str, *, scheduled: bool = False) -> Turned:
-        """On the caller's thread (the commands', the hours', the mender's), after any
-        turn in progress."""
+        """On the caller's thread (the hours', the mender's), after any turn in
+        progress."""
+        return drive(self.turning(state, scheduled=scheduled))
+
+    def turning(self, state: str, *, scheduled: bool = False) -> Job:
+        """The same turn as a job (base/steps.py), for a thread that drives it a look at
+        a time (the commands thread); the Turned its result."""
         if state not in STATES:
             raise ValueError(f"state: {state!r}")
-        with self._turning:
-            error = self._run(state)
+        yield Acquire(self._turning)
+        try:
+            error = yield from self._run(state)
             if error:
                 return Turned(state, error)
             self.meant = state   # from now: the picture check counts an off as dark
-            if scheduled and state == ON and not self._connected_within(self.connect_grace_s):
+            if scheduled and state == ON and not (
+                    (yield from self._connected_within(self.connect_grace_s))):
                 return Turned(state, NOT_CONNECTED)
             if self.read_back is None:
                 return Turned(state)
-            turned = Turned(state, read=self.read_back.read_back(state))
+            turned = Turned(state, read=(yield from self.read_back.reading_back(state)))
+        finally:
+            self._turning.release()
         if not scheduled:
             self.publish(Event("display.read_back", self.wall(),
                                {"state": state, **turned.fields()}))
@@ -114,18 +125,24 @@ class DisplayPower:
             self.read_back.stop()
 
     # -- internals -----------------------------------------------------------------
-    def _run(self, state: str) -> str:
+    def _run(self, state: str) -> Job:
         """"" once the configured command ran and exited 0, else why not."""
         command = self.commands[state]
         if not command:
             return not_configured(state)
         argv, why = children.split(command)
-        return why or self.runner(argv)[1]
+        if why:
+            return why
+        _, why = yield Run(self.runner, argv)
+        return why
 
-    def _connected_within(self, seconds: float) -> bool:
+    def _connected_within(self, seconds: float) -> Job:
         deadline = self.clock() + seconds
         while not self._display_connected():
-            if self.clock() >= deadline or self._stop.wait(0.5):
+            if self.clock() >= deadline or self._stop.is_set():
+                return False
+            yield Until(min(self.clock() + 0.5, deadline), self.clock, self._stop)
+            if self._stop.is_set():
                 return False
         return True
 

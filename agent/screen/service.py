@@ -1,9 +1,10 @@
 """The display's state read back after a display command: the shell around core.py.
 
-``read_back(state)`` runs inside the display's turn (power.py), on the turning thread
-(the commands', the working hours', the mender's): it reads the sources (sources.py)
-when the core says, waits between reads on an event that ``stop()`` sets, and returns
-the core's Verdict, within ``bound_s``. Nothing is written anywhere; one read-back shares nothing with another but
+``reading_back(state)`` is part of the display's turn (power.py), a job (base/steps.py)
+driven by the turning thread (a look at a time by the commands thread; whole by the
+working hours' and the mender's, ``read_back(state)``): it reads the sources
+(sources.py) when the core says, waits between reads (ended at once by ``stop()``),
+and returns the core's Verdict, within ``bound_s``. Nothing is written anywhere; one read-back shares nothing with another but
 the runner that ``stop()`` ends.
 
 Where X11 is asked: ``[screen] x_display``; unset, the display the configured display
@@ -18,6 +19,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
+from ..base.steps import Job, Until, drive
 from ..config.model import Commands, Screen as ScreenSection
 from .core import Asked, Mend, Mended, Read, ReadAt, ReadBack, Stopped, Verdict
 from .sources import READ_TIMEOUT_S, Cec, Drm, Runner, Wayland, X11Dpms
@@ -41,24 +43,33 @@ class Screen:
             + 4 * len(self.menders) * READ_TIMEOUT_S
 
     def read_back(self, state: str) -> Verdict:
+        return drive(self.reading_back(state))
+
+    def reading_back(self, state: str) -> Job:
+        """The read-back as a job (base/steps.py): its waits and its programs' runs
+        yielded, for the thread that drives it; the Verdict its result."""
         core = ReadBack({name: s.every_s for name, s in self.sources.items()}, self.settle_s,
                         self.menders)
         effects = core.handle(Asked(state, self.clock()))
         while isinstance(effects[0], (ReadAt, Mend)):
             if isinstance(effects[0], Mend):
-                rungs = tuple(self.sources[name].mend() for name in effects[0].sources)
+                rungs = []
+                for name in effects[0].sources:
+                    rungs.append((yield from _steps(self.sources[name], "mend")))
                 log.warning("display %s: not reached, retried once: %s", state,
                             "; ".join(rungs))
-                effects = core.handle(Mended(rungs, self.clock()))
+                effects = core.handle(Mended(tuple(rungs), self.clock()))
                 continue
             at = effects[0].at
             while not self._stop.is_set() and self.clock() < at:
-                self._stop.wait(at - self.clock())
+                yield Until(at, self.clock, self._stop)
             if self._stop.is_set():
                 effects = core.handle(Stopped("the agent is stopping"))
                 break
-            readings = tuple(self.sources[name].read() for name in effects[0].sources)
-            effects = core.handle(Read(readings, self.clock()))
+            readings = []
+            for name in effects[0].sources:
+                readings.append((yield from _steps(self.sources[name], "read")))
+            effects = core.handle(Read(tuple(readings), self.clock()))
         verdict = effects[0]
         self._last = (verdict, self.clock())
         (log.warning if verdict.contrary else log.info)("display %s: %s", state,
@@ -78,6 +89,15 @@ class Screen:
         self._stop.set()
         if self.runner is not None:
             self.runner.stop()
+
+
+def _steps(source, what: str) -> Job:
+    """A source's read or mend as steps, where it has them (a program to run); else
+    done at once (DRM's sysfs reads, a test's source)."""
+    stepwise = getattr(source, {"read": "reading", "mend": "mending"}[what], None)
+    if stepwise is None:
+        return getattr(source, what)()
+    return (yield from stepwise())
 
 
 def display_in(commands: Iterable[str | None]) -> str | None:

@@ -31,6 +31,7 @@ from typing import Callable
 
 from ..base import children
 from ..base.fsutil import read_bounded
+from ..base.steps import Job, Run, drive
 from .core import NO_CONNECTOR_CONNECTED, OFF, ON, Reading
 
 READ_TIMEOUT_S = 5.0     # one source's read, at most (cec-ctl waits on the TV's answer)
@@ -71,6 +72,23 @@ class Runner:
         if child.returncode != 0:
             return out, children.failure(argv, exited=child.returncode, stderr=err)
         return out, ""
+
+    def start(self, argv: list[str], env: dict | None = None):
+        """The same run a look at a time (base/steps.py): a children.Started, or the
+        answer at once when it cannot start."""
+        try:
+            with self._lock:
+                if self._stopping:
+                    return None, self.refused
+                child = children.spawn(argv, env=env)
+                self._running.add(child)
+        except OSError as e:
+            return None, children.failure(argv, error=e)
+
+        def ended(started: children.Started) -> None:
+            with self._lock:
+                self._running.discard(started.child)
+        return children.Started(child, argv, self.timeout_s, ended)
 
     def stop(self) -> None:
         with self._lock:
@@ -129,19 +147,26 @@ class X11Dpms:
         self.display, self.run, self.path = display, run, path
 
     def read(self) -> Reading:
+        return drive(self.reading())
+
+    def reading(self) -> Job:
         if not self.display:
             return _absent(self.name, "no X display to ask ([screen] x_display, DISPLAY)")
         xset = shutil.which("xset", path=self.path)
         if xset is None:
             return _absent(self.name, "xset is not installed (x11-xserver-utils)")
-        out, why = self.run([xset, "-display", self.display, "q"])
+        out, why = yield Run(self.run, [xset, "-display", self.display, "q"])
         if why:
             return Reading(self.name, None, why)
         return self.parse(out.decode(errors="replace"))
 
     def mend(self) -> str:
+        return drive(self.mending())
+
+    def mending(self) -> Job:
         xset = shutil.which("xset", path=self.path) or "xset"
-        _, why = self.run([xset, "-display", self.display or "", "dpms", "force", "on"])
+        _, why = yield Run(self.run, [xset, "-display", self.display or "", "dpms", "force",
+                                      "on"])
         return "DPMS force on" + (f" failed: {why}" if why else "")
 
     @classmethod
@@ -165,14 +190,17 @@ class Wayland:
         self.disabled: list[str] = []   # the outputs the last read found disabled
 
     def read(self) -> Reading:
+        return drive(self.reading())
+
+    def reading(self) -> Job:
         if not self.env.get("WAYLAND_DISPLAY"):
             return _absent(self.name, "WAYLAND_DISPLAY is not set")
         tool = shutil.which("wlr-randr", path=self.env.get("PATH"))
         if tool is None:
             return _absent(self.name, "wlr-randr is not installed")
-        out, why = self.run([tool, "--json"], env=dict(self.env))
+        out, why = yield Run(self.run, [tool, "--json"], dict(self.env))
         if why and out is not None and not out.strip():   # a wlr-randr without --json
-            out, why = self.run([tool], env=dict(self.env))
+            out, why = yield Run(self.run, [tool], dict(self.env))
             if why:
                 return Reading(self.name, None, why)
             outputs = self.outputs_in_text(out.decode(errors="replace"))
@@ -189,10 +217,13 @@ class Wayland:
         return self._judge(outputs)
 
     def mend(self) -> str:
+        return drive(self.mending())
+
+    def mending(self) -> Job:
         tool = shutil.which("wlr-randr", path=self.env.get("PATH")) or "wlr-randr"
         done = []
         for name in self.disabled[:4]:
-            _, why = self.run([tool, "--output", name, "--on"], env=dict(self.env))
+            _, why = yield Run(self.run, [tool, "--output", name, "--on"], dict(self.env))
             done.append(f"output {name} enabled again" + (f" failed: {why}" if why else ""))
         return "; ".join(done) or "no output to enable"
 
@@ -255,13 +286,16 @@ class Cec:
         self.device, self.run, self.path = device, run, path
 
     def read(self) -> Reading:
+        return drive(self.reading())
+
+    def reading(self) -> Job:
         tool = shutil.which("cec-ctl", path=self.path)
         if tool is None:
             return _absent(self.name, "cec-ctl is not installed (v4l-utils)")
         if not os.path.exists(self.device):
             return _absent(self.name, f"no CEC adapter ({self.device})")
-        out, why = self.run([tool, "-d", self.device, "--to", "0",
-                             "--give-device-power-status"])
+        out, why = yield Run(self.run, [tool, "-d", self.device, "--to", "0",
+                                        "--give-device-power-status"])
         if out is None:
             return Reading(self.name, None, why)
         return self.parse(out.decode(errors="replace"), why)
@@ -270,16 +304,19 @@ class Cec:
         """The TV woken and shown this input: Image View On to the TV, then Active
         Source with this adapter's physical address (as `cec-ctl -d DEV` shows it) to
         every device, which switches a TV left on another input."""
+        return drive(self.mending())
+
+    def mending(self) -> Job:
         tool = shutil.which("cec-ctl", path=self.path) or "cec-ctl"
-        _, why = self.run([tool, "-d", self.device, "--to", "0", "--image-view-on"])
+        _, why = yield Run(self.run, [tool, "-d", self.device, "--to", "0", "--image-view-on"])
         if why:
             return f"CEC Image View On failed: {why}"
-        out, why = self.run([tool, "-d", self.device])
+        out, why = yield Run(self.run, [tool, "-d", self.device])
         m = PHYSICAL_ADDRESS.search(out.decode(errors="replace")) if out is not None else None
         if m is None:
             return "CEC Image View On; no Active Source: " + (why or "no physical address")
-        _, why = self.run([tool, "-d", self.device, "--to", "15", "--active-source",
-                           f"phys-addr={m.group(1)}"])
+        _, why = yield Run(self.run, [tool, "-d", self.device, "--to", "15", "--active-source",
+                                      f"phys-addr={m.group(1)}"])
         return "CEC Image View On, Active Source" + (f" failed: {why}" if why else "")
 
     @classmethod

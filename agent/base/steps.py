@@ -1,0 +1,147 @@
+"""A job that waits (on a program, a lock, a time) written once, as a generator of the
+waits it needs, and run two ways: ``drive(job)`` blocks the caller's thread until the
+job ends (the working hours', the mender's), a ``Stepper`` takes it a look at a time on
+a thread that serves other things meanwhile (the commands thread: a display turned
+there never holds the commands behind it).
+
+The job yields a ``Run`` (it is sent back ``(stdout or None, why)``, as
+sources.Runner answers), an ``Acquire`` (a lock it must hold: it releases the lock
+itself, in a ``finally``) or an ``Until`` (a time on the job's own clock, or its
+interrupt set); its return value is the job's result.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Generator
+
+# how often a Stepper looks at a program it runs: a display command or a read of the
+# display takes tenths of seconds to seconds; looks happen only while one runs
+LOOK_EVERY_S = 0.05
+# how often a Stepper tries a lock another thread holds (a turn of the working hours')
+LOCK_EVERY_S = 0.1
+
+Job = Generator[Any, Any, Any]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run ``argv`` with ``runner``: a callable ``runner(argv[, env=env]) -> (stdout,
+    why)``; with a ``start(argv, env)`` too, a Stepper never blocks on it."""
+    runner: Callable
+    argv: list
+    env: dict | None = None
+
+
+@dataclass(frozen=True)
+class Acquire:
+    lock: Any   # a threading.Lock: released by the job, not by its driver
+
+
+@dataclass(frozen=True)
+class Until:
+    at: float
+    clock: Callable[[], float]
+    interrupt: threading.Event | None = None
+
+
+def _call(step: Run):
+    return step.runner(step.argv) if step.env is None else step.runner(step.argv, env=step.env)
+
+
+def drive(job: Job):
+    """The job on the calling thread, to its end; its result."""
+    value = None
+    while True:
+        try:
+            step = job.send(value)
+        except StopIteration as end:
+            return end.value
+        value = None
+        if isinstance(step, Run):
+            value = _call(step)
+        elif isinstance(step, Acquire):
+            step.lock.acquire()
+        else:
+            interrupt = step.interrupt or threading.Event()
+            while not interrupt.is_set() and (left := step.at - step.clock()) > 0:
+                interrupt.wait(left)
+
+
+class Stepper:
+    """One job, a look at a time: ``advance()`` goes as far as the job can without
+    waiting and says whether it ended (``result``); ``wait_s()`` is how long the thread
+    may wait before it looks again. ``close()`` ends it unfinished: the program it runs
+    killed, its ``finally`` run."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.done = False
+        self.result: Any = None
+        self._child = None       # a started program (base/children.Started)
+        self._lock = None        # a lock held by another thread
+        self._until: Until | None = None
+        self._send(None)
+
+    def wait_s(self) -> float:
+        if self.done:
+            return 0.0
+        if self._until is not None:
+            return max(0.0, self._until.at - self._until.clock())
+        return LOOK_EVERY_S if self._child is not None else LOCK_EVERY_S
+
+    def advance(self) -> bool:
+        if self.done:
+            return True
+        if self._child is not None:
+            answer = self._child.look()
+            if answer is None:
+                return False
+            self._child = None
+            self._send(answer)
+        elif self._lock is not None:
+            if not self._lock.acquire(blocking=False):
+                return False
+            self._lock = None
+            self._send(None)
+        elif self._until is not None:
+            until = self._until
+            if until.clock() < until.at and not (until.interrupt and until.interrupt.is_set()):
+                return False
+            self._until = None
+            self._send(None)
+        return self.done
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.kill()
+            self._child = None
+        self.job.close()
+        self.done = True
+
+    def _send(self, value) -> None:
+        """The job on until it must wait."""
+        while True:
+            try:
+                step = self.job.send(value)
+            except StopIteration as end:
+                self.done, self.result = True, end.value
+                return
+            value = None
+            if isinstance(step, Run):
+                start = getattr(step.runner, "start", None)
+                started = start(step.argv, step.env) if start is not None else _call(step)
+                if isinstance(started, tuple):   # answered at once (refused, not found)
+                    value = started
+                    continue
+                self._child = started
+                return
+            if isinstance(step, Acquire):
+                if step.lock.acquire(blocking=False):
+                    continue
+                self._lock = step.lock
+                return
+            if step.clock() >= step.at or (step.interrupt and step.interrupt.is_set()):
+                continue
+            self._until = step
+            return
