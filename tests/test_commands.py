@@ -331,6 +331,7 @@ def test_the_service_does_the_effects_in_order_and_runs_nothing_the_ledger_refus
     service._jobs.put = lambda job: order.append(("run", job.id, path.read_bytes()))
     # on the commands thread, as served: the raw message to the core, then its effects
     assert service._received({"id": "c1", "name": "diagnostics"}) == []
+    service._run_in_order()   # then the commands thread starts it, in its turn
     assert [o[:2] for o in order] == [("write", ["c1"]), ("run", "c1")]
     assert b'"c1"' in order[1][2], "queued before the ledger held it"
 
@@ -340,6 +341,7 @@ def test_the_service_does_the_effects_in_order_and_runs_nothing_the_ledger_refus
 
     service._ledger.write = full
     [report] = service._received({"id": "c2", "name": "diagnostics"})
+    service._run_in_order()
     assert report.result["ok"] is False and report.result["error"] == \
         "not run: the command ledger could not be written (No space left on device)"
     assert [o[:2] for o in order[2:]] == [("write", ["c2"]), ("write", ["c2"])], \

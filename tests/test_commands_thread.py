@@ -125,7 +125,7 @@ def test_a_display_command_changes_thread_four_times_and_crosses_twice(tmp_path)
     the connection's events thread to the server's confirmation of its result. The
     display's turn (a real program, through the screen's own runner, then a settle) is
     driven by the commands thread a look at a time: no executor, no hand-back."""
-    from agent.base.steps import Run, Until
+    from agent.base.steps import Program, Until
     from agent.commands.actions import Actions
     from agent.commands.core import ResultAcked
     from agent.commands.service import CommandService
@@ -159,7 +159,7 @@ def test_a_display_command_changes_thread_four_times_and_crosses_twice(tmp_path)
 
         def turning(self, state, *, scheduled=False):
             step("screen")
-            out, why = yield Run(self.runner, ["sh", "-c", "sleep 0.2; echo off"])
+            out, why = yield Program(self.runner, ["sh", "-c", "sleep 0.2; echo off"])
             assert (out, why) == (b"off\n", "")
             settled = time.monotonic() + 0.2
             yield Until(settled, time.monotonic)
@@ -274,3 +274,54 @@ def test_a_flood_is_refused_while_a_display_turns_on_the_commands_thread(tmp_pat
     finally:
         service.stop()
         service.loop.join(5)
+
+
+def test_commands_run_one_at_a_time_in_the_order_received_wherever_they_run(tmp_path):
+    """A display's turn (driven by the commands thread) and the executor's commands keep
+    the order the server gave, one at a time, as the executor alone ran them: a
+    screenshot after a display on sees the display on."""
+    from agent.base.steps import Until
+    from agent.commands.actions import Actions
+    from agent.commands.core import Outcome
+    from agent.commands.service import CommandService
+    from agent.screen.core import Turned
+
+    seen = []
+
+    class Power:
+        bound_s = 10.0
+
+        def turning(self, state, *, scheduled=False):
+            seen.append(f"start display {state}")
+            yield Until(time.monotonic() + 0.3, time.monotonic)
+            seen.append(f"end display {state}")
+            return Turned(state)
+
+    def run(name, args, cid=None):
+        seen.append(f"start {name}")
+        time.sleep(0.3)
+        seen.append(f"end {name}")
+        return Outcome(True, name)
+
+    actions = Actions.__new__(Actions)
+    actions.updater = None
+    actions.power = Power()
+    actions.stop = lambda: None
+    actions.run = run
+    service = CommandService(str(tmp_path / "commands.json"),
+                             frozenset({"display", "diagnostics"}), actions, str(tmp_path))
+    service.start()
+    try:
+        for n, (name, args) in enumerate([("display", {"state": "on"}), ("diagnostics", {}),
+                                          ("display", {"state": "off"}), ("diagnostics", {})]):
+            recorded = threading.Event()
+            service.serve({"id": f"c-{n}", "name": name, "args": args}, recorded.set)
+            assert recorded.wait(5)
+        wait_for(lambda: all(service.core.entries[f"c-{n}"].result for n in range(4)), 10,
+                 what="four results")
+    finally:
+        service.stop()
+        service.loop.join(5)
+    assert seen == ["start display on", "end display on", "start diagnostics",
+                    "end diagnostics", "start display off", "end display off",
+                    "start diagnostics", "end diagnostics"], seen

@@ -5,7 +5,7 @@ import os
 import threading
 import time
 
-from agent.base.steps import Acquire, Run, Stepper, Until, drive
+from agent.base.steps import Acquire, Program, Stepper, Until, drive
 from agent.screen.sources import Runner
 
 
@@ -32,7 +32,7 @@ def test_one_job_gives_the_same_result_driven_whole_or_a_look_at_a_time():
     def job():
         yield Acquire(lock)
         try:
-            out, why = yield Run(lambda argv: (b"said " + argv[0].encode(), ""), ["x"])
+            out, why = yield Program(lambda argv: (b"said " + argv[0].encode(), ""), ["x"])
             yield Until(clock() + 0.6, clock)
             return out, why, lock.locked()
         finally:
@@ -46,7 +46,7 @@ def test_a_real_program_is_read_and_judged_as_a_blocking_run_judges_it(tmp_path)
     runner = Runner(5.0)
 
     def job(argv):
-        return (yield Run(runner, argv))
+        return (yield Program(runner, argv))
     for argv in (["sh", "-c", "echo on"], ["sh", "-c", "echo oops >&2; exit 3"],
                  ["/nonexistent/program"]):
         stepped, _ = run_stepped(job(argv))
@@ -72,15 +72,24 @@ def test_output_is_bounded_and_drained_so_a_chatty_program_ends(tmp_path):
 
 
 def test_a_program_that_exits_is_answered_though_a_child_it_left_holds_the_pipe(tmp_path):
-    """xset or a display command that forks a helper: its exit is its answer; the helper
-    goes with its group."""
+    """A display command that starts a helper in the background: its exit is its
+    answer, driven whole or a look at a time alike (communicate() waited for the
+    helper's end, and said "timed out"); the helper is its own business, as a
+    program's background child always was (only the bound and a stop kill the group)."""
     pids = tmp_path / "pids"
     runner = Runner(10.0)
-    t0 = time.monotonic()
-    result, _ = run_stepped(_run(runner, ["sh", "-c", f"sleep 30 & echo $! > {pids}; echo done"]))
-    assert result == (b"done\n", "") and time.monotonic() - t0 < 2
-    time.sleep(0.1)
-    assert not _alive(int(pids.read_text()))
+    helpers = []
+    try:
+        for way in ("stepped", "whole"):
+            argv = ["sh", "-c", f"sleep 30 & echo $! > {pids}; echo done"]
+            t0 = time.monotonic()
+            result = run_stepped(_run(runner, argv))[0] if way == "stepped" else runner(argv)
+            assert result == (b"done\n", "") and time.monotonic() - t0 < 2, (way, result)
+            helpers.append(int(pids.read_text()))
+            assert _alive(helpers[-1]), way
+    finally:
+        for pid in helpers:
+            os.kill(pid, 9)
 
 
 def test_a_lock_another_thread_holds_is_waited_for_without_blocking_the_driver():
@@ -122,7 +131,7 @@ def test_a_closed_job_kills_its_program_and_runs_its_finally(tmp_path):
     def job():
         yield Acquire(lock)
         try:
-            return (yield Run(runner, ["sh", "-c", f"echo $$ > {pids}; exec sleep 30"]))
+            return (yield Program(runner, ["sh", "-c", f"echo $$ > {pids}; exec sleep 30"]))
         finally:
             lock.release()
     stepper = Stepper(job())
@@ -137,7 +146,7 @@ def test_a_closed_job_kills_its_program_and_runs_its_finally(tmp_path):
 
 
 def _run(runner, argv):
-    return (yield Run(runner, argv))
+    return (yield Program(runner, argv))
 
 
 def _alive(pid: int) -> bool:
@@ -148,3 +157,51 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return os.path.exists(f"/proc/{pid}")
+
+
+def test_a_lock_held_past_the_bound_is_given_up_and_said_either_way():
+    lock = threading.Lock()
+    lock.acquire()
+
+    def job():
+        got = yield Acquire(lock, 0.3)
+        if got:
+            lock.release()
+        return got
+    try:
+        t0 = time.monotonic()
+        assert drive(job()) is False and 0.25 < time.monotonic() - t0 < 2
+        t0 = time.monotonic()
+        assert run_stepped(job())[0] is False and 0.25 < time.monotonic() - t0 < 2
+    finally:
+        lock.release()
+    assert drive(job()) is True and not lock.locked()
+
+
+def test_a_step_that_fails_closes_its_job_at_once_and_the_lock_is_free(tmp_path):
+    """A bug or a refusal in a step (a NUL byte Popen refuses): the job's finally runs
+    then, not when the collector gets to the generator."""
+    lock = threading.Lock()
+
+    def boom(argv):
+        raise ValueError("embedded null byte")
+
+    def job():
+        yield Acquire(lock)
+        try:
+            return (yield Program(boom, ["x"]))
+        finally:
+            lock.release()
+    kept = job()
+    try:
+        drive(kept)
+    except ValueError:
+        pass
+    assert not lock.locked()
+    kept = job()
+    try:
+        Stepper(kept)
+    except ValueError:
+        pass
+    assert not lock.locked()
+    assert Runner(5.0)(["sh", "-c", "echo \0"]) == (None, "sh: cannot be run (embedded null byte)")

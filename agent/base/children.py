@@ -21,6 +21,7 @@ from typing import Callable
 # holds, not a background child that keeps it open (that one is killed with the group)
 LEFTOVER_S = 0.2
 READ_CHUNK = 65536
+DRAIN_CHUNKS = 16        # read at most this many chunks of each pipe at one look
 
 
 def spawn(argv: list[str], env: dict | None = None,
@@ -122,11 +123,16 @@ def finish(child: subprocess.Popen, timeout_s: float) -> tuple[bytes, bytes]:
 
 
 class Started:
-    """A program run a look at a time, for a thread that serves other things meanwhile
-    (base/steps.py's Stepper): ``look()`` reads what its pipes hold (at most
-    ``max_bytes`` of each kept) and answers ``(stdout, why)`` as a blocking run does
-    once it has exited or its bound has passed, None before. At its end, whatever is
-    left of its process group is killed and it is reaped; ``ended(self)`` is told."""
+    """A program run, judged one way whether its caller waits for it (``wait()``, the
+    screen's runner for the working hours' and the mender's turns) or looks at it now
+    and then (``look()``, a thread that serves other things meanwhile: base/steps.py's
+    Stepper). Its answer is ``(stdout, "")`` once it has exited 0, ``(stdout, why)``
+    once it exited otherwise (``failure``'s words), ``(None, why)`` at its bound, by
+    when its group is killed. At most ``max_bytes`` of each of its outputs is kept (the
+    rest read and dropped, so a chatty program never blocks on its pipe). A background
+    child it leaves is its own business, as with ``finish``, unless it is still there
+    at the bound or at ``kill()``; one that holds the pipes does not delay the answer.
+    At its end it is reaped and ``ended(self)`` is told."""
 
     def __init__(self, child: subprocess.Popen, argv: list[str], timeout_s: float,
                  ended: Callable[["Started"], None] = lambda started: None,
@@ -136,15 +142,19 @@ class Started:
         self._ended, self._mono, self._max = ended, mono, max_bytes
         self._kept = {pipe.fileno(): bytearray() for pipe in (child.stdout, child.stderr)
                       if pipe is not None}
+        self._open = set(self._kept)   # the pipes not at their end yet
         for fd in self._kept:
             os.set_blocking(fd, False)
 
     def look(self) -> tuple[bytes | None, str] | None:
+        """The answer if there is one now, else None."""
         self._drain()
         if _exited(self.child.pid):
             self._drain()   # what it wrote before it exited
-            out, err = self._output()
-            self.kill()
+            out, err = (bytes(self._kept.get(_fd(p), b"")) for p in (self.child.stdout,
+                                                                    self.child.stderr))
+            _reap(self.child)
+            self._ended(self)
             code = self.child.returncode
             return (out, "") if code == 0 else (out, failure(self.argv, exited=code, stderr=err))
         if self._mono() >= self.deadline:
@@ -152,26 +162,48 @@ class Started:
             return None, failure(self.argv, timeout_s=self.timeout_s)
         return None
 
+    def wait(self) -> tuple[bytes | None, str]:
+        """The answer, on the calling thread: its outputs read as they come, its exit
+        seen within a few hundredths of a second (short waits: a pipe a background child
+        holds says nothing of the exit)."""
+        with selectors.DefaultSelector() as sel:
+            watched = set(self._open)
+            for fd in watched:
+                sel.register(fd, selectors.EVENT_READ)
+            while (answer := self.look()) is None:
+                for ended in watched - self._open:   # at its end: no more to wait for
+                    sel.unregister(ended)
+                watched &= self._open
+                left = min(max(self.deadline - self._mono(), 0.0), 0.05)
+                if sel.get_map():
+                    sel.select(left)
+                else:
+                    time.sleep(min(left, 0.01))
+        return answer
+
     def kill(self) -> None:
         kill_group(self.child)
         _reap(self.child)
         self._ended(self)
 
-    def _output(self) -> tuple[bytes, bytes]:
-        pipes = [self.child.stdout, self.child.stderr]
-        return tuple(bytes(self._kept.get(p.fileno(), b"")) if p is not None and not p.closed
-                     else b"" for p in pipes)   # type: ignore[return-value]
-
     def _drain(self) -> None:
-        for fd, kept in self._kept.items():
-            while True:
+        for fd in list(self._open):
+            kept = self._kept[fd]
+            for _ in range(DRAIN_CHUNKS):   # a writer that never stops waits for the next look
                 try:
                     chunk = os.read(fd, READ_CHUNK)
-                except (BlockingIOError, OSError):
+                except BlockingIOError:
                     break
+                except OSError:
+                    chunk = b""
                 if not chunk:
+                    self._open.discard(fd)
                     break
                 kept += chunk[:max(0, self._max - len(kept))]
+
+
+def _fd(pipe) -> int:
+    return pipe.fileno() if pipe is not None and not pipe.closed else -1
 
 
 def split(command: str) -> tuple[list[str], str]:

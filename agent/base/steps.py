@@ -4,14 +4,17 @@ job ends (the working hours', the mender's), a ``Stepper`` takes it a look at a 
 a thread that serves other things meanwhile (the commands thread: a display turned
 there never holds the commands behind it).
 
-The job yields a ``Run`` (it is sent back ``(stdout or None, why)``, as
-sources.Runner answers), an ``Acquire`` (a lock it must hold: it releases the lock
-itself, in a ``finally``) or an ``Until`` (a time on the job's own clock, or its
-interrupt set); its return value is the job's result.
+The job yields a ``Program`` (it is sent back ``(stdout or None, why)``, as
+sources.Runner answers), an ``Acquire`` (a lock it must hold: it is sent back whether
+it got it within the bound; it releases the lock itself, in a ``finally``) or an
+``Until`` (a time on the job's own clock, or its interrupt set); its return value is
+the job's result. A job whose step fails (a bug) is closed, so its ``finally`` runs
+then, not whenever the collector gets to it.
 """
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
@@ -25,9 +28,10 @@ Job = Generator[Any, Any, Any]
 
 
 @dataclass(frozen=True)
-class Run:
+class Program:
     """Run ``argv`` with ``runner``: a callable ``runner(argv[, env=env]) -> (stdout,
-    why)``; with a ``start(argv, env)`` too, a Stepper never blocks on it."""
+    why)``; with a ``start(argv, env)`` too (sources.Runner), a Stepper never blocks on
+    it (a plain callable, a test's, is called as it is)."""
     runner: Callable
     argv: list
     env: dict | None = None
@@ -35,7 +39,10 @@ class Run:
 
 @dataclass(frozen=True)
 class Acquire:
-    lock: Any   # a threading.Lock: released by the job, not by its driver
+    """A threading.Lock, released by the job, not by its driver; given up after
+    ``within_s`` (None: waited for as long as it takes)."""
+    lock: Any
+    within_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class Until:
     interrupt: threading.Event | None = None
 
 
-def _call(step: Run):
+def _call(step: Program):
     return step.runner(step.argv) if step.env is None else step.runner(step.argv, env=step.env)
 
 
@@ -57,15 +64,20 @@ def drive(job: Job):
             step = job.send(value)
         except StopIteration as end:
             return end.value
-        value = None
-        if isinstance(step, Run):
-            value = _call(step)
-        elif isinstance(step, Acquire):
-            step.lock.acquire()
-        else:
-            interrupt = step.interrupt or threading.Event()
-            while not interrupt.is_set() and (left := step.at - step.clock()) > 0:
-                interrupt.wait(left)
+        try:
+            value = None
+            if isinstance(step, Program):
+                value = _call(step)
+            elif isinstance(step, Acquire):
+                value = step.lock.acquire(
+                    timeout=-1 if step.within_s is None else max(step.within_s, 0.0))
+            else:
+                interrupt = step.interrupt or threading.Event()
+                while not interrupt.is_set() and (left := step.at - step.clock()) > 0:
+                    interrupt.wait(left)
+        except BaseException:
+            job.close()
+            raise
 
 
 class Stepper:
@@ -79,9 +91,14 @@ class Stepper:
         self.done = False
         self.result: Any = None
         self._child = None       # a started program (base/children.Started)
-        self._lock = None        # a lock held by another thread
+        self._lock: Acquire | None = None   # a lock another thread holds
+        self._lock_given_up_at = 0.0
         self._until: Until | None = None
-        self._send(None)
+        try:
+            self._send(None)
+        except BaseException:
+            self.close()
+            raise
 
     def wait_s(self) -> float:
         if self.done:
@@ -100,10 +117,11 @@ class Stepper:
             self._child = None
             self._send(answer)
         elif self._lock is not None:
-            if not self._lock.acquire(blocking=False):
+            got = self._lock.lock.acquire(blocking=False)
+            if not got and time.monotonic() < self._lock_given_up_at:
                 return False
             self._lock = None
-            self._send(None)
+            self._send(got)
         elif self._until is not None:
             until = self._until
             if until.clock() < until.at and not (until.interrupt and until.interrupt.is_set()):
@@ -113,11 +131,13 @@ class Stepper:
         return self.done
 
     def close(self) -> None:
-        if self._child is not None:
-            self._child.kill()
-            self._child = None
-        self.job.close()
-        self.done = True
+        try:
+            if self._child is not None:
+                self._child.kill()
+                self._child = None
+        finally:
+            self.job.close()
+            self.done = True
 
     def _send(self, value) -> None:
         """The job on until it must wait."""
@@ -128,7 +148,7 @@ class Stepper:
                 self.done, self.result = True, end.value
                 return
             value = None
-            if isinstance(step, Run):
+            if isinstance(step, Program):
                 start = getattr(step.runner, "start", None)
                 started = start(step.argv, step.env) if start is not None else _call(step)
                 if isinstance(started, tuple):   # answered at once (refused, not found)
@@ -138,8 +158,11 @@ class Stepper:
                 return
             if isinstance(step, Acquire):
                 if step.lock.acquire(blocking=False):
+                    value = True
                     continue
-                self._lock = step.lock
+                self._lock = step
+                self._lock_given_up_at = (time.monotonic() + step.within_s
+                                          if step.within_s is not None else float("inf"))
                 return
             if step.clock() >= step.at or (step.interrupt and step.interrupt.is_set()):
                 continue

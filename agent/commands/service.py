@@ -10,23 +10,25 @@ by the core's effects in their order, a ``Persist`` (synced when it says so) bef
 ``Run`` it records, which is what makes "at most once" hold across a power cut; only
 then does ``recorded()`` let the server's receipt go. A card slow to sync delays commands, never the link.
 
-A command that waits rather than works (a display's turn: a program, then the display's
-settle) is a job the commands thread drives itself, a look at a time between its news
-(base/steps.py): it starts after its receipt, its end is finished where it is, and a
-flood is refused at once meanwhile. The rest run whole on the executor.
+The commands run one at a time, in the order received. One that waits rather than works
+(a display's turn: a program, then the display's settle) is a job the commands thread
+drives itself, a look at a time between its news (base/steps.py): it starts after its
+receipt, its end is finished where it is, and a flood is refused at once meanwhile. The
+rest run whole on the executor.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
 import threading
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ..base.boot import boot_token
 from ..base.journal_fields import journal
-from ..base.steps import Job, Stepper
+from ..base.steps import Stepper
 from ..link.port import Confirmation, LinkPort, Message
 from ..runtime.loop import Loop
 from ..runtime.watchdog_gate import WatchdogGate
@@ -97,10 +99,11 @@ class CommandService:
         self._news: queue.Queue = queue.Queue()   # for the commands thread
         self._room = threading.BoundedSemaphore(RECEIVED_WAITING)   # for served commands
         self._jobs: queue.Queue = queue.Queue()   # for the executor
-        # the commands this thread drives itself: (the Run, when it started, its Stepper
-        # once begun); the jobs not begun yet, by command id
-        self._stepped: list[tuple[Run, float, Stepper | None]] = []
-        self._waiting_jobs: dict[str, Job] = {}
+        # the commands recorded, run one at a time in the order received: those waiting
+        # their turn, and the one running (driven here when it has a Stepper, else on
+        # the executor)
+        self._order: collections.deque[Run] = collections.deque()
+        self._current: _Running | None = None
         self._stopping = threading.Event()
         # results said since start, by the metrics' words: ok, error (it ran and
         # failed), refused (it never ran); a resend's stored result is not a new one
@@ -166,23 +169,22 @@ class CommandService:
     # -- on the commands thread ----------------------------------------------------------
     def _serve_news(self) -> None:
         """The commands thread's body: one piece of news at a time, then, once the queue
-        is empty, what the other threads read; between them, a look at each command it
-        drives itself (a display's turn)."""
+        is empty, what the other threads read; between them, a look at the command it
+        drives itself (a display's turn), until its next look is due."""
         try:
             while True:
-                self._look_at_stepped()
+                self._run_in_order()
                 try:
                     item = self._news.get_nowait()
                 except queue.Empty:
                     self._publish()   # once the queue is empty: a flood refreshes it once
-                    if not self._stepped:
+                    stepper = self._current.stepper if self._current is not None else None
+                    if stepper is None:
                         self.loop.idle()   # nothing to do until the link or the executor says
                         item = self._news.get()
                     else:
                         try:
-                            item = self._news.get(timeout=min(
-                                stepper.wait_s() if stepper is not None else 0.0
-                                for _, _, stepper in self._stepped))
+                            item = self._news.get(timeout=stepper.wait_s())
                         except queue.Empty:
                             self.loop.turn()
                             continue
@@ -191,40 +193,58 @@ class CommandService:
                 self.loop.turn()
                 getattr(self, "_on_" + item[0])(*item[1:])
         finally:
-            if self._stopping.is_set():
+            if self._stopping.is_set() and self._current is not None:
                 # a command driven here is not finished (the ledger keeps it running:
                 # reported as interrupted, never run again), its program killed; a
-                # restart of this thread after a bug goes on with them
-                for _, _, stepper in self._stepped:
-                    if stepper is not None:
-                        stepper.close()
-                self._stepped.clear()
-                self._waiting_jobs.clear()
+                # restart of this thread after a bug goes on with it
+                if self._current.stepper is not None:
+                    self._current.stepper.close()
+                self._current = None
 
-    def _look_at_stepped(self) -> None:
-        """Each command this thread drives, as far as it goes without waiting; those
-        that ended are finished here, on this thread: no executor, no hand-back. One
-        just recorded starts here, after its receipt has gone."""
-        for entry in list(self._stepped):
-            run, started, stepper = entry
+    def _run_in_order(self) -> None:
+        """The commands recorded, one at a time in their order, as the executor alone ran
+        them (a display on, then a screenshot, shows the display on): the next starts
+        once the one running has finished. One that waits rather than works
+        (``Actions.steps``: a display's turn) is driven here, a look at a time, and
+        finished here: no executor, no hand-back; it starts after its receipt has gone."""
+        while True:
+            if self._current is None:
+                if not self._order:
+                    return
+                self._current = self._begin(self._order.popleft())
+                continue
+            run, started, stepper = self._current
+            if stepper is None:
+                return   # the executor's: its Finished comes as news
             try:
-                if stepper is None:
-                    stepper = Stepper(self._waiting_jobs.pop(run.id))
-                    entry = self._stepped[self._stepped.index((run, started, None))] = (
-                        run, started, stepper)
-                done = stepper.advance()
+                if not stepper.advance():
+                    return
+                outcome = stepper.result
             except Exception as e:   # a bug in one command must not end the others
                 log.error("command %s failed: %s: %s", run.name, type(e).__name__, e,
                           exc_info=True)
-                if stepper is not None:
-                    stepper.close()
-                self._stepped.remove(entry)
-                self._on_finished(run.id, Outcome(False, error=f"internal error: "
-                                                               f"{type(e).__name__}"), started)
-                continue
-            if done:
-                self._stepped.remove(entry)
-                self._on_finished(run.id, stepper.result, started)
+                stepper.close()
+                outcome = Outcome(False, error=f"internal error: {type(e).__name__}")
+            self._current = None
+            self._on_finished(run.id, outcome, started)
+
+    def _begin(self, run: Run) -> "_Running":
+        log.info("server command %s: running %r %s", run.id, run.name, run.args or "",
+                 extra=journal(COMMAND_ID=run.id))
+        started = self._clock()
+        steps = getattr(self.actions, "steps", None)
+        try:
+            job = steps(run.name, run.args) if steps is not None else None
+            if job is not None:
+                return _Running(run, started, Stepper(job))
+        except Exception as e:   # a bug in one command must not end the others
+            log.error("command %s failed: %s: %s", run.name, type(e).__name__, e,
+                      exc_info=True)
+            self.finished(run.id, Outcome(False, error=f"internal error: {type(e).__name__}"),
+                          started)
+            return _Running(run, started, None)
+        self._jobs.put(run)
+        return _Running(run, started, None)
 
     def _on_start(self) -> None:
         if self._started:
@@ -254,6 +274,8 @@ class CommandService:
         return reports
 
     def _on_finished(self, cid: str, outcome, started: float) -> None:
+        if self._current is not None and self._current.run.id == cid:
+            self._current = None   # the executor's is done: the next may start
         if outcome is LATER:
             return  # its result is known after the restart it causes
         reports = self._do(self.core.handle(Finished(cid, outcome.ok, outcome.output,
@@ -322,23 +344,10 @@ class CommandService:
                     reports += self._do(self.core.handle(
                         Finished(effect.id, False, None, why, None, self._clock())))
                     continue
-                log.info("server command %s: running %r %s", effect.id, effect.name,
-                         effect.args or "", extra=journal(COMMAND_ID=effect.id))
-                self._start(effect)
+                self._order.append(effect)   # started in its turn (_run_in_order)
             else:
                 reports.append(effect)
         return reports
-
-    def _start(self, run: Run) -> None:
-        """A command that waits rather than works (``Actions.steps``) is driven here,
-        between the news; any other goes to the executor."""
-        steps = getattr(self.actions, "steps", None)
-        job = steps(run.name, run.args) if steps is not None else None
-        if job is None:
-            self._jobs.put(run)
-            return
-        self._waiting_jobs[run.id] = job
-        self._stepped.append((run, self._clock(), None))
 
     def _persist(self, effect: Persist) -> str | None:
         """A Persist to the ledger; what went wrong, if anything."""
@@ -386,3 +395,11 @@ class CommandService:
                           exc_info=True)
                 outcome = Outcome(False, error=f"internal error: {type(e).__name__}")
             self.finished(job.id, outcome, started)
+
+
+class _Running(NamedTuple):
+    """The command running: driven by the commands thread (its ``stepper``) or by the
+    executor (None)."""
+    run: Run
+    started: float
+    stepper: Stepper | None

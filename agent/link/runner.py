@@ -270,8 +270,7 @@ class LinkRunner:
             self.connector.recover()
         while True:
             self.loop.turn()
-            if self.connection is not None:
-                self.read_transport()
+            self.read_transport()
             self.take_in_events()
             if self.core.state == LinkState.STOPPED:
                 break
@@ -280,7 +279,8 @@ class LinkRunner:
                 _stall_forever()
             if self.hooks.on_turn is not None and self._others_may_turn():
                 self.hooks.on_turn()   # before the sends: no writer waits on their reads' GIL
-                self.take_in_events()   # what their work asked of the link, this turn
+                self.read_transport()   # what came meanwhile, before the core judges silence
+                self.take_in_events()   # and what their work asked of the link, this turn
             self.execute_all(self.core.poll(self.clock.monotonic()))
             if self.connector.judge_clock():
                 self._published = None      # the status file says it now

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..base import children
 from ..base.hardware import connectors
-from ..base.steps import Acquire, Job, Run, Until, drive
+from ..base.steps import Acquire, Job, Program, Until, drive
 from ..events.model import Event
 from .core import OFF, ON, STATES, Turned, not_configured
 from .sources import Runner
@@ -62,7 +62,7 @@ class DisplayPower:
     @property
     def bound_s(self) -> float:
         """A turn at most: its own (the command, the connect grace, the read-back) and
-        one it waits behind."""
+        one it waits behind (no longer: it is given up, said)."""
         one = self.runner.timeout_s + self.connect_grace_s + (
             self.read_back.bound_s if self.read_back is not None else 0.0)
         return 2 * one
@@ -77,7 +77,9 @@ class DisplayPower:
         a time (the commands thread); the Turned its result."""
         if state not in STATES:
             raise ValueError(f"state: {state!r}")
-        yield Acquire(self._turning)
+        if not (yield Acquire(self._turning, self.bound_s / 2)):
+            return Turned(state, f"not turned: the display was still being turned after "
+                                 f"{self.bound_s / 2:g} s (another turn's bound)")
         try:
             error = yield from self._run(state)
             if error:
@@ -133,7 +135,7 @@ class DisplayPower:
         argv, why = children.split(command)
         if why:
             return why
-        _, why = yield Run(self.runner, argv)
+        _, why = yield Program(self.runner, argv)
         return why
 
     def _connected_within(self, seconds: float) -> Job:

@@ -93,7 +93,7 @@ class Screen:
 
 def _steps(source, what: str) -> Job:
     """A source's read or mend as steps, where it has them (a program to run); else
-    done at once (DRM's sysfs reads, a test's source)."""
+    done at once: DRM's few sysfs attributes (a test's source)."""
     stepwise = getattr(source, {"read": "reading", "mend": "mending"}[what], None)
     if stepwise is None:
         return getattr(source, what)()

@@ -31,7 +31,7 @@ from typing import Callable
 
 from ..base import children
 from ..base.fsutil import read_bounded
-from ..base.steps import Job, Run, drive
+from ..base.steps import Job, Program, drive
 from .core import NO_CONNECTOR_CONNECTED, OFF, ON, Reading
 
 READ_TIMEOUT_S = 5.0     # one source's read, at most (cec-ctl waits on the TV's answer)
@@ -54,28 +54,12 @@ class Runner:
     def __call__(self, argv: list[str], env: dict | None = None) -> tuple[bytes | None, str]:
         """(stdout, "") when it exited 0, else (None, why in children.failure's words);
         the exit status aside, a program that printed its answer is read (stdout, why)."""
-        try:
-            with self._lock:
-                if self._stopping:
-                    return None, self.refused
-                child = children.spawn(argv, env=env)
-                self._running.add(child)
-        except OSError as e:
-            return None, children.failure(argv, error=e)
-        try:
-            out, err = children.finish(child, self.timeout_s)
-        except subprocess.TimeoutExpired:
-            return None, children.failure(argv, timeout_s=self.timeout_s)
-        finally:
-            with self._lock:
-                self._running.discard(child)
-        if child.returncode != 0:
-            return out, children.failure(argv, exited=child.returncode, stderr=err)
-        return out, ""
+        started = self.start(argv, env)
+        return started if isinstance(started, tuple) else started.wait()
 
     def start(self, argv: list[str], env: dict | None = None):
-        """The same run a look at a time (base/steps.py): a children.Started, or the
-        answer at once when it cannot start."""
+        """The same run, a children.Started to look at now and then (base/steps.py), or
+        the answer at once when it cannot start."""
         try:
             with self._lock:
                 if self._stopping:
@@ -84,6 +68,8 @@ class Runner:
                 self._running.add(child)
         except OSError as e:
             return None, children.failure(argv, error=e)
+        except ValueError as e:   # a NUL byte in an argument
+            return None, f"{children.program(argv)}: cannot be run ({e})"
 
         def ended(started: children.Started) -> None:
             with self._lock:
@@ -155,7 +141,7 @@ class X11Dpms:
         xset = shutil.which("xset", path=self.path)
         if xset is None:
             return _absent(self.name, "xset is not installed (x11-xserver-utils)")
-        out, why = yield Run(self.run, [xset, "-display", self.display, "q"])
+        out, why = yield Program(self.run, [xset, "-display", self.display, "q"])
         if why:
             return Reading(self.name, None, why)
         return self.parse(out.decode(errors="replace"))
@@ -165,7 +151,7 @@ class X11Dpms:
 
     def mending(self) -> Job:
         xset = shutil.which("xset", path=self.path) or "xset"
-        _, why = yield Run(self.run, [xset, "-display", self.display or "", "dpms", "force",
+        _, why = yield Program(self.run, [xset, "-display", self.display or "", "dpms", "force",
                                       "on"])
         return "DPMS force on" + (f" failed: {why}" if why else "")
 
@@ -198,9 +184,9 @@ class Wayland:
         tool = shutil.which("wlr-randr", path=self.env.get("PATH"))
         if tool is None:
             return _absent(self.name, "wlr-randr is not installed")
-        out, why = yield Run(self.run, [tool, "--json"], dict(self.env))
+        out, why = yield Program(self.run, [tool, "--json"], dict(self.env))
         if why and out is not None and not out.strip():   # a wlr-randr without --json
-            out, why = yield Run(self.run, [tool], dict(self.env))
+            out, why = yield Program(self.run, [tool], dict(self.env))
             if why:
                 return Reading(self.name, None, why)
             outputs = self.outputs_in_text(out.decode(errors="replace"))
@@ -223,7 +209,7 @@ class Wayland:
         tool = shutil.which("wlr-randr", path=self.env.get("PATH")) or "wlr-randr"
         done = []
         for name in self.disabled[:4]:
-            _, why = yield Run(self.run, [tool, "--output", name, "--on"], dict(self.env))
+            _, why = yield Program(self.run, [tool, "--output", name, "--on"], dict(self.env))
             done.append(f"output {name} enabled again" + (f" failed: {why}" if why else ""))
         return "; ".join(done) or "no output to enable"
 
@@ -294,7 +280,7 @@ class Cec:
             return _absent(self.name, "cec-ctl is not installed (v4l-utils)")
         if not os.path.exists(self.device):
             return _absent(self.name, f"no CEC adapter ({self.device})")
-        out, why = yield Run(self.run, [tool, "-d", self.device, "--to", "0",
+        out, why = yield Program(self.run, [tool, "-d", self.device, "--to", "0",
                                         "--give-device-power-status"])
         if out is None:
             return Reading(self.name, None, why)
@@ -308,14 +294,14 @@ class Cec:
 
     def mending(self) -> Job:
         tool = shutil.which("cec-ctl", path=self.path) or "cec-ctl"
-        _, why = yield Run(self.run, [tool, "-d", self.device, "--to", "0", "--image-view-on"])
+        _, why = yield Program(self.run, [tool, "-d", self.device, "--to", "0", "--image-view-on"])
         if why:
             return f"CEC Image View On failed: {why}"
-        out, why = yield Run(self.run, [tool, "-d", self.device])
+        out, why = yield Program(self.run, [tool, "-d", self.device])
         m = PHYSICAL_ADDRESS.search(out.decode(errors="replace")) if out is not None else None
         if m is None:
             return "CEC Image View On; no Active Source: " + (why or "no physical address")
-        _, why = yield Run(self.run, [tool, "-d", self.device, "--to", "15", "--active-source",
+        _, why = yield Program(self.run, [tool, "-d", self.device, "--to", "15", "--active-source",
                                       f"phys-addr={m.group(1)}"])
         return "CEC Image View On, Active Source" + (f" failed: {why}" if why else "")
 
