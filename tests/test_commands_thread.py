@@ -120,15 +120,43 @@ def test_the_core_and_the_ledger_are_touched_from_the_commands_thread_only(tmp_p
     assert [m.payload["id"] for (m,) in sent] == ["c-1"] and confirmed == [("c-1",)]
 
 
+class QuietPort:
+    """The link's port as the commands part uses it, saying nothing back."""
+    def serve(self, name, handler):
+        self.handler = handler
+
+    def subscribe(self, **kwargs):
+        pass
+
+    def send_confirmed(self, messages, on_confirmed):
+        pass
+
+    def send(self, message):
+        pass
+
+
+def display_service(tmp_path, power, port=None, allow=("display",), run=None):
+    """The commands part, whose display turns on ``power`` and whose executor runs the
+    rest with ``run`` (none expected unless given)."""
+    from agent.commands.actions import Actions
+    from agent.commands.service import CommandService
+    actions = Actions.__new__(Actions)
+    actions.updater = None
+    actions.power = power
+    actions.stop = lambda: None
+    actions.run = run or (lambda name, args, cid=None: pytest.fail("ran on the executor"))
+    return CommandService(
+        str(tmp_path / "commands.json"), frozenset(allow), actions, str(tmp_path), link=port,
+        result_message=lambda result: ("device:command-result", result, True))
+
+
 def test_a_display_command_changes_thread_four_times_and_crosses_twice(tmp_path):
     """The walk in docs/LAYERS.md, counted: the thread of each step of one command, from
     the connection's events thread to the server's confirmation of its result. The
     display's turn (a real program, through the screen's own runner, then a settle) is
     driven by the commands thread a look at a time: no executor, no hand-back."""
     from agent.base.steps import Program, Until
-    from agent.commands.actions import Actions
     from agent.commands.core import ResultAcked
-    from agent.commands.service import CommandService
     from agent.link.port import Confirmation
     from agent.screen.core import Turned
     from agent.screen.sources import Runner
@@ -138,13 +166,7 @@ def test_a_display_command_changes_thread_four_times_and_crosses_twice(tmp_path)
     def step(part):
         steps.append((part, threading.current_thread().name))
 
-    class Port:
-        def serve(self, name, handler):
-            self.handler = handler
-
-        def subscribe(self, **kwargs):
-            pass
-
+    class Port(QuietPort):
         def send_confirmed(self, messages, on_confirmed):
             step("commands")   # the emit, on the caller's thread
             # the server's ACK, taken in on the library's read loop
@@ -166,16 +188,8 @@ def test_a_display_command_changes_thread_four_times_and_crosses_twice(tmp_path)
             step("screen")
             return Turned(state)
 
-    actions = Actions.__new__(Actions)
-    actions.updater = None
-    actions.power = Power()
-    actions.stop = lambda: None
-    actions.run = lambda name, args, cid=None: pytest.fail("the display ran on the executor")
     port = Port()
-    service = CommandService(str(tmp_path / "commands.json"), frozenset({"display"}),
-                             actions, str(tmp_path), link=port,
-                             result_message=lambda result: ("device:command-result", result,
-                                                            True))
+    service = display_service(tmp_path, Power(), port)
     handle = service.core.handle
 
     def handled(event):
@@ -220,8 +234,6 @@ def test_a_flood_is_refused_while_a_display_turns_on_the_commands_thread(tmp_pat
     commands received meanwhile are recorded (their receipts go) within a tenth of a
     second, not after the turn."""
     from agent.base.steps import Until
-    from agent.commands.actions import Actions
-    from agent.commands.service import CommandService
     from agent.screen.core import Turned
 
     class Power:
@@ -231,30 +243,8 @@ def test_a_flood_is_refused_while_a_display_turns_on_the_commands_thread(tmp_pat
             yield Until(time.monotonic() + 3.0, time.monotonic)
             return Turned(state)
 
-    actions = Actions.__new__(Actions)
-    actions.updater = None
-    actions.power = Power()
-    actions.stop = lambda: None
-    actions.run = lambda name, args, cid=None: pytest.fail("nothing runs on the executor")
-
-    class Port:
-        def serve(self, name, handler):
-            self.handler = handler
-
-        def subscribe(self, **kwargs):
-            pass
-
-        def send_confirmed(self, messages, on_confirmed):
-            pass
-
-        def send(self, message):
-            pass
-
-    port = Port()
-    service = CommandService(str(tmp_path / "commands.json"), frozenset({"display"}),
-                             actions, str(tmp_path), link=port,
-                             result_message=lambda result: ("device:command-result", result,
-                                                            True))
+    port = QuietPort()
+    service = display_service(tmp_path, Power(), port)
     service.start()
     try:
         first = threading.Event()
@@ -281,9 +271,7 @@ def test_commands_run_one_at_a_time_in_the_order_received_wherever_they_run(tmp_
     the order the server gave, one at a time, as the executor alone ran them: a
     screenshot after a display on sees the display on."""
     from agent.base.steps import Until
-    from agent.commands.actions import Actions
     from agent.commands.core import Outcome
-    from agent.commands.service import CommandService
     from agent.screen.core import Turned
 
     seen = []
@@ -303,13 +291,7 @@ def test_commands_run_one_at_a_time_in_the_order_received_wherever_they_run(tmp_
         seen.append(f"end {name}")
         return Outcome(True, name)
 
-    actions = Actions.__new__(Actions)
-    actions.updater = None
-    actions.power = Power()
-    actions.stop = lambda: None
-    actions.run = run
-    service = CommandService(str(tmp_path / "commands.json"),
-                             frozenset({"display", "diagnostics"}), actions, str(tmp_path))
+    service = display_service(tmp_path, Power(), allow=("display", "diagnostics"), run=run)
     service.start()
     try:
         for n, (name, args) in enumerate([("display", {"state": "on"}), ("diagnostics", {}),
