@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from agent.base.steps import Stepper
 from agent.commands.actions import Actions
 from agent.config import load as cfgmod
 from agent.config.model import Screen as ScreenSection
@@ -372,14 +373,27 @@ def x_actions(display, tmp_path, off=None, on=None, settle_s=1.0):
                    request_restart=lambda: None, enqueue=lambda *a: "x", power=power)
 
 
-def test_a_real_x_server_is_asked_and_one_without_dpms_is_said_at_once(xvfb, tmp_path):
+def display_command(actions, state, driven):
+    """The display command driven whole, or a look at a time as the commands thread
+    drives it (base/steps.py)."""
+    if driven == "whole":
+        return actions.run("display", {"state": state})
+    stepper = Stepper(actions.steps("display", {"state": state}))
+    while not stepper.advance():
+        time.sleep(stepper.wait_s())
+    return stepper.result
+
+
+@pytest.mark.parametrize("driven", ["whole", "stepped"])
+def test_a_real_x_server_is_asked_and_one_without_dpms_is_said_at_once(xvfb, tmp_path,
+                                                                        driven):
     """Xvfb has no DPMS extension: `xset dpms force off` exits 0 there and changes
     nothing. What the display command answers is what `xset q` read: no DPMS here,
     unconfirmed, at once (nothing else on this machine can tell)."""
     display, _ = xvfb
     actions = x_actions(display, tmp_path, settle_s=30)
     started = time.monotonic()
-    off = actions.run("display", {"state": "off"})
+    off = display_command(actions, "off", driven)
     assert time.monotonic() - started < 5
     why = ("nothing here reads the display: DRM: no DRM connector in sysfs; X11 DPMS: the X "
            "server has no DPMS; Wayland: WAYLAND_DISPLAY is not set; CEC: cec-ctl is not "
@@ -388,7 +402,9 @@ def test_a_real_x_server_is_asked_and_one_without_dpms_is_said_at_once(xvfb, tmp
     assert off.extra == {"confirmed": False, "why": why}
 
 
-def test_a_display_that_cannot_be_read_is_unconfirmed_after_the_bounded_settle(xvfb, tmp_path):
+@pytest.mark.parametrize("driven", ["whole", "stepped"])
+def test_a_display_that_cannot_be_read_is_unconfirmed_after_the_bounded_settle(xvfb, tmp_path,
+                                                                              driven):
     """The X server gone after the command: xset is asked again until the settle is
     over, then the answer says what it last said."""
     display, x_server = xvfb
@@ -396,7 +412,7 @@ def test_a_display_that_cannot_be_read_is_unconfirmed_after_the_bounded_settle(x
     x_server.wait()
     actions = x_actions(display, tmp_path, off="true", settle_s=1.0)
     started = time.monotonic()
-    outcome = actions.run("display", {"state": "off"})
+    outcome = display_command(actions, "off", driven)
     took = time.monotonic() - started
     assert 1.0 <= took < 1.0 + actions.read_back_s, took
     assert outcome.ok, "the command ran: ok; what the display did is in confirmed"
