@@ -140,8 +140,10 @@ class Started:
         self.child, self.argv, self.timeout_s = child, argv, timeout_s
         self.deadline = mono() + timeout_s
         self._ended, self._mono, self._max = ended, mono, max_bytes
-        self._kept = {pipe.fileno(): bytearray() for pipe in (child.stdout, child.stderr)
-                      if pipe is not None}
+        # stdout's and stderr's descriptors (None: not piped), and what each gave
+        self._fds = tuple(p.fileno() if p is not None else None
+                          for p in (child.stdout, child.stderr))
+        self._kept = {fd: bytearray() for fd in self._fds if fd is not None}
         self._open = set(self._kept)   # the pipes not at their end yet
         for fd in self._kept:
             os.set_blocking(fd, False)
@@ -151,8 +153,7 @@ class Started:
         self._drain()
         if _exited(self.child.pid):
             self._drain()   # what it wrote before it exited
-            out, err = (bytes(self._kept.get(_fd(p), b"")) for p in (self.child.stdout,
-                                                                    self.child.stderr))
+            out, err = (bytes(self._kept[fd]) if fd is not None else b"" for fd in self._fds)
             _reap(self.child)
             self._ended(self)
             code = self.child.returncode
@@ -200,10 +201,6 @@ class Started:
                     self._open.discard(fd)
                     break
                 kept += chunk[:max(0, self._max - len(kept))]
-
-
-def _fd(pipe) -> int:
-    return pipe.fileno() if pipe is not None and not pipe.closed else -1
 
 
 def split(command: str) -> tuple[list[str], str]:

@@ -51,6 +51,10 @@ class Until:
     clock: Callable[[], float]
     interrupt: threading.Event | None = None
 
+    def passed(self) -> bool:
+        return self.clock() >= self.at or (self.interrupt is not None
+                                           and self.interrupt.is_set())
+
 
 def _call(step: Program):
     return step.runner(step.argv) if step.env is None else step.runner(step.argv, env=step.env)
@@ -73,8 +77,8 @@ def drive(job: Job):
                     timeout=-1 if step.within_s is None else max(step.within_s, 0.0))
             else:
                 interrupt = step.interrupt or threading.Event()
-                while not interrupt.is_set() and (left := step.at - step.clock()) > 0:
-                    interrupt.wait(left)
+                while not step.passed():
+                    interrupt.wait(step.at - step.clock())
         except BaseException:
             job.close()
             raise
@@ -90,10 +94,10 @@ class Stepper:
         self.job = job
         self.done = False
         self.result: Any = None
-        self._child = None       # a started program (base/children.Started)
-        self._lock: Acquire | None = None   # a lock another thread holds
-        self._lock_given_up_at = 0.0
-        self._until: Until | None = None
+        # what the job waits on: a started program (base/children.Started), a lock
+        # another thread holds (given up at _given_up_at), or a time
+        self._waiting: Any = None
+        self._given_up_at = 0.0
         try:
             self._send(None)
         except BaseException:
@@ -101,41 +105,37 @@ class Stepper:
             raise
 
     def wait_s(self) -> float:
+        waiting = self._waiting
         if self.done:
             return 0.0
-        if self._until is not None:
-            return max(0.0, self._until.at - self._until.clock())
-        return LOOK_EVERY_S if self._child is not None else LOCK_EVERY_S
+        if isinstance(waiting, Until):
+            return max(0.0, waiting.at - waiting.clock())
+        return LOCK_EVERY_S if isinstance(waiting, Acquire) else LOOK_EVERY_S
 
     def advance(self) -> bool:
-        if self.done:
-            return True
-        if self._child is not None:
-            answer = self._child.look()
-            if answer is None:
+        waiting = self._waiting
+        if self.done or waiting is None:
+            return self.done
+        if isinstance(waiting, Until):
+            if not waiting.passed():
                 return False
-            self._child = None
-            self._send(answer)
-        elif self._lock is not None:
-            got = self._lock.lock.acquire(blocking=False)
-            if not got and time.monotonic() < self._lock_given_up_at:
+            answer = None
+        elif isinstance(waiting, Acquire):
+            answer = waiting.lock.acquire(blocking=False)
+            if not answer and time.monotonic() < self._given_up_at:
                 return False
-            self._lock = None
-            self._send(got)
-        elif self._until is not None:
-            until = self._until
-            if until.clock() < until.at and not (until.interrupt and until.interrupt.is_set()):
-                return False
-            self._until = None
-            self._send(None)
+        elif (answer := waiting.look()) is None:
+            return False
+        self._waiting = None
+        self._send(answer)
         return self.done
 
     def close(self) -> None:
         try:
-            if self._child is not None:
-                self._child.kill()
-                self._child = None
+            if self._waiting is not None and not isinstance(self._waiting, (Until, Acquire)):
+                self._waiting.kill()
         finally:
+            self._waiting = None
             self.job.close()
             self.done = True
 
@@ -154,17 +154,17 @@ class Stepper:
                 if isinstance(started, tuple):   # answered at once (refused, not found)
                     value = started
                     continue
-                self._child = started
+                self._waiting = started
                 return
             if isinstance(step, Acquire):
                 if step.lock.acquire(blocking=False):
                     value = True
                     continue
-                self._lock = step
-                self._lock_given_up_at = (time.monotonic() + step.within_s
-                                          if step.within_s is not None else float("inf"))
+                self._waiting = step
+                self._given_up_at = (time.monotonic() + step.within_s
+                                     if step.within_s is not None else float("inf"))
                 return
-            if step.clock() >= step.at or (step.interrupt and step.interrupt.is_set()):
+            if step.passed():
                 continue
-            self._until = step
+            self._waiting = step
             return
