@@ -189,6 +189,9 @@ class _Actions:
     def __init__(self):
         self.go, self.ran = threading.Event(), []
 
+    def steps(self, name, args):
+        return None   # every command whole, on the executor
+
     def run(self, name, args, command_id=""):
         self.ran.append(command_id)
         assert self.go.wait(5)

@@ -220,11 +220,9 @@ class CommandService:
                 if not stepper.advance():
                     return
                 outcome = stepper.result
-            except Exception as e:   # a bug in one command must not end the others
-                log.error("command %s failed: %s: %s", run.name, type(e).__name__, e,
-                          exc_info=True)
+            except Exception as e:
                 stepper.close()
-                outcome = Outcome(False, error=f"internal error: {type(e).__name__}")
+                outcome = _internal_error(run.name, e)
             self._current = None
             self._on_finished(run.id, outcome, started)
 
@@ -232,19 +230,15 @@ class CommandService:
         log.info("server command %s: running %r %s", run.id, run.name, run.args or "",
                  extra=journal(COMMAND_ID=run.id))
         started = self._clock()
-        steps = getattr(self.actions, "steps", None)
         try:
-            job = steps(run.name, run.args) if steps is not None else None
-            if job is not None:
-                return _Running(run, started, Stepper(job))
-        except Exception as e:   # a bug in one command must not end the others
-            log.error("command %s failed: %s: %s", run.name, type(e).__name__, e,
-                      exc_info=True)
-            self.finished(run.id, Outcome(False, error=f"internal error: {type(e).__name__}"),
-                          started)
-            return _Running(run, started, None)
-        self._jobs.put(run)
-        return _Running(run, started, None)
+            job = self.actions.steps(run.name, run.args)
+            stepper = Stepper(job) if job is not None else None
+        except Exception as e:
+            self.finished(run.id, _internal_error(run.name, e), started)
+            return _Running(run, started, None)   # done when its Finished is taken in
+        if stepper is None:
+            self._jobs.put(run)
+        return _Running(run, started, stepper)
 
     def _on_start(self) -> None:
         if self._started:
@@ -390,11 +384,15 @@ class CommandService:
             started = self._clock()
             try:
                 outcome = self.actions.run(job.name, job.args, job.id)
-            except Exception as e:  # a bug in one command must not end the others
-                log.error("command %s failed: %s: %s", job.name, type(e).__name__, e,
-                          exc_info=True)
-                outcome = Outcome(False, error=f"internal error: {type(e).__name__}")
+            except Exception as e:
+                outcome = _internal_error(job.name, e)
             self.finished(job.id, outcome, started)
+
+
+def _internal_error(name: str, e: Exception) -> Outcome:
+    """A bug in one command, seen, and its result: it must not end the others."""
+    log.error("command %s failed: %s: %s", name, type(e).__name__, e, exc_info=True)
+    return Outcome(False, error=f"internal error: {type(e).__name__}")
 
 
 class _Running(NamedTuple):
