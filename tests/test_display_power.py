@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.base.steps import Stepper, Until
+from agent.base.steps import Until
 from agent.commands.actions import Actions
 from agent.commands.core import LATER
 from agent.config import load as cfgmod
@@ -21,6 +21,7 @@ from agent.hours.service import WorkingHours
 from agent.screen import part as screen_part
 from agent.screen.core import OFF, ON, Reading, Verdict
 from agent.screen.power import DisplayPower
+from tests.test_steps import run_stepped
 
 
 class FakeReadBack:
@@ -50,14 +51,6 @@ def slow(log, state):
     return f"sh -c 'echo start-{state} >> {log}; sleep 0.4; echo end-{state} >> {log}'"
 
 
-def stepped(actions, state):
-    """The display command as the commands thread runs it: its job a look at a time."""
-    stepper = Stepper(actions.steps("display", {"state": state}))
-    while not stepper.advance():
-        time.sleep(stepper.wait_s())
-    return stepper.result
-
-
 @pytest.mark.parametrize("driven", ["stepped", "blocking"])
 def test_a_scheduled_off_and_a_command_on_at_once_are_turned_one_after_the_other(tmp_path,
                                                                                    driven):
@@ -81,7 +74,8 @@ def test_a_scheduled_off_and_a_command_on_at_once_are_turned_one_after_the_other
 
     def command():
         together.wait()
-        answered["on"] = (stepped(actions, ON) if driven == "stepped"
+        answered["on"] = (run_stepped(actions.steps("display", {"state": ON}))
+                          if driven == "stepped"
                           else actions.run("display", {"state": ON}))
 
     def scheduled():

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.base.steps import Stepper
 from agent.commands.actions import Actions
 from agent.config import load as cfgmod
 from agent.config.model import Screen as ScreenSection
@@ -20,6 +19,7 @@ from agent.screen.core import (OFF, ON, Asked, Mend, Mended, Read, ReadAt, ReadB
                                Stopped, Verdict)
 from agent.screen.sources import Cec, Drm, Wayland, X11Dpms
 from devtools.harness import agent_config, wait_for
+from tests.test_steps import run_stepped
 
 EVERY = {"DRM": 0.5, "X11 DPMS": 0.5, "CEC": 2.0}
 
@@ -378,10 +378,7 @@ def display_command(actions, state, driven):
     drives it (base/steps.py)."""
     if driven == "whole":
         return actions.run("display", {"state": state})
-    stepper = Stepper(actions.steps("display", {"state": state}))
-    while not stepper.advance():
-        time.sleep(stepper.wait_s())
-    return stepper.result
+    return run_stepped(actions.steps("display", {"state": state}))
 
 
 @pytest.mark.parametrize("driven", ["whole", "stepped"])

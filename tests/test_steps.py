@@ -10,14 +10,14 @@ from agent.screen.sources import Runner
 
 
 def run_stepped(job, limit_s=10.0):
+    """The job a look at a time, as the commands thread drives a display command, the
+    waits between looks slept here; its result."""
     stepper = Stepper(job)
     deadline = time.monotonic() + limit_s
-    looks = 0
     while not stepper.advance():
         assert time.monotonic() < deadline, "the job never ended"
         time.sleep(stepper.wait_s())
-        looks += 1
-    return stepper.result, looks
+    return stepper.result
 
 
 def test_one_job_gives_the_same_result_driven_whole_or_a_look_at_a_time():
@@ -38,7 +38,7 @@ def test_one_job_gives_the_same_result_driven_whole_or_a_look_at_a_time():
         finally:
             lock.release()
     assert drive(job()) == (b"said x", "", True)
-    assert run_stepped(job())[0] == (b"said x", "", True)
+    assert run_stepped(job()) == (b"said x", "", True)
     assert not lock.locked()
 
 
@@ -49,9 +49,9 @@ def test_a_real_program_is_read_and_judged_as_a_blocking_run_judges_it(tmp_path)
         return (yield Program(runner, argv))
     for argv in (["sh", "-c", "echo on"], ["sh", "-c", "echo oops >&2; exit 3"],
                  ["/nonexistent/program"]):
-        stepped, _ = run_stepped(job(argv))
+        stepped = run_stepped(job(argv))
         assert stepped == runner(argv), argv
-    assert run_stepped(job(["sh", "-c", "echo oops >&2; exit 3"]))[0] == (
+    assert run_stepped(job(["sh", "-c", "echo oops >&2; exit 3"])) == (
         b"", "sh exited 3: oops")
 
 
@@ -59,7 +59,7 @@ def test_a_program_past_its_bound_is_killed_with_its_group_and_said_in_words(tmp
     pids = tmp_path / "pids"
     runner = Runner(0.5)
     t0 = time.monotonic()
-    result, _ = run_stepped(_run(runner, ["sh", "-c", f"sleep 30 & echo $! > {pids}; wait"]))
+    result = run_stepped(_run(runner, ["sh", "-c", f"sleep 30 & echo $! > {pids}; wait"]))
     assert result == (None, "sh timed out after 0.5 s") and time.monotonic() - t0 < 2
     time.sleep(0.1)
     assert not _alive(int(pids.read_text()))
@@ -67,7 +67,7 @@ def test_a_program_past_its_bound_is_killed_with_its_group_and_said_in_words(tmp
 
 def test_output_is_bounded_and_drained_so_a_chatty_program_ends(tmp_path):
     runner = Runner(10.0)
-    (out, why), _ = run_stepped(_run(runner, ["sh", "-c", "head -c 3000000 /dev/zero; echo"]))
+    out, why = run_stepped(_run(runner, ["sh", "-c", "head -c 3000000 /dev/zero; echo"]))
     assert why == "" and len(out) == 65536, (len(out), why)
 
 
@@ -83,7 +83,7 @@ def test_a_program_that_exits_is_answered_though_a_child_it_left_holds_the_pipe(
         for way in ("stepped", "whole"):
             argv = ["sh", "-c", f"sleep 30 & echo $! > {pids}; echo done"]
             t0 = time.monotonic()
-            result = run_stepped(_run(runner, argv))[0] if way == "stepped" else runner(argv)
+            result = run_stepped(_run(runner, argv)) if way == "stepped" else runner(argv)
             assert result == (b"done\n", "") and time.monotonic() - t0 < 2, (way, result)
             helpers.append(int(pids.read_text()))
             assert _alive(helpers[-1]), way
@@ -172,7 +172,7 @@ def test_a_lock_held_past_the_bound_is_given_up_and_said_either_way():
         t0 = time.monotonic()
         assert drive(job()) is False and 0.25 < time.monotonic() - t0 < 2
         t0 = time.monotonic()
-        assert run_stepped(job())[0] is False and 0.25 < time.monotonic() - t0 < 2
+        assert run_stepped(job()) is False and 0.25 < time.monotonic() - t0 < 2
     finally:
         lock.release()
     assert drive(job()) is True and not lock.locked()

@@ -18,12 +18,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from agent.base.steps import Stepper
 from agent.config.model import Commands, Screen as ScreenSection
 from agent.screen import service as screen_service
 from agent.screen.core import OFF
@@ -32,6 +30,7 @@ from agent.screen.sources import Runner, Wayland
 from agent.screen.watch import from_config
 from tests.conftest import DESKTOP_UID
 from tests.test_picture_content import Clock, dim_text, starfield
+from tests.test_steps import run_stepped
 
 AGENT_UID = 64123        # the agent's user: neither root nor the desktop's
 # docs/operate.md's Wayland recipe, the desktop's side: its autostart, run at every start
@@ -96,10 +95,8 @@ def test_display_off_that_sway_17_refuses_is_not_confirmed_off(wayland_desktop):
     assert not verdict.confirmed, verdict.said()
     # the same read-back a look at a time, as the commands thread drives a display
     # command's: wlr-randr's answers judged alike
-    stepper = Stepper(screen.reading_back(OFF))
-    while not stepper.advance():
-        time.sleep(stepper.wait_s())
-    assert stepper.result.said() == verdict.said(), (stepper.result.said(), verdict.said())
+    stepped = run_stepped(screen.reading_back(OFF))
+    assert stepped.said() == verdict.said(), (stepped.said(), verdict.said())
     w, _ = watch_of(wayland_desktop.env)
     w.check()                                   # the screen still shows its stars
     assert w.snapshot()["verdict"] == OK, w.snapshot()
