@@ -48,6 +48,7 @@ class StatusBoard:
         self.link: dict = {}   # the link's state as it last published it
         self._said_at = self._refreshed_at = time.monotonic()
         self._lock = threading.Lock()
+        self._asked = self._shown = 0   # refreshes begun, and the latest begun of those shown
 
     def show(self, sections: dict[str, Callable[[], object]], metrics=None) -> None:
         """The parts' snapshots, by the status document's names, and the metrics that
@@ -63,18 +64,29 @@ class StatusBoard:
         self.refresh()
 
     def refresh(self) -> None:
-        """From any thread: the line and the file say what is true now."""
-        pairing = self._pairing()
-        self._on_pairing(pairing)
-        self._say(self.link, pairing)
-        doc = self._document(pairing)
+        """From any thread: the line and the file say what is true now. Two threads'
+        refreshes read the parts side by side and the one that read first may be ready
+        last: what it read is shown only if no later refresh has been shown (a link
+        proven live at the moment the credentials were stored stayed 'connecting' in the
+        file until the next change). The parts are read outside the lock: a part that
+        refreshes the board while holding its own lock must not wait on one that reads it."""
         with self._lock:
+            self._asked += 1
+            asked = self._asked
+        link, pairing = self.link, self._pairing()
+        doc = self._document(link, pairing)
+        with self._lock:
+            if asked < self._shown:
+                return
+            self._shown = asked
+            self._on_pairing(pairing)
+            self._say(link, pairing)
             try:
                 status_file.write(self._path, doc)
             except OSError as e:
                 log.warning("cannot write status file %s: %s", self._path, e.strerror)
-        if self._metrics is not None:
-            self._metrics.document(doc)
+            if self._metrics is not None:
+                self._metrics.document(doc)
 
     def turn(self, now: float) -> None:
         """On the link thread's wake-up: systemd's line, when it has not been said lately,
@@ -89,12 +101,12 @@ class StatusBoard:
             self._say(self._link_now(), self._pairing())
 
     def document(self) -> dict:
-        return self._document(self._pairing())
+        return self._document(self.link, self._pairing())
 
-    def _document(self, pairing: dict | None) -> dict:
+    def _document(self, link: dict, pairing: dict | None) -> dict:
         return status.document(
             device_id=self._device_id(), pairing=pairing, server=self._server,
-            link=self.link, storage=self._storage.snapshot(),
+            link=link, storage=self._storage.snapshot(),
             **{name: snapshot() for name, snapshot in self._sections.items()})
 
     def _say(self, link: dict, pairing: dict | None) -> None:
