@@ -22,6 +22,52 @@ def _agent_pythons() -> list[tuple[str, str]]:
     return pythons or [("current", sys.executable)]
 
 
+# scripts/test's streams, run side by side: each test is in exactly one
+# (tests/test_scripts.py); "stacks" is dealt into parts, "stacks:2/3"
+STREAMS = ("system", "stacks", "units")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--stream", metavar="NAME[:K/N]", default=None,
+                     help="run one of scripts/test's streams: system (the booted tier), "
+                          "stacks (the tests run on each agent stack), units (the rest); "
+                          "NAME:K/N runs the K-th of N parts, dealt in turn")
+
+
+def _stream(spec: str) -> tuple[str, int, int]:
+    name, _, part = spec.partition(":")
+    k, _, n = (part or "1/1").partition("/")
+    if name not in STREAMS or not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--stream {spec!r}: expected one of {', '.join(STREAMS)}, "
+                                "optionally with :K/N (1 <= K <= N), e.g. stacks:2/3")
+    return name, int(k), int(n)
+
+
+def _stream_of(item) -> str:
+    if item.get_closest_marker("system") is not None:
+        return "system"
+    return "stacks" if "agent_python" in getattr(item, "fixturenames", ()) else "units"
+
+
+def pytest_configure(config):
+    if config.getoption("--stream") is not None:
+        _stream(config.getoption("--stream"))   # a wrong name fails before the collection
+
+
+@pytest.hookimpl(trylast=True)   # after -k and -m have deselected theirs
+def pytest_collection_modifyitems(config, items):
+    spec = config.getoption("--stream")
+    if spec is None:
+        return
+    name, k, n = _stream(spec)
+    ours = [item for item in items if _stream_of(item) == name]
+    # dealt in turn, not cut in blocks: a file's slow tests (a stack's pair, a server's
+    # generations) sit side by side in collection order and go to different parts
+    kept = set(ours[k - 1::n])
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = [item for item in items if item in kept]
+
+
 def pytest_generate_tests(metafunc):
     if "agent_python" in metafunc.fixturenames:
         pythons = _agent_pythons()

@@ -43,3 +43,38 @@ def test_fleet_server_runs_with_the_dev_environment(tmp_path):
     r = subprocess.run([str(REPO / "scripts" / "fleet-server"), "--help"], capture_output=True,
                        text=True, timeout=60, env={**os.environ, "EDGE_AGENT_PYTHON": sys.executable})
     assert r.returncode == 0, r.stderr
+
+
+def _collected(*args) -> list[str]:
+    # the assertions rewritten once, read back by the next collections (10 s each without)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+           "AGENT_TEST_PYTHONS": f"latest={sys.executable} bookworm={sys.executable}"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                        *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return [line for line in r.stdout.splitlines() if "::" in line]
+
+
+def test_the_streams_scripts_test_runs_side_by_side_run_every_test_once():
+    """A test in no stream would never run on CI; one in two would race itself."""
+    import re
+    script = (REPO / "scripts" / "test").read_text()
+    streams = re.findall(r"--stream ([\w:/]+)", script)
+    streams += re.search(r"^streams=\(([^)]*)\)", script, re.M).group(1).split()
+    assert sorted(streams) == ["stacks:1/3", "stacks:2/3", "stacks:3/3", "system", "units"]
+    everything = _collected()
+    ran = {stream: _collected("--stream", stream) for stream in streams}
+    assert len(everything) > 1500
+    assert sorted(test for tests in ran.values() for test in tests) == sorted(everything)
+    parts = [ran[f"stacks:{k}/3"] for k in (1, 2, 3)]
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert all(test.endswith(("-latest]", "-bookworm]", "[latest]", "[bookworm]"))
+               or "latest-" in test or "bookworm-" in test for part in parts for test in part)
+
+
+def test_a_stream_that_does_not_exist_is_one_line_naming_it():
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "--stream", "stacks:4/3"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 4 and "--stream 'stacks:4/3': expected one of system, stacks, units" \
+        in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
