@@ -48,7 +48,9 @@ class StatusBoard:
         self.link: dict = {}   # the link's state as it last published it
         self._said_at = self._refreshed_at = time.monotonic()
         self._lock = threading.Lock()
-        self._asked = self._shown = 0   # refreshes begun, and the latest begun of those shown
+        # reads of the parts begun, and the latest begun of those said in the line and of
+        # those written to the file (the line is also said alone, for the RTT)
+        self._asked = self._said = self._written = 0
 
     def show(self, sections: dict[str, Callable[[], object]], metrics=None) -> None:
         """The parts' snapshots, by the status document's names, and the metrics that
@@ -66,21 +68,19 @@ class StatusBoard:
     def refresh(self) -> None:
         """From any thread: the line and the file say what is true now. Two threads'
         refreshes read the parts side by side and the one that read first may be ready
-        last: what it read is shown only if no later refresh has been shown (a link
-        proven live at the moment the credentials were stored stayed 'connecting' in the
-        file until the next change). The parts are read outside the lock: a part that
+        last: what it read is shown only if no later read has been shown (a link proven
+        live at the moment the credentials were stored stayed 'connecting' in the file
+        until the next change). The parts are read outside the lock: a part that
         refreshes the board while holding its own lock must not wait on one that reads it."""
-        with self._lock:
-            self._asked += 1
-            asked = self._asked
+        asked = self._begin()
         link, pairing = self.link, self._pairing()
         doc = self._document(link, pairing)
         with self._lock:
-            if asked < self._shown:
+            self._say_if_latest(asked, link, pairing)
+            if asked < self._written:
                 return
-            self._shown = asked
+            self._written = asked
             self._on_pairing(pairing)
-            self._say(link, pairing)
             try:
                 status_file.write(self._path, doc)
             except OSError as e:
@@ -98,7 +98,21 @@ class StatusBoard:
             self.refresh()
         if self._notifier.enabled and now - self._said_at >= STATUS_REFRESH_S:
             self._said_at = now
-            self._say(self._link_now(), self._pairing())
+            asked = self._begin()
+            link, pairing = self._link_now(), self._pairing()
+            with self._lock:
+                self._say_if_latest(asked, link, pairing)
+
+    def _begin(self) -> int:
+        """A read of the parts begins: its number, for showing it only if no later one was."""
+        with self._lock:
+            self._asked += 1
+            return self._asked
+
+    def _say_if_latest(self, asked: int, link: dict, pairing: dict | None) -> None:
+        if asked > self._said:
+            self._said = asked
+            self._say(link, pairing)
 
     def document(self) -> dict:
         return self._document(self.link, self._pairing())
