@@ -23,7 +23,7 @@ def _agent_pythons() -> list[tuple[str, str]]:
 
 
 # scripts/test's streams, run side by side: each test is in exactly one
-# (tests/test_scripts.py); a stream is dealt into parts by "NAME:K/N", e.g. stacks:2/3
+# (tests/test_scripts.py); "stacks" is dealt into parts, "stacks:2/3"
 STREAMS = ("system", "stacks", "units")
 
 
@@ -54,28 +54,16 @@ def pytest_configure(config):
         _stream(config.getoption("--stream"))   # a wrong name fails before the collection
 
 
-def _group_of(item) -> object:
-    """What a part takes whole: the booted tier's tests of one release share one booted
-    Debian and follow one another (the steps of a screen's day); any other test alone."""
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and "site" in getattr(item, "fixturenames", ()):
-        return ("site", callspec.params.get("release"))
-    return item.nodeid
-
-
 @pytest.hookimpl(trylast=True)   # after -k and -m have deselected theirs
 def pytest_collection_modifyitems(config, items):
     spec = config.getoption("--stream")
     if spec is None:
         return
     name, k, n = _stream(spec)
-    groups: dict[object, list] = {}
-    for item in items:
-        if _stream_of(item) == name:
-            groups.setdefault(_group_of(item), []).append(item)
-    # groups dealt in turn, not cut in blocks: a file's slow tests (a stack's pair, a
-    # server's generations) sit side by side in collection order and go to different parts
-    kept = {item for group in list(groups.values())[k - 1::n] for item in group}
+    ours = [item for item in items if _stream_of(item) == name]
+    # dealt in turn, not cut in blocks: a file's slow tests (a stack's pair, a server's
+    # generations) sit side by side in collection order and go to different parts
+    kept = set(ours[k - 1::n])
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = [item for item in items if item in kept]
 
