@@ -61,10 +61,24 @@ class Churn:
                     server.url, "--token", "s3cret-token", "--log", str(log)]
 
     def killed_after(self, round_no: int, seconds: float) -> None:
+        """Killed ``seconds`` after the round's first accepted item: a moment of the churn
+        itself, however long its interpreter took to start (on a loaded CI, most of a
+        second: six rounds then accepted too few items to mean anything)."""
+        before = self._accepted_bytes()
         proc = subprocess.Popen(self.cmd + ["--start", str(round_no * 100_000)], cwd=self.repo)
+        deadline = time.monotonic() + 30
+        while (self._accepted_bytes() == before and proc.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
         time.sleep(seconds)
         proc.kill()
         proc.wait(5)
+
+    def _accepted_bytes(self) -> int:
+        try:
+            return self.log.stat().st_size
+        except FileNotFoundError:
+            return 0
 
     def assert_delivered(self, at_least: int) -> tuple[list[str], list[str]]:
         """Drains the queue; every name the queue accepted reached the server, stored once.

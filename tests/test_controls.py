@@ -276,7 +276,7 @@ def pipewire(tmp_path):
         server.wait(5)
 
 
-def _until(check, what, within_s=5.0):
+def _until(check, what, within_s=15.0):   # a sound server's start, 1-2 s on a quiet machine
     deadline = time.monotonic() + within_s
     while not check():
         if time.monotonic() > deadline:

@@ -17,7 +17,7 @@ def test_kill_9_mid_upload_and_mid_enqueue_loses_nothing_and_stores_nothing_twic
     churn = Churn(tmp_path / "queue", server, tmp_path / "enqueued.log", REPO)
     rng = random.Random(7)
     for round_no in range(50):
-        churn.killed_after(round_no, rng.uniform(0.4, 0.9))
+        churn.killed_after(round_no, rng.uniform(0.1, 0.6))
     names, hashes = churn.assert_delivered(at_least=500)
     print(f"\n{len(names)} items enqueued across 50 kill -9s, {len(hashes)} stored once each, "
           f"{server.device()['upload_repeats']} retries deduplicated by Idempotency-Key")

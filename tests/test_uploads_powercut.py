@@ -24,7 +24,7 @@ def test_a_power_cut_between_enqueue_and_confirm_loses_nothing_that_was_queued(
     with SdCard(tmp_path) as card:
         churn = Churn(card.mountpoint / "queue", server, tmp_path / "enqueued.log", REPO)
         for cut in range(6):
-            churn.killed_after(cut, rng.uniform(0.6, 1.2))
+            churn.killed_after(cut, rng.uniform(0.3, 0.9))
             card.power_cut()
         names, hashes = churn.assert_delivered(at_least=200)
     print(f"\n{len(names)} items enqueued across 6 power cuts, {len(hashes)} stored once each, "
