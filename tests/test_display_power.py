@@ -21,7 +21,7 @@ from agent.hours.service import WorkingHours
 from agent.screen import part as screen_part
 from agent.screen.core import OFF, ON, Reading, Verdict
 from agent.screen.power import DisplayPower
-from tests.test_steps import run_stepped
+from tests.test_steps import display_command
 
 
 class FakeReadBack:
@@ -51,7 +51,7 @@ def slow(log, state):
     return f"sh -c 'echo start-{state} >> {log}; sleep 0.4; echo end-{state} >> {log}'"
 
 
-@pytest.mark.parametrize("driven", ["stepped", "blocking"])
+@pytest.mark.parametrize("driven", ["stepped", "whole"])
 def test_a_scheduled_off_and_a_command_on_at_once_are_turned_one_after_the_other(tmp_path,
                                                                                    driven):
     """The working hours turn the display off as a display command turns it on: each
@@ -74,9 +74,7 @@ def test_a_scheduled_off_and_a_command_on_at_once_are_turned_one_after_the_other
 
     def command():
         together.wait()
-        answered["on"] = (run_stepped(actions.steps("display", {"state": ON}))
-                          if driven == "stepped"
-                          else actions.run("display", {"state": ON}))
+        answered["on"] = display_command(actions, ON, driven)
 
     def scheduled():
         together.wait()

@@ -19,7 +19,7 @@ from agent.screen.core import (OFF, ON, Asked, Mend, Mended, Read, ReadAt, ReadB
                                Stopped, Verdict)
 from agent.screen.sources import Cec, Drm, Wayland, X11Dpms
 from devtools.harness import agent_config, wait_for
-from tests.test_steps import run_stepped
+from tests.test_steps import display_command
 
 EVERY = {"DRM": 0.5, "X11 DPMS": 0.5, "CEC": 2.0}
 
@@ -371,14 +371,6 @@ def x_actions(display, tmp_path, off=None, on=None, settle_s=1.0):
                          commands.timeout_s, screen, lambda event: None)
     return Actions(commands, "http://fleet.invalid", snapshot=dict, link_socket=lambda: None,
                    request_restart=lambda: None, enqueue=lambda *a: "x", power=power)
-
-
-def display_command(actions, state, driven):
-    """The display command driven whole, or a look at a time as the commands thread
-    drives it (base/steps.py)."""
-    if driven == "whole":
-        return actions.run("display", {"state": state})
-    return run_stepped(actions.steps("display", {"state": state}))
 
 
 @pytest.mark.parametrize("driven", ["whole", "stepped"])

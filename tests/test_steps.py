@@ -20,6 +20,14 @@ def run_stepped(job, limit_s=10.0):
     return stepper.result
 
 
+def display_command(actions, state, driven):
+    """The display command driven whole, or a look at a time as the commands thread
+    drives it."""
+    if driven == "whole":
+        return actions.run("display", {"state": state})
+    return run_stepped(actions.steps("display", {"state": state}))
+
+
 def test_one_job_gives_the_same_result_driven_whole_or_a_look_at_a_time():
     now = [0.0]
 
