@@ -64,12 +64,11 @@ class Churn:
         """Killed ``seconds`` after the round's first accepted item: a moment of the churn
         itself, however long its interpreter took to start (on a loaded CI, most of a
         second: six rounds then accepted too few items to mean anything)."""
+        from devtools.harness import wait_for   # not in the churn process: its start is timed
         before = self._accepted_bytes()
         proc = subprocess.Popen(self.cmd + ["--start", str(round_no * 100_000)], cwd=self.repo)
-        deadline = time.monotonic() + 30
-        while (self._accepted_bytes() == before and proc.poll() is None
-               and time.monotonic() < deadline):
-            time.sleep(0.01)
+        wait_for(lambda: self._accepted_bytes() != before or proc.poll() is not None, 30,
+                 interval=0.01, what="the churn's first accepted item")
         time.sleep(seconds)
         proc.kill()
         proc.wait(5)
