@@ -68,6 +68,27 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for item in items if item in kept]
 
 
+# The processes' own words beside a failure: a timing test that fails once in a hundred
+# CI runs (side by side with four other streams on 2 cores) says only what it waited
+# for; the agent's and the server's logs say what each did meanwhile.
+PROCESS_LOGS = ("agent.log", "server.log")
+LOG_TAIL_LINES = 60
+LOGS_SHOWN = 4
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and report.when == "call" and isinstance(tmp, Path):
+        logs = sorted(p for name in PROCESS_LOGS for p in tmp.rglob(name) if p.is_file())
+        for path in logs[:LOGS_SHOWN]:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            report.sections.append((f"{path.relative_to(tmp)} (its last {len(lines)} lines)",
+                                    "\n".join(lines)))
+    return report
+
+
 def pytest_generate_tests(metafunc):
     if "agent_python" in metafunc.fixturenames:
         pythons = _agent_pythons()

@@ -77,3 +77,29 @@ def test_a_stream_that_does_not_exist_is_one_line_naming_it():
     assert r.returncode == 4 and "--stream 'stacks:4/3': expected one of system, stacks, units" \
         in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_failed_test_shows_the_tail_of_each_agent_and_server_log_it_left(tmp_path):
+    """A test that fails once in a hundred CI runs must say what the processes did."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "test_probe.py").write_text(
+        "def test_fails(tmp_path):\n"
+        "    (tmp_path / 'screen-2').mkdir()\n"
+        "    (tmp_path / 'screen-2' / 'agent.log').write_text(\n"
+        "        ''.join(f'agent line {n}\\n' for n in range(100)))\n"
+        "    (tmp_path / 'server.log').write_text('listening\\n')\n"
+        "    assert False\n"
+        "\n"
+        "def test_passes(tmp_path):\n"
+        "    (tmp_path / 'agent.log').write_text('quiet\\n')\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p",
+                        "no:cacheprovider", "--basetemp", str(tmp_path / "base"), "-q",
+                        str(probe)], capture_output=True, text=True, timeout=60, cwd=probe,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "1 failed, 1 passed" in r.stdout, r.stdout + r.stderr
+    assert "screen-2/agent.log (its last 60 lines)" in r.stdout
+    assert "agent line 99" in r.stdout and "agent line 40" in r.stdout
+    assert "agent line 39" not in r.stdout
+    assert "server.log (its last 1 lines)" in r.stdout and "listening" in r.stdout
+    assert "quiet" not in r.stdout   # a test that passed shows nothing
