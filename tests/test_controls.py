@@ -356,6 +356,27 @@ def test_poweroff_asks_logind_and_its_result_comes_after_the_next_start(tmp_path
         "the device powered off (started again since)"
 
 
+def test_a_systemctl_ended_by_a_signal_leaves_the_reboots_result_to_the_next_start(
+        tmp_path, monkeypatch):
+    """The device going down stops the agent's unit: systemd signals its whole control
+    group at once, a systemctl logind has answered but that has not exited yet with it.
+    Seen once on CI (a reboot that happened, reported to the fleet as refused). An
+    EMULATION of systemctl on PATH, ended by a real SIGTERM."""
+    tool = tmp_path / "systemctl"
+    tool.write_text("#!/bin/sh\nkill -TERM $$\nsleep 5\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    actions = Actions(SimpleNamespace(timeout_s=5), "http://fleet.invalid", snapshot=dict,
+                      link_socket=lambda: None, request_restart=lambda: None,
+                      enqueue=lambda kind, payload: "u1")
+    assert actions.run("reboot", {}) is LATER
+    assert actions.run("poweroff", {}) is LATER
+    # a refusal is still one: it exited with its own status
+    tool.write_text("#!/bin/sh\necho 'Access denied' >&2\nexit 1\n")
+    refused = actions.run("reboot", {})
+    assert not refused.ok and refused.error == "reboot refused: systemctl exited 1: Access denied"
+
+
 # -- ScreenTinker 1.9's buttons ----------------------------------------------------------
 def st_profile(allowed, means=None):
     return ScreenTinkerProfile(ProfileContext(device_id=lambda: "st-1", token=lambda: None,

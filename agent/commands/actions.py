@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Protocol
 from urllib.parse import urlparse
 
@@ -34,6 +35,13 @@ from .core import LATER, Outcome
 from .operator import OperatorTools
 
 log = logging.getLogger("edge_agent.commands")
+
+
+@dataclass
+class ProgramFailed(Outcome):
+    """A program that ran and did not exit 0, with its exit status (negative: the signal
+    that ended it), which the error's words carry for a person, not for a caller."""
+    returncode: int = 1
 
 IP_MTU = 14  # linux/in.h
 
@@ -260,10 +268,24 @@ class Actions:
         return self._logind("poweroff")
 
     def _logind(self, verb: str) -> Outcome:
+        """The reboot or power-off asked of logind; LATER once asked (the next start
+        tells what came of it: commands/core.py's recover). A systemctl ended by a signal
+        is LATER too: the device going down stops the agent's unit, and systemd signals
+        its whole control group at once, a systemctl that was answered but had not exited
+        yet with it. Reported as refused, a reboot that happened was a failure to the
+        fleet. If it was the agent's own stop instead, the next start finds the same boot
+        and says the command was interrupted."""
+        signalled = False
+
         def run(argv: list[str]) -> str:
+            nonlocal signalled
             r = self._run(argv)
+            signalled = isinstance(r, ProgramFailed) and r.returncode < 0
             return (r.error or "failed") if isinstance(r, Outcome) else ""
         why = ask_logind(verb, run)
+        if why and signalled:
+            log.info("%s: %s; what came of it is told at the next start", verb, why)
+            return LATER
         return Outcome(False, error=why) if why else LATER
 
     def update(self, args: dict, command_id: str = "") -> Outcome:
@@ -324,8 +346,9 @@ class Actions:
         finally:
             self._release(child)
         if child.returncode != 0:
-            return Outcome(False, error=children.failure(argv, exited=child.returncode,
-                                                         stderr=stderr))
+            return ProgramFailed(False, error=children.failure(argv, exited=child.returncode,
+                                                               stderr=stderr),
+                                 returncode=child.returncode)
         return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
 
     def _path_mtu(self) -> int | None:
