@@ -154,7 +154,12 @@ def _x_server(size: str, *extra: str, high: bool = False):
     """Xvfb on a display number it picks free itself (-displayfd): (display, process).
     ``high``: a number far above the ones -displayfd picks (from :0 up), for a test that
     kills its server and must find the display gone: a number -displayfd freed would be
-    taken by the next test stream's Xvfb and answer for it."""
+    taken by the next test stream's Xvfb and answer for it.
+
+    -noreset, as a desktop's X server is while its session runs: Xvfb resets when its
+    last client leaves (its root black again), and a client that connects during the
+    reset is refused ("unable to open display"): 29 of 300 `xset q` in a row beside
+    three busy loops, 0 with -noreset. An agent restarted at once met one."""
     read_end, write_end = os.pipe()
     chosen = []
     if high:
@@ -162,7 +167,8 @@ def _x_server(size: str, *extra: str, high: bool = False):
         chosen = [f":{n}" for n in random.sample(range(600, 6000), 20)
                   if not os.path.exists(f"/tmp/.X{n}-lock")][:1]
     proc = subprocess.Popen(["Xvfb", *chosen, "-displayfd", str(write_end), "-screen", "0",
-                             size, "-nolisten", "tcp", *extra], pass_fds=(write_end,),
+                             size, "-nolisten", "tcp", "-noreset", *extra],
+                            pass_fds=(write_end,),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(write_end)
     try:
@@ -193,15 +199,15 @@ def xvfb(request):
 
 @pytest.fixture
 def xvfb_pictures():
-    """Xvfb that keeps what is drawn on it (-noreset: a server resets, its root black
-    again, when its last client leaves, as xsetroot does), 16:9, and its display. The
-    picture check's tests draw with xsetroot and capture with xwd and ImageMagick's import."""
+    """Xvfb that keeps what is drawn on it (-noreset, _x_server: xsetroot is its last
+    client), 16:9, and its display. The picture check's tests draw with xsetroot and
+    capture with xwd and ImageMagick's import."""
     missing = [tool for tool in ("Xvfb", "xset", "xsetroot", "xwd", "import")
                if not shutil.which(tool)]
     if missing:
         pytest.fail(f"the picture check's tests need {', '.join(missing)} (.ci/run installs "
                     "xvfb, x11-xserver-utils, x11-apps and imagemagick)")
-    with _x_server("320x180x24", "-noreset") as (display, _):
+    with _x_server("320x180x24") as (display, _):
         yield display
 
 

@@ -32,7 +32,7 @@ def screen_hd():
     if missing:
         pytest.fail(f"these tests need {', '.join(missing)} (xvfb, x11-xserver-utils, "
                     "x11-apps, imagemagick)")
-    with _x_server(f"{SIZE[0]}x{SIZE[1]}x24", "-noreset") as (display, _):
+    with _x_server(f"{SIZE[0]}x{SIZE[1]}x24") as (display, _):
         yield display
 
 
@@ -249,7 +249,7 @@ def test_a_7680x2160_screen_is_checked_within_16_mb(tmp_path):
         pytest.fail("this test needs Xvfb and xwd (xvfb, x11-apps)")
     from PIL import Image
     Image.new("RGB", (64, 36), (10, 20, 30)).save(tmp_path / "small.png")
-    with _x_server("7680x2160x24", "-noreset") as (display, _):
+    with _x_server("7680x2160x24") as (display, _):
         show(display, starfield().resize((7680, 2160)), tmp_path)
         mb, why = peak_of("", f"cat {tmp_path / 'small.png'}", display)
     assert why.startswith("ok"), why
