@@ -327,18 +327,23 @@ def test_without_a_sound_server_there_is_no_volume_and_it_says_why(tmp_path):
 
 
 # -- power-off: logind, the same way as a reboot -----------------------------------------
-def test_poweroff_asks_logind_and_its_result_comes_after_the_next_start(tmp_path, monkeypatch):
-    """An EMULATION of systemctl on PATH (a real one would power this machine off)
-    records what it was asked."""
+def _systemctl(tmp_path, monkeypatch, script: str):
+    """An EMULATION of systemctl on PATH (a real one would power this machine off), and
+    the command actions that run it."""
     tool = tmp_path / "systemctl"
-    tool.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/calls\n"
-                    f"[ -e {tmp_path}/refuse ] && {{ echo 'Access denied' >&2; exit 1; }}\n"
-                    "exit 0\n")
+    tool.write_text("#!/bin/sh\n" + script)
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    actions = Actions(SimpleNamespace(timeout_s=5), "http://fleet.invalid", snapshot=dict,
-                      link_socket=lambda: None, request_restart=lambda: None,
-                      enqueue=lambda kind, payload: "u1")
+    return tool, Actions(SimpleNamespace(timeout_s=5), "http://fleet.invalid", snapshot=dict,
+                         link_socket=lambda: None, request_restart=lambda: None,
+                         enqueue=lambda kind, payload: "u1")
+
+
+def test_poweroff_asks_logind_and_its_result_comes_after_the_next_start(tmp_path, monkeypatch):
+    """The emulated systemctl records what it was asked."""
+    _, actions = _systemctl(tmp_path, monkeypatch, (
+        f"echo \"$@\" >> {tmp_path}/calls\n"
+        f"[ -e {tmp_path}/refuse ] && {{ echo 'Access denied' >&2; exit 1; }}\nexit 0\n"))
     assert actions.run("poweroff", {}) is LATER
     assert actions.run("reboot", {}) is LATER
     assert (tmp_path / "calls").read_text() == ("poweroff --no-ask-password\n"
@@ -359,16 +364,10 @@ def test_poweroff_asks_logind_and_its_result_comes_after_the_next_start(tmp_path
 def test_a_systemctl_ended_by_a_signal_leaves_the_reboots_result_to_the_next_start(
         tmp_path, monkeypatch):
     """The device going down stops the agent's unit: systemd signals its whole control
-    group at once, a systemctl logind has answered but that has not exited yet with it.
-    Seen once on CI (a reboot that happened, reported to the fleet as refused). An
-    EMULATION of systemctl on PATH, ended by a real SIGTERM."""
-    tool = tmp_path / "systemctl"
-    tool.write_text("#!/bin/sh\nkill -TERM $$\nsleep 5\n")
-    tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    actions = Actions(SimpleNamespace(timeout_s=5), "http://fleet.invalid", snapshot=dict,
-                      link_socket=lambda: None, request_restart=lambda: None,
-                      enqueue=lambda kind, payload: "u1")
+    group at once, a systemctl logind has answered but that has not exited yet with it
+    (likely what failed the booted reboot test once on CI: a reboot that happened,
+    reported to the fleet as refused). The emulated systemctl ends by a real SIGTERM."""
+    tool, actions = _systemctl(tmp_path, monkeypatch, "kill -TERM $$\nsleep 5\n")
     assert actions.run("reboot", {}) is LATER
     assert actions.run("poweroff", {}) is LATER
     # a refusal is still one: it exited with its own status
